@@ -1,0 +1,200 @@
+"""`python -m engine generate|bench|score`: each prints one JSON record on stdout (engine.protocol).
+
+Human-readable text (streamed tokens, progress) goes to stderr, so stdout stays machine-readable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine import generate as gen
+from engine.gguf import GGUFError
+from engine.models import FetchError
+from engine.prompts import tokens_of_length
+from engine.protocol import emit, make_record
+from engine.sampling import SamplingParams
+from engine.tokenizer import TokenizerError
+
+ENGINE_NAME = "evalbot-engine"
+
+
+def _config(lm: gen.LoadedModel, session: gen.Session, **extra: Any) -> dict[str, Any]:
+    cfg = lm.cfg
+    return {
+        "arch": cfg.arch,
+        "device": str(lm.device),
+        "dtype": str(lm.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "prefill_chunk": session.prefill_chunk,
+        "max_seq": session.cache.max_seq,
+        "attention": "torch-reference",
+        "torch": torch.__version__,
+        **extra,
+    }
+
+
+def _record(command: str, lm: gen.LoadedModel, config: dict[str, Any], timings: dict[str, float],
+            counts: dict[str, int], **fields: Any) -> dict[str, Any]:
+    return make_record(command, engine=ENGINE_NAME, model_sha256=lm.sha256, device=str(lm.device), config=config,
+                       timings={"load_s": lm.load_s, **timings}, counts=counts, **fields)
+
+
+def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
+    lm = gen.load(args.model, args.device)
+    tok = lm.tokenizer
+    text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else args.prompt
+    if args.chat:
+        text = tok.apply_chat_template([{"role": "user", "content": text}])
+    prompt_ids = tok.encode(text)
+    session = gen.Session(lm, max_seq=len(prompt_ids) + args.max_new)
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+
+    def stream(token: int) -> None:
+        if not args.quiet:
+            sys.stderr.buffer.write(tok.token_to_piece(token))
+            sys.stderr.flush()
+
+    out = session.generate(prompt_ids, args.max_new, params, stop_ids=tok.eot_ids if args.stop else frozenset(),
+                           on_token=stream)
+    if not args.quiet:
+        sys.stderr.write("\n")
+    n_new = len(out.token_ids)
+    decode_steps = max(n_new - 1, 0)  # the first new token comes out of prefill
+    config = _config(lm, session, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                     seed=params.seed, chat=args.chat)
+    return _record(
+        "generate", lm, config,
+        timings={"prefill_s": out.prefill_s, "decode_s": out.decode_s},
+        counts={"prompt_tokens": len(prompt_ids), "new_tokens": n_new, "decode_steps": decode_steps},
+        prompt=text, token_ids=out.token_ids, text=tok.decode(out.token_ids), stop_reason=out.stop_reason,
+        prefill_tps=len(prompt_ids) / out.prefill_s if out.prefill_s else 0.0,
+        decode_tps=decode_steps / out.decode_s if out.decode_s else 0.0,
+    )
+
+
+def bench_once(session: gen.Session, prompt: list[int], n_gen: int) -> tuple[float, float]:
+    """(prefill seconds for the prompt, decode seconds for n_gen single-token steps after it)."""
+    session.reset()
+    session._sync()
+    t0 = time.perf_counter()
+    logits = session.forward(prompt)
+    token = int(logits.argmax())
+    session._sync()
+    t1 = time.perf_counter()
+    for _ in range(n_gen):
+        token = int(session.forward([token]).argmax())
+    session._sync()
+    return t1 - t0, time.perf_counter() - t1
+
+
+def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
+    lm = gen.load(args.model, args.device)
+    prompt = tokens_of_length(lm.tokenizer, args.ctx)
+    session = gen.Session(lm, max_seq=args.ctx + args.gen + 1)
+    for _ in range(args.warmup):
+        bench_once(session, prompt[: min(len(prompt), 64)], min(args.gen, 4))
+    prefill, decode = [], []
+    for r in range(args.runs):
+        p, d = bench_once(session, prompt, args.gen)
+        prefill.append(args.ctx / p)
+        decode.append(args.gen / d)
+        print(f"run {r + 1}/{args.runs}: prefill {prefill[-1]:.1f} tok/s, decode {decode[-1]:.2f} tok/s", file=sys.stderr)
+    config = _config(lm, session, ctx=args.ctx, gen=args.gen, runs=args.runs, warmup=args.warmup,
+                     prompt="engine/data/corpus.txt tiled")
+    return _record(
+        "bench", lm, config,
+        timings={"prefill_s": sum(args.ctx / x for x in prefill), "decode_s": sum(args.gen / x for x in decode)},
+        counts={"ctx": args.ctx, "gen": args.gen, "runs": args.runs},
+        prefill_tps=statistics.median(prefill), decode_tps=statistics.median(decode),
+        prefill_tps_runs=prefill, decode_tps_runs=decode,
+    )
+
+
+def cmd_score(args: argparse.Namespace) -> dict[str, Any]:
+    lm = gen.load(args.model, args.device)
+    text = Path(args.text_file).read_text(encoding="utf-8")
+    ids = lm.tokenizer.encode(text)
+    if len(ids) < args.positions + 1:
+        raise ValueError(f"{args.text_file} has {len(ids)} tokens; scoring {args.positions} positions needs {args.positions + 1}")
+    ids = ids[: args.positions + 1]
+    session = gen.Session(lm, max_seq=len(ids))
+    t0 = time.perf_counter()
+    logprobs = session.score(ids)
+    score_s = time.perf_counter() - t0
+    arr = logprobs.cpu().numpy().astype(np.float32)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.save(out, arr)
+    targets = torch.tensor(ids[1:])
+    nll = (-logprobs.gather(1, targets[:, None]).squeeze(1)).tolist()
+    mean_nll = float(np.mean(nll))
+    record = _record(
+        "score", lm, _config(lm, session), timings={"score_s": score_s},
+        counts={"positions": args.positions, "n_vocab": int(arr.shape[1])},
+        path=str(out), token_ids=ids, argmax=logprobs.argmax(-1).tolist(), nll=nll, mean_nll=mean_nll,
+        ppl=float(np.exp(mean_nll)),
+    )
+    Path(str(out) + ".json").write_text(json.dumps(record))
+    return record
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="A compact GGUF inference engine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", required=True, help="registry name (see python -m engine.models list) or GGUF path")
+        p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+        p.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
+
+    g = sub.add_parser("generate", help="generate text from a prompt")
+    common(g)
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompt-file")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--max-new", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--no-stop", dest="stop", action="store_false", help="do not stop at end-of-turn tokens")
+    g.add_argument("--quiet", action="store_true", help="do not stream tokens to stderr")
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="prefill and decode throughput at a context length")
+    common(b)
+    b.add_argument("--ctx", type=int, required=True, help="context tokens before decoding")
+    b.add_argument("--gen", type=int, default=32, help="decode steps timed after the context")
+    b.add_argument("--runs", type=int, default=1)
+    b.add_argument("--warmup", type=int, default=1)
+    b.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("score", help="teacher-forced full-vocabulary log-probabilities")
+    common(s)
+    s.add_argument("--text-file", required=True)
+    s.add_argument("--positions", type=int, required=True)
+    s.add_argument("--out", required=True, help="where to write the (P, V) float32 .npy")
+    s.set_defaults(func=cmd_score)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        emit(args.func(args))
+    except (FetchError, GGUFError, TokenizerError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

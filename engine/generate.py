@@ -1,0 +1,144 @@
+"""Load a model and run it: chunked prefill, token-by-token decode, teacher-forced scoring."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.config import ModelConfig
+from engine.gguf import GGUFFile
+from engine.kv_cache import KVCache
+from engine.model import Transformer, load_transformer
+from engine.models import model_sha256, resolve
+from engine.sampling import SamplingParams, make_generator, sample
+from engine.tokenizer import Tokenizer
+
+DEFAULT_PREFILL_CHUNK = 512
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, and where it came from."""
+
+    path: Path
+    sha256: str
+    cfg: ModelConfig
+    tokenizer: Tokenizer
+    transformer: Transformer
+    device: torch.device
+    load_s: float
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.transformer.dtype
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """fp32 on the CPU, bf16 on CUDA."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load(model: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
+         max_pos: int | None = None) -> LoadedModel:
+    """Resolve, validate and dequantize a GGUF model once; max_pos bounds the RoPE table."""
+    t0 = time.perf_counter()
+    path = resolve(str(model))
+    gf = GGUFFile(path)
+    gf.require_supported()
+    cfg = ModelConfig.from_metadata(gf.metadata, frozenset(gf.tensors))
+    tok = Tokenizer.from_metadata(gf.metadata)
+    dev = torch.device(device)
+    transformer = load_transformer(gf, cfg, max_pos or cfg.context_length, dev, dtype or default_dtype(dev))
+    gf.close()
+    return LoadedModel(path, model_sha256(path), cfg, tok, transformer, dev, time.perf_counter() - t0)
+
+
+@dataclass
+class Generation:
+    """What one generate call produced, with timings that separate prefill from decode."""
+
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    stop_reason: str = "length"
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+
+class Session:
+    """One sequence's KV cache plus the model: prefill, step, generate, score."""
+
+    def __init__(self, model: LoadedModel, max_seq: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+        cfg = model.cfg
+        if max_seq > cfg.context_length:
+            raise ValueError(f"{max_seq} positions exceed the model's context length {cfg.context_length}")
+        self.model = model
+        self.prefill_chunk = prefill_chunk
+        self.cache = KVCache(cfg.n_layer, 1, cfg.n_kv_head, max_seq, cfg.head_dim, model.dtype, model.device)
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def _sync(self) -> None:
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+
+    @torch.inference_mode()
+    def forward(self, ids: Sequence[int], all_logits: bool = False) -> torch.Tensor:
+        """Append tokens to the sequence in prefill-sized chunks; float32 logits [T or 1, V]."""
+        if not ids:
+            raise ValueError("forward needs at least one token")
+        outs = []
+        for i in range(0, len(ids), self.prefill_chunk):
+            chunk = torch.tensor([list(ids[i : i + self.prefill_chunk])], device=self.model.device)
+            logits = self.model.transformer(chunk, self.cache.length, self.cache, last_only=not all_logits)
+            self.cache.length += chunk.shape[1]
+            outs.append(logits[0])
+        return torch.cat(outs) if all_logits else outs[-1]
+
+    def reset(self) -> None:
+        self.cache.truncate(0)
+
+    def generate(self, prompt_ids: Sequence[int], max_new: int, params: SamplingParams = SamplingParams(),
+                 stop_ids: frozenset[int] = frozenset(),
+                 on_token: Callable[[int], None] | None = None) -> Generation:
+        """Prefill the prompt, then decode up to max_new tokens (stopping at a stop id)."""
+        if len(prompt_ids) + max_new > self.cache.max_seq:
+            raise ValueError(f"prompt {len(prompt_ids)} + {max_new} new tokens exceed the cache ({self.cache.max_seq})")
+        self.reset()
+        out = Generation(list(prompt_ids))
+        gen = make_generator(params) if not params.greedy else None
+        self._sync()
+        t0 = time.perf_counter()
+        logits = self.forward(prompt_ids)
+        token = int(sample(logits, params, gen)[-1])
+        self._sync()
+        t1 = time.perf_counter()
+        out.prefill_s = t1 - t0
+        for i in range(max_new):
+            out.token_ids.append(token)
+            if on_token:
+                on_token(token)
+            if token in stop_ids:
+                out.stop_reason = "stop"
+                break
+            if i + 1 == max_new:
+                break
+            logits = self.forward([token])
+            token = int(sample(logits, params, gen)[-1])
+        self._sync()
+        out.decode_s = time.perf_counter() - t1
+        return out
+
+    @torch.inference_mode()
+    def score(self, ids: Sequence[int]) -> torch.Tensor:
+        """Teacher-forced log-probabilities [len(ids)-1, V]: row i predicts ids[i+1]."""
+        if len(ids) < 2:
+            raise ValueError("scoring needs at least two tokens")
+        self.reset()
+        logits = self.forward(ids[:-1], all_logits=True)
+        return torch.log_softmax(logits.float(), dim=-1)

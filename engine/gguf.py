@@ -1,0 +1,181 @@
+"""GGUF files -> metadata and float tensors, through gguf-py's memmap reader.
+
+Every way a file can be wrong gets its own error: bad magic, an unsupported version, a truncated
+file, an unsupported architecture or tensor type, a missing tensor. Dequantization is ours
+(``engine.quants``, vectorized torch, checked bit-exact against gguf-py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+from engine.quants import SUPPORTED, UnsupportedTensorType, dequantize
+
+SUPPORTED_ARCHITECTURES = ("qwen2", "qwen3")
+
+
+class GGUFError(ValueError):
+    """A GGUF file that cannot be used, with the reason."""
+
+
+class BadMagic(GGUFError):
+    pass
+
+
+class UnsupportedVersion(GGUFError):
+    pass
+
+
+class TruncatedFile(GGUFError):
+    pass
+
+
+class UnsupportedArchitecture(GGUFError):
+    pass
+
+
+class MissingTensor(GGUFError):
+    pass
+
+
+__all__ = [
+    "GGUFFile", "GGUFError", "BadMagic", "UnsupportedVersion", "TruncatedFile", "UnsupportedArchitecture",
+    "MissingTensor", "UnsupportedTensorType", "TensorInfo",
+]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor's directory entry."""
+
+    name: str
+    qtype: gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # numpy order: reversed ggml ne
+    n_bytes: int
+    offset: int
+
+
+def _check_header(path: Path) -> None:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if len(head) < 8:
+        raise TruncatedFile(f"{path}: {size} bytes is too short for a GGUF header")
+    magic = int.from_bytes(head[:4], "little")
+    if magic != gguf.GGUF_MAGIC:
+        raise BadMagic(f"{path}: not a GGUF file (magic {head[:4]!r}, expected b'GGUF')")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in (2, 3):
+        raise UnsupportedVersion(f"{path}: GGUF version {version} is not supported (2 or 3)")
+
+
+class GGUFFile:
+    """A validated, memory-mapped GGUF file."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise GGUFError(f"{self.path}: no such file")
+        _check_header(self.path)
+        try:
+            self._reader = gguf.GGUFReader(self.path, "r")
+        except (ValueError, IndexError, OverflowError, MemoryError) as exc:
+            # gguf-py reads the directory with raw memmap offsets: a cut-off file shows up here.
+            raise TruncatedFile(f"{self.path}: cannot read the GGUF directory ({exc}); the file is truncated or corrupt") from exc
+        size = self.path.stat().st_size
+        self.tensors: dict[str, TensorInfo] = {}
+        for t in self._reader.tensors:
+            info = TensorInfo(
+                name=t.name,
+                qtype=gguf.GGMLQuantizationType(t.tensor_type),
+                shape=tuple(int(d) for d in reversed(t.shape.tolist())),
+                n_bytes=int(t.n_bytes),
+                offset=int(t.data_offset),
+            )
+            if info.offset + info.n_bytes > size:
+                raise TruncatedFile(
+                    f"{self.path}: tensor {info.name} ends at byte {info.offset + info.n_bytes}, "
+                    f"but the file has {size} bytes (truncated download?)"
+                )
+            self.tensors[info.name] = info
+        self._raw = {t.name: t for t in self._reader.tensors}
+        self.metadata: dict[str, Any] = {}
+        for key, field in self._reader.fields.items():
+            if key.startswith("GGUF."):
+                continue
+            self.metadata[key] = _field_value(field)
+
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if arch is None:
+            raise GGUFError(f"{self.path}: general.architecture is missing")
+        return str(arch)
+
+    def require_supported(self) -> str:
+        """The architecture, if this engine implements it; else UnsupportedArchitecture."""
+        arch = self.architecture
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedArchitecture(
+                f"{self.path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        unsupported = sorted({t.qtype.name for t in self.tensors.values() if t.qtype not in SUPPORTED})
+        if unsupported:
+            bad = [t.name for t in self.tensors.values() if t.qtype.name in unsupported][:3]
+            raise UnsupportedTensorType(
+                f"{self.path}: tensor type(s) {', '.join(unsupported)} are not supported (e.g. {', '.join(bad)}); "
+                f"supported: {', '.join(sorted(q.name for q in SUPPORTED))}"
+            )
+        return arch
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def tensor(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Dequantize one tensor to a fresh torch tensor (numpy-order shape)."""
+        raw = self._raw.get(name)
+        if raw is None:
+            raise MissingTensor(f"{self.path}: tensor {name!r} is missing")
+        info = self.tensors[name]
+        out = dequantize(raw.data, info.qtype, info.shape, name=name)
+        return out if dtype == torch.float32 else out.to(dtype)
+
+    def names(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def close(self) -> None:
+        mm = getattr(self._reader, "data", None)
+        if isinstance(mm, np.memmap) and mm._mmap is not None:  # type: ignore[attr-defined]
+            mm._mmap.close()  # type: ignore[attr-defined]
+
+
+def _field_value(field: Any) -> Any:
+    """A reader field as a plain Python value (str, int, float, bool, or a list of those)."""
+    types = field.types
+    if not types:
+        return None
+    if types[0] == gguf.GGUFValueType.ARRAY:
+        sub = types[-1]
+        if sub == gguf.GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+        return [_scalar(field.parts[i][0]) for i in field.data]
+    if types[0] == gguf.GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
+    return _scalar(field.parts[field.data[0]][0])
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, np.bool_):
+        return bool(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    return v

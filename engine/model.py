@@ -1,0 +1,147 @@
+"""Qwen2 and Qwen3 decoders as short nn.Modules.
+
+qwen2: biases on the q/k/v projections. qwen3: per-head RMSNorm on q and k, no biases. Both use GQA,
+NEOX-style RoPE, SwiGLU and a tied or untied output. q/k/v (and gate/up) are fused into one matmul
+each at load time. Attention goes through ``engine.ops``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import ops
+from engine.config import ModelConfig
+from engine.gguf import GGUFFile
+from engine.kv_cache import KVCache
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32, as llama.cpp does, returned in x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+def rope_tables(head_dim: int, max_pos: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [max_pos, head_dim/2] for NEOX RoPE, computed in float64 then rounded."""
+    inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # [D/2]
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
+    return ang.cos().float().to(device), ang.sin().float().to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NEOX rotation: pairs are (i, i + D/2), not adjacent elements."""
+    # x: [B, H, T, D]; cos/sin: [T, D/2]
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+class Block(nn.Module):
+    """One transformer layer: attention then SwiGLU, each behind a pre-RMSNorm."""
+
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor]):
+        super().__init__()
+        self.cfg = cfg
+        self.attn_norm = w["attn_norm"]
+        self.wqkv = w["wqkv"]  # [(Hq + 2 Hkv) * D, d_model]
+        self.bqkv = w.get("bqkv")
+        self.q_norm = w.get("q_norm")
+        self.k_norm = w.get("k_norm")
+        self.wo = w["wo"]  # [d_model, Hq * D]
+        self.ffn_norm = w["ffn_norm"]
+        self.w_gate_up = w["w_gate_up"]  # [2 d_ff, d_model]
+        self.w_down = w["w_down"]  # [d_model, d_ff]
+
+    def forward(self, x: torch.Tensor, layer: int, cache: KVCache, pos: torch.Tensor, n_ctx: int,
+                cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        b, t, _ = x.shape
+        hd, hq, hkv = cfg.head_dim, cfg.n_head, cfg.n_kv_head
+        h = rms_norm(x, self.attn_norm, cfg.rms_eps)
+        qkv = F.linear(h, self.wqkv, self.bqkv)  # [B, T, (Hq + 2 Hkv) * D]
+        q, k, v = qkv.split((hq * hd, hkv * hd, hkv * hd), dim=-1)
+        q = q.view(b, t, hq, hd).transpose(1, 2)  # [B, Hq, T, D]
+        k = k.view(b, t, hkv, hd).transpose(1, 2)  # [B, Hkv, T, D]
+        v = v.view(b, t, hkv, hd).transpose(1, 2)
+        if self.q_norm is not None:
+            q = rms_norm(q, self.q_norm, cfg.rms_eps)
+            k = rms_norm(k, self.k_norm, cfg.rms_eps)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        k_cache, v_cache = cache.write(layer, pos, k, v)
+        a = ops.attention(q, k_cache, v_cache, n_ctx, hd**-0.5)  # [B, Hq, T, D]
+        x = x + F.linear(a.transpose(1, 2).reshape(b, t, hq * hd), self.wo)
+        h = rms_norm(x, self.ffn_norm, cfg.rms_eps)
+        gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.w_down)
+
+
+class Transformer(nn.Module):
+    """A qwen2/qwen3 decoder over a preallocated KV cache."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], layers: list[dict[str, torch.Tensor]],
+                 max_pos: int, device: torch.device):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embd = weights["tok_embd"]  # [V, d_model]
+        self.out_norm = weights["out_norm"]
+        self.w_out = weights.get("w_out", self.tok_embd)  # [V, d_model]; tied when absent
+        self.blocks = nn.ModuleList(Block(cfg, w) for w in layers)
+        self.cos, self.sin = rope_tables(cfg.head_dim, max_pos, cfg.rope_base, device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tok_embd.dtype
+
+    def forward(self, ids: torch.Tensor, start: int, cache: KVCache, last_only: bool = False) -> torch.Tensor:
+        """Run T new tokens at positions start..start+T-1; returns float32 logits [B, T or 1, V]."""
+        # ids: [B, T]
+        t = ids.shape[1]
+        n_ctx = start + t
+        if n_ctx > cache.max_seq:
+            raise ValueError(f"context {n_ctx} exceeds the KV cache ({cache.max_seq} positions)")
+        pos = torch.arange(start, n_ctx, device=ids.device)
+        cos, sin = self.cos[start:n_ctx], self.sin[start:n_ctx]
+        x = F.embedding(ids, self.tok_embd)  # [B, T, d_model]
+        for i, block in enumerate(self.blocks):
+            x = block(x, i, cache, pos, n_ctx, cos, sin)
+        if last_only:
+            x = x[:, -1:]
+        x = rms_norm(x, self.out_norm, self.cfg.rms_eps)
+        return F.linear(x, self.w_out).float()
+
+
+def load_transformer(gf: GGUFFile, cfg: ModelConfig, max_pos: int, device: torch.device,
+                     dtype: torch.dtype) -> Transformer:
+    """Dequantize a GGUF's weights once into a Transformer of the given dtype on the given device."""
+
+    def get(name: str) -> torch.Tensor:
+        return gf.tensor(name).to(device=device, dtype=dtype)
+
+    def cat(*names: str) -> torch.Tensor:
+        return torch.cat([gf.tensor(n) for n in names], dim=0).to(device=device, dtype=dtype)
+
+    weights = {"tok_embd": get("token_embd.weight"), "out_norm": get("output_norm.weight")}
+    if not cfg.tied_output:
+        weights["w_out"] = get("output.weight")
+    layers = []
+    for i in range(cfg.n_layer):
+        p = f"blk.{i}."
+        w = {
+            "attn_norm": get(p + "attn_norm.weight"),
+            "wqkv": cat(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
+            "wo": get(p + "attn_output.weight"),
+            "ffn_norm": get(p + "ffn_norm.weight"),
+            "w_gate_up": cat(p + "ffn_gate.weight", p + "ffn_up.weight"),
+            "w_down": get(p + "ffn_down.weight"),
+        }
+        if cfg.qkv_bias:
+            w["bqkv"] = cat(p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias")
+        if cfg.qk_norm:
+            w["q_norm"] = get(p + "attn_q_norm.weight")
+            w["k_norm"] = get(p + "attn_k_norm.weight")
+        layers.append(w)
+    return Transformer(cfg, weights, layers, max_pos, device)
