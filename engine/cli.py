@@ -6,6 +6,7 @@ Human-readable text (streamed tokens, progress) goes to stderr, so stdout stays 
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import statistics
 import sys
@@ -58,15 +59,18 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
     session = gen.Session(lm, max_seq=len(prompt_ids) + args.max_new)
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
 
+    # tokens are byte pieces that may split a UTF-8 character: decode incrementally
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
     def stream(token: int) -> None:
         if not args.quiet:
-            sys.stderr.buffer.write(tok.token_to_piece(token))
+            sys.stderr.write(utf8.decode(tok.token_to_piece(token)))
             sys.stderr.flush()
 
     out = session.generate(prompt_ids, args.max_new, params, stop_ids=tok.eot_ids if args.stop else frozenset(),
                            on_token=stream)
     if not args.quiet:
-        sys.stderr.write("\n")
+        sys.stderr.write(utf8.decode(b"", final=True) + "\n")
     n_new = len(out.token_ids)
     decode_steps = max(n_new - 1, 0)  # the first new token comes out of prefill
     config = _config(lm, session, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,

@@ -89,7 +89,7 @@ class Session:
 
     @torch.inference_mode()
     def forward(self, ids: Sequence[int], all_logits: bool = False) -> torch.Tensor:
-        """Append tokens to the sequence in prefill-sized chunks; float32 logits [T or 1, V]."""
+        """Append tokens to the sequence in prefill-sized chunks; float32 logits [T, V] or the last [V]."""
         if not ids:
             raise ValueError("forward needs at least one token")
         outs = []
@@ -98,7 +98,7 @@ class Session:
             logits = self.model.transformer(chunk, self.cache.length, self.cache, last_only=not all_logits)
             self.cache.length += chunk.shape[1]
             outs.append(logits[0])
-        return torch.cat(outs) if all_logits else outs[-1]
+        return torch.cat(outs) if all_logits else outs[-1][-1]
 
     def reset(self) -> None:
         self.cache.truncate(0)
@@ -115,7 +115,7 @@ class Session:
         self._sync()
         t0 = time.perf_counter()
         logits = self.forward(prompt_ids)
-        token = int(sample(logits, params, gen)[-1])
+        token = int(sample(logits[None], params, gen)[0])
         self._sync()
         t1 = time.perf_counter()
         out.prefill_s = t1 - t0
@@ -129,7 +129,7 @@ class Session:
             if i + 1 == max_new:
                 break
             logits = self.forward([token])
-            token = int(sample(logits, params, gen)[-1])
+            token = int(sample(logits[None], params, gen)[0])
         self._sync()
         out.decode_s = time.perf_counter() - t1
         return out

@@ -69,6 +69,8 @@ def train_vocab(vocab_size: int) -> tuple[list[str], list[str]]:
 def write(path: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> Path:
     """Write a random model with a trained vocabulary; weights mix F32, F16, BF16 and Q8_0."""
     path = Path(path)
+    if spec.arch == "qwen2" and spec.head_dim * spec.n_head != spec.d_model:
+        raise ValueError("llama.cpp's qwen2 derives head_dim from d_model / n_head; make them agree")
     rng = np.random.default_rng(spec.seed)
     tokens, merges = train_vocab(spec.vocab_size)
     vocab = len(tokens)
@@ -143,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tied", action="store_true")
     args = parser.parse_args(argv)
-    print(write(args.path, SyntheticSpec(arch=args.arch, seed=args.seed, tied_output=args.tied)))
+    head_dim = 32 if args.arch == "qwen3" else 16
+    print(write(args.path, SyntheticSpec(arch=args.arch, head_dim=head_dim, seed=args.seed, tied_output=args.tied)))
     return 0
 
 

