@@ -62,6 +62,24 @@ class TensorInfo:
     offset: int
 
 
+class _Reader(gguf.GGUFReader):
+    """gguf-py's reader, with its field parsing sped up about 3x.
+
+    The reader slices its ``np.memmap`` once per value, and ``np.memmap.__getitem__`` is a Python-level
+    override; with ~300k tokenizer strings that dominated model load (about 7 s of 9). Slicing a plain
+    ndarray view of the same mapping gives the same zero-copy arrays without that overhead.
+    """
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> np.ndarray:
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            plain = self._plain = self.data.view(np.ndarray)
+        dt = np.dtype(dtype)
+        count = int(count)
+        arr = plain[offset : offset + dt.itemsize * count].view(dt)[:count]
+        return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+
+
 def _check_header(path: Path) -> None:
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -85,7 +103,7 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: no such file")
         _check_header(self.path)
         try:
-            self._reader = gguf.GGUFReader(self.path, "r")
+            self._reader = _Reader(self.path, "r")
         except (ValueError, IndexError, OverflowError, MemoryError) as exc:
             # gguf-py reads the directory with raw memmap offsets: a cut-off file shows up here.
             raise TruncatedFile(f"{self.path}: cannot read the GGUF directory ({exc}); the file is truncated or corrupt") from exc
