@@ -1,0 +1,562 @@
+"""The llama.cpp reference (through llama-cpp-python): score, greedy generate and bench, in the engine's protocol.
+
+Each command mirrors ``python -m engine`` and prints one JSON record (engine.protocol) on stdout, so that
+``engine.compare`` can set the two side by side. Text is tokenized with the engine's own tokenizer, never
+llama.cpp's, so both sides see the same token ids; flash attention is pinned off and recorded. Score results
+are deterministic and cached under ``$EVALBOT_CACHE/reference`` (else ``~/.cache/evalbot/reference``), keyed
+by the model's sha256, the llama-cpp-python version, the flash-attention setting and the token ids.
+
+    python -m engine.reference score --model qwen2.5-coder-0.5b --text-file engine/data/corpus.txt --positions 256 --out ref.npy
+    python -m engine.reference generate --model qwen2.5-coder-0.5b --prompt "def fib(n):" --max-new 32
+    python -m engine.reference bench --model qwen2.5-coder-0.5b --ctx 512 --gen 32 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.models import FetchError, cache_dir, model_sha256, resolve
+from engine.protocol import emit, make_record
+
+ENGINE_NAME = "llama.cpp"
+FLASH_ATTN = False  # llama-cpp-python's default; the CLI's "auto" differs by ~4e-4 nats, so it is pinned
+CTX_ALIGN = 256  # the C side rounds n_ctx up to this; the Python buffers do not, so ask for a multiple
+_ROW_CHUNK = 16  # rows per float64 block when normalizing: 16 x 151936 x 8 B is about 19 MB
+_KEY_SCHEMA = "evalbot.reference.score/1"
+_INSTALL_HINT = (
+    "llama-cpp-python is not installed; install the reference extra: "
+    "CMAKE_ARGS=-DLLAVA_BUILD=OFF CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) pip install -e '.[reference]' "
+    "(it builds from source: about 25 minutes on 2 cores)"
+)
+
+
+class ReferenceFailure(RuntimeError):
+    """The reference cannot run: llama-cpp-python is missing, or the input does not fit the request."""
+
+
+@dataclass
+class ScoreResult:
+    """Reference log-probabilities for ids[:-1] predicting ids[1:], with how they were obtained."""
+
+    logprobs: np.ndarray
+    ids: list[int]
+    config: dict[str, Any]
+    timings: dict[str, float]
+    cached: bool
+    cache_key: str
+    computed_timings: dict[str, float] = field(default_factory=dict)
+
+
+def llama_cpp_module() -> Any:
+    """The llama_cpp module, or ReferenceFailure saying how to install it."""
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise ReferenceFailure(_INSTALL_HINT) from exc
+    return llama_cpp
+
+
+def default_threads() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def aligned_ctx(n_tokens: int) -> int:
+    """The smallest multiple of 256 holding n_tokens (at least 256)."""
+    return max(CTX_ALIGN, -(-n_tokens // CTX_ALIGN) * CTX_ALIGN)
+
+
+def reference_cache_dir() -> Path:
+    """Where cached reference scores live: next to the model cache."""
+    return cache_dir().parent / "reference"
+
+
+def cache_key(model_sha: str, llama_version: str, flash_attn: bool, ids: list[int]) -> str:
+    """The sha256 naming a cached score: everything that changes the log-probs."""
+    blob = json.dumps(
+        {
+            "schema": _KEY_SCHEMA,
+            "model_sha256": model_sha,
+            "llama_cpp": llama_version,
+            "flash_attn": flash_attn,
+            "ids": [int(i) for i in ids],
+        },
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def log_softmax_rows(logits: np.ndarray) -> np.ndarray:
+    """float32 log-probabilities of float32 logits, normalized in float64 a block of rows at a time."""
+    out = np.empty(logits.shape, dtype=np.float32)
+    for start in range(0, logits.shape[0], _ROW_CHUNK):
+        x = logits[start : start + _ROW_CHUNK].astype(np.float64)
+        m = x.max(axis=1, keepdims=True)
+        lse = m + np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+        out[start : start + _ROW_CHUNK] = x - lse
+    return out
+
+
+def load_tokenizer(model_path: Path) -> Any:
+    """The engine's tokenizer for a GGUF file (the reference must score the engine's token ids)."""
+    from engine.gguf import GGUFFile
+    from engine.tokenizer import Tokenizer
+
+    gf = GGUFFile(model_path)
+    try:
+        return Tokenizer.from_metadata(gf.metadata)
+    finally:
+        gf.close()
+
+
+def open_llama(
+    model_path: Path, n_ctx: int, *, logits_all: bool, n_threads: int
+) -> tuple[Any, dict[str, Any]]:
+    """A llama.cpp context and the settings it runs with (for the record's config)."""
+    llama_cpp = llama_cpp_module()
+    llm = llama_cpp.Llama(
+        model_path=str(model_path),
+        n_ctx=n_ctx,
+        logits_all=logits_all,
+        flash_attn=FLASH_ATTN,
+        n_threads=n_threads,
+        n_threads_batch=n_threads,
+        verbose=False,
+    )
+    config = {
+        "n_ctx": n_ctx,
+        "n_batch": int(llm.n_batch),
+        "n_ubatch": int(llm.context_params.n_ubatch),
+        "flash_attn": FLASH_ATTN,
+        "logits_all": logits_all,
+        "n_threads": n_threads,
+        "llama_cpp": llama_cpp.__version__,
+        "tokenizer": "engine.tokenizer",
+    }
+    return llm, config
+
+
+def _close(llm: Any) -> None:
+    close = getattr(llm, "close", None)
+    if close is not None:
+        close()
+
+
+def _last_logits(llm: Any) -> np.ndarray:
+    """A copy of the logits of the last evaluated token (logits_all=False keeps only that row)."""
+    llama_cpp = llama_cpp_module()
+    ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
+
+
+def _read_cache(key: str, ids: list[int]) -> tuple[np.ndarray, dict[str, Any]] | None:
+    base = reference_cache_dir() / key
+    try:
+        meta = json.loads(Path(f"{base}.json").read_text())
+        arr = np.load(f"{base}.npy")
+    except (OSError, ValueError):
+        return None
+    # A sidecar that disagrees (a torn write, a hand edit) is a miss, not an answer.
+    if not isinstance(meta, dict) or meta.get("ids") != ids or "config" not in meta or "timings" not in meta:
+        return None
+    if arr.dtype != np.float32 or arr.ndim != 2 or arr.shape[0] != len(ids) - 1:
+        return None
+    return arr, meta
+
+
+def _write_cache(key: str, arr: np.ndarray, meta: dict[str, Any]) -> None:
+    root = reference_cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    # The .npy goes in first and the .json last, each renamed into place, so a reader never sees half.
+    for suffix, write in (
+        (".npy", lambda f: np.save(f, arr)),
+        (".json", lambda f: f.write(json.dumps(meta).encode())),
+    ):
+        fd, tmp = tempfile.mkstemp(prefix=f"{key}.", suffix=".partial", dir=root)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+            os.replace(tmp, root / f"{key}{suffix}")
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def score_ids(
+    model_path: Path,
+    ids: list[int],
+    *,
+    model_sha: str | None = None,
+    n_threads: int | None = None,
+    use_cache: bool = True,
+) -> ScoreResult:
+    """Teacher-forced log-probs (len(ids)-1, n_vocab) from llama.cpp, from the cache when possible."""
+    if len(ids) < 2:
+        raise ReferenceFailure(f"scoring needs at least 2 token ids, got {len(ids)}")
+    llama_cpp = llama_cpp_module()
+    ids = [int(i) for i in ids]
+    sha = model_sha or model_sha256(model_path)
+    key = cache_key(sha, llama_cpp.__version__, FLASH_ATTN, ids)
+    if use_cache:
+        t0 = time.perf_counter()
+        hit = _read_cache(key, ids)
+        if hit is not None:
+            arr, meta = hit
+            return ScoreResult(
+                arr,
+                ids,
+                meta["config"],
+                {"load_s": 0.0, "score_s": time.perf_counter() - t0},
+                cached=True,
+                cache_key=key,
+                computed_timings=meta["timings"],
+            )
+    threads = n_threads or default_threads()
+    t0 = time.perf_counter()
+    llm, config = open_llama(model_path, aligned_ctx(len(ids)), logits_all=True, n_threads=threads)
+    load_s = time.perf_counter() - t0
+    try:
+        t0 = time.perf_counter()
+        llm.reset()
+        llm.eval(ids[:-1])  # the last id is only a target: nothing is predicted from it
+        arr = log_softmax_rows(np.asarray(llm.scores[: llm.n_tokens]))
+        score_s = time.perf_counter() - t0
+    finally:
+        _close(llm)
+    timings = {"load_s": load_s, "score_s": score_s}
+    if use_cache:
+        meta = {"key": key, "model_sha256": sha, "ids": ids, "config": config, "timings": timings}
+        try:
+            _write_cache(key, arr, meta)
+        except OSError as exc:  # a read-only cache costs a recomputation next time, not this result
+            print(f"warning: cannot write the reference cache: {exc}", file=sys.stderr)
+    return ScoreResult(arr, ids, config, timings, cached=False, cache_key=key, computed_timings=timings)
+
+
+def greedy_generate(
+    model_path: Path,
+    prompt_ids: list[int],
+    max_new: int,
+    *,
+    stop_ids: frozenset[int] = frozenset(),
+    n_threads: int | None = None,
+) -> dict[str, Any]:
+    """Greedy (argmax) continuation of prompt_ids: token ids, top1-top2 logit margins, config and timings."""
+    if not prompt_ids:
+        raise ReferenceFailure("generation needs a non-empty prompt")
+    if max_new <= 0:
+        raise ReferenceFailure(f"--max-new must be positive, got {max_new}")
+    threads = n_threads or default_threads()
+    t0 = time.perf_counter()
+    llm, config = open_llama(
+        model_path, aligned_ctx(len(prompt_ids) + max_new), logits_all=False, n_threads=threads
+    )
+    load_s = time.perf_counter() - t0
+    tokens: list[int] = []
+    margins: list[float] = []
+    stop_reason = "length"
+    try:
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(list(prompt_ids))
+        t1 = time.perf_counter()
+        while True:
+            logits = _last_logits(llm)
+            top2 = np.partition(logits, -2)[-2:]
+            token = int(logits.argmax())  # first index on ties, as torch.argmax
+            tokens.append(token)
+            margins.append(float(top2[1] - top2[0]))
+            if token in stop_ids:
+                stop_reason = "stop"
+                break
+            if len(tokens) == max_new:
+                break
+            llm.eval([token])
+        t2 = time.perf_counter()
+    finally:
+        _close(llm)
+    return {
+        "token_ids": tokens,
+        "margins": margins,
+        "stop_reason": stop_reason,
+        "config": config,
+        "timings": {"load_s": load_s, "prefill_s": t1 - t0, "decode_s": t2 - t1},
+    }
+
+
+def _bench_once(llm: Any, prompt: list[int], n_gen: int) -> tuple[float, float]:
+    """(prefill seconds for the prompt, decode seconds for n_gen single-token greedy steps after it)."""
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    token = int(_last_logits(llm).argmax())
+    t1 = time.perf_counter()
+    for _ in range(n_gen):
+        llm.eval([token])
+        token = int(_last_logits(llm).argmax())
+    return t1 - t0, time.perf_counter() - t1
+
+
+def bench_ids(
+    model_path: Path,
+    prompt: list[int],
+    n_gen: int,
+    *,
+    runs: int = 1,
+    warmup: int = 1,
+    n_threads: int | None = None,
+) -> dict[str, Any]:
+    """llama.cpp prefill and decode throughput for prompt then n_gen greedy steps (median over runs)."""
+    if not prompt or n_gen <= 0 or runs <= 0:
+        raise ReferenceFailure(
+            f"bench needs a prompt, --gen > 0 and --runs > 0 (got {len(prompt)}, {n_gen}, {runs})"
+        )
+    threads = n_threads or default_threads()
+    t0 = time.perf_counter()
+    llm, config = open_llama(
+        model_path, aligned_ctx(len(prompt) + n_gen + 1), logits_all=False, n_threads=threads
+    )
+    load_s = time.perf_counter() - t0
+    prefill: list[float] = []
+    decode: list[float] = []
+    try:
+        # Same warm-up as the engine's bench: a short pass that faults in the weights, not timed.
+        for _ in range(warmup):
+            _bench_once(llm, prompt[: min(len(prompt), 64)], min(n_gen, 4))
+        for r in range(runs):
+            p, d = _bench_once(llm, prompt, n_gen)
+            prefill.append(len(prompt) / p)
+            decode.append(n_gen / d)
+            print(
+                f"run {r + 1}/{runs}: prefill {prefill[-1]:.1f} tok/s, decode {decode[-1]:.2f} tok/s",
+                file=sys.stderr,
+            )
+    finally:
+        _close(llm)
+    return {
+        "prefill_tps": statistics.median(prefill),
+        "decode_tps": statistics.median(decode),
+        "prefill_tps_runs": prefill,
+        "decode_tps_runs": decode,
+        "config": config,
+        "timings": {
+            "load_s": load_s,
+            "prefill_s": sum(len(prompt) / x for x in prefill),
+            "decode_s": sum(n_gen / x for x in decode),
+        },
+    }
+
+
+def _ids_from(path: str) -> list[int]:
+    """token_ids of a score record (REF.json, or REF.npy whose REF.npy.json sidecar holds it)."""
+    p = Path(path)
+    if p.suffix == ".npy":
+        p = Path(f"{p}.json")
+    try:
+        ids = json.loads(p.read_text()).get("token_ids")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ReferenceFailure(f"cannot read token_ids from {p}: {exc}") from exc
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise ReferenceFailure(f"{p} has no token_ids list of integers")
+    return ids
+
+
+def cmd_score(args: argparse.Namespace) -> dict[str, Any]:
+    path = resolve(args.model)
+    sha = model_sha256(path)
+    t0 = time.perf_counter()
+    if args.ids_from:
+        ids = _ids_from(args.ids_from)
+        source = f"ids from {args.ids_from}"
+        positions = args.positions if args.positions is not None else len(ids) - 1
+    else:
+        if args.positions is None:
+            raise ReferenceFailure("--positions is required with --text-file")
+        ids = load_tokenizer(path).encode(Path(args.text_file).read_text(encoding="utf-8"))
+        source = args.text_file
+        positions = args.positions
+    tokenize_s = time.perf_counter() - t0
+    if positions <= 0:
+        raise ReferenceFailure(f"--positions must be positive, got {positions}")
+    if len(ids) < positions + 1:
+        raise ReferenceFailure(
+            f"{source} has {len(ids)} tokens; scoring {positions} positions needs {positions + 1}"
+        )
+    ids = ids[: positions + 1]
+    res = score_ids(path, ids, model_sha=sha, n_threads=args.threads, use_cache=not args.no_cache)
+    arr = res.logprobs
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as f:  # a file object, so np.save does not append ".npy" to the name
+        np.save(f, arr)
+    targets = np.asarray(ids[1:])
+    nll = (-arr[np.arange(positions), targets].astype(np.float64)).tolist()
+    mean_nll = float(np.mean(nll))
+    record = make_record(
+        "score",
+        engine=ENGINE_NAME,
+        model_sha256=sha,
+        device="cpu",
+        config=res.config,
+        timings={"tokenize_s": tokenize_s, **res.timings},
+        counts={"positions": positions, "n_vocab": int(arr.shape[1])},
+        path=str(out),
+        token_ids=ids,
+        argmax=arr.argmax(axis=1).tolist(),
+        nll=nll,
+        mean_nll=mean_nll,
+        ppl=float(np.exp(mean_nll)),
+        cached=res.cached,
+        cache_key=res.cache_key,
+        computed_timings=res.computed_timings,
+    )
+    Path(f"{out}.json").write_text(json.dumps(record, allow_nan=False))
+    return record
+
+
+def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
+    path = resolve(args.model)
+    sha = model_sha256(path)
+    tok = load_tokenizer(path)
+    if args.prompt_ids is not None:
+        if args.chat:
+            raise ReferenceFailure("--chat applies to --prompt or --prompt-file, not to --prompt-ids")
+        try:
+            prompt_ids = json.loads(args.prompt_ids)
+        except ValueError as exc:
+            raise ReferenceFailure(f"--prompt-ids is not a JSON list: {exc}") from exc
+        if not isinstance(prompt_ids, list) or not all(isinstance(i, int) for i in prompt_ids):
+            raise ReferenceFailure("--prompt-ids must be a JSON list of integers")
+        text = tok.decode(prompt_ids)
+    else:
+        text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else args.prompt
+        if args.chat:
+            text = tok.apply_chat_template([{"role": "user", "content": text}])
+        prompt_ids = tok.encode(text)
+    out = greedy_generate(
+        path,
+        prompt_ids,
+        args.max_new,
+        stop_ids=tok.eot_ids if args.stop else frozenset(),
+        n_threads=args.threads,
+    )
+    ids, t = out["token_ids"], out["timings"]
+    decode_steps = max(len(ids) - 1, 0)  # the first new token comes out of prefill
+    return make_record(
+        "generate",
+        engine=ENGINE_NAME,
+        model_sha256=sha,
+        device="cpu",
+        config={**out["config"], "temperature": 0.0, "chat": bool(args.chat), "stop": bool(args.stop)},
+        timings=t,
+        counts={"prompt_tokens": len(prompt_ids), "new_tokens": len(ids), "decode_steps": decode_steps},
+        prompt=text,
+        prompt_ids=prompt_ids,
+        token_ids=ids,
+        text=tok.decode(ids),
+        stop_reason=out["stop_reason"],
+        margins=out["margins"],
+        min_margin=min(out["margins"]),
+        prefill_tps=len(prompt_ids) / t["prefill_s"] if t["prefill_s"] else 0.0,
+        decode_tps=decode_steps / t["decode_s"] if t["decode_s"] else 0.0,
+    )
+
+
+def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
+    from engine.prompts import tokens_of_length
+
+    path = resolve(args.model)
+    sha = model_sha256(path)
+    prompt = tokens_of_length(load_tokenizer(path), args.ctx)
+    out = bench_ids(path, prompt, args.gen, runs=args.runs, warmup=args.warmup, n_threads=args.threads)
+    return make_record(
+        "bench",
+        engine=ENGINE_NAME,
+        model_sha256=sha,
+        device="cpu",
+        config={
+            **out.pop("config"),
+            "ctx": args.ctx,
+            "gen": args.gen,
+            "runs": args.runs,
+            "warmup": args.warmup,
+            "prompt": "engine/data/corpus.txt tiled",
+        },
+        timings=out.pop("timings"),
+        counts={"ctx": args.ctx, "gen": args.gen, "runs": args.runs},
+        **out,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine.reference", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--model", required=True, help="registry name (see python -m engine.models list) or GGUF path"
+        )
+        p.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: all usable cores)")
+
+    s = sub.add_parser("score", help="teacher-forced full-vocabulary log-probabilities")
+    common(s)
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text-file", help="text to tokenize with the engine's tokenizer")
+    src.add_argument(
+        "--ids-from", metavar="REF.json", help="take token_ids from a score record (or its .npy)"
+    )
+    s.add_argument("--positions", type=int, help="positions to score (default with --ids-from: all)")
+    s.add_argument("--out", required=True, help="where to write the (P, V) float32 .npy")
+    s.add_argument("--no-cache", action="store_true", help="neither read nor write the reference cache")
+    s.set_defaults(func=cmd_score)
+
+    g = sub.add_parser("generate", help="greedy continuation of a prompt")
+    common(g)
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompt-file")
+    src.add_argument(
+        "--prompt-ids", metavar="JSON", help="prompt token ids as a JSON list (no template applied)"
+    )
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--max-new", type=int, default=64)
+    g.add_argument("--no-stop", dest="stop", action="store_false", help="do not stop at end-of-turn tokens")
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="prefill and decode throughput at a context length")
+    common(b)
+    b.add_argument("--ctx", type=int, required=True, help="context tokens before decoding")
+    b.add_argument("--gen", type=int, default=32, help="decode steps timed after the context")
+    b.add_argument("--runs", type=int, default=1)
+    b.add_argument("--warmup", type=int, default=1)
+    b.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        llama_cpp_module()
+        emit(args.func(args))
+    except (ReferenceFailure, FetchError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
