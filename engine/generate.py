@@ -103,12 +103,13 @@ class Session:
     def reset(self) -> None:
         self.cache.truncate(0)
 
-    def generate(self, prompt_ids: Sequence[int], max_new: int, params: SamplingParams = SamplingParams(),
+    def generate(self, prompt_ids: Sequence[int], max_new: int, params: SamplingParams | None = None,
                  stop_ids: frozenset[int] = frozenset(),
                  on_token: Callable[[int], None] | None = None) -> Generation:
         """Prefill the prompt, then decode up to max_new tokens (stopping at a stop id)."""
         if len(prompt_ids) + max_new > self.cache.max_seq:
             raise ValueError(f"prompt {len(prompt_ids)} + {max_new} new tokens exceed the cache ({self.cache.max_seq})")
+        params = params or SamplingParams()
         self.reset()
         out = Generation(list(prompt_ids))
         gen = make_generator(params) if not params.greedy else None
@@ -141,4 +142,4 @@ class Session:
             raise ValueError("scoring needs at least two tokens")
         self.reset()
         logits = self.forward(ids[:-1], all_logits=True)
-        return torch.log_softmax(logits.float(), dim=-1)
+        return torch.log_softmax(logits.double(), dim=-1).float()  # normalized in float64, stored as float32
