@@ -18,11 +18,13 @@ import numpy as np
 import torch
 
 from engine import generate as gen
+from engine import ops
 from engine.gguf import GGUFError
 from engine.models import FetchError
 from engine.prompts import tokens_of_length
 from engine.protocol import emit, make_record
 from engine.sampling import SamplingParams
+from engine.shapes import SHAPES
 from engine.tokenizer import TokenizerError
 
 ENGINE_NAME = "evalbot-engine"
@@ -37,8 +39,10 @@ def _config(lm: gen.LoadedModel, session: gen.Session, **extra: Any) -> dict[str
         "threads": torch.get_num_threads(),
         "prefill_chunk": session.prefill_chunk,
         "max_seq": session.cache.max_seq,
-        "attention": "torch-reference",
+        "cuda_graph": session.graph is not None,
+        "random_weights": lm.random_weights,
         "torch": torch.__version__,
+        "decode_attention": ops.decode_config(cfg.n_head, session.cache, lm.transformer.blocks[0].decode_splits),
         **extra,
     }
 
@@ -86,24 +90,43 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bench_once(session: gen.Session, prompt: list[int], n_gen: int) -> tuple[float, float]:
-    """(prefill seconds for the prompt, decode seconds for n_gen single-token steps after it)."""
+    """(prefill seconds for the prompt, decode seconds for n_gen greedy single-token steps after it)."""
     session.reset()
     session._sync()
     t0 = time.perf_counter()
     logits = session.forward(prompt)
-    token = int(logits.argmax())
     session._sync()
     t1 = time.perf_counter()
-    for _ in range(n_gen):
-        token = int(session.forward([token]).argmax())
+    if session.on_cuda:
+        session.greedy_on_device(logits.argmax(), n_gen)  # tokens stay on the GPU: no host sync per step
+    else:
+        token = int(logits.argmax())
+        for _ in range(n_gen):
+            token = int(session.forward([token]).argmax())
     session._sync()
     return t1 - t0, time.perf_counter() - t1
 
 
+def _bench_model(args: argparse.Namespace) -> gen.LoadedModel:
+    if args.random_weights:
+        if not args.shape:
+            raise ValueError("--random-weights needs --shape (one of: " + ", ".join(sorted(SHAPES)) + ")")
+        return gen.load_random(args.shape, args.device, seed=args.seed, max_pos=args.ctx + args.gen + 1)
+    if not args.model:
+        raise ValueError("bench needs --model, or --random-weights --shape NAME")
+    return gen.load(args.model, args.device)
+
+
 def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
-    lm = gen.load(args.model, args.device)
-    prompt = tokens_of_length(lm.tokenizer, args.ctx)
-    session = gen.Session(lm, max_seq=args.ctx + args.gen + 1)
+    lm = _bench_model(args)
+    if lm.tokenizer is None:  # random weights: token ids carry no meaning, a seeded draw will do
+        g = torch.Generator().manual_seed(args.seed)
+        prompt = torch.randint(0, lm.cfg.vocab_size, (args.ctx,), generator=g).tolist()
+    else:
+        prompt = tokens_of_length(lm.tokenizer, args.ctx)
+    for block in lm.transformer.blocks:
+        block.decode_splits = args.num_splits
+    session = gen.Session(lm, max_seq=args.ctx + args.gen + 1, cuda_graph=args.cuda_graph)
     for _ in range(args.warmup):
         bench_once(session, prompt[: min(len(prompt), 64)], min(args.gen, 4))
     prefill, decode = [], []
@@ -113,13 +136,13 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
         decode.append(args.gen / d)
         print(f"run {r + 1}/{args.runs}: prefill {prefill[-1]:.1f} tok/s, decode {decode[-1]:.2f} tok/s", file=sys.stderr)
     config = _config(lm, session, ctx=args.ctx, gen=args.gen, runs=args.runs, warmup=args.warmup,
-                     prompt="engine/data/corpus.txt tiled")
+                     prompt="random ids" if lm.tokenizer is None else "engine/data/corpus.txt tiled")
     return _record(
         "bench", lm, config,
         timings={"prefill_s": sum(args.ctx / x for x in prefill), "decode_s": sum(args.gen / x for x in decode)},
         counts={"ctx": args.ctx, "gen": args.gen, "runs": args.runs},
         prefill_tps=statistics.median(prefill), decode_tps=statistics.median(decode),
-        prefill_tps_runs=prefill, decode_tps_runs=decode,
+        prefill_tps_runs=prefill, decode_tps_runs=decode, random_weights=lm.random_weights,
     )
 
 
@@ -155,8 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="A compact GGUF inference engine.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", required=True, help="registry name (see python -m engine.models list) or GGUF path")
+    def common(p: argparse.ArgumentParser, model_required: bool = True) -> None:
+        p.add_argument("--model", required=model_required,
+                       help="registry name (see python -m engine.models list) or GGUF path")
         p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
         p.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
 
@@ -176,7 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="prefill and decode throughput at a context length")
-    common(b)
+    common(b, model_required=False)
+    b.add_argument("--random-weights", action="store_true", help="time a real shape with random weights (no file)")
+    b.add_argument("--shape", choices=sorted(SHAPES), help="the shape for --random-weights")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="decode eagerly on CUDA")
+    b.add_argument("--num-splits", type=int, default=None, help="pin the flash-decode KV split count (A/B only)")
     b.add_argument("--ctx", type=int, required=True, help="context tokens before decoding")
     b.add_argument("--gen", type=int, default=32, help="decode steps timed after the context")
     b.add_argument("--runs", type=int, default=1)

@@ -10,11 +10,13 @@ from pathlib import Path
 import torch
 
 from engine.config import ModelConfig
+from engine.cuda_graph import GraphedDecode
 from engine.gguf import GGUFFile
 from engine.kv_cache import KVCache
 from engine.model import Transformer, load_transformer
 from engine.models import model_sha256, resolve
 from engine.sampling import SamplingParams, make_generator, sample
+from engine.shapes import random_transformer, shape_config, shape_digest
 from engine.tokenizer import Tokenizer
 
 DEFAULT_PREFILL_CHUNK = 512
@@ -22,15 +24,16 @@ DEFAULT_PREFILL_CHUNK = 512
 
 @dataclass
 class LoadedModel:
-    """A model ready to run, and where it came from."""
+    """A model ready to run, and where it came from (random-weight shapes have no file or tokenizer)."""
 
-    path: Path
+    path: Path | None
     sha256: str
     cfg: ModelConfig
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None
     transformer: Transformer
     device: torch.device
     load_s: float
+    random_weights: bool = False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -57,6 +60,18 @@ def load(model: str | Path, device: str = "cpu", dtype: torch.dtype | None = Non
     return LoadedModel(path, model_sha256(path), cfg, tok, transformer, dev, time.perf_counter() - t0)
 
 
+def load_random(shape: str, device: str = "cuda", dtype: torch.dtype | None = None, seed: int = 0,
+                max_pos: int | None = None) -> LoadedModel:
+    """A real model shape with random weights, built on the device (for timing only)."""
+    t0 = time.perf_counter()
+    cfg = shape_config(shape)
+    dev = torch.device(device)
+    dt = dtype or default_dtype(dev)
+    transformer = random_transformer(cfg, dev, dt, seed, max_pos)
+    return LoadedModel(None, shape_digest(cfg, seed), cfg, None, transformer, dev, time.perf_counter() - t0,
+                       random_weights=True)
+
+
 @dataclass
 class Generation:
     """What one generate call produced, with timings that separate prefill from decode."""
@@ -71,13 +86,18 @@ class Generation:
 class Session:
     """One sequence's KV cache plus the model: prefill, step, generate, score."""
 
-    def __init__(self, model: LoadedModel, max_seq: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+    def __init__(self, model: LoadedModel, max_seq: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 cuda_graph: bool = True):
         cfg = model.cfg
         if max_seq > cfg.context_length:
             raise ValueError(f"{max_seq} positions exceed the model's context length {cfg.context_length}")
         self.model = model
         self.prefill_chunk = prefill_chunk
         self.cache = KVCache(cfg.n_layer, 1, cfg.n_kv_head, max_seq, cfg.head_dim, model.dtype, model.device)
+        self.on_cuda = model.device.type == "cuda"
+        # on CUDA, single tokens go through the graph-safe decode path, replayed from a graph unless disabled
+        self.graph = GraphedDecode(model.transformer, self.cache) if self.on_cuda and cuda_graph else None
+        self._pos = torch.zeros(1, dtype=torch.long, device=model.device)
 
     @property
     def length(self) -> int:
@@ -92,6 +112,8 @@ class Session:
         """Append tokens to the sequence in prefill-sized chunks; float32 logits [T, V] or the last [V]."""
         if not ids:
             raise ValueError("forward needs at least one token")
+        if self.on_cuda and len(ids) == 1 and not all_logits:
+            return self.step(int(ids[0]))
         outs = []
         for i in range(0, len(ids), self.prefill_chunk):
             chunk = torch.tensor([list(ids[i : i + self.prefill_chunk])], device=self.model.device)
@@ -99,6 +121,36 @@ class Session:
             self.cache.length += chunk.shape[1]
             outs.append(logits[0])
         return torch.cat(outs) if all_logits else outs[-1][-1]
+
+    @torch.inference_mode()
+    def step(self, token: int) -> torch.Tensor:
+        """Decode one token through the graph-safe path (replayed from the CUDA graph if any); logits [V]."""
+        if self.cache.length >= self.cache.max_seq:
+            raise ValueError(f"the KV cache is full ({self.cache.max_seq} positions)")
+        if self.graph is not None:
+            logits = self.graph(token, self.cache.length)
+        else:
+            ids = torch.full((1, 1), token, dtype=torch.long, device=self.model.device)
+            logits = self.model.transformer.decode(ids, self._pos.fill_(self.cache.length), self.cache)
+        self.cache.length += 1
+        return logits[0]
+
+    @torch.inference_mode()
+    def greedy_on_device(self, first: torch.Tensor, n: int) -> torch.Tensor:
+        """n greedy decode steps with the tokens kept on the device (no host sync per token); ids [n]."""
+        out = torch.empty(n, dtype=torch.long, device=self.model.device)
+        token = first.view(1, 1)
+        pos = self._pos.fill_(self.cache.length)
+        for i in range(n):
+            if self.graph is not None:
+                logits = self.graph(token, pos)
+            else:
+                logits = self.model.transformer.decode(token, pos, self.cache)
+            token = logits.argmax(-1).view(1, 1)
+            out[i : i + 1].copy_(token[0])
+            pos.add_(1)
+        self.cache.length += n
+        return out
 
     def reset(self) -> None:
         self.cache.truncate(0)

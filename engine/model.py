@@ -33,7 +33,7 @@ def rope_tables(head_dim: int, max_pos: int, base: float, device: torch.device) 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """NEOX rotation: pairs are (i, i + D/2), not adjacent elements."""
-    # x: [B, H, T, D]; cos/sin: [T, D/2]
+    # x: [B, H, T, D]; cos/sin: [T, D/2] (shared positions) or [B, 1, 1, D/2] (one position per sequence)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half].float(), x[..., half:].float()
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
@@ -54,9 +54,11 @@ class Block(nn.Module):
         self.ffn_norm = w["ffn_norm"]
         self.w_gate_up = w["w_gate_up"]  # [2 d_ff, d_model]
         self.w_down = w["w_down"]  # [d_model, d_ff]
+        self.decode_splits: int | None = None  # None: the kernel's heuristic; an int pins it (A/B experiments)
 
-    def forward(self, x: torch.Tensor, layer: int, cache: KVCache, pos: torch.Tensor, n_ctx: int,
-                cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer: int, cache: KVCache, pos: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor, n_ctx: int | None) -> torch.Tensor:
+        """n_ctx given: T new tokens at shared positions pos (prefill). None: one token per sequence at pos[b]."""
         cfg = self.cfg
         b, t, _ = x.shape
         hd, hq, hkv = cfg.head_dim, cfg.n_head, cfg.n_kv_head
@@ -71,8 +73,14 @@ class Block(nn.Module):
             k = rms_norm(k, self.k_norm, cfg.rms_eps)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
-        k_cache, v_cache = cache.write(layer, pos, k, v)
-        a = ops.attention(q, k_cache, v_cache, n_ctx, hd**-0.5)  # [B, Hq, T, D]
+        if n_ctx is not None:
+            k_cache, v_cache = cache.write(layer, pos, k, v)
+            a = ops.attention(q, k_cache, v_cache, n_ctx, hd**-0.5)  # [B, Hq, T, D]
+        else:
+            # decode: nothing here depends on a host-side length, so the step can be captured in a CUDA graph
+            k_cache, v_cache = cache.write_each(layer, pos, k, v)
+            lengths = (pos + 1).to(torch.int32)
+            a = ops.decode_attention(q[:, :, 0], k_cache, v_cache, lengths, hd**-0.5, self.decode_splits)[:, :, None]
         x = x + F.linear(a.transpose(1, 2).reshape(b, t, hq * hd), self.wo)
         h = rms_norm(x, self.ffn_norm, cfg.rms_eps)
         gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)
@@ -107,9 +115,23 @@ class Transformer(nn.Module):
         cos, sin = self.cos[start:n_ctx], self.sin[start:n_ctx]
         x = F.embedding(ids, self.tok_embd)  # [B, T, d_model]
         for i, block in enumerate(self.blocks):
-            x = block(x, i, cache, pos, n_ctx, cos, sin)
+            x = block(x, i, cache, pos, cos, sin, n_ctx)
         if last_only:
             x = x[:, -1:]
+        return self.logits(x)
+
+    def decode(self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One token per sequence (ids [B, 1]) at device positions pos [B]; float32 logits [B, V]."""
+        b = ids.shape[0]
+        half = self.cfg.head_dim // 2
+        cos = self.cos.index_select(0, pos).view(b, 1, 1, half)
+        sin = self.sin.index_select(0, pos).view(b, 1, 1, half)
+        x = F.embedding(ids, self.tok_embd)  # [B, 1, d_model]
+        for i, block in enumerate(self.blocks):
+            x = block(x, i, cache, pos, cos, sin, None)
+        return self.logits(x)[:, 0]
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
         x = rms_norm(x, self.out_norm, self.cfg.rms_eps)
         return F.linear(x, self.w_out).float()
 

@@ -47,7 +47,7 @@ def test_bench(synthetic_qwen3):
     for key in ("prefill_tps", "decode_tps"):
         assert math.isfinite(rec[key]) and rec[key] > 0
         assert len(rec[key + "_runs"]) == 2
-    assert rec["config"]["ctx"] == 100 and rec["config"]["attention"]
+    assert rec["config"]["ctx"] == 100 and rec["config"]["decode_attention"]["backend"] == "torch-reference"
 
 
 def test_score(synthetic_qwen3, tmp_path):

@@ -54,3 +54,16 @@ def test_decode_matches_prefill(synthetic_qwen3):
     s = Session(lm, max_seq=40)
     steps = torch.stack([s.forward([t]) for t in ids])
     torch.testing.assert_close(steps, full, rtol=1e-4, atol=1e-4)
+
+
+def test_graphable_decode_path_matches_prefill(synthetic_qwen3):
+    """Transformer.decode (device positions, per-sequence cache writes) equals the prefill logits."""
+    lm = load(synthetic_qwen3)
+    ids = tokens_of_length(lm.tokenizer, 24)
+    full = Session(lm, max_seq=32).forward(ids, all_logits=True)
+    s = Session(lm, max_seq=32)
+    rows = []
+    with torch.inference_mode():
+        for i, t in enumerate(ids):
+            rows.append(lm.transformer.decode(torch.tensor([[t]]), torch.tensor([i]), s.cache)[0])
+    torch.testing.assert_close(torch.stack(rows), full, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,78 @@
+"""Real model shapes with random weights, for timing where a model file cannot be carried (the GPU box).
+
+Weights are drawn on the target device in the target dtype; nothing is dequantized. Records made
+with these say ``random_weights: true``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, replace
+
+import torch
+
+from engine.config import ModelConfig
+from engine.model import Transformer
+
+_QWEN3 = dict(arch="qwen3", vocab_size=151936, context_length=40960, rope_base=1e6, rms_eps=1e-6, qk_norm=True,
+              qkv_bias=False)
+SHAPES: dict[str, ModelConfig] = {
+    "qwen3-8b": ModelConfig(n_layer=36, d_model=4096, n_head=32, n_kv_head=8, head_dim=128, d_ff=12288,
+                            tied_output=False, **_QWEN3),
+    "qwen3-1.7b": ModelConfig(n_layer=28, d_model=2048, n_head=16, n_kv_head=8, head_dim=128, d_ff=6144,
+                              tied_output=True, **_QWEN3),
+    "qwen2.5-0.5b": ModelConfig(arch="qwen2", n_layer=24, d_model=896, n_head=14, n_kv_head=2, head_dim=64, d_ff=4864,
+                                vocab_size=151936, context_length=32768, rope_base=1e6, rms_eps=1e-6, qk_norm=False,
+                                qkv_bias=True, tied_output=True),
+}
+
+
+def shape_config(name: str) -> ModelConfig:
+    """The config of a named shape; ValueError listing the known ones otherwise."""
+    try:
+        return SHAPES[name]
+    except KeyError:
+        raise ValueError(f"unknown shape {name!r}; known: {', '.join(sorted(SHAPES))}") from None
+
+
+def shape_digest(cfg: ModelConfig, seed: int) -> str:
+    """A stand-in model_sha256 for random weights: the hash of the shape and the seed."""
+    blob = json.dumps({"random_weights": True, "seed": seed, **asdict(cfg)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of weights one decode step reads (the embedding row aside)."""
+    d, hd = cfg.d_model, cfg.head_dim
+    per_layer = (d * (cfg.n_head + 2 * cfg.n_kv_head) * hd + cfg.n_head * hd * d + 3 * d * cfg.d_ff + 2 * d)
+    return (cfg.n_layer * per_layer + cfg.vocab_size * d + d) * torch.finfo(dtype).bits // 8
+
+
+def random_transformer(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0,
+                       max_pos: int | None = None) -> Transformer:
+    """A Transformer of the given shape with N(0, 0.02) weights (norms at 1), built on the device."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, device=device, dtype=dtype).normal_(0.0, 0.02, generator=gen)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, device=device, dtype=dtype)
+
+    d, hd = cfg.d_model, cfg.head_dim
+    qkv = (cfg.n_head + 2 * cfg.n_kv_head) * hd
+    weights = {"tok_embd": rnd(cfg.vocab_size, d), "out_norm": ones(d)}
+    if not cfg.tied_output:
+        weights["w_out"] = rnd(cfg.vocab_size, d)
+    layers = []
+    for _ in range(cfg.n_layer):
+        w = {"attn_norm": ones(d), "wqkv": rnd(qkv, d), "wo": rnd(d, cfg.n_head * hd), "ffn_norm": ones(d),
+             "w_gate_up": rnd(2 * cfg.d_ff, d), "w_down": rnd(d, cfg.d_ff)}
+        if cfg.qkv_bias:
+            w["bqkv"] = rnd(qkv)
+        if cfg.qk_norm:
+            w["q_norm"], w["k_norm"] = ones(hd), ones(hd)
+        layers.append(w)
+    return Transformer(replace(cfg), weights, layers, max_pos or cfg.context_length, device)
