@@ -11,6 +11,7 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,14 @@ import torch
 
 from engine import generate as gen
 from engine import ops
+from engine import speculative as spec
 from engine.gguf import GGUFError
 from engine.models import FetchError
 from engine.prompts import tokens_of_length
 from engine.protocol import emit, make_record
 from engine.sampling import SamplingParams
 from engine.shapes import SHAPES
+from engine.speculative import DEFAULT_BLOCK
 from engine.tokenizer import TokenizerError
 
 ENGINE_NAME = "evalbot-engine"
@@ -174,6 +177,58 @@ def cmd_score(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
+def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
+    if (args.draft is None) == (args.ngram is None):
+        raise ValueError("spec needs exactly one drafter: --draft MODEL or --ngram N")
+    lm = gen.load(args.model, args.device)
+    text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else None
+    prompt = tokens_of_length(lm.tokenizer, args.ctx, text)
+    max_seq = args.ctx + args.gen + args.block
+    target = gen.Session(lm, max_seq=max_seq)
+    draft_lm = None
+    if args.draft is not None:
+        draft_lm = gen.load(args.draft, args.device)
+        if draft_lm.cfg.vocab_size != lm.cfg.vocab_size:
+            raise ValueError(f"draft vocabulary {draft_lm.cfg.vocab_size} differs from the target's {lm.cfg.vocab_size}")
+        drafter: spec.Drafter = spec.DraftModelDrafter(gen.Session(draft_lm, max_seq=max_seq))
+    else:
+        drafter = spec.NgramDrafter(args.ngram)
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    ar_tps, spec_tps, runs, hist = [], [], [], Counter()
+    ar = None
+    for r in range(args.runs):  # interleaved AR / speculative, same process, same model load
+        ar = target.generate(prompt, args.gen, params)
+        ar_tps.append((len(ar.token_ids) - 1) / ar.decode_s)
+        out = spec.speculative_generate(target, drafter, prompt, args.gen, args.block, params)
+        spec_tps.append((len(out.token_ids) - 1) / out.decode_s)
+        runs.append(out.token_ids)
+        hist.update(out.accept_hist)
+        print(f"run {r + 1}/{args.runs}: AR {ar_tps[-1]:.2f} tok/s, spec {spec_tps[-1]:.2f} tok/s, "
+              f"tau {out.mean_accept:.2f}", file=sys.stderr)
+    assert ar is not None
+    steps = sum(hist.values())
+    report = spec.lossless_report(ar.token_ids, runs) if params.greedy else None
+    divergence = report.first_divergence if report else None
+    config = _config(lm, target, drafter=drafter.name, draft_model_sha256=draft_lm.sha256 if draft_lm else None,
+                     block_size=args.block, ctx=args.ctx, gen=args.gen, runs=args.runs,
+                     temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
+                     prompt=args.prompt_file or "engine/data/corpus.txt tiled")
+    return _record(
+        "spec", lm, config,
+        timings={"ar_decode_s": sum((len(ar.token_ids) - 1) / x for x in ar_tps),
+                 "spec_decode_s": sum((args.gen - 1) / x for x in spec_tps)},
+        counts={"ctx": args.ctx, "gen": args.gen, "runs": args.runs, "verify_steps": steps},
+        ar_tps=statistics.median(ar_tps), spec_tps=statistics.median(spec_tps),
+        ar_tps_runs=ar_tps, spec_tps_runs=spec_tps,
+        mean_accept=sum(k * v for k, v in hist.items()) / steps, block_size=args.block,
+        accept_hist={str(k): hist[k] for k in range(1, args.block + 1)},
+        lossless=report.lossless if report else None, lossless_runs=report.lossless_runs if report else None,
+        first_divergence=divergence,
+        ar_margin_at_divergence=ar.margins[divergence] if divergence is not None and divergence < len(ar.margins) else None,
+        ar_token_ids=ar.token_ids, spec_token_ids=runs[0],
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="A compact GGUF inference engine.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -218,6 +273,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--positions", type=int, required=True)
     s.add_argument("--out", required=True, help="where to write the (P, V) float32 .npy")
     s.set_defaults(func=cmd_score)
+    sp = sub.add_parser("spec", help="speculative decoding vs autoregressive: speed, acceptance, losslessness")
+    common(sp)
+    drafters = sp.add_mutually_exclusive_group(required=True)
+    drafters.add_argument("--draft", help="draft model (same tokenizer): registry name or GGUF path")
+    drafters.add_argument("--ngram", type=int, help="n-gram prompt lookup with suffixes up to N tokens")
+    sp.add_argument("--ctx", type=int, required=True, help="prompt tokens")
+    sp.add_argument("--gen", type=int, default=64)
+    sp.add_argument("--block", type=int, default=DEFAULT_BLOCK, help="most tokens committed per target pass (B)")
+    sp.add_argument("--runs", type=int, default=3)
+    sp.add_argument("--prompt-file", help="prompt text, cut or tiled to --ctx tokens (default: the bundled corpus)")
+    sp.add_argument("--temperature", type=float, default=0.0)
+    sp.add_argument("--top-k", type=int, default=0)
+    sp.add_argument("--top-p", type=float, default=1.0)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(func=cmd_spec)
     return parser
 
 

@@ -81,6 +81,12 @@ class Generation:
     stop_reason: str = "length"
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    margins: list[float] = field(default_factory=list)  # greedy only: top-1 minus top-2 logit per token
+
+
+def _margin(logits: torch.Tensor) -> float:
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
 
 
 class Session:
@@ -173,6 +179,8 @@ class Session:
         t1 = time.perf_counter()
         out.prefill_s = t1 - t0
         for i in range(max_new):
+            if params.greedy:
+                out.margins.append(_margin(logits))
             out.token_ids.append(token)
             if on_token:
                 on_token(token)
