@@ -44,10 +44,62 @@ def decode_attention(
     b, hq, d = q.shape
     hkv, s_max = k.shape[1], k.shape[2]
     g = hq // hkv
-    qg = q.reshape(b, hkv, g, d).to(torch.float32)
-    scores = torch.matmul(qg, k.to(torch.float32).transpose(-1, -2)).mul_(scale)  # [B, Hkv, G, S_max]
+    acc = torch.promote_types(q.dtype, torch.float32)  # float64 inputs stay float64
+    qg = q.reshape(b, hkv, g, d).to(acc)
+    scores = torch.matmul(qg, k.to(acc).transpose(-1, -2)).mul_(scale)  # [B, Hkv, G, S_max]
     valid = torch.arange(s_max, device=q.device)[None, :] < lengths.to(q.device)[:, None]  # [B, S_max]
     scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, v.to(torch.float32))  # [B, Hkv, G, D]
+    out = torch.matmul(probs, v.to(acc))  # [B, Hkv, G, D]
     return out.reshape(b, hq, d).to(q.dtype)
+
+
+def decode_partials(
+    q: torch.Tensor,  # [B, Hq, D]
+    k: torch.Tensor,  # [B, Hkv, S_max, D]
+    v: torch.Tensor,  # [B, Hkv, S_max, D]
+    lengths: torch.Tensor,  # [B] int, valid positions per sequence (>= 1)
+    scale: float,
+    num_splits: int,
+    block_n: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # m, lsum [B, Hq, S]; acc [B, Hq, S, D]
+    """Split-KV partials as flash-decode's first kernel defines them, in float64.
+
+    Sequence b's splits take ceil(ceil(len/block_n)/num_splits) whole tiles each; an empty split is
+    (m=-inf, lsum=0, acc=0). m is the max scaled score, lsum = sum exp(s - m), acc = sum exp(s - m) v.
+    """
+    b, hq, d = q.shape
+    hkv = k.shape[1]
+    qg = q.double().reshape(b, hkv, hq // hkv, d)
+    m = torch.full((b, hq, num_splits), float("-inf"), dtype=torch.float64)
+    lsum = torch.zeros(b, hq, num_splits, dtype=torch.float64)
+    acc = torch.zeros(b, hq, num_splits, d, dtype=torch.float64)
+    for i, n in enumerate(lengths.tolist()):
+        per_split = _cdiv(_cdiv(n, block_n), num_splits) * block_n
+        for s in range(num_splits):
+            lo, hi = s * per_split, min((s + 1) * per_split, n)
+            if lo >= hi:
+                continue
+            scores = qg[i] @ k[i, :, lo:hi].double().transpose(-1, -2) * scale  # [Hkv, G, hi-lo]
+            mx = scores.amax(-1, keepdim=True)
+            p = torch.exp(scores - mx)
+            m[i, :, s] = mx.reshape(hq)
+            lsum[i, :, s] = p.sum(-1).reshape(hq)
+            acc[i, :, s] = (p @ v[i, :, lo:hi].double()).reshape(hq, d)
+    return m, lsum, acc
+
+
+def combine_partials(
+    m: torch.Tensor,  # [B, Hq, S] per-split max score, -inf for an empty split
+    lsum: torch.Tensor,  # [B, Hq, S] per-split sum of exp(score - m)
+    acc: torch.Tensor,  # [B, Hq, S, D] per-split sum of exp(score - m) * v
+) -> torch.Tensor:  # [B, Hq, D] in acc's dtype
+    """Merge split-KV partials with the log-sum-exp rescale; empty splits weigh nothing."""
+    w = torch.exp(m - m.amax(-1, keepdim=True))  # [B, Hq, S]; 0 for empty splits
+    used = m > float("-inf")
+    num = torch.where(used[..., None], acc, 0).mul(w[..., None]).sum(-2)
+    return num / (w * lsum).sum(-1, keepdim=True)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)

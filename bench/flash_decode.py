@@ -1,0 +1,354 @@
+"""Flash-decode against the device's copy bandwidth and torch SDPA, on the same GPU in the same run.
+
+For each shape, context and batch (bf16, every sequence at full length) it times our split-KV kernel
+and ``scaled_dot_product_attention(enable_gqa=True)`` two ways: ``triton.testing.do_bench`` (L2
+flushed before each call, launches on a stream) and replays of a CUDA graph that walks over enough
+input copies to defeat the L2. Achieved bandwidth is bytes of K and V read over time, given as a
+share of a device-to-device copy measured here (bytes read + written over time). At batch 1 the
+stream numbers are bound by Python launch cost (also reported, as host µs per call), so the graph
+numbers are the kernels'. Every config is checked once against the PyTorch reference. Prints a
+markdown table; ``--out`` writes JSON. ``--splits/--block-n/--warps/--stages/--pdl/
+--combine-block-d`` take lists and time every combination (graph only), for tuning; ``--profile``
+adds per-kernel device times.
+
+    python bench/flash_decode.py --batch 1 8 --out flash_decode.json
+    python bench/flash_decode.py --interpret   # one tiny config on the CPU, to check the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+TILE_KEYS = ("num_splits", "block_n", "num_warps", "num_stages", "pdl", "combine_block_d")
+SHAPES = {"q32-kv8-d128": (32, 8, 128), "q24-kv4-d256": (24, 4, 256), "q16-kv8-d64": (16, 8, 64)}
+DEFAULT_SHAPES = ["q32-kv8-d128", "q24-kv4-d256"]  # the notes' SDPA anchors; d64 only for tuning
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, choices=list(SHAPES))
+    p.add_argument("--ctx", nargs="+", type=int, default=[4096, 16384, 32768])
+    p.add_argument("--batch", nargs="+", type=int, default=[1])
+    p.add_argument("--splits", nargs="+", default=["auto"], help="'auto' (the heuristic) and/or ints")
+    p.add_argument("--block-n", nargs="+", type=int, default=[0], help="0 = the default tile")
+    p.add_argument("--warps", nargs="+", type=int, default=[0], help="0 = the default tile")
+    p.add_argument("--stages", nargs="+", type=int, default=[0], help="0 = the default tile")
+    p.add_argument("--combine-block-d", nargs="+", type=int, default=[0], help="0 = the default")
+    p.add_argument(
+        "--pdl", nargs="+", default=["auto"], help="'auto', 0 and/or 1: programmatic dependent launch"
+    )
+    p.add_argument("--profile", action="store_true", help="per-kernel device times (torch.profiler)")
+    p.add_argument("--rep-ms", type=int, default=200, help="do_bench repetition time per measurement")
+    p.add_argument("--interpret", action="store_true", help="one tiny config on the CPU (Triton interpreter)")
+    p.add_argument("--out", help="write the JSON record here")
+    return p.parse_args()
+
+
+def copy_bandwidth(torch, do_bench) -> float:  # noqa: ANN001
+    """Read+write bandwidth of a 1 GiB device-to-device copy, bytes/s."""
+    src = torch.randn(2**29, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=500, return_mode="median")
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
+
+
+def graph_time_us(torch, calls: list, replays: int = 20, rounds: int = 7) -> float:  # noqa: ANN001
+    """Median time of one call when the calls (one per input copy) are replayed in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up (compilation, workspace) outside the capture
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (replays * len(calls)))
+    return statistics.median(times)
+
+
+def time_ours(torch, fd, do_bench, sets, lengths, scale, tile, ref, cuda, rep_ms, stream) -> dict:  # noqa: ANN001
+    """Check one launch config against the reference, then time it (graph; and stream when asked)."""
+    q = sets[0][0]
+    b, hq, d = q.shape
+    ws = fd.FlashDecodeWorkspace.allocate(b, hq, d, tile["num_splits"], q.device)
+    outs = [torch.full_like(s[0], float("nan")) for s in sets]
+
+    def run(q, k, v, out):  # noqa: ANN001, ANN202
+        return fd.flash_decode(q, k, v, lengths, scale, out=out, workspace=ws, **tile)
+
+    run(*sets[0], outs[0])
+    row = {"max_abs_err": (outs[0].float() - ref).abs().max().item()}
+    if not cuda:
+        t0 = time.perf_counter()
+        run(*sets[0], outs[0])
+        return row | {"stream_us": (time.perf_counter() - t0) * 1e6}
+    launched = fd._launch(
+        *sets[0], lengths, scale, outs[0], ws, fd.decode_config(*sets[0], lengths, workspace=ws, **tile)
+    )
+    row["resources"] = {  # registers, spills and shared memory the compiler gave each kernel
+        name: {key: getattr(kernel, key, None) for key in ("n_regs", "n_spills")}
+        | {"shared": getattr(getattr(kernel, "metadata", None), "shared", None)}
+        for name, kernel in zip(("partial", "combine"), launched, strict=True)
+        if kernel is not None
+    }
+    calls = [lambda s=s, o=o: run(*s, o) for s, o in zip(sets, outs, strict=True)]
+    row["graph_us"] = graph_time_us(torch, calls)
+    if stream:
+        row["stream_us"] = do_bench(calls[0], warmup=25, rep=rep_ms, return_mode="median") * 1e3
+        row["host_us"] = host_time_us(torch, calls[0])
+        cfg = fd.decode_config(*sets[0], lengths, workspace=ws, **tile)
+        row["host_launch_only_us"] = host_time_us(  # the two Triton launches without our argument handling
+            torch, lambda: fd._launch(*sets[0], lengths, scale, outs[0], ws, cfg)
+        )
+    return row
+
+
+def host_time_us(torch, call, n: int = 300) -> float:  # noqa: ANN001
+    """CPU time to issue one call (the GPU runs behind; the launch queue never fills at this n)."""
+    call()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def kernel_times_us(torch, calls: list, rounds: int = 10) -> dict[str, float]:  # noqa: ANN001
+    """Mean device time per call of each kernel the calls launch (torch.profiler, stream launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(rounds):
+            for call in calls:
+                call()
+        torch.cuda.synchronize()
+    n = rounds * len(calls)
+    return {
+        e.key[:60]: e.device_time_total / n
+        for e in prof.key_averages()
+        if e.device_time_total > 0 and e.count >= n
+    }
+
+
+def time_sdpa(torch, F, do_bench, sets, scale, ref, cuda, rep_ms) -> dict:  # noqa: ANN001, N803
+    """The same problem through torch SDPA with enable_gqa (q as a length-1 query sequence)."""
+
+    def sdpa(q, k, v):  # noqa: ANN001, ANN202
+        return F.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale, enable_gqa=True)
+
+    row = {"sdpa_max_abs_err": (sdpa(*sets[0])[:, :, 0].float() - ref).abs().max().item()}
+    if not cuda:
+        t0 = time.perf_counter()
+        sdpa(*sets[0])
+        return row | {"sdpa_stream_us": (time.perf_counter() - t0) * 1e6}
+    row["sdpa_stream_us"] = (
+        do_bench(lambda: sdpa(*sets[0]), warmup=25, rep=rep_ms, return_mode="median") * 1e3
+    )
+    row["sdpa_host_us"] = host_time_us(torch, lambda: sdpa(*sets[0]))
+    row["sdpa_graph_us"] = graph_time_us(torch, [lambda s=s: sdpa(*s) for s in sets])
+    return row
+
+
+def main() -> None:
+    args = parse_args()
+    if args.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import torch
+    import torch.nn.functional as F
+    import triton
+    from triton.testing import do_bench
+
+    from kernels import flash_decode as fd
+    from kernels.reference import decode_attention
+
+    cuda = torch.cuda.is_available() and not args.interpret
+    if not cuda and not args.interpret:
+        raise SystemExit("needs a CUDA device (or --interpret for a CPU smoke run)")
+    device = torch.device("cuda" if cuda else "cpu")
+    if args.interpret:
+        configs = [("q8-kv2-d64", (8, 2, 64), 520, 2)]
+    else:
+        configs = [(s, SHAPES[s], c, b) for s in args.shapes for c in args.ctx for b in args.batch]
+
+    record = {
+        "schema": "bench.flash_decode/1",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device) if cuda else f"cpu (interpreter) {platform.processor()}",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "dtype": "bfloat16",
+        "rows": [],
+    }
+    if cuda:
+        record["num_sms"] = fd.sm_count(device)
+        record["l2_bytes"] = torch.cuda.get_device_properties(device).L2_cache_size
+        record["copy_bytes_per_s"] = copy_bandwidth(torch, do_bench)
+        print(
+            f"{record['device']}: copy {record['copy_bytes_per_s'] / 1e12:.2f} TB/s (read+write)",
+            file=sys.stderr,
+        )
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    for name, (hq, hkv, d), ctx, batch in configs:
+        dtype = torch.bfloat16
+        scale = d**-0.5
+        kv_bytes = 2 * batch * hkv * ctx * d * 2
+        # enough input copies that a graph walking over them never finds its K/V in the L2
+        n_sets = max(1, math.ceil(3 * record.get("l2_bytes", 0) / kv_bytes)) if cuda else 1
+        sets = []
+        for _ in range(n_sets):
+            q = torch.randn(batch, hq, d, generator=gen, device=device, dtype=dtype)
+            k = torch.randn(batch, hkv, ctx, d, generator=gen, device=device, dtype=dtype)
+            v = torch.randn(batch, hkv, ctx, d, generator=gen, device=device, dtype=dtype)
+            sets.append((q, k, v))
+        lengths = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+        q, k, v = sets[0]
+        reasons = fd.unsupported_reasons(q, k, v, lengths)
+        if reasons:
+            raise SystemExit(f"{name}: unsupported: {reasons}")
+        ref = decode_attention(q.float(), k.float(), v.float(), lengths, scale)
+        base = fd.decode_config(q, k, v, lengths)
+
+        variants = []
+        for splits, block_n, warps, stages, pdl, cbd in itertools.product(
+            args.splits, args.block_n, args.warps, args.stages, args.pdl, args.combine_block_d
+        ):
+            tile = {
+                "num_splits": base["num_splits"] if splits == "auto" else int(splits),
+                "block_n": block_n or base["block_n"],
+                "num_warps": warps or base["num_warps"],
+                "num_stages": stages or base["num_stages"],
+                "pdl": base["pdl"] if pdl == "auto" else bool(int(pdl)),
+                "combine_block_d": cbd or base["combine_block_d"],
+            }
+            if tile not in variants:
+                variants.append(tile)
+        default = {key: base[key] for key in TILE_KEYS}
+        if default not in variants:
+            variants.insert(0, default)
+
+        for tile in variants:
+            row = {"shape": name, "hq": hq, "hkv": hkv, "d": d, "ctx": ctx, "batch": batch, "kv_bytes": kv_bytes,
+                   "config": {**base, **tile}, "default": tile == default}  # fmt: skip
+            try:
+                row |= time_ours(
+                    torch, fd, do_bench, sets, lengths, scale, tile, ref, cuda, args.rep_ms, tile == default
+                )
+            except Exception as exc:  # a tuning variant may not fit (shared memory): record it, go on
+                if tile == default:
+                    raise
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if tile == default:
+                row |= time_sdpa(torch, F, do_bench, sets, scale, ref, cuda, args.rep_ms)
+            if args.profile and cuda and tile == default:
+                ws = fd.FlashDecodeWorkspace.allocate(batch, hq, d, tile["num_splits"], device)
+                kw = dict(tile, workspace=ws)
+                row["kernel_us"] = kernel_times_us(
+                    torch,
+                    [lambda s=s, kw=kw, n=lengths, c=scale: fd.flash_decode(*s, n, c, **kw) for s in sets],
+                )
+                if tile == default:
+                    row["sdpa_kernel_us"] = kernel_times_us(
+                        torch,
+                        [
+                            lambda s=s: F.scaled_dot_product_attention(
+                                s[0][:, :, None], s[1], s[2], enable_gqa=True
+                            )
+                            for s in sets
+                        ],
+                    )
+                print(f"  kernels: {row['kernel_us']} sdpa: {row.get('sdpa_kernel_us')}", file=sys.stderr)
+            for key in ("stream_us", "graph_us", "sdpa_stream_us", "sdpa_graph_us"):
+                if key in row:
+                    row[key.replace("_us", "_gbps")] = kv_bytes / (row[key] * 1e-6) / 1e9
+                    if cuda:
+                        row[key.replace("_us", "_pct_copy")] = (
+                            100 * kv_bytes / (row[key] * 1e-6) / record["copy_bytes_per_s"]
+                        )
+            record["rows"].append(row)
+            summary = row.get("error") or (
+                f"graph {row.get('graph_us', float('nan')):.1f} us, err {row['max_abs_err']:.2e}, "
+                f"host us/call {row.get('host_us', float('nan')):.1f} (launches {row.get('host_launch_only_us', float('nan')):.1f},"
+                f" sdpa {row.get('sdpa_host_us', float('nan')):.1f}), {row.get('resources')}"
+            )
+            print(f"{name} ctx={ctx} B={batch} {tile}: {summary}", file=sys.stderr)
+        del sets, ref
+
+    print(table(record["rows"]))
+    tuned = [r for r in record["rows"] if "graph_us" in r or "error" in r]
+    if any(not r["default"] for r in tuned):
+        print("\n" + tuning_table(tuned))
+    if args.out:
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _fmt(row: dict, key: str, spec: str = ".1f") -> str:
+    return format(row[key], spec) if key in row else "-"
+
+
+def table(rows: list[dict]) -> str:
+    """The default config of each problem: ours against SDPA, stream-launched and graph-replayed."""
+    head = ("| shape | ctx | B | splits | ours µs | ours GB/s | % copy | ours graph µs | graph % copy "
+            "| SDPA µs | SDPA % | SDPA graph µs | SDPA graph % | speedup | graph speedup | max err |")  # fmt: skip
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in (r for r in rows if r["default"]):
+        speed = f"{r['sdpa_stream_us'] / r['stream_us']:.2f}x"
+        gspeed = f"{r['sdpa_graph_us'] / r['graph_us']:.2f}x" if "graph_us" in r else "-"
+        lines.append(
+            f"| {r['shape']} | {r['ctx']} | {r['batch']} | {r['config']['num_splits']} | {_fmt(r, 'stream_us')} "
+            f"| {_fmt(r, 'stream_gbps', '.0f')} | {_fmt(r, 'stream_pct_copy', '.0f')} | {_fmt(r, 'graph_us')} "
+            f"| {_fmt(r, 'graph_pct_copy', '.0f')} | {_fmt(r, 'sdpa_stream_us')} | {_fmt(r, 'sdpa_stream_pct_copy', '.0f')} "
+            f"| {_fmt(r, 'sdpa_graph_us')} | {_fmt(r, 'sdpa_graph_pct_copy', '.0f')} | {speed} | {gspeed} "
+            f"| {r['max_abs_err']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def tuning_table(rows: list[dict]) -> str:
+    """Every timed variant (graph replay), best first within each problem; variants that failed last."""
+    lines = [
+        "| shape | ctx | B | splits | block_n | warps | stages | pdl | combine block_d | graph µs | % copy |",
+        "|---" * 11 + "|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["shape"], r["ctx"], r["batch"], r.get("graph_us", math.inf))):
+        c = r["config"]
+        mark = " (default)" if r["default"] else ""
+        timing = f"{r['graph_us']:.1f}" if "graph_us" in r else r["error"][:40]
+        lines.append(
+            f"| {r['shape']} | {r['ctx']} | {r['batch']} | {c['num_splits']}{mark} | {c['block_n']} | {c['num_warps']} "
+            f"| {c['num_stages']} | {int(c['pdl'])} | {c['combine_block_d']} | {timing} | {_fmt(r, 'graph_pct_copy', '.0f')} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""Split-KV flash-decode against the float64 PyTorch reference, on the GPU or in Triton's interpreter.
+
+Without CUDA the kernels run in Triton's interpreter on CPU tensors. Triton decides whether its own
+``tl`` helpers (``tl.max``, ``tl.cdiv``...) are interpreted when it is first imported, so this module
+sets ``TRITON_INTERPRET`` just around that import and restores it; each kernel test then turns the
+flag on for itself (monkeypatched, so it never leaks into other tests), and ``kernels.flash_decode``
+wraps its kernels at call time under that flag. If something imported triton earlier in the same
+pytest process, the in-process kernel tests skip and ``test_kernels_in_fresh_interpreter`` runs them
+in a subprocess instead, so they are never silently lost. With CUDA they run compiled, and the
+``gpu`` tests add real sizes and a CUDA-graph replay.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zlib
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA and "triton" not in sys.modules:
+    _saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton.language  # noqa: F401
+
+    if _saved is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved
+
+import triton.language as tl  # noqa: E402
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from kernels import flash_decode as fd  # noqa: E402
+from kernels.reference import combine_partials, decode_attention, decode_partials  # noqa: E402
+
+INTERPRETER_READY = isinstance(tl.cdiv, InterpretedFunction)
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+F16, BF16 = torch.float16, torch.bfloat16
+# fp16 rounds p and the output to 11 bits; bf16 to 8, and the interpreter truncates instead of rounding
+TOL = {F16: dict(rel=1e-3, atol=2e-3, rtol=2e-3), BF16: dict(rel=1e-2, atol=2e-2, rtol=2e-2)}
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    """Run the Triton kernels: compiled on CUDA, else in the interpreter (when triton was imported for it)."""
+    if CUDA:
+        return
+    if not INTERPRETER_READY:
+        pytest.skip("triton was imported without the interpreter; see test_kernels_in_fresh_interpreter")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.mark.skipif(CUDA or INTERPRETER_READY, reason="the kernel tests run in this process")
+def test_kernels_in_fresh_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", __file__]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+
+
+def make_inputs(b, hq, hkv, d, s_max, dtype, lengths, seed, strided=False):
+    """Random q/k/v (never zeros) and a copy of the caches with NaN past every length."""
+    g = torch.Generator().manual_seed(seed)
+    q = 2 * torch.randn(b, hq, d, generator=g)  # peakier softmax than unit scores
+    k = torch.randn(b, hkv, s_max, d, generator=g)
+    v = torch.randn(b, hkv, s_max, d, generator=g)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    k_nan, v_nan = k.clone(), v.clone()
+    for i, n in enumerate(lengths):
+        k_nan[i, :, n:] = float("nan")  # the kernel must never read past a length
+        v_nan[i, :, n:] = float("nan")
+    q, k, v, k_nan, v_nan = (t.to(DEVICE) for t in (q, k, v, k_nan, v_nan))
+    if strided:  # q sliced out of a wider projection; caches stored [B, S, Hkv, D]
+        q_wide = torch.randn(b, hq, 2 * d, generator=g).to(dtype).to(DEVICE)
+        q_wide[..., :d] = q
+        q = q_wide[..., :d]
+        k_nan = k_nan.transpose(1, 2).contiguous().transpose(1, 2)
+        v_nan = v_nan.transpose(1, 2).contiguous().transpose(1, 2)
+    return q, k, v, k_nan, v_nan, torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+
+
+def check(out, q, k, v, lengths, scale):
+    ref = decode_attention(q.double(), k.double(), v.double(), lengths, scale)
+    tol = TOL[q.dtype]
+    assert not out.isnan().any(), "output not fully written (or NaN leaked in)"
+    rel = ((out.double() - ref).norm() / ref.norm()).item()
+    assert rel < tol["rel"], f"relative error {rel:.2e}"
+    torch.testing.assert_close(out.double(), ref, atol=tol["atol"], rtol=tol["rtol"])
+
+
+CASES = [
+    # id, head dim, Hq, Hkv, dtype, lengths, S_max, num_splits (None: heuristic), block_n (None: default)
+    ("d64-mha", 64, 4, 4, F16, [37], 48, None, None),
+    ("d64-gqa8-ctx1", 64, 8, 1, BF16, [1], 16, None, None),
+    ("d64-gqa7-batch2", 64, 14, 2, BF16, [130, 64], 130, None, None),
+    ("d64-gqa16", 64, 16, 1, BF16, [50], 64, None, None),
+    ("d64-more-splits-than-blocks", 64, 4, 2, BF16, [50, 3], 64, 16, None),
+    ("d64-small-tiles-ragged", 64, 6, 2, F16, [250, 97], 256, 5, 16),
+    ("d64-80-splits-chunked-combine", 64, 2, 1, F16, [1300], 1300, 80, 16),
+    ("d128-gqa2-batch3", 128, 8, 4, BF16, [100, 1, 65], 128, None, None),
+    ("d128-gqa3-not-divisible", 128, 12, 4, F16, [129, 7, 64], 160, None, None),
+    ("d128-one-split", 128, 8, 1, F16, [300], 300, 1, None),
+    ("d128-short-in-long-cache", 128, 4, 1, F16, [5, 300], 2048, None, None),
+    ("d256-gqa6", 256, 6, 1, F16, [70], 80, None, None),
+    ("d256-gqa4-batch3", 256, 8, 2, BF16, [200, 33, 96], 200, 3, None),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_matches_reference(case, kernels):
+    _, d, hq, hkv, dtype, lens, s_max, splits, block_n = case
+    q, k, v, k_nan, v_nan, lengths = make_inputs(
+        len(lens), hq, hkv, d, s_max, dtype, lens, seed=zlib.crc32(case[0].encode())
+    )
+    out = torch.full_like(q, float("nan"))
+    got = fd.flash_decode(q, k_nan, v_nan, lengths, d**-0.5, num_splits=splits, out=out, block_n=block_n)
+    assert got is out
+    check(out, q, k, v, lengths, d**-0.5)
+
+
+def test_strided_inputs(kernels):
+    lens = [90, 17]
+    q, k, v, k_nan, v_nan, lengths = make_inputs(2, 8, 2, 128, 96, BF16, lens, seed=7, strided=True)
+    assert k_nan.stride(2) != 128 and q.stride(1) == 256
+    assert fd.unsupported_reasons(q, k_nan, v_nan, lengths) == []
+    check(fd.flash_decode(q, k_nan, v_nan, lengths, 0.1, num_splits=2), q, k, v, lengths, 0.1)
+
+
+def test_partials_and_empty_splits_match_reference(kernels):
+    # batch 2, 4 splits of one 16-wide tile: sequence 1 (length 20) leaves splits 2 and 3 empty
+    lens = [64, 20]
+    q, k, v, _, _, lengths = make_inputs(2, 4, 2, 64, 64, F16, lens, seed=3)
+    ws = fd.FlashDecodeWorkspace.allocate(2, 4, 64, 4, DEVICE)
+    for t in (ws.m, ws.lsum, ws.acc):
+        t.fill_(float("nan"))
+    out = fd.flash_decode(q, k, v, lengths, 0.125, workspace=ws, block_n=16)
+    m, lsum, acc = decode_partials(q.cpu(), k.cpu(), v.cpu(), lengths.cpu(), 0.125, num_splits=4, block_n=16)
+    assert (
+        torch.isinf(ws.m[1, :, 2:]).all() and (ws.lsum[1, :, 2:] == 0).all() and (ws.acc[1, :, 2:] == 0).all()
+    )
+    torch.testing.assert_close(ws.m.cpu().double(), m, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(ws.lsum.cpu().double(), lsum, atol=1e-2, rtol=2e-3)
+    torch.testing.assert_close(ws.acc.cpu().double(), acc, atol=1e-2, rtol=2e-3)
+    torch.testing.assert_close(out.cpu().double(), combine_partials(m, lsum, acc), atol=2e-3, rtol=2e-3)
+
+
+def test_workspace_reuse_with_new_lengths(kernels):
+    # what a captured CUDA graph does: same buffers and grid, new lengths written into the same tensor
+    q, k, v, _, _, lengths = make_inputs(2, 8, 2, 64, 200, F16, [200, 200], seed=5)
+    ws = fd.FlashDecodeWorkspace.allocate(4, 8, 64, 6, DEVICE)  # more sequences than needed
+    out = torch.empty_like(q)
+    for lens in ([200, 3], [1, 129], [64, 65]):
+        lengths.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        fd.flash_decode(q, k, v, lengths, 0.125, out=out, workspace=ws)
+        check(out, q, k, v, lengths, 0.125)
+
+
+def test_combine_reference_recovers_attention():
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (
+        torch.randn(3, 6, 32, generator=g),
+        torch.randn(3, 3, 70, 32, generator=g),
+        torch.randn(3, 3, 70, 32, generator=g),
+    )
+    lengths = torch.tensor([1, 33, 70])
+    want = decode_attention(q.double(), k.double(), v.double(), lengths, 0.2)
+    for splits, block_n in ((1, 16), (3, 8), (9, 16), (40, 4)):
+        got = combine_partials(*decode_partials(q, k, v, lengths, 0.2, splits, block_n))
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+
+
+def test_unsupported_reasons(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # on CPU, the good case counts as supported only then
+    q, k, v, _, _, lengths = make_inputs(2, 8, 2, 64, 32, F16, [32, 32], seed=1)
+    assert fd.unsupported_reasons(q, k, v, lengths) == []
+
+    def reasons(**kw):
+        args = dict(q=q, k_cache=k, v_cache=v, lengths=lengths) | kw
+        return " ".join(fd.unsupported_reasons(**args))
+
+    assert "head dim 48" in reasons(q=q[..., :48], k_cache=k[..., :48], v_cache=v[..., :48])
+    assert "not a multiple" in reasons(q=q[:, :7])
+    assert "GQA ratio 32" in reasons(q=q.repeat(1, 8, 1))
+    assert "float32" in reasons(q=q.float(), k_cache=k.float(), v_cache=v.float())
+    assert "dtypes differ" in reasons(v_cache=v.bfloat16())
+    assert "contiguous" in reasons(k_cache=k.transpose(-1, -2).contiguous().transpose(-1, -2))
+    assert "int32" in reasons(lengths=lengths.long())
+    assert "int32 [2]" in reasons(lengths=lengths[:1])
+
+
+def test_unsupported_on_cpu_without_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x = torch.randn(1, 4, 64, dtype=F16)
+    kv = torch.randn(1, 4, 8, 64, dtype=F16)
+    assert "interpreter is off" in " ".join(
+        fd.unsupported_reasons(x, kv, kv, torch.ones(1, dtype=torch.int32))
+    )
+
+
+# --- the split heuristic, on its own -------------------------------------------------------------
+
+
+def test_num_splits_examples():
+    # 132 SMs, batch 1: 8 KV heads -> 16 splits (128 programs), 4 KV heads -> 33; short contexts are capped
+    ctxs = (1, 256, 512, 4096, 16384, 32768)
+    assert [fd.num_splits(132, 1, 8, ctx, 64) for ctx in ctxs] == [1, 1, 2, 16, 16, 16]
+    assert [fd.num_splits(132, 1, 4, ctx, 64) for ctx in ctxs] == [1, 1, 2, 16, 33, 33]
+    assert [fd.num_splits(132, 8, 8, ctx, 64) for ctx in ctxs] == [1, 1, 2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("num_sms", [8, 78, 132])
+@pytest.mark.parametrize("block_n", [16, 64, 128])
+def test_num_splits_properties(num_sms, block_n):
+    for batch in (1, 3, 8, 64):
+        for heads in (1, 4, 8):
+            prev = 0
+            for ctx in [1, 2, 15, 16, 17, 100, 255, 256, 1000, 4096, 10_000, 32768, 131072]:
+                s = fd.num_splits(num_sms, batch, heads, ctx, block_n)
+                blocks = -(-ctx // block_n)
+                assert 1 <= s <= blocks, "never more splits than KV tiles"
+                assert s == 1 or blocks // s >= fd.MIN_BLOCKS_PER_SPLIT, "each split covers enough tiles"
+                assert s >= prev, "monotonic in context length"
+                prev = s
+                if ctx <= block_n * fd.MIN_BLOCKS_PER_SPLIT:
+                    assert s == 1, "tiny contexts are not split"
+                if batch * heads * 2 > fd.PROGRAMS_PER_SM * num_sms:
+                    assert s == 1, "enough programs already"
+                if s > 1:  # one wave: never more programs than wanted, and one more split would exceed it
+                    assert batch * heads * s <= fd.PROGRAMS_PER_SM * num_sms
+                    assert (
+                        s == blocks // fd.MIN_BLOCKS_PER_SPLIT
+                        or batch * heads * (s + 1) > fd.PROGRAMS_PER_SM * num_sms
+                    )
+
+
+def test_num_splits_falls_with_batch_and_heads():
+    for ctx in (4096, 32768):
+        by_batch = [fd.num_splits(132, b, 8, ctx, 64) for b in (1, 2, 4, 8, 16, 32, 64)]
+        assert by_batch == sorted(by_batch, reverse=True) and by_batch[-1] == 1
+
+
+def test_decode_config_reports_effective_settings():
+    q, k, v, _, _, lengths = make_inputs(1, 32, 8, 128, 2048, BF16, [2048], seed=2)
+    cfg = fd.decode_config(q, k, v, lengths)
+    want = fd.num_splits(fd.sm_count(DEVICE), 1, 8, 2048, cfg["block_n"])
+    assert cfg["num_splits"] == want and cfg["splits_from"] == "heuristic"
+    assert {"block_n", "num_warps", "num_stages"} <= cfg.keys()
+    assert fd.decode_config(q, k, v, lengths, num_splits=7)["splits_from"] == "override"
+    ws = fd.FlashDecodeWorkspace.allocate(1, 32, 128, 5, DEVICE)
+    assert fd.decode_config(q, k, v, lengths, workspace=ws)["num_splits"] == 5
+
+
+# --- real sizes on the GPU -----------------------------------------------------------------------
+
+GPU_SHAPES = [(32, 8, 128), (24, 4, 256)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("ctx", [4096, 16384, 32768])
+@pytest.mark.parametrize("hq,hkv,d", GPU_SHAPES)
+def test_gpu_real_sizes(hq, hkv, d, ctx, batch):
+    g = torch.Generator(device="cuda").manual_seed(ctx + batch)
+    q = torch.randn(batch, hq, d, device="cuda", generator=g, dtype=BF16)
+    k = torch.randn(batch, hkv, ctx, d, device="cuda", generator=g, dtype=BF16)
+    v = torch.randn(batch, hkv, ctx, d, device="cuda", generator=g, dtype=BF16)
+    lengths = torch.randint(ctx // 2, ctx + 1, (batch,), device="cuda", generator=g, dtype=torch.int32)
+    lengths[0] = ctx
+    out = torch.full_like(q, float("nan"))
+    fd.flash_decode(q, k, v, lengths, d**-0.5, out=out)
+    ref = decode_attention(q.float(), k.float(), v.float(), lengths, d**-0.5).double()
+    assert not out.isnan().any()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 5e-3
+    torch.testing.assert_close(out.double(), ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+@pytest.mark.parametrize("hq,hkv,d", GPU_SHAPES)
+def test_gpu_cuda_graph_replay_follows_lengths(hq, hkv, d, pdl):
+    batch, s_max = 4, 8192
+    q, k, v, _, _, lengths = make_inputs(batch, hq, hkv, d, s_max, BF16, [s_max] * batch, seed=9)
+    cfg = fd.decode_config(q, k, v, lengths)
+    ws = fd.FlashDecodeWorkspace.allocate(batch, hq, d, cfg["num_splits"], DEVICE)
+    out = torch.empty_like(q)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fd.flash_decode(
+            q, k, v, lengths, d**-0.5, out=out, workspace=ws, pdl=pdl
+        )  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fd.flash_decode(q, k, v, lengths, d**-0.5, out=out, workspace=ws, pdl=pdl)
+    for lens in ([s_max, 1, 4000, 77], [5000, 8191, 64, 65]):
+        lengths.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        check(out, q, k, v, lengths, d**-0.5)
