@@ -110,11 +110,11 @@ def bench_once(session: gen.Session, prompt: list[int], n_gen: int) -> tuple[flo
     return t1 - t0, time.perf_counter() - t1
 
 
-def _bench_model(args: argparse.Namespace) -> gen.LoadedModel:
+def _bench_model(args: argparse.Namespace, extra_positions: int = 1) -> gen.LoadedModel:
     if args.random_weights:
         if not args.shape:
             raise ValueError("--random-weights needs --shape (one of: " + ", ".join(sorted(SHAPES)) + ")")
-        return gen.load_random(args.shape, args.device, seed=args.seed, max_pos=args.ctx + args.gen + 1)
+        return gen.load_random(args.shape, args.device, seed=args.seed, max_pos=args.ctx + args.gen + extra_positions)
     if not args.model:
         raise ValueError("bench needs --model, or --random-weights --shape NAME")
     return gen.load(args.model, args.device)
@@ -180,9 +180,15 @@ def cmd_score(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
     if (args.draft is None) == (args.ngram is None):
         raise ValueError("spec needs exactly one drafter: --draft MODEL or --ngram N")
-    lm = gen.load(args.model, args.device)
-    text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else None
-    prompt = tokens_of_length(lm.tokenizer, args.ctx, text)
+    lm = _bench_model(args, extra_positions=args.block)
+    if lm.tokenizer is None:
+        # random weights: a repetitive prompt (one seeded 32-token phrase, tiled) gives n-gram lookup material
+        g = torch.Generator().manual_seed(args.seed)
+        phrase = torch.randint(0, lm.cfg.vocab_size, (32,), generator=g).tolist()
+        prompt = (phrase * (args.ctx // 32 + 1))[: args.ctx]
+    else:
+        text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else None
+        prompt = tokens_of_length(lm.tokenizer, args.ctx, text)
     max_seq = args.ctx + args.gen + args.block
     target = gen.Session(lm, max_seq=max_seq)
     draft_lm = None
@@ -212,7 +218,7 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
     config = _config(lm, target, drafter=drafter.name, draft_model_sha256=draft_lm.sha256 if draft_lm else None,
                      block_size=args.block, ctx=args.ctx, gen=args.gen, runs=args.runs,
                      temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
-                     prompt=args.prompt_file or "engine/data/corpus.txt tiled")
+                     prompt=("repetitive random ids" if lm.random_weights else args.prompt_file or "engine/data/corpus.txt tiled"))
     return _record(
         "spec", lm, config,
         timings={"ar_decode_s": sum((len(ar.token_ids) - 1) / x for x in ar_tps),
@@ -225,7 +231,7 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
         lossless=report.lossless if report else None, lossless_runs=report.lossless_runs if report else None,
         first_divergence=divergence,
         ar_margin_at_divergence=ar.margins[divergence] if divergence is not None and divergence < len(ar.margins) else None,
-        ar_token_ids=ar.token_ids, spec_token_ids=runs[0],
+        ar_token_ids=ar.token_ids, spec_token_ids=runs[0], random_weights=lm.random_weights,
     )
 
 
@@ -274,7 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="where to write the (P, V) float32 .npy")
     s.set_defaults(func=cmd_score)
     sp = sub.add_parser("spec", help="speculative decoding vs autoregressive: speed, acceptance, losslessness")
-    common(sp)
+    common(sp, model_required=False)
+    sp.add_argument("--random-weights", action="store_true", help="a real shape with random weights (timing only)")
+    sp.add_argument("--shape", choices=sorted(SHAPES), help="the shape for --random-weights")
     drafters = sp.add_mutually_exclusive_group(required=True)
     drafters.add_argument("--draft", help="draft model (same tokenizer): registry name or GGUF path")
     drafters.add_argument("--ngram", type=int, help="n-gram prompt lookup with suffixes up to N tokens")
