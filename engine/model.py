@@ -39,6 +39,33 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
+def qkv_projection(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor, bqkv: torch.Tensor | None,
+                   q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                   eps: float, hq: int, hkv: int, hd: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pre-norm, fused q/k/v projection, qwen3's q/k norms and RoPE: ([B,Hq,T,D], [B,Hkv,T,D], [B,Hkv,T,D])."""
+    b, t, _ = x.shape
+    h = rms_norm(x, attn_norm, eps)
+    qkv = F.linear(h, wqkv, bqkv)  # [B, T, (Hq + 2 Hkv) * D]
+    q, k, v = qkv.split((hq * hd, hkv * hd, hkv * hd), dim=-1)
+    q = q.view(b, t, hq, hd).transpose(1, 2)  # [B, Hq, T, D]
+    k = k.view(b, t, hkv, hd).transpose(1, 2)  # [B, Hkv, T, D]
+    v = v.view(b, t, hkv, hd).transpose(1, 2)
+    if q_norm is not None and k_norm is not None:
+        q = rms_norm(q, q_norm, eps)
+        k = rms_norm(k, k_norm, eps)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def attention_output_and_ffn(x: torch.Tensor, a: torch.Tensor, wo: torch.Tensor, ffn_norm: torch.Tensor,
+                             w_gate_up: torch.Tensor, w_down: torch.Tensor, eps: float) -> torch.Tensor:
+    """Output projection and residual, then the SwiGLU block and its residual."""
+    b, hq, t, hd = a.shape
+    x = x + F.linear(a.transpose(1, 2).reshape(b, t, hq * hd), wo)
+    h = rms_norm(x, ffn_norm, eps)
+    gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, w_down)
+
+
 class Block(nn.Module):
     """One transformer layer: attention then SwiGLU, each behind a pre-RMSNorm."""
 
@@ -55,24 +82,17 @@ class Block(nn.Module):
         self.w_gate_up = w["w_gate_up"]  # [2 d_ff, d_model]
         self.w_down = w["w_down"]  # [d_model, d_ff]
         self.decode_splits: int | None = None  # None: the kernel's heuristic; an int pins it (A/B experiments)
+        # the two dense halves of a layer; Transformer.compile() swaps in compiled versions (same math)
+        self.pre = qkv_projection
+        self.post = attention_output_and_ffn
 
     def forward(self, x: torch.Tensor, layer: int, cache: KVCache, pos: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor, n_ctx: int | None) -> torch.Tensor:
         """n_ctx given: T new tokens at shared positions pos (prefill). None: one token per sequence at pos[b]."""
         cfg = self.cfg
-        b, t, _ = x.shape
-        hd, hq, hkv = cfg.head_dim, cfg.n_head, cfg.n_kv_head
-        h = rms_norm(x, self.attn_norm, cfg.rms_eps)
-        qkv = F.linear(h, self.wqkv, self.bqkv)  # [B, T, (Hq + 2 Hkv) * D]
-        q, k, v = qkv.split((hq * hd, hkv * hd, hkv * hd), dim=-1)
-        q = q.view(b, t, hq, hd).transpose(1, 2)  # [B, Hq, T, D]
-        k = k.view(b, t, hkv, hd).transpose(1, 2)  # [B, Hkv, T, D]
-        v = v.view(b, t, hkv, hd).transpose(1, 2)
-        if self.q_norm is not None:
-            q = rms_norm(q, self.q_norm, cfg.rms_eps)
-            k = rms_norm(k, self.k_norm, cfg.rms_eps)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        hd = cfg.head_dim
+        q, k, v = self.pre(x, self.attn_norm, self.wqkv, self.bqkv, self.q_norm, self.k_norm, cos, sin, cfg.rms_eps,
+                           cfg.n_head, cfg.n_kv_head, hd)
         if n_ctx is not None:
             k_cache, v_cache = cache.write(layer, pos, k, v)
             a = ops.attention(q, k_cache, v_cache, n_ctx, hd**-0.5)  # [B, Hq, T, D]
@@ -81,10 +101,7 @@ class Block(nn.Module):
             k_cache, v_cache = cache.write_each(layer, pos, k, v)
             lengths = (pos + 1).to(torch.int32)
             a = ops.decode_attention(q[:, :, 0], k_cache, v_cache, lengths, hd**-0.5, self.decode_splits)[:, :, None]
-        x = x + F.linear(a.transpose(1, 2).reshape(b, t, hq * hd), self.wo)
-        h = rms_norm(x, self.ffn_norm, cfg.rms_eps)
-        gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.w_down)
+        return self.post(x, a, self.wo, self.ffn_norm, self.w_gate_up, self.w_down, cfg.rms_eps)
 
 
 class Transformer(nn.Module):
@@ -103,6 +120,17 @@ class Transformer(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.tok_embd.dtype
+
+    def compile(self) -> None:  # type: ignore[override]
+        """Fuse each layer's elementwise work with torch.compile (CUDA decode: far fewer kernel launches).
+
+        The two halves of a layer are compiled once and shared by all layers (weights are arguments, so
+        every layer hits the same compiled code); attention and cache writes stay outside.
+        """
+        pre = torch.compile(qkv_projection, dynamic=False)
+        post = torch.compile(attention_output_and_ffn, dynamic=False)
+        for block in self.blocks:
+            block.pre, block.post = pre, post
 
     def forward(self, ids: torch.Tensor, start: int, cache: KVCache, last_only: bool = False) -> torch.Tensor:
         """Run T new tokens at positions start..start+T-1; returns float32 logits [B, T or 1, V]."""

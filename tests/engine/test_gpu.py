@@ -62,3 +62,18 @@ def test_decode_path_matches_prefill_logits_on_cuda():
     p, q = torch.log_softmax(full[40:].double(), -1), torch.log_softmax(steps.double(), -1)
     kl = (p.exp() * (p - q)).sum(-1)
     assert kl.mean() < 0.02, kl.mean()
+
+
+@pytest.mark.parametrize("hq,hkv,t,s", [(14, 2, 80, 80), (14, 2, 40, 40), (14, 2, 8, 80), (16, 8, 64, 64),
+                                        (32, 8, 512, 512), (24, 4, 7, 300)])
+def test_cuda_prefill_attention_matches_reference(hq, hkv, t, s):
+    from kernels.reference import attention
+
+    g = torch.Generator(device="cuda").manual_seed(hq * 1000 + t)
+    q = torch.randn(1, hq, t, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    k = torch.randn(1, hkv, s, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    v = torch.randn(1, hkv, s, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    ours = ops.attention(q, k, v, s, 0.125).double()
+    ref = attention(q.double(), k.double(), v.double(), 0.125)
+    err = ((ours - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, err
