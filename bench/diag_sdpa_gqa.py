@@ -12,5 +12,5 @@ for hq, hkv, t in ((14, 2, 80), (14, 2, 40), (14, 2, 200), (16, 8, 80), (32, 8, 
     gqa = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125, enable_gqa=True).double()
     ke, ve = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v))
     exp = F.scaled_dot_product_attention(q, ke, ve, is_causal=True, scale=0.125).double()
-    rel = lambda a: ((a - ref).norm() / ref.norm()).item()  # noqa: E731
-    print(f"hq {hq} hkv {hkv} T {t}: enable_gqa rel err {rel(gqa):.2e}, expanded {rel(exp):.2e}")
+    e_gqa, e_exp = (((a - ref).norm() / ref.norm()).item() for a in (gqa, exp))
+    print(f"hq {hq} hkv {hkv} T {t}: enable_gqa rel err {e_gqa:.2e}, expanded {e_exp:.2e}")
