@@ -130,11 +130,14 @@ class Session:
 
     @torch.inference_mode()
     def step(self, token: int) -> torch.Tensor:
-        """Decode one token through the graph-safe path (replayed from the CUDA graph if any); logits [V]."""
+        """Decode one token through the graph-safe path (replayed from the CUDA graph if any); logits [V].
+
+        The result is a copy: a graph's output buffer is overwritten by the next replay.
+        """
         if self.cache.length >= self.cache.max_seq:
             raise ValueError(f"the KV cache is full ({self.cache.max_seq} positions)")
         if self.graph is not None:
-            logits = self.graph(token, self.cache.length)
+            logits = self.graph(token, self.cache.length).clone()
         else:
             ids = torch.full((1, 1), token, dtype=torch.long, device=self.model.device)
             logits = self.model.transformer.decode(ids, self._pos.fill_(self.cache.length), self.cache)

@@ -29,20 +29,12 @@ def attention(
 
 
 def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    # torch's fused attention for (eager) prefill on CUDA; queries sit at the last T of S positions.
-    # K/V are expanded to the query heads rather than passed with enable_gqa=True: on the H200 (torch
-    # 2.11) a random-weight qwen2.5-0.5b shape (GQA 7) prefilled with enable_gqa disagreed with its own
-    # decode path everywhere but the last row, as if the causal mask leaked; expanding costs one copy.
-    b, hq, t, d = q.shape
-    hkv, s = k.shape[1], k.shape[2]
-    if hq != hkv:
-        g = hq // hkv
-        k = k[:, :, None].expand(b, hkv, g, s, d).reshape(b, hq, s, d)
-        v = v[:, :, None].expand(b, hkv, g, s, d).reshape(b, hq, s, d)
+    # torch's fused attention for (eager) prefill on CUDA; queries sit at the last T of S positions
+    t, s = q.shape[2], k.shape[2]
     if t == s:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     mask = torch.arange(s, device=q.device)[None, :] <= torch.arange(s - t, s, device=q.device)[:, None]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
 def decode_backend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor) -> str:
