@@ -129,7 +129,8 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
         prompt = tokens_of_length(lm.tokenizer, args.ctx)
     for block in lm.transformer.blocks:
         block.decode_splits = args.num_splits
-    if args.compile:
+    compiled = lm.device.type == "cuda" if args.compile is None else args.compile
+    if compiled:
         lm.transformer.compile()
     session = gen.Session(lm, max_seq=args.ctx + args.gen + 1, cuda_graph=args.cuda_graph)
     for _ in range(args.warmup):
@@ -140,7 +141,7 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
         prefill.append(args.ctx / p)
         decode.append(args.gen / d)
         print(f"run {r + 1}/{args.runs}: prefill {prefill[-1]:.1f} tok/s, decode {decode[-1]:.2f} tok/s", file=sys.stderr)
-    config = _config(lm, session, ctx=args.ctx, gen=args.gen, runs=args.runs, warmup=args.warmup, compile=args.compile,
+    config = _config(lm, session, ctx=args.ctx, gen=args.gen, runs=args.runs, warmup=args.warmup, compile=compiled,
                      prompt="random ids" if lm.tokenizer is None else "engine/data/corpus.txt tiled")
     return _record(
         "bench", lm, config,
@@ -269,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="decode eagerly on CUDA")
     b.add_argument("--num-splits", type=int, default=None, help="pin the flash-decode KV split count (A/B only)")
-    b.add_argument("--compile", action="store_true", help="torch.compile each layer's dense halves (CUDA)")
+    b.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile each layer's dense halves (default: on for CUDA, off for the CPU)")
     b.add_argument("--ctx", type=int, required=True, help="context tokens before decoding")
     b.add_argument("--gen", type=int, default=32, help="decode steps timed after the context")
     b.add_argument("--runs", type=int, default=1)
