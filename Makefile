@@ -45,7 +45,7 @@ lint: setup-dev
 	$(BIN)/lint-imports
 
 test: setup-dev
-	$(BIN)/python -m engine.models fetch $(DEMO_MODEL)
+	$(BIN)/python -m engine.models fetch $(DEMO_MODEL) qwen2.5-coder-1.5b
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
