@@ -23,10 +23,12 @@ class KVCache:
         vc.index_copy_(2, pos, v.to(vc.dtype))
         return kc, vc
 
-    def write_each(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write_each(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Store one new key/value per sequence ([B, Hkv, 1, D]) at that sequence's position pos[b]."""
         kc, vc = self.k[layer], self.v[layer]
-        rows = torch.arange(k.shape[0], device=k.device)
+        if rows is None:
+            rows = torch.arange(k.shape[0], device=k.device)
         kc[rows, :, pos] = k[:, :, 0].to(kc.dtype)  # [B, Hkv, D] scattered to [b, :, pos[b]]
         vc[rows, :, pos] = v[:, :, 0].to(vc.dtype)
         return kc, vc

@@ -7,6 +7,8 @@ each at load time. Attention goes through ``engine.ops``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -66,6 +68,14 @@ def attention_output_and_ffn(x: torch.Tensor, a: torch.Tensor, wo: torch.Tensor,
     return x + F.linear(F.silu(gate) * up, w_down)
 
 
+class DecodeStep(NamedTuple):
+    """Device-side indices of one decode step: positions [B], batch rows [B], cache lengths [B] int32."""
+
+    pos: torch.Tensor
+    rows: torch.Tensor
+    lengths: torch.Tensor
+
+
 class Block(nn.Module):
     """One transformer layer: attention then SwiGLU, each behind a pre-RMSNorm."""
 
@@ -87,8 +97,8 @@ class Block(nn.Module):
         self.post = attention_output_and_ffn
 
     def forward(self, x: torch.Tensor, layer: int, cache: KVCache, pos: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor, n_ctx: int | None) -> torch.Tensor:
-        """n_ctx given: T new tokens at shared positions pos (prefill). None: one token per sequence at pos[b]."""
+                sin: torch.Tensor, n_ctx: int | None, step: DecodeStep | None = None) -> torch.Tensor:
+        """n_ctx given: T new tokens at shared positions pos (prefill). None: one token per sequence (step)."""
         cfg = self.cfg
         hd = cfg.head_dim
         q, k, v = self.pre(x, self.attn_norm, self.wqkv, self.bqkv, self.q_norm, self.k_norm, cos, sin, cfg.rms_eps,
@@ -98,9 +108,9 @@ class Block(nn.Module):
             a = ops.attention(q, k_cache, v_cache, n_ctx, hd**-0.5)  # [B, Hq, T, D]
         else:
             # decode: nothing here depends on a host-side length, so the step can be captured in a CUDA graph
-            k_cache, v_cache = cache.write_each(layer, pos, k, v)
-            lengths = (pos + 1).to(torch.int32)
-            a = ops.decode_attention(q[:, :, 0], k_cache, v_cache, lengths, hd**-0.5, self.decode_splits)[:, :, None]
+            assert step is not None
+            k_cache, v_cache = cache.write_each(layer, step.pos, k, v, step.rows)
+            a = ops.decode_attention(q[:, :, 0], k_cache, v_cache, step.lengths, hd**-0.5, self.decode_splits)[:, :, None]
         return self.post(x, a, self.wo, self.ffn_norm, self.w_gate_up, self.w_down, cfg.rms_eps)
 
 
@@ -155,8 +165,10 @@ class Transformer(nn.Module):
         cos = self.cos.index_select(0, pos).view(b, 1, 1, half)
         sin = self.sin.index_select(0, pos).view(b, 1, 1, half)
         x = F.embedding(ids, self.tok_embd)  # [B, 1, d_model]
+        # per-step index tensors, made once rather than once per layer (each is a kernel launch)
+        step = DecodeStep(pos, torch.arange(b, device=pos.device), (pos + 1).to(torch.int32))
         for i, block in enumerate(self.blocks):
-            x = block(x, i, cache, pos, cos, sin, None)
+            x = block(x, i, cache, pos, cos, sin, None, step)
         return self.logits(x)[:, 0]
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
