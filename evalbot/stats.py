@@ -1,0 +1,436 @@
+"""Paired A/B statistics for throughput: ratio estimate, confidence interval, adaptive stopping, tiers.
+
+The input is interleaved pairs ``(base_i, head_i)`` of a higher-is-better metric (tok/s) measured
+back to back on the same box. The estimate is the geometric mean of the per-pair ratios
+``head_i / base_i`` with a Student-t interval on the log-ratios ``d_i = ln head_i - ln base_i``.
+
+Why this estimator:
+
+- *Paired log-ratios cancel drift.* Thermal state, clocks and background load move throughput
+  multiplicatively and slowly; inside one pair both sides see the same factor, so it drops out
+  of ``d_i`` and only the pair-to-pair noise is left.
+- *Logs make the effect additive and symmetric.* Swapping base and head negates every ``d_i``, so
+  the estimate becomes exactly ``1 / ratio``; an arithmetic mean of ratios would not.
+- *t-interval rather than bootstrap.* Under log-normal noise the t-interval on ``d_i`` is exact
+  at every n, and by the CLT it stays well calibrated from n of about 5 for other noise shapes.
+  A percentile bootstrap resamples only the n values seen, so it underestimates the spread and
+  undercovers at the small n we can afford (about 90% nominal-95% coverage at n=10).
+
+Relative half-width is defined in log space: ``half_width = t * sd / sqrt(n)``, so the interval is
+``ratio * exp(+-half_width)``; 0.005 means about +-0.5%.
+
+The minimum detectable effect (MDE) is the smallest true gain that the same decision rule
+(CI lower bound above 1, i.e. a one-sided test at ``alpha = (1 - confidence) / 2``) would detect
+with 80% power, at the observed spread: ``mde = exp((t[1-alpha, n-1] + t[power, n-1]) * sd / sqrt(n)) - 1``
+(the usual shifted-central-t approximation of the noncentral t power).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+StopReason = Literal["precision", "max_pairs", "time_budget", "continue"]
+
+# ln(head) - ln(base) carries ~1e-13 absolute rounding error even for huge values; spreads below
+# this are rounding, not noise, and would otherwise turn exact ties into arbitrary p-values.
+_LOG_RESOLUTION = 1e-12
+# Power of the minimum-detectable-effect report; 80% is the conventional choice.
+MDE_POWER = 0.8
+# Above this many degrees of freedom the Cornish-Fisher series is exact to double precision,
+# while the incomplete-beta continued fraction needs O(sqrt(df)) terms.
+_ASYMPTOTIC_DF = 1e5
+
+
+class StatsError(ValueError):
+    """Input that cannot give a meaningful estimate (too few pairs, non-positive or non-finite values)."""
+
+
+@dataclass(frozen=True)
+class PairedEstimate:
+    """Geometric-mean ratio head/base of n pairs with its confidence interval and noise summary."""
+
+    n: int
+    ratio: float  # geometric mean of head_i / base_i
+    ci_low: float  # ratio bounds of the two-sided `confidence` interval
+    ci_high: float
+    half_width: float  # t * sd_log / sqrt(n), in natural-log units (0.005 ~ +-0.5%)
+    sd_log: float  # sample standard deviation of the log-ratios
+    mde: float  # minimum detectable gain at 80% power, as a fraction (0.01 = 1%)
+    p_value: float  # one-sided, for "head is faster than base"
+    confidence: float  # the interval's coverage, e.g. 0.95
+
+    @property
+    def gain(self) -> float:
+        """Point estimate of the relative speedup (0.05 = 5% faster)."""
+        return self.ratio - 1.0
+
+    @property
+    def lower_bound_gain(self) -> float:
+        """The smallest gain the interval allows; tiers are assigned from this."""
+        return self.ci_low - 1.0
+
+    @property
+    def upper_bound_ratio(self) -> float:
+        """The largest ratio the interval allows; a regression needs this below the tolerance."""
+        return self.ci_high
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    """Whether to stop sampling, and why."""
+
+    reason: StopReason
+    half_width: float | None  # None until min_pairs pairs exist
+
+    @property
+    def stop(self) -> bool:
+        """True for every reason except 'continue'."""
+        return self.reason != "continue"
+
+
+@dataclass(frozen=True)
+class AdaptiveRun:
+    """The pairs measured by `run_adaptive`, their estimate, and why sampling stopped."""
+
+    pairs: tuple[tuple[float, float], ...]
+    estimate: PairedEstimate
+    reason: StopReason
+
+
+@dataclass(frozen=True)
+class Classification:
+    """Tier earned by the CI's lower bound (None below every tier) and whether it is a regression."""
+
+    tier: str | None
+    regression: bool
+
+
+# --- Student t ---------------------------------------------------------------------------------
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta (modified Lentz), valid for x < (a+1)/(a+b+2)."""
+    tiny = 1e-300
+    c = 1.0
+    d = 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 20_000):
+        m2 = 2 * m
+        for num in (
+            m * (b - m) * x / ((a + m2 - 1.0) * (a + m2)),
+            -(a + m) * (a + b + m) * x / ((a + m2) * (a + m2 + 1.0)),
+        ):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            return h
+    raise ArithmeticError(f"incomplete beta did not converge (a={a}, b={b}, x={x})")
+
+
+def _betainc(a: float, b: float, x: float, y: float) -> float:
+    """Regularized incomplete beta I_x(a, b); y = 1 - x is passed in so it keeps full precision."""
+    if x <= 0.0:
+        return 0.0
+    if y <= 0.0:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(y)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, y) / b
+
+
+def _t_upper_tail(t: float, df: float) -> float:
+    """P(T > t) for t >= 0, computed directly so tiny tails keep their relative precision."""
+    t2 = t * t
+    if math.isinf(t2):
+        return 0.0
+    return 0.5 * _betainc(df / 2.0, 0.5, df / (df + t2), t2 / (df + t2))
+
+
+def _t_pdf(t: float, df: float) -> float:
+    log_norm = math.lgamma((df + 1.0) / 2.0) - math.lgamma(df / 2.0) - 0.5 * math.log(df * math.pi)
+    return math.exp(log_norm - (df + 1.0) / 2.0 * math.log1p(t * t / df))
+
+
+def _cornish_fisher(z: float, df: float) -> float:
+    """t quantile from the normal quantile z (Abramowitz & Stegun 26.7.5); exact as df grows."""
+    z2 = z * z
+    g1 = (z2 + 1.0) * z / 4.0
+    g2 = ((5.0 * z2 + 16.0) * z2 + 3.0) * z / 96.0
+    g3 = (((3.0 * z2 + 19.0) * z2 + 17.0) * z2 - 15.0) * z / 384.0
+    g4 = ((((79.0 * z2 + 776.0) * z2 + 1482.0) * z2 - 1920.0) * z2 - 945.0) * z / 92160.0
+    return z + (g1 + (g2 + (g3 + g4 / df) / df) / df) / df
+
+
+def _check_df(df: float) -> None:
+    if not df > 0:
+        raise StatsError(f"degrees of freedom must be positive, got {df!r}")
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with df degrees of freedom (df may be math.inf)."""
+    _check_df(df)
+    if math.isnan(t):
+        raise StatsError("t must not be NaN")
+    if math.isinf(df):
+        return statistics.NormalDist().cdf(t)
+    tail = _t_upper_tail(abs(t), df)
+    return 1.0 - tail if t > 0 else tail
+
+
+@functools.lru_cache(maxsize=4096)
+def t_quantile(p: float, df: float) -> float:
+    """The t with P(T <= t) = p for Student's t with df degrees of freedom (df may be math.inf)."""
+    _check_df(df)
+    if not 0.0 < p < 1.0:
+        raise StatsError(f"probability must be strictly between 0 and 1, got {p!r}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    z = statistics.NormalDist().inv_cdf(p)
+    if math.isinf(df) or df > _ASYMPTOTIC_DF:
+        return z if math.isinf(df) else _cornish_fisher(z, df)
+    q = 1.0 - p  # solve the upper tail: p near 1 would lose its digits in 1 - cdf
+    if q == 0.5:
+        return 0.0
+    # Safeguarded Newton: the bracket [lo, hi] always holds the root, and any Newton step that
+    # leaves it (heavy tails at small df overshoot) is replaced by bisection.
+    guess = _cornish_fisher(z, df)
+    lo, hi = 0.0, max(1.0, guess)
+    while _t_upper_tail(hi, df) > q:
+        lo, hi = hi, 2.0 * hi
+    t = guess if lo < guess < hi else 0.5 * (lo + hi)
+    for _ in range(200):
+        excess = _t_upper_tail(t, df) - q
+        if excess == 0.0:
+            return t
+        if excess > 0.0:
+            lo = t
+        else:
+            hi = t
+        nxt = t + excess / _t_pdf(t, df)
+        if not lo < nxt < hi:
+            nxt = 0.5 * (lo + hi)
+        if abs(nxt - t) <= 1e-14 * max(1.0, t):
+            return nxt
+        t = nxt
+    return t
+
+
+# --- Estimate ----------------------------------------------------------------------------------
+
+
+def _checked_value(value: object, what: str) -> float:
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise StatsError(f"{what} is {value!r}, not a number") from None
+    if not math.isfinite(x):
+        raise StatsError(f"{what} is {x!r}; throughput must be finite")
+    if x <= 0.0:
+        raise StatsError(f"{what} is {x!r}; throughput must be positive")
+    return x
+
+
+def _log_ratios(pairs: Sequence[tuple[float, float]]) -> list[float]:
+    out = []
+    for i, pair in enumerate(pairs, 1):
+        try:
+            base, head = pair
+        except (TypeError, ValueError):
+            raise StatsError(f"pair {i} is {pair!r}, not a (base, head) pair") from None
+        # log(h) - log(b), not log(h / b): swapping the pair then negates it exactly.
+        out.append(math.log(_checked_value(head, f"pair {i} head")) - math.log(_checked_value(base, f"pair {i} base")))
+    return out
+
+
+def _mean_sd(xs: Sequence[float]) -> tuple[float, float]:
+    # fsum is exactly rounded, so the result does not depend on the order of the pairs.
+    mean = math.fsum(xs) / len(xs)
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+    return mean, (sd if sd > _LOG_RESOLUTION else 0.0)
+
+
+def _check_confidence(confidence: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise StatsError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
+
+
+def _half_width(sd: float, n: int, confidence: float) -> float:
+    return t_quantile(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n)
+
+
+def minimum_detectable_effect(sd_log: float, n: int, alpha: float = 0.025, power: float = MDE_POWER) -> float:
+    """Smallest true gain a one-sided level-alpha test on n log-ratios of spread sd_log detects with `power`."""
+    if n < 2:
+        raise StatsError(f"need at least 2 pairs for a minimum detectable effect, got {n}")
+    shift = (t_quantile(1.0 - alpha, n - 1) + t_quantile(power, n - 1)) * sd_log / math.sqrt(n)
+    return math.expm1(shift)
+
+
+def estimate(pairs: Sequence[tuple[float, float]], confidence: float = 0.95) -> PairedEstimate:
+    """Geometric-mean ratio head/base with a t-interval on the paired log-ratios (see module docstring)."""
+    _check_confidence(confidence)
+    if len(pairs) < 2:
+        raise StatsError(f"need at least 2 pairs to estimate the noise, got {len(pairs)}")
+    d = _log_ratios(pairs)
+    n = len(d)
+    mean, sd = _mean_sd(d)
+    hw = _half_width(sd, n, confidence)
+    if sd == 0.0:
+        # Identical ratios: the sign alone decides; an exact tie is even odds.
+        p_value = 0.5 if abs(mean) <= _LOG_RESOLUTION else (0.0 if mean > 0 else 1.0)
+    else:
+        t_stat = mean / (sd / math.sqrt(n))
+        p_value = _t_upper_tail(t_stat, n - 1) if t_stat >= 0 else 1.0 - _t_upper_tail(-t_stat, n - 1)
+    return PairedEstimate(
+        n=n,
+        ratio=math.exp(mean),
+        ci_low=math.exp(mean - hw),
+        ci_high=math.exp(mean + hw),
+        half_width=hw,
+        sd_log=sd,
+        # Same test as the tier rule (lower bound above 1), so "detectable" means what the verdict does.
+        mde=minimum_detectable_effect(sd, n, alpha=(1.0 - confidence) / 2.0),
+        p_value=p_value,
+        confidence=confidence,
+    )
+
+
+# --- Adaptive stopping -------------------------------------------------------------------------
+
+
+def _check_stopping(target_half_width: float, min_pairs: int, max_pairs: int, budget_s: float) -> None:
+    if not target_half_width > 0:
+        raise StatsError(f"target_half_width must be positive, got {target_half_width!r}")
+    if min_pairs < 2:
+        raise StatsError(f"min_pairs must be at least 2, got {min_pairs}")
+    if max_pairs < min_pairs:
+        raise StatsError(f"max_pairs ({max_pairs}) must be at least min_pairs ({min_pairs})")
+    if not budget_s > 0:
+        raise StatsError(f"budget_s must be positive, got {budget_s!r}")
+
+
+def should_stop(
+    pairs: Sequence[tuple[float, float]],
+    *,
+    target_half_width: float = 0.005,
+    min_pairs: int = 5,
+    max_pairs: int = 30,
+    elapsed_s: float = 0.0,
+    budget_s: float = math.inf,
+    confidence: float = 0.95,
+) -> StopDecision:
+    """Stop once the CI half-width (log units) reaches the target, or max_pairs or the time budget runs out."""
+    _check_stopping(target_half_width, min_pairs, max_pairs, budget_s)
+    _check_confidence(confidence)
+    n = len(pairs)
+    hw = None
+    if n >= min_pairs:
+        # min_pairs guards against stopping on a spread that is small by luck at n = 2..4,
+        # which would make the interval undercover.
+        hw = _half_width(_mean_sd(_log_ratios(pairs))[1], n, confidence)
+        if hw <= target_half_width:
+            return StopDecision("precision", hw)
+    if n >= max_pairs:
+        return StopDecision("max_pairs", hw)
+    # Stop when one more pair at the pace so far would overrun the budget, rather than overrunning.
+    if elapsed_s >= budget_s or (n > 0 and elapsed_s * (n + 1) / n > budget_s):
+        return StopDecision("time_budget", hw)
+    return StopDecision("continue", hw)
+
+
+def run_adaptive(
+    measure_pair: Callable[[], tuple[float, float]],
+    *,
+    target_half_width: float = 0.005,
+    min_pairs: int = 5,
+    max_pairs: int = 30,
+    budget_s: float = math.inf,
+    confidence: float = 0.95,
+    clock: Callable[[], float] = time.monotonic,
+) -> AdaptiveRun:
+    """Call measure_pair() for one (base, head) pair at a time until `should_stop` says stop."""
+    _check_stopping(target_half_width, min_pairs, max_pairs, budget_s)
+    start = clock()
+    pairs: list[tuple[float, float]] = []
+    while True:
+        decision = should_stop(
+            pairs,
+            target_half_width=target_half_width,
+            min_pairs=min_pairs,
+            max_pairs=max_pairs,
+            elapsed_s=clock() - start,
+            budget_s=budget_s,
+            confidence=confidence,
+        )
+        if decision.stop:
+            break
+        pair = measure_pair()
+        _log_ratios([pair])  # fail on the bad measurement itself, not pairs later
+        pairs.append((float(pair[0]), float(pair[1])))
+    if len(pairs) < 2:
+        raise StatsError(f"the time budget of {budget_s}s ran out after {len(pairs)} pair(s); need at least 2")
+    return AdaptiveRun(tuple(pairs), estimate(pairs, confidence), decision.reason)
+
+
+# --- Tiers and regressions ---------------------------------------------------------------------
+
+
+def classify(est: PairedEstimate, tiers: Sequence[tuple[str, float]], tolerance: float) -> Classification:
+    """Tier = highest (name, min_gain) with min_gain <= the CI's lower-bound gain; regression = upper ratio < tolerance."""
+    names = [name for name, _ in tiers]
+    if len(set(names)) != len(names):
+        raise StatsError(f"tier names must be unique, got {names}")
+    for name, min_gain in tiers:
+        if not (math.isfinite(min_gain) and min_gain >= 0):
+            raise StatsError(f"tier {name!r} has min_gain {min_gain!r}; it must be finite and >= 0")
+    if not (math.isfinite(tolerance) and tolerance > 0):
+        raise StatsError(f"tolerance must be a positive ratio such as 0.98, got {tolerance!r}")
+    # Using the lower bound means a CI straddling a boundary earns the lower tier.
+    earned = [(min_gain, name) for name, min_gain in tiers if est.lower_bound_gain >= min_gain]
+    tier = max(earned)[1] if earned else None
+    return Classification(tier=tier, regression=est.upper_bound_ratio < tolerance)
+
+
+# --- Parsing -----------------------------------------------------------------------------------
+
+
+def read_pairs(text: str) -> list[tuple[float, float]]:
+    """Parse CSV or TSV with a header naming `base` and `head` (any order, extra columns ignored)."""
+    rows = [
+        (lineno, line)
+        for lineno, line in enumerate(text.splitlines(), 1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    if not rows:
+        raise StatsError("no header line; expected a CSV or TSV header with columns 'base' and 'head'")
+    header_line, header = rows[0]
+    delimiter = "\t" if "\t" in header else ","
+    columns = [c.strip().lower() for c in next(csv.reader([header], delimiter=delimiter))]
+    index = {}
+    for name in ("base", "head"):
+        if columns.count(name) != 1:
+            found = "missing" if name not in columns else "repeated"
+            raise StatsError(f"line {header_line}: column {name!r} is {found} in header {columns}")
+        index[name] = columns.index(name)
+    if len(rows) == 1:
+        raise StatsError(f"no data rows after the header on line {header_line}")
+    pairs = []
+    for lineno, line in rows[1:]:
+        fields = next(csv.reader([line], delimiter=delimiter))
+        if len(fields) != len(columns):
+            raise StatsError(f"line {lineno}: {len(fields)} fields, but the header has {len(columns)}")
+        base, head = (_checked_value(fields[index[k]].strip(), f"line {lineno}: {k}") for k in ("base", "head"))
+        pairs.append((base, head))
+    return pairs
