@@ -152,6 +152,17 @@ def _betainc(a: float, b: float, x: float, y: float) -> float:
 
 def _t_upper_tail(t: float, df: float) -> float:
     """P(T > t) for t >= 0, computed directly so tiny tails keep their relative precision."""
+    if math.isinf(df):
+        return statistics.NormalDist().cdf(-t)
+    if df > _ASYMPTOTIC_DF:
+        # lgamma(df/2) loses digits here; invert the Cornish-Fisher series (nearly the identity) instead.
+        z = t
+        for _ in range(50):
+            step = (_cornish_fisher(z, df) - t) / (1.0 + (3.0 * z * z + 1.0) / (4.0 * df))
+            z -= step
+            if abs(step) <= 1e-15 * max(1.0, abs(z)):
+                break
+        return statistics.NormalDist().cdf(-z)
     t2 = t * t
     if math.isinf(t2):
         return 0.0
@@ -183,8 +194,6 @@ def t_cdf(t: float, df: float) -> float:
     _check_df(df)
     if math.isnan(t):
         raise StatsError("t must not be NaN")
-    if math.isinf(df):
-        return statistics.NormalDist().cdf(t)
     tail = _t_upper_tail(abs(t), df)
     return 1.0 - tail if t > 0 else tail
 
