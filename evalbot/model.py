@@ -1,0 +1,246 @@
+"""The bot's plain data: what was measured (Measurements) and what was decided (Verdict).
+
+Frozen dataclasses only, no behaviour beyond (de)serialization, so that evaluate, verdict, render,
+receipts and publish can pass them around and tests can build them by hand. Every type round-trips
+through ``to_dict`` / ``from_dict`` as plain JSON data (result.json, the comment's embedded state).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(enum.StrEnum):
+    """The outcome of one evaluation."""
+
+    PASS = "PASS"
+    REJECT = "REJECT"
+    INFRA_ERROR = "INFRA_ERROR"  # never the contributor's fault, never counts against them
+    SKIPPED = "SKIPPED"
+
+
+class Side(enum.StrEnum):
+    BASE = "base"
+    HEAD = "head"
+    HARNESS = "harness"  # the trusted bot/harness itself, or the box
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Something that went wrong while measuring, and on which side."""
+
+    side: Side
+    stage: str  # "build", "toolchain", "run", "parse", "schema", "gpu", "timeout", ...
+    message: str
+    log_tail: str = ""
+
+
+@dataclass(frozen=True)
+class ThroughputPairs:
+    """Interleaved (base, head) throughput samples for one model at one context."""
+
+    model: str
+    context: int
+    metric: str  # "decode_tps" or "prefill_tps"
+    pairs: tuple[tuple[float, float], ...]
+    guarded: bool = True  # a regression here rejects the PR
+    scored: bool = True  # a gain here can earn a tier
+
+
+@dataclass(frozen=True)
+class AccuracyResult:
+    """The head engine's logits against llama.cpp on the same GGUF and tokens."""
+
+    model: str
+    positions: int
+    top1_agreement: float
+    kl_mean: float
+    ppl_ratio: float
+    base_top1_agreement: float | None = None
+    base_kl_mean: float | None = None
+
+
+@dataclass(frozen=True)
+class SpecResult:
+    """Speculative decoding, base vs head, same prompts and drafter."""
+
+    target: str
+    drafter: str
+    block_size: int
+    runs: int
+    lossless_runs: int  # head runs whose tokens equal the head's own AR tokens
+    first_divergence: int | None
+    base_tau: float
+    head_tau: float
+    ar_pairs: tuple[tuple[float, float], ...] = ()  # (base, head) AR tok/s
+    spec_pairs: tuple[tuple[float, float], ...] = ()  # (base, head) speculative tok/s
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where the numbers came from: revisions, policy, models, engine builds, box, prompts, times."""
+
+    repo: str
+    base_sha: str
+    head_sha: str
+    harness_sha: str
+    rules_hash: str
+    profile: str
+    model_sha256s: dict[str, str] = field(default_factory=dict)
+    engine_build: dict[str, Any] = field(default_factory=dict)
+    box: dict[str, Any] = field(default_factory=dict)
+    prompt_seed: int | None = None
+    corpus_sha256: str | None = None
+    started_at: str = ""
+    finished_at: str = ""
+    pr: int | None = None
+    title: str = ""
+    author: str = ""
+    branch: str = ""
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """Everything evaluate measured for one (base, head) pair; never a verdict."""
+
+    provenance: Provenance
+    throughput: tuple[ThroughputPairs, ...] = ()
+    accuracy: tuple[AccuracyResult, ...] = ()
+    spec: tuple[SpecResult, ...] = ()
+    failures: tuple[Failure, ...] = ()
+    skipped_reason: str | None = None
+    reproduce: str = ""  # the exact command that reproduces the run locally
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One check, with its measured value, its bar and whether it passed."""
+
+    name: str
+    value: float | None
+    bar: str  # human-readable bar, e.g. ">= 0.98x main (CI upper bound)"
+    passed: bool
+    detail: str = ""
+    context: int | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class ContextEstimate:
+    """The paired A/B estimate at one context, as the report shows it."""
+
+    model: str
+    context: int
+    metric: str
+    n: int
+    base_median: float
+    head_median: float
+    ratio: float
+    ci_low: float
+    ci_high: float
+    mde: float
+    tier: str | None
+    regression: bool
+    guarded: bool
+    scored: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The decision for one evaluation: status, tier, gates, reasons and label changes."""
+
+    status: Status
+    tier: str | None
+    scored_context: int | None
+    gates: tuple[Gate, ...]
+    reasons: tuple[str, ...]
+    labels_add: tuple[str, ...]
+    labels_remove: tuple[str, ...]
+    estimates: tuple[ContextEstimate, ...] = ()
+    rules_hash: str = ""
+    mde: float | None = None  # the largest per-context MDE among scored contexts
+
+
+# --- JSON (de)serialization ---------------------------------------------------------------------
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass tree as plain JSON data (enums by value, tuples as lists)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+T = typing.TypeVar("T")
+
+
+def from_dict(cls: type[T], data: Any) -> T:
+    """Rebuild a dataclass (recursively) from to_dict's output; unknown keys are an error."""
+    return typing.cast(T, _build(cls, data, cls.__name__))
+
+
+def _build(tp: Any, data: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return data
+    if origin in (typing.Union, types.UnionType):
+        if data is None and type(None) in args:
+            return None
+        errors = []
+        for alt in args:
+            if alt is type(None):
+                continue
+            try:
+                return _build(alt, data, where)
+            except (TypeError, ValueError) as exc:
+                errors.append(str(exc))
+        raise ValueError(f"{where}: {data!r} matches none of {args}: {'; '.join(errors)}")
+    if origin is tuple:
+        if not isinstance(data, (list, tuple)):
+            raise TypeError(f"{where}: expected a list, got {type(data).__name__}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_build(args[0], x, f"{where}[{i}]") for i, x in enumerate(data))
+        if len(args) != len(data):
+            raise ValueError(f"{where}: expected {len(args)} items, got {len(data)}")
+        return tuple(_build(a, x, f"{where}[{i}]") for i, (a, x) in enumerate(zip(args, data, strict=True)))
+    if origin is dict:
+        if not isinstance(data, dict):
+            raise TypeError(f"{where}: expected an object, got {type(data).__name__}")
+        return {k: _build(args[1], v, f"{where}.{k}") for k, v in data.items()}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp(data)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(data, dict):
+            raise TypeError(f"{where}: expected an object, got {type(data).__name__}")
+        hints = typing.get_type_hints(tp)
+        names = {f.name for f in dataclasses.fields(tp)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}")
+        kwargs = {k: _build(hints[k], v, f"{where}.{k}") for k, v in data.items()}
+        return tp(**kwargs)
+    if tp is float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            raise TypeError(f"{where}: expected a number, got {data!r}")
+        return float(data)
+    if tp is int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise TypeError(f"{where}: expected an integer, got {data!r}")
+        return data
+    if tp in (str, bool):
+        if not isinstance(data, tp):
+            raise TypeError(f"{where}: expected {tp.__name__}, got {data!r}")
+        return data
+    return data
