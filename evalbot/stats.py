@@ -8,13 +8,15 @@ Why this estimator:
 
 - *Paired log-ratios cancel drift.* Thermal state, clocks and background load move throughput
   multiplicatively and slowly; inside one pair both sides see the same factor, so it drops out
-  of ``d_i`` and only the pair-to-pair noise is left.
+  of ``d_i`` and only the pair-to-pair noise is left. Drift *within* a pair does not cancel, so
+  the runner should alternate which side goes first (AB, BA, AB, ...).
 - *Logs make the effect additive and symmetric.* Swapping base and head negates every ``d_i``, so
   the estimate becomes exactly ``1 / ratio``; an arithmetic mean of ratios would not.
 - *t-interval rather than bootstrap.* Under log-normal noise the t-interval on ``d_i`` is exact
   at every n, and by the CLT it stays well calibrated from n of about 5 for other noise shapes.
   A percentile bootstrap resamples only the n values seen, so it underestimates the spread and
-  undercovers at the small n we can afford (about 90% nominal-95% coverage at n=10).
+  undercovers at the small n we can afford (simulated nominal-95% coverage: 84% at n=5, 89% at
+  n=10, 92% at n=30).
 
 Relative half-width is defined in log space: ``half_width = t * sd / sqrt(n)``, so the interval is
 ``ratio * exp(+-half_width)``; 0.005 means about +-0.5%.
@@ -43,9 +45,9 @@ StopReason = Literal["precision", "max_pairs", "time_budget", "continue"]
 _LOG_RESOLUTION = 1e-12
 # Power of the minimum-detectable-effect report; 80% is the conventional choice.
 MDE_POWER = 0.8
-# Above this many degrees of freedom the Cornish-Fisher series is exact to double precision,
-# while the incomplete-beta continued fraction needs O(sqrt(df)) terms.
-_ASYMPTOTIC_DF = 1e5
+# Above this many degrees of freedom the Cornish-Fisher series is good to ~1e-14, while
+# lgamma(df / 2) in the incomplete beta starts to lose digits (~1e-11 by df = 1e4).
+_ASYMPTOTIC_DF = 3000.0
 
 
 class StatsError(ValueError):
@@ -204,14 +206,18 @@ def t_quantile(p: float, df: float) -> float:
     _check_df(df)
     if not 0.0 < p < 1.0:
         raise StatsError(f"probability must be strictly between 0 and 1, got {p!r}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    z = statistics.NormalDist().inv_cdf(p)
-    if math.isinf(df) or df > _ASYMPTOTIC_DF:
-        return z if math.isinf(df) else _cornish_fisher(z, df)
-    q = 1.0 - p  # solve the upper tail: p near 1 would lose its digits in 1 - cdf
+    # Solve for the tail probability q <= 1/2 directly: forming 1 - p for a tiny p would lose digits.
+    sign, q = (-1.0, p) if p < 0.5 else (1.0, 1.0 - p)
     if q == 0.5:
         return 0.0
+    z = -statistics.NormalDist().inv_cdf(q)
+    if math.isinf(df) or df > _ASYMPTOTIC_DF:
+        return sign * (z if math.isinf(df) else _cornish_fisher(z, df))
+    return sign * _t_upper_quantile(q, z, df)
+
+
+def _t_upper_quantile(q: float, z: float, df: float) -> float:
+    """The t > 0 with P(T > t) = q, starting from the normal quantile z."""
     # Safeguarded Newton: the bracket [lo, hi] always holds the root, and any Newton step that
     # leaves it (heavy tails at small df overshoot) is replaced by bisection.
     guess = _cornish_fisher(z, df)
@@ -259,7 +265,10 @@ def _log_ratios(pairs: Sequence[tuple[float, float]]) -> list[float]:
         except (TypeError, ValueError):
             raise StatsError(f"pair {i} is {pair!r}, not a (base, head) pair") from None
         # log(h) - log(b), not log(h / b): swapping the pair then negates it exactly.
-        out.append(math.log(_checked_value(head, f"pair {i} head")) - math.log(_checked_value(base, f"pair {i} base")))
+        out.append(
+            math.log(_checked_value(head, f"pair {i} head"))
+            - math.log(_checked_value(base, f"pair {i} base"))
+        )
     return out
 
 
@@ -346,8 +355,8 @@ def should_stop(
     n = len(pairs)
     hw = None
     if n >= min_pairs:
-        # min_pairs guards against stopping on a spread that is small by luck at n = 2..4,
-        # which would make the interval undercover.
+        # Stopping when the spread looks small favours spreads that are small by luck, so the
+        # interval undercovers; min_pairs=5 keeps that near 94% (3 pairs: 90%, in simulation).
         hw = _half_width(_mean_sd(_log_ratios(pairs))[1], n, confidence)
         if hw <= target_half_width:
             return StopDecision("precision", hw)
@@ -389,7 +398,9 @@ def run_adaptive(
         _log_ratios([pair])  # fail on the bad measurement itself, not pairs later
         pairs.append((float(pair[0]), float(pair[1])))
     if len(pairs) < 2:
-        raise StatsError(f"the time budget of {budget_s}s ran out after {len(pairs)} pair(s); need at least 2")
+        raise StatsError(
+            f"the time budget of {budget_s}s ran out after {len(pairs)} pair(s); need at least 2"
+        )
     return AdaptiveRun(tuple(pairs), estimate(pairs, confidence), decision.reason)
 
 
@@ -397,7 +408,8 @@ def run_adaptive(
 
 
 def classify(est: PairedEstimate, tiers: Sequence[tuple[str, float]], tolerance: float) -> Classification:
-    """Tier = highest (name, min_gain) with min_gain <= the CI's lower-bound gain; regression = upper ratio < tolerance."""
+    """Tier: the highest (name, min_gain) with min_gain <= the CI's lower-bound gain.
+    Regression: the CI's upper-bound ratio is below tolerance (e.g. 0.98)."""
     names = [name for name, _ in tiers]
     if len(set(names)) != len(names):
         raise StatsError(f"tier names must be unique, got {names}")
@@ -440,6 +452,8 @@ def read_pairs(text: str) -> list[tuple[float, float]]:
         fields = next(csv.reader([line], delimiter=delimiter))
         if len(fields) != len(columns):
             raise StatsError(f"line {lineno}: {len(fields)} fields, but the header has {len(columns)}")
-        base, head = (_checked_value(fields[index[k]].strip(), f"line {lineno}: {k}") for k in ("base", "head"))
+        base, head = (
+            _checked_value(fields[index[k]].strip(), f"line {lineno}: {k}") for k in ("base", "head")
+        )
         pairs.append((base, head))
     return pairs
