@@ -1,0 +1,466 @@
+"""rules/*.yaml -> Rules: the shipped defaults, the hash, and errors that point at file, line and field."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evalbot.rules import (
+    FILES,
+    RulesError,
+    automerge_allowed,
+    default_rules_dir,
+    load_rules,
+    rules_hash,
+    tier_for_gain,
+)
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules(default_rules_dir())
+
+
+@pytest.fixture
+def rules_dir(tmp_path: Path) -> Path:
+    """A private copy of the shipped rules, to break one thing at a time."""
+    return Path(shutil.copytree(default_rules_dir(), tmp_path / "rules"))
+
+
+def edit(rules_dir: Path, name: str, old: str, new: str) -> int:
+    """Replace the one occurrence of old by new in a rules file; the 1-based line where new starts."""
+    path = rules_dir / name
+    text = path.read_text()
+    assert text.count(old) == 1, f"{old!r} must occur once in {name}"
+    path.write_text(text.replace(old, new))
+    return text[: text.index(old)].count("\n") + 1
+
+
+def load_error(rules_dir: Path) -> RulesError:
+    with pytest.raises(RulesError) as info:
+        load_rules(rules_dir)
+    return info.value
+
+
+# ---------------------------------------------------------------- the shipped defaults
+
+
+def test_shipped_defaults(rules):
+    assert [(t.name, t.lower_bound, t.label) for t in rules.tiers] == [
+        ("XS", 0.02, "perf:XS"),
+        ("S", 0.035, "perf:S"),
+        ("M", 0.06, "perf:M"),
+        ("L", 0.10, "perf:L"),
+        ("XL", 0.18, "perf:XL"),
+    ]
+    g = rules.gates
+    assert g.no_regression.min_ratio == 0.98
+    assert (g.accuracy.top1_min, g.accuracy.mean_kl_max) == (0.90, 0.10)
+    assert (g.spec.lossless_runs_min, g.spec.runs) == (3, 3)
+    assert (g.spec.tau_min_ratio, g.spec.acceptance_rate_min_ratio) == (0.95, 0.98)
+
+    gpu, cpu = rules.profile("gpu"), rules.profile("cpu")
+    assert gpu.device == "cuda" and cpu.device == "cpu"
+    assert gpu.guarded_contexts == gpu.scored_contexts == (128, 512, 4096, 16384, 32768)
+    assert cpu.guarded_contexts == (128, 512)
+    assert gpu.measurement.ci_half_width == cpu.measurement.ci_half_width == 0.005
+    for p in (gpu, cpu):
+        m = p.measurement
+        assert (
+            m.decode_tokens > 0
+            and m.warmup_runs >= 0
+            and 2 <= m.min_pairs <= m.max_pairs
+            and m.time_budget_s > 0
+        )
+
+    sha_05b = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+    sha_15b = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    assert [(m.name, m.source, m.sha256) for m in cpu.models] == [("qwen2.5-coder-0.5b", "registry", sha_05b)]
+    assert "qwen3-8b" in [m.name for m in gpu.models] and all(m.source == "shape" for m in gpu.models)
+    sp = rules.spec_pair
+    assert (sp.target.name, sp.target.sha256, sp.draft.name, sp.draft.sha256, sp.block) == (
+        "qwen2.5-coder-1.5b",
+        sha_15b,
+        "qwen2.5-coder-0.5b",
+        sha_05b,
+        7,
+    )
+
+    c = rules.copycat
+    assert (c.containment.block, c.containment.warn, c.warnings_to_block) == (0.85, 0.75, 3)
+    assert (c.tiny_pr.below_added_lines, c.tiny_pr.warn_literal_overlap) == (15, 0.98)
+    assert (c.boilerplate_max_prs, c.winnowing.k, c.winnowing.w) == (5, 5, 4)
+    assert c.strikes.limit > 0 and c.strikes.window_days > 0
+
+    p = rules.policy
+    assert p.open_pr_cap == 5
+    assert {a.label: a.weight for a in p.areas} == {
+        "area:kernels": 0.42,
+        "area:engine": 0.25,
+        "area:spec": 0.2,
+        "area:other": 0.13,
+    }
+    assert p.sensitive_paths == ("evalbot/", "rules/", "bench/", ".github/")
+    assert p.blocklist == ()
+
+    lb = rules.labels
+    assert (lb.verified, lb.regression, lb.infra_error, lb.copycat, lb.copycat_warn) == (
+        "verified",
+        "regression",
+        "infra-error",
+        "copycat",
+        "copycat-warn",
+    )
+    assert (lb.gaming, lb.needs_rebase, lb.skipped_sensitive) == (
+        "flagged:gaming",
+        "needs-rebase",
+        "skipped:sensitive",
+    )
+    assert {"perf:XS", "area:kernels", "verified"} <= rules.managed_labels
+
+    assert rules.automerge.enabled is False
+    assert rules.dispatch.mode == "local" and rules.dispatch.runner_public_keys == ()
+    assert rules.source_dir == default_rules_dir()
+
+
+def test_rules_are_frozen(rules):
+    with pytest.raises(AttributeError):
+        rules.gates.accuracy.top1_min = 0.0  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------- the hash
+
+
+def test_hash_is_stable_and_covers_content_not_text_or_place(rules, rules_dir):
+    assert len(rules.rules_hash) == 64 and rules.rules_hash == rules_hash(rules)
+    assert load_rules(default_rules_dir()).rules_hash == rules.rules_hash
+    assert load_rules(rules_dir).rules_hash == rules.rules_hash  # another folder, same content
+
+    edit(rules_dir, "gates.yaml", "  top1_min: 0.90", "  # a comment\n  top1_min: 0.9")  # 0.90 == 0.9
+    edit(rules_dir, "tiers.yaml", "  L: 0.10", "  L:     1.0e-1")
+    edit(rules_dir, "automerge.yaml", "required_labels: [verified]", "required_labels:\n  - verified")
+    assert load_rules(rules_dir).rules_hash == rules.rules_hash
+
+    edit(rules_dir, "gates.yaml", "  top1_min: 0.9", "  top1_min: 0.91")
+    assert load_rules(rules_dir).rules_hash != rules.rules_hash
+
+
+# ---------------------------------------------------------------- malformations
+
+# (file, old text, new text, field, part of the message); the error's line is where the new text starts,
+# or where `at` (the MALFORMED_AT entry, if any) starts.
+MALFORMED = [
+    pytest.param(
+        "gates.yaml",
+        "top1_min: 0.90",
+        "top1_min: high",
+        "gates.accuracy.top1_min",
+        "expected a number in [0, 1], got 'high'",
+        id="wrong-type",
+    ),
+    pytest.param(
+        "gates.yaml",
+        "top1_min: 0.90",
+        "top1_min: 1.5",
+        "gates.accuracy.top1_min",
+        "expected a number in [0, 1], got 1.5",
+        id="fraction-out-of-range",
+    ),
+    pytest.param(
+        "profiles.yaml",
+        "decode_tokens: 32",
+        "decode_tokens: 0",
+        "profiles.cpu.measurement.decode_tokens",
+        "expected a positive integer, got 0",
+        id="non-positive-int",
+    ),
+    pytest.param(
+        "profiles.yaml",
+        "min_pairs: 4",
+        "min_pairs: 4.5",
+        "profiles.cpu.measurement.min_pairs",
+        "expected an integer >= 2, got 4.5",
+        id="float-for-int",
+    ),
+    pytest.param(
+        "gates.yaml",
+        "top1_min: 0.90",
+        "top1_mn: 0.90",
+        "gates.accuracy.top1_mn",
+        "unknown key (did you mean 'top1_min'?)",
+        id="unknown-key",
+    ),
+    pytest.param(
+        "tiers.yaml",
+        "  M: 0.06",
+        "  M: 0.03",
+        "tiers.lower_bounds.M",
+        "expected a bound above S's 0.035 (tiers rise strictly), got 0.03",
+        id="tiers-not-increasing",
+    ),
+    pytest.param(
+        "profiles.yaml",
+        "- {ctx: 16384, guarded: true, scored: true}",
+        "- {ctx: 512, guarded: true, scored: true}",
+        "profiles.gpu.contexts[3].ctx",
+        "got 512 again (first on line",
+        id="duplicate-context",
+    ),
+    pytest.param(
+        "models.yaml",
+        "sha256: 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32\n  gpu",
+        "sha256: 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff3Z\n  gpu",
+        "models.profiles.cpu[0].sha256",
+        "expected a sha256 (64 lowercase hex digits)",
+        id="bad-sha256",
+    ),
+    pytest.param(
+        "copycat.yaml",
+        "warn: 0.75",
+        "warn: 0.90",
+        "copycat.containment.warn",
+        "expected a number below containment.block (0.85), got 0.9",
+        id="copycat-bands-overlap",
+    ),
+    pytest.param(
+        "automerge.yaml",
+        "  - copycat-warn",
+        "  - copycat-wran",
+        "automerge.blocking_labels[5]",
+        "got 'copycat-wran' (did you mean 'copycat-warn'?)",
+        id="unknown-label-reference",
+    ),
+    pytest.param(
+        "labels.yaml",
+        "  XL: perf:XL",
+        "  XXL: perf:XL",
+        "labels.tiers.XXL",
+        "unknown key (did you mean 'XL'?)",
+        id="label-for-unknown-tier",
+    ),
+    pytest.param(
+        "automerge.yaml",
+        "min_tier: XS",
+        "min_tier: XXS",
+        "automerge.min_tier",
+        "expected a tier (one of: XS, S, M, L, XL), got 'XXS'",
+        id="unknown-tier-reference",
+    ),
+    pytest.param(
+        "labels.yaml",
+        "copycat_warn: copycat-warn",
+        "copycat_warn: copycat",
+        "labels.copycat_warn",
+        "already labels.copycat",
+        id="label-used-twice",
+    ),
+    pytest.param(
+        "automerge.yaml",
+        "enabled: false",
+        "enabled: 'no'",
+        "automerge.enabled",
+        "expected true or false, got 'no'",
+        id="quoted-boolean",
+    ),
+    pytest.param(
+        "models.yaml",
+        "  block: 7",
+        "  block: 7\n  block: 8",
+        "models.spec.block",
+        "duplicate key",
+        id="duplicate-key",
+    ),
+    pytest.param(
+        "policy.yaml",
+        "weight: 0.13",
+        "weight: 0.2",
+        "policy.areas",
+        "expected weights summing to 1, got 1.07",
+        id="area-weights",
+    ),
+    pytest.param(
+        "dispatch.yaml",
+        "mode: local",
+        "mode: remote",
+        "dispatch.mode",
+        "expected a dispatch mode (one of: local, actions), got 'remote'",
+        id="bad-choice",
+    ),
+    pytest.param(
+        "dispatch.yaml",
+        "runner_public_keys: []",
+        "runner_public_keys: [c2hvcnQ=]",
+        "dispatch.runner_public_keys[0]",
+        "expected an Ed25519 public key (base64 of 32 raw bytes), got 'c2hvcnQ='",
+        id="bad-public-key",
+    ),
+    pytest.param(
+        "models.yaml",
+        "  draft:\n    registry: qwen2.5-coder-0.5b",
+        "  draft:\n    shape: qwen2.5-coder-0.5b",
+        "models.spec.draft",
+        "expected a registry model with 'registry' and 'sha256', got a random-weight shape",
+        id="shape-as-spec-draft",
+    ),
+    pytest.param(
+        "models.yaml",
+        "  gpu:\n",
+        "  gpus:\n",
+        "models.profiles.gpus",
+        "unknown key (did you mean 'gpu'?); expected one of: gpu, cpu",
+        id="unknown-profile-reference",
+    ),
+]
+
+
+# Errors about a whole mapping point at its first key; a duplicate key's error at the second one.
+MALFORMED_AT = {
+    "area-weights": "  area:kernels:",
+    "duplicate-key": "  block: 8",
+    "shape-as-spec-draft": "    shape:",
+}
+
+
+@pytest.mark.parametrize("name, old, new, field, message", MALFORMED)
+def test_malformed_value_names_file_line_and_field(rules_dir, request, name, old, new, field, message):
+    line = edit(rules_dir, name, old, new)
+    at = MALFORMED_AT.get(request.node.callspec.id)
+    if at is not None:
+        lines = (rules_dir / name).read_text().splitlines()
+        line = next(i for i, text in enumerate(lines, 1) if text.startswith(at))
+    err = load_error(rules_dir)
+    assert Path(err.file) == rules_dir / name
+    assert (err.line, err.field) == (line, field)
+    assert message in err.message
+    assert str(err).startswith(f"{rules_dir / name}:{line}: {field}: ")
+
+
+def test_missing_key_points_at_its_mapping(rules_dir):
+    edit(rules_dir, "gates.yaml", "  mean_kl_max: 0.10   # mean KL(llama.cpp || ours), nats\n", "")
+    line = edit(rules_dir, "gates.yaml", "  top1_min", "  top1_min")
+    err = load_error(rules_dir)
+    assert (Path(err.file).name, err.line, err.field) == ("gates.yaml", line, "gates.accuracy.mean_kl_max")
+    assert err.message.startswith("missing; this mapping needs: top1_min, mean_kl_max")
+
+
+def test_yaml_syntax_error_reports_yamls_own_line(rules_dir):
+    line = edit(rules_dir, "copycat.yaml", "  limit: 3", "  limit: [3")
+    err = load_error(rules_dir)
+    assert (Path(err.file).name, err.field) == ("copycat.yaml", "copycat")
+    assert err.line is not None and err.line >= line  # the flow list is only found unclosed later
+    assert err.message.startswith("invalid YAML at column")
+
+    shutil.copy(default_rules_dir() / "copycat.yaml", rules_dir / "copycat.yaml")
+    line = edit(rules_dir, "copycat.yaml", "warnings_to_block: 3", "warnings_to_block: 3: 4")
+    err = load_error(rules_dir)
+    assert (err.line, err.field) == (line, "copycat")
+    assert "mapping values are not allowed here" in err.message
+
+
+@pytest.mark.parametrize(
+    "text, line, message",
+    [
+        ("", 1, "empty file; expected a mapping"),
+        ("# only a comment\n", 1, "empty file; expected a mapping"),
+        ("\n\n- 0.02\n- 0.035\n", 3, "expected a mapping, got a list"),
+        ("just text\n", 1, "expected a mapping, got 'just text'"),
+    ],
+    ids=["empty", "comment-only", "top-level-list", "top-level-scalar"],
+)
+def test_empty_or_non_mapping_file(rules_dir, text, line, message):
+    (rules_dir / "tiers.yaml").write_text(text)
+    err = load_error(rules_dir)
+    assert (Path(err.file).name, err.line, err.field, err.message) == ("tiers.yaml", line, "tiers", message)
+
+
+def test_missing_and_unknown_files(rules_dir):
+    (rules_dir / "models.yaml").unlink()
+    err = load_error(rules_dir)
+    assert (Path(err.file).name, err.line, err.message) == (
+        "models.yaml",
+        None,
+        "missing required rules file",
+    )
+    assert str(err) == f"{rules_dir / 'models.yaml'}: missing required rules file"
+
+    shutil.copy(default_rules_dir() / "models.yaml", rules_dir / "models.yaml")
+    (rules_dir / "model.yaml").write_text("{}\n")
+    err = load_error(rules_dir)
+    assert Path(err.file).name == "model.yaml"
+    assert "unknown rules file (did you mean 'models.yaml'?)" in err.message
+
+    with pytest.raises(RulesError, match="expected a directory"):
+        load_rules(rules_dir / "nowhere")
+
+
+def test_error_survives_pickling():
+    err = RulesError(
+        "rules/gates.yaml", 12, "gates.accuracy.top1_min", "expected a number in [0, 1], got 'high'"
+    )
+    assert str(err) == "rules/gates.yaml:12: gates.accuracy.top1_min: expected a number in [0, 1], got 'high'"
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.file, back.line, back.field, back.message, str(back)) == (
+        err.file,
+        err.line,
+        err.field,
+        err.message,
+        str(err),
+    )
+
+
+def test_every_shipped_file_is_known():
+    assert sorted(p.name for p in default_rules_dir().glob("*.yaml")) == sorted(FILES)
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+@pytest.mark.parametrize(
+    "gain, tier",
+    [
+        (-0.5, None),
+        (0.0, None),
+        (0.0199, None),
+        (0.02, "XS"),
+        (0.0349, "XS"),
+        (0.035, "S"),
+        (0.0599, "S"),
+        (0.06, "M"),
+        (0.1, "L"),
+        (0.1799, "L"),
+        (0.18, "XL"),
+        (3.0, "XL"),
+    ],
+)
+def test_tier_for_gain_boundaries(rules, gain, tier):
+    assert tier_for_gain(rules, gain) == tier
+
+
+@given(st.floats(-1, 1), st.floats(-1, 1))
+def test_tier_for_gain_is_monotone(rules, a, b):
+    order = [None, *(t.name for t in rules.tiers)]
+    lo, hi = sorted((a, b))
+    assert order.index(tier_for_gain(rules, lo)) <= order.index(tier_for_gain(rules, hi))
+
+
+@pytest.mark.parametrize(
+    "enabled, env, allowed",
+    [
+        (False, {}, False),
+        (False, {"EVALBOT_AUTOMERGE": "1"}, False),
+        (True, {}, False),
+        (True, {"EVALBOT_AUTOMERGE": "0"}, False),
+        (True, {"EVALBOT_AUTOMERGE": "true"}, False),
+        (True, {"EVALBOT_AUTOMERGE": ""}, False),
+        (True, {"EVALBOT_AUTOMERGE": "1"}, True),
+    ],
+)
+def test_automerge_needs_rules_and_env(rules, enabled, env, allowed):
+    r = replace(rules, automerge=replace(rules.automerge, enabled=enabled))
+    assert automerge_allowed(r, env) is allowed
