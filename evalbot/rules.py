@@ -93,7 +93,7 @@ class SpecGate:
     runs: int
     lossless_runs_min: int
     tau_min_ratio: float  # mean accepted tokens per verify step, head/main
-    acceptance_rate_min_ratio: float
+    ar_speed_min_ratio: float
 
 
 @dataclass(frozen=True)
@@ -592,7 +592,7 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
     m = f.mapping(root, "gates", ("no_regression", "accuracy", "spec"))
     nr = f.mapping(m["no_regression"], "gates.no_regression", ("min_ratio",))
     acc = f.mapping(m["accuracy"], "gates.accuracy", ("top1_min", "mean_kl_max"))
-    sp_keys = ("runs", "lossless_runs_min", "tau_min_ratio", "acceptance_rate_min_ratio")
+    sp_keys = ("runs", "lossless_runs_min", "tau_min_ratio", "ar_speed_min_ratio")
     sp = f.mapping(m["spec"], "gates.spec", sp_keys)
     runs = f.integer(sp["runs"], "gates.spec.runs")
     lossless = f.integer(sp["lossless_runs_min"], "gates.spec.lossless_runs_min")
@@ -612,8 +612,8 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
             runs=runs,
             lossless_runs_min=lossless,
             tau_min_ratio=f.ratio(sp["tau_min_ratio"], "gates.spec.tau_min_ratio"),
-            acceptance_rate_min_ratio=f.ratio(
-                sp["acceptance_rate_min_ratio"], "gates.spec.acceptance_rate_min_ratio"
+            ar_speed_min_ratio=f.ratio(
+                sp["ar_speed_min_ratio"], "gates.spec.ar_speed_min_ratio"
             ),
         ),
     )

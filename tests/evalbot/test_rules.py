@@ -63,7 +63,7 @@ def test_shipped_defaults(rules):
     assert g.no_regression.min_ratio == 0.98
     assert (g.accuracy.top1_min, g.accuracy.mean_kl_max) == (0.90, 0.10)
     assert (g.spec.lossless_runs_min, g.spec.runs) == (3, 3)
-    assert (g.spec.tau_min_ratio, g.spec.acceptance_rate_min_ratio) == (0.95, 0.98)
+    assert (g.spec.tau_min_ratio, g.spec.ar_speed_min_ratio) == (0.95, 0.98)
 
     gpu, cpu = rules.profile("gpu"), rules.profile("cpu")
     assert gpu.device == "cuda" and cpu.device == "cpu"

@@ -1,0 +1,3 @@
+from evalbot.cli import main
+
+main()

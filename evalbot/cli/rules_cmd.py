@@ -1,0 +1,26 @@
+"""`evalbot rules check [DIR]`: validate a rules directory and print its hash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from evalbot.cli.options import load_rules_or_exit
+
+
+@click.group()
+def rules() -> None:
+    """Inspect the YAML policy."""
+
+
+@rules.command()
+@click.argument("directory", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
+def check(directory: Path | None) -> None:
+    """Validate every rules file; errors name file:line and the field."""
+    r = load_rules_or_exit(directory)
+    tiers = ", ".join(f"{t.name} >= {t.lower_bound:.1%}" for t in r.tiers)
+    click.echo(f"OK: {r.source_dir} (rules_hash {r.rules_hash})")
+    click.echo(f"tiers: {tiers}; no-regression >= {r.gates.no_regression.min_ratio}x main")
+    for p in r.profiles:
+        click.echo(f"profile {p.name}: contexts {', '.join(str(c.ctx) for c in p.contexts)}")

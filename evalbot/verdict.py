@@ -1,0 +1,179 @@
+"""Gates and tiers -> Verdict. Pure: a function of Measurements and Rules, no I/O.
+
+Order of precedence: a skipped evaluation is SKIPPED; a failure that is not the head's own fault
+(the harness, the box, a toolchain, or main failing too) is INFRA_ERROR and never counts against the
+contributor; otherwise every gate is evaluated and any failure is a REJECT. Tiers come from the lower
+bound of the gain's 95% CI at the strongest scored context; a regression needs the CI's upper bound
+below the tolerance at a guarded context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from evalbot import stats
+from evalbot.model import (
+    AccuracyResult,
+    ContextEstimate,
+    Failure,
+    Gate,
+    Measurements,
+    Side,
+    SpecResult,
+    Status,
+    ThroughputPairs,
+    Verdict,
+)
+from evalbot.rules import Rules
+
+# head-side failures that are the environment's fault, not the contributor's
+INFRA_STAGES = frozenset({"toolchain", "gpu", "box", "sandbox", "harness", "network", "disk"})
+
+
+def decide(m: Measurements, rules: Rules) -> Verdict:
+    """The verdict for one evaluation."""
+    if m.skipped_reason:
+        return _verdict(rules, Status.SKIPPED, reasons=(m.skipped_reason,))
+    infra = [f for f in m.failures if _is_infra(f)]
+    if infra:
+        return _verdict(rules, Status.INFRA_ERROR, reasons=tuple(_describe(f) for f in infra),
+                        add=(rules.labels.infra_error,))
+    head_failures = [f for f in m.failures if f.side == Side.HEAD]
+    if head_failures:
+        return _verdict(rules, Status.REJECT, reasons=tuple(_describe(f) for f in head_failures),
+                        gates=tuple(Gate(f"head {f.stage}", None, "succeeds", False, f.message) for f in head_failures))
+    try:
+        estimates = tuple(_estimate(tp, rules) for tp in m.throughput)
+    except stats.StatsError as exc:
+        return _verdict(rules, Status.INFRA_ERROR, reasons=(f"not enough usable measurements: {exc}",),
+                        add=(rules.labels.infra_error,))
+    if not estimates:
+        return _verdict(rules, Status.INFRA_ERROR, reasons=("no throughput was measured",),
+                        add=(rules.labels.infra_error,))
+
+    gates = [*_throughput_gates(estimates, rules), *_accuracy_gates(m.accuracy, rules), *_spec_gates(m.spec, rules)]
+    failed = [g for g in gates if not g.passed]
+    scored = [e for e in estimates if e.scored and e.metric == "decode_tps"]
+    best = max(scored, key=lambda e: (_tier_rank(rules, e.tier), e.ci_low), default=None)
+    mde = max((e.mde for e in scored), default=None)
+    if failed:
+        add = []
+        if any(g.name == "no regression" for g in failed):
+            add.append(rules.labels.regression)
+        if any(g.name.startswith("accuracy") for g in failed):
+            add.append(rules.labels.accuracy_fail)
+        if any(g.name.startswith("spec") for g in failed):
+            add.append(rules.labels.spec_fail)
+        reasons = tuple(_failed_reason(g) for g in failed)
+        return _verdict(rules, Status.REJECT, gates=tuple(gates), reasons=reasons, add=tuple(add),
+                        estimates=estimates, best=best, mde=mde, keep_tier=False)
+    tier = best.tier if best else None
+    add = [rules.labels.verified]
+    if tier:
+        add.append(_tier_label(rules, tier))
+        reason = (f"{tier}: {best.ratio - 1:+.1%} at ctx {best.context} "  # type: ignore[union-attr]
+                  f"(95% CI {best.ci_low - 1:+.1%} to {best.ci_high - 1:+.1%}); every gate passed")
+    elif best is not None:
+        reason = (f"no tier: the gain's 95% CI lower bound is {best.ci_low - 1:+.1%} at best "
+                  f"(ctx {best.context}), below {rules.tiers[0].name}'s {rules.tiers[0].lower_bound:.1%}")
+    else:
+        reason = "no scored context"
+    return _verdict(rules, Status.PASS, gates=tuple(gates), reasons=(reason,), add=tuple(add), estimates=estimates,
+                    best=best if tier else None, mde=mde)
+
+
+def _is_infra(f: Failure) -> bool:
+    return f.side in (Side.BASE, Side.HARNESS) or f.stage in INFRA_STAGES
+
+
+def _describe(f: Failure) -> str:
+    who = {Side.BASE: "main", Side.HEAD: "the PR", Side.HARNESS: "the harness"}[f.side]
+    return f"{f.stage} failed on {who}: {f.message}"
+
+
+def _estimate(tp: ThroughputPairs, rules: Rules) -> ContextEstimate:
+    est = stats.estimate(tp.pairs)
+    cls = stats.classify(est, [(t.name, t.lower_bound) for t in rules.tiers], rules.gates.no_regression.min_ratio)
+    bases = sorted(b for b, _ in tp.pairs)
+    heads = sorted(h for _, h in tp.pairs)
+    return ContextEstimate(
+        model=tp.model, context=tp.context, metric=tp.metric, n=est.n,
+        base_median=_median(bases), head_median=_median(heads), ratio=est.ratio, ci_low=est.ci_low,
+        ci_high=est.ci_high, mde=est.mde, tier=cls.tier if tp.scored else None,
+        regression=cls.regression and tp.guarded, guarded=tp.guarded, scored=tp.scored,
+    )
+
+
+def _median(xs: list[float]) -> float:
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def _throughput_gates(estimates: Iterable[ContextEstimate], rules: Rules) -> list[Gate]:
+    bar = rules.gates.no_regression.min_ratio
+    return [
+        Gate("no regression", e.ci_high, f"CI upper bound >= {bar:.2f}x main", not e.regression,
+             f"{e.metric} {e.ratio:.3f}x [{e.ci_low:.3f}, {e.ci_high:.3f}]", e.context, e.model)
+        for e in estimates if e.guarded
+    ]
+
+
+def _accuracy_gates(results: Iterable[AccuracyResult], rules: Rules) -> list[Gate]:
+    g = rules.gates.accuracy
+    out = []
+    for a in results:
+        out.append(Gate("accuracy top-1", a.top1_agreement, f">= {g.top1_min:.2f} vs llama.cpp",
+                        a.top1_agreement >= g.top1_min, f"{a.positions} positions", model=a.model))
+        out.append(Gate("accuracy KL", a.kl_mean, f"mean KL <= {g.mean_kl_max:.2f}", a.kl_mean <= g.mean_kl_max,
+                        f"PPL ratio {a.ppl_ratio:.4f}", model=a.model))
+    return out
+
+
+def _spec_gates(results: Iterable[SpecResult], rules: Rules) -> list[Gate]:
+    g = rules.gates.spec
+    out = []
+    for s in results:
+        detail = "" if s.first_divergence is None else f"first divergence at token {s.first_divergence}"
+        out.append(Gate("spec lossless", float(s.lossless_runs), f">= {g.lossless_runs_min} of {s.runs} runs",
+                        s.lossless_runs >= g.lossless_runs_min, detail, model=s.target))
+        ratio = s.head_tau / s.base_tau if s.base_tau > 0 else 0.0
+        out.append(Gate("spec tau", ratio, f"tau >= {g.tau_min_ratio:.2f}x main", ratio >= g.tau_min_ratio,
+                        f"tau {s.head_tau:.2f} vs main {s.base_tau:.2f}", model=s.target))
+        if len(s.ar_pairs) >= 2:
+            est = stats.estimate(s.ar_pairs)
+            out.append(Gate("spec AR speed", est.ci_high, f"CI upper bound >= {g.ar_speed_min_ratio:.2f}x main",
+                            est.ci_high >= g.ar_speed_min_ratio, f"AR {est.ratio:.3f}x", model=s.target))
+    return out
+
+
+def _failed_reason(g: Gate) -> str:
+    where = f" at ctx {g.context}" if g.context is not None else ""
+    value = f"{g.value:.4g}" if g.value is not None else "n/a"
+    return f"{g.name}{where} failed: {value}, needs {g.bar}" + (f" ({g.detail})" if g.detail else "")
+
+
+def _tier_rank(rules: Rules, tier: str | None) -> int:
+    names = [t.name for t in rules.tiers]
+    return names.index(tier) + 1 if tier in names else 0
+
+
+def _tier_label(rules: Rules, tier: str) -> str:
+    return next(t.label for t in rules.tiers if t.name == tier)
+
+
+def verdict_labels(rules: Rules) -> frozenset[str]:
+    """The labels a verdict owns (tiers and outcome labels; area and intake labels belong to policy)."""
+    lab = rules.labels
+    return frozenset([*(t.label for t in rules.tiers), lab.verified, lab.regression, lab.infra_error,
+                      lab.accuracy_fail, lab.spec_fail])
+
+
+def _verdict(rules: Rules, status: Status, *, reasons: tuple[str, ...], gates: tuple[Gate, ...] = (),
+             add: tuple[str, ...] = (), estimates: tuple[ContextEstimate, ...] = (),
+             best: ContextEstimate | None = None, mde: float | None = None, keep_tier: bool = True) -> Verdict:
+    tier = best.tier if (best and keep_tier) else None
+    return Verdict(
+        status=status, tier=tier, scored_context=best.context if best else None, gates=gates, reasons=reasons,
+        labels_add=tuple(add), labels_remove=tuple(sorted(verdict_labels(rules) - set(add))), estimates=estimates,
+        rules_hash=rules.rules_hash, mde=mde,
+    )

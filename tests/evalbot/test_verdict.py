@@ -1,0 +1,125 @@
+"""verdict.decide: gates, tiers from the CI lower bound, INFRA_ERROR vs REJECT, labels as set differences."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from evalbot.model import AccuracyResult, Failure, Measurements, Provenance, Side, SpecResult, Status, ThroughputPairs
+from evalbot.rules import default_rules_dir, load_rules
+from evalbot.verdict import decide, verdict_labels
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules(default_rules_dir())
+
+
+PROV = Provenance("repo", "a" * 40, "b" * 40, "a" * 40, "0" * 64, "cpu")
+
+
+def pairs(ratio: float, n: int = 12, noise: float = 0.004, seed: int = 0) -> tuple[tuple[float, float], ...]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        drift = 100 * (1 + 0.01 * i)  # slow drift that the pairing cancels
+        out.append((drift * (1 + rng.gauss(0, noise)), drift * ratio * (1 + rng.gauss(0, noise))))
+    return tuple(out)
+
+
+def meas(*tps, accuracy=(), spec=(), failures=(), skipped=None) -> Measurements:
+    return Measurements(PROV, throughput=tps, accuracy=accuracy, spec=spec, failures=failures, skipped_reason=skipped)
+
+
+def tp(ctx: int, ratio: float, **kw) -> ThroughputPairs:
+    return ThroughputPairs("qwen2.5-coder-0.5b", ctx, "decode_tps", pairs(ratio, seed=ctx, **kw))
+
+
+GOOD_ACC = AccuracyResult("qwen2.5-coder-0.5b", 512, 0.99, 0.001, 1.0005)
+
+
+def test_clear_gain_gets_its_tier_and_verified(rules):
+    v = decide(meas(tp(128, 1.0), tp(512, 1.05), accuracy=(GOOD_ACC,)), rules)
+    assert v.status == Status.PASS and v.tier == "S" and v.scored_context == 512
+    assert set(v.labels_add) == {"verified", "perf:S"}
+    assert not set(v.labels_add) & set(v.labels_remove)
+    assert set(v.labels_add) | set(v.labels_remove) == verdict_labels(rules)
+    assert v.mde is not None and 0 < v.mde < 0.02
+    assert v.rules_hash == rules.rules_hash
+
+
+def test_a_ci_straddling_a_boundary_gets_the_lower_tier(rules):
+    # a 3.8% point estimate with noise wide enough that the lower bound sits under S's 3.5%
+    v = decide(meas(tp(512, 1.038, noise=0.01, n=8)), rules)
+    est = v.estimates[0]
+    assert est.ratio > 1.035 and est.ci_low < 1.035
+    assert v.tier == "XS"
+
+
+def test_noise_alone_earns_nothing(rules):
+    v = decide(meas(tp(128, 1.0), tp(512, 1.0)), rules)
+    assert v.status == Status.PASS and v.tier is None and "perf:XS" in v.labels_remove
+
+
+def test_a_guarded_regression_rejects_even_with_a_tier_elsewhere(rules):
+    v = decide(meas(tp(128, 0.95), tp(512, 1.05)), rules)
+    assert v.status == Status.REJECT and v.tier is None
+    assert "regression" in v.labels_add and "verified" in v.labels_remove
+    failing = [g for g in v.gates if not g.passed]
+    assert [g.context for g in failing] == [128]
+    assert any("-5" in r or "0.95" in r for r in v.reasons)  # the measured delta is shown, not "+0.0%"
+
+
+def test_a_small_noisy_dip_is_not_a_regression(rules):
+    v = decide(meas(tp(128, 0.99, noise=0.02, n=6)), rules)
+    assert v.status == Status.PASS
+
+
+def test_accuracy_failure_rejects(rules):
+    bad = AccuracyResult("qwen2.5-coder-0.5b", 512, 0.71, 0.34, 1.2)
+    v = decide(meas(tp(512, 1.05), accuracy=(bad,)), rules)
+    assert v.status == Status.REJECT and "accuracy-fail" in v.labels_add
+    assert {g.name for g in v.gates if not g.passed} == {"accuracy top-1", "accuracy KL"}
+
+
+def test_lossy_speculation_rejects(rules):
+    s = SpecResult("qwen2.5-coder-1.5b", "draft-model", 7, 3, 2, 17, 3.5, 3.6, pairs(1.0), pairs(1.3))
+    v = decide(meas(tp(512, 1.0), spec=(s,)), rules)
+    assert v.status == Status.REJECT and "spec-fail" in v.labels_add
+    assert any("first divergence at token 17" in r for r in v.reasons)
+
+
+def test_lower_acceptance_rejects(rules):
+    s = SpecResult("qwen2.5-coder-1.5b", "draft-model", 7, 3, 3, None, 3.5, 3.0, pairs(1.0), pairs(1.0))
+    v = decide(meas(tp(512, 1.0), spec=(s,)), rules)
+    assert [g.name for g in v.gates if not g.passed] == ["spec tau"]
+
+
+def test_main_failing_too_is_infra_not_the_contributor(rules):
+    f = (Failure(Side.BASE, "build", "pip failed"), Failure(Side.HEAD, "build", "pip failed"))
+    v = decide(meas(failures=f), rules)
+    assert v.status == Status.INFRA_ERROR and v.labels_add == ("infra-error",)
+    assert "regression" in v.labels_remove
+
+
+@pytest.mark.parametrize("stage", ["toolchain", "gpu", "sandbox"])
+def test_environment_failures_on_the_head_are_infra(rules, stage):
+    v = decide(meas(failures=(Failure(Side.HEAD, stage, "boom"),)), rules)
+    assert v.status == Status.INFRA_ERROR
+
+
+def test_head_build_failure_alone_rejects(rules):
+    v = decide(meas(failures=(Failure(Side.HEAD, "build", "SyntaxError in engine/model.py"),)), rules)
+    assert v.status == Status.REJECT and "SyntaxError" in v.reasons[0]
+
+
+def test_skipped(rules):
+    v = decide(meas(skipped="changes sensitive paths: rules/gates.yaml"), rules)
+    assert v.status == Status.SKIPPED and v.reasons == ("changes sensitive paths: rules/gates.yaml",)
+
+
+def test_too_few_pairs_is_infra(rules):
+    one = ThroughputPairs("m", 128, "decode_tps", ((1.0, 1.0),))
+    assert decide(meas(one), rules).status == Status.INFRA_ERROR
+    assert decide(meas(), rules).status == Status.INFRA_ERROR
