@@ -6,7 +6,16 @@ import random
 
 import pytest
 
-from evalbot.model import AccuracyResult, Failure, Measurements, Provenance, Side, SpecResult, Status, ThroughputPairs
+from evalbot.model import (
+    AccuracyResult,
+    Failure,
+    Measurements,
+    Provenance,
+    Side,
+    SpecResult,
+    Status,
+    ThroughputPairs,
+)
 from evalbot.rules import default_rules_dir, load_rules
 from evalbot.verdict import decide, verdict_labels
 

@@ -1,0 +1,353 @@
+"""The PR comment: one markdown report rendered from a Verdict and its Measurements (jinja2).
+
+Every string that a contributor can influence (title, branch, login, failure messages, log tails,
+reasons that quote them) reaches the markdown only through ``escape_md`` or ``fenced``, so a PR
+cannot inject markdown, HTML, mentions or issue cross-references into the bot's own comment.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import json
+import math
+import os
+import re
+import unicodedata
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from evalbot.model import ContextEstimate, Gate, Measurements, Status, Verdict, from_dict, to_dict
+from evalbot.stats import MDE_POWER
+
+MARKER = "<!-- evalbot:result -->"
+STATE_SCHEMA = 1
+
+# Base64 has no '-' or '>', so no value in the state can close the HTML comment early.
+_STATE_RE = re.compile(r"<!-- evalbot:state ([A-Za-z0-9+/=]*) -->")
+_TEMPLATES = Path(__file__).parent / "templates"
+
+# A comment may hold 65536 characters; these caps keep a pathological PR well inside that.
+_MAX_FAILURES = 8
+_LOG_LINES = 40
+_LOG_CHARS = 3000
+
+_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
+# Bidi overrides and isolates can make escaped text read as something else ("Trojan source").
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+# A zero-width space as an entity: it survives editors and diffs, and GitHub decodes it before it
+# looks for @mentions, #refs and bare URLs, which it then no longer finds.
+_ZWSP = "&#8203;"
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+# Inline markdown (emphasis, code, links, tables, strikethrough, math) and '#' (headings, refs).
+_BACKSLASHED = frozenset("\\`*_[]|~$#")
+_TOKEN_RE = re.compile(
+    r"(?P<scheme>(?i:https?|ftp)(?=://))|(?P<www>(?i:www)(?=\.))|(?P<gh>(?i:gh)(?=-\d))|(?P<ch>.)",
+    re.DOTALL,
+)
+# Block syntax that only counts at the start of a line: lists, thematic breaks, setext underlines.
+_LINE_START_RE = re.compile(r"^(?:[-+](?=[ \t]|$)|[-=][-= \t]*$|(\d{1,9})([.)])(?=[ \t]|$))")
+
+_STATUS_ICON = {
+    Status.PASS: "✅",
+    Status.REJECT: "❌",
+    Status.INFRA_ERROR: "⚠️",
+    Status.SKIPPED: "⏭️",
+}
+_METRIC_NAMES = {"decode_tps": "decode tok/s", "prefill_tps": "prefill tok/s"}
+
+
+# --- escaping ------------------------------------------------------------------------------------
+
+
+def _visible(text: str, keep: str = "") -> str:
+    """Text without ANSI colour codes, bidi controls and control characters (other than those in keep)."""
+    text = _ANSI_RE.sub("", text)
+    return "".join(ch for ch in text if ch in keep or (ch not in _BIDI and unicodedata.category(ch) != "Cc"))
+
+
+def escape_md(text: Any, limit: int | None = None) -> str:
+    """Untrusted text as one inert line of GitHub markdown: no markup, HTML, mentions, refs or autolinks.
+
+    Whitespace (newlines too) collapses to single spaces; past `limit` characters the text is cut with "…".
+    """
+    if text is None:
+        return "—"
+    flat = " ".join(_visible(" ".join(str(text).split())).split())
+    if limit is not None and len(flat) > limit:
+        flat = flat[: max(limit - 1, 0)].rstrip() + "…"
+    out = []
+    for m in _TOKEN_RE.finditer(flat):
+        if m.group("scheme") or m.group("www") or m.group("gh"):
+            out.append(m.group(0) + _ZWSP)  # "https&#8203;://", "www&#8203;.", "GH&#8203;-1"
+            continue
+        ch = m.group("ch")
+        if ch in _ENTITIES:
+            out.append(_ENTITIES[ch])
+        elif ch in _BACKSLASHED:
+            out.append("\\" + ch)
+        elif ch == "@":
+            out.append("@" + _ZWSP)
+        else:
+            out.append(ch)
+        if ch == "#" and flat[m.end() : m.end() + 1].isdigit():
+            out.append(_ZWSP)  # "#12" would link, and cross-reference, issue 12
+    escaped = "".join(out)
+    # Only the first character can start a line: a table cell or a mid-line field never does.
+    return _LINE_START_RE.sub(
+        lambda m: f"{m.group(1)}\\{m.group(2)}" if m.group(1) else "\\" + m.group(0), escaped
+    )
+
+
+def fenced(text: str, info: str = "text", max_lines: int | None = None, max_chars: int | None = None) -> str:
+    """A fenced code block holding text verbatim; the fence is longer than any backtick run inside."""
+    body = _visible(str(text).replace("\r\n", "\n").replace("\r", "\n"), keep="\n\t").strip("\n")
+    lines = body.split("\n")
+    omitted = 0
+    if max_lines is not None and len(lines) > max_lines:
+        omitted, lines = len(lines) - max_lines, lines[-max_lines:]
+    if max_chars is not None:
+        while len(lines) > 1 and sum(len(line) + 1 for line in lines) > max_chars:
+            omitted, lines = omitted + 1, lines[1:]
+        if len(lines[0]) > max_chars:
+            lines[0] = "…" + lines[0][-max_chars:]
+    if omitted:
+        lines.insert(0, f"[… {omitted} earlier line{'s' if omitted != 1 else ''} omitted]")
+    body = "\n".join(lines)
+    longest = max((len(run) for run in re.findall(r"`+", body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{info}\n{body}\n{fence}"
+
+
+# --- numbers -------------------------------------------------------------------------------------
+
+
+def _pct_digits(*fractions: float) -> int:
+    # One decimal place hides sub-percent effects ("+0.0%"); show two while every value is below 1%.
+    return 2 if all(abs(f) * 100 < 0.95 for f in fractions) else 1
+
+
+def _pct(fraction: float, digits: int | None = None) -> str:
+    """A signed percentage from a fraction: 0.047 -> "+4.7%"."""
+    if not math.isfinite(fraction):
+        return "n/a"
+    text = f"{fraction * 100:+.{_pct_digits(fraction) if digits is None else digits}f}%"
+    return text[1:] if text.strip("+-0.%") == "" else text  # no sign on an exact zero
+
+
+def _delta(ratio: float) -> str:
+    return _pct(ratio - 1.0)
+
+
+def _ratio(ratio: float) -> str:
+    return f"{ratio:.3f}×" if math.isfinite(ratio) else "n/a"
+
+
+def _ci(low: float, high: float) -> str:
+    digits = _pct_digits(low - 1.0, high - 1.0)
+    return f"[{_pct(low - 1.0, digits)}, {_pct(high - 1.0, digits)}]"
+
+
+def _share(fraction: float) -> str:
+    """An unsigned percentage, e.g. an MDE: 0.024 -> "2.4%"."""
+    return f"{fraction * 100:.{_pct_digits(fraction)}f}%" if math.isfinite(fraction) else "n/a"
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if not math.isfinite(value):
+        return "n/a"
+    if value == int(value) and abs(value) < 1e6:
+        return str(int(value))
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude >= 100:
+        return f"{value:.1f}"
+    if magnitude >= 10:
+        return f"{value:.2f}"
+    if magnitude >= 0.01:
+        return f"{value:.3f}"
+    return f"{value:.2g}"
+
+
+def _sha(value: str, length: int = 12) -> str:
+    # Hex is shown as code; anything else is not what we expect, so it is treated as untrusted text.
+    if re.fullmatch(r"[0-9a-fA-F]{7,64}", value or ""):
+        return f"`{value[:length]}`"
+    return escape_md(value or None, 80)
+
+
+def _geomean_ratio(pairs: Iterable[tuple[float, float]]) -> float | None:
+    logs = [math.log(h / b) for b, h in pairs if b > 0 and h > 0 and math.isfinite(b) and math.isfinite(h)]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+# --- state ---------------------------------------------------------------------------------------
+
+
+def comment_state(verdict: Verdict, measurements: Measurements, *, signature_status: str) -> dict[str, Any]:
+    """The JSON state embedded in the comment: which revisions were judged, and the verdict."""
+    p = measurements.provenance
+    return {
+        "schema": STATE_SCHEMA,
+        "repo": p.repo,
+        "pr": p.pr,
+        "base_sha": p.base_sha,
+        "head_sha": p.head_sha,
+        "harness_sha": p.harness_sha,
+        "rules_hash": p.rules_hash,
+        "signature_status": signature_status,
+        "verdict": to_dict(verdict),
+    }
+
+
+def _encode_state(state: dict[str, Any]) -> str:
+    data = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return base64.b64encode(data.encode()).decode("ascii")
+
+
+def find_state(comment_body: str) -> dict[str, Any] | None:
+    """The state embedded by render_comment, or None if absent or unreadable.
+
+    Anyone can write this marker in their own comment: only trust it in a comment the bot authored.
+    """
+    match = _STATE_RE.search(comment_body or "")
+    if match is None:
+        return None
+    try:
+        state = json.loads(base64.b64decode(match.group(1), validate=True).decode("utf-8"))
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    # Markdown, not HTML: autoescape would mangle it. Untrusted fields go through the md filter instead.
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_TEMPLATES),
+        autoescape=False,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(
+        md=escape_md,
+        fenced=fenced,
+        pct=_pct,
+        delta=_delta,
+        ratio=_ratio,
+        share=_share,
+        num=_num,
+        sha=_sha,
+        metric=lambda name: _METRIC_NAMES.get(name) or escape_md(name),
+    )
+    env.globals["ci"] = _ci
+    return env
+
+
+def _gates_at(gates: Iterable[Gate], model: str, context: int | None) -> list[Gate]:
+    return [g for g in gates if g.context == context and g.model in (None, model)]
+
+
+def _headline(verdict: Verdict) -> ContextEstimate | None:
+    """The estimate the summary row shows: the worst regression on a REJECT, else the scored context."""
+    estimates = verdict.estimates
+    if not estimates:
+        return None
+    regressions = [e for e in estimates if e.regression]
+    if verdict.status is Status.REJECT and regressions:
+        return min(regressions, key=lambda e: e.ci_high)
+    for e in estimates:
+        if e.context == verdict.scored_context and e.scored:
+            return e
+    return max((e for e in estimates if e.scored), key=lambda e: e.ci_low, default=estimates[0])
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(i for i in items if i))
+
+
+def _context(verdict: Verdict, measurements: Measurements, signature_status: str) -> dict[str, Any]:
+    gates = verdict.gates
+    rows = []
+    for e in verdict.estimates:
+        failing = [g for g in _gates_at(gates, e.model, e.context) if not g.passed]
+        rows.append({"e": e, "failing": failing})
+    accuracy = [
+        {"a": a, "gates": [g for g in gates if g.name.startswith("accuracy") and g.model in (None, a.model)]}
+        for a in measurements.accuracy
+    ]
+    spec = [
+        {
+            "s": s,
+            "gates": [g for g in gates if g.name.startswith("spec") and g.model in (None, s.target)],
+            "ar_ratio": _geomean_ratio(s.ar_pairs),
+            "spec_ratio": _geomean_ratio(s.spec_pairs),
+        }
+        for s in measurements.spec
+    ]
+    scored_mdes = [e.mde for e in verdict.estimates if e.scored]
+    mde = verdict.mde if verdict.mde is not None else max(scored_mdes, default=None)
+    reasons = _unique([*verdict.reasons, measurements.skipped_reason or ""])
+    return {
+        "marker": MARKER,
+        "state": _encode_state(comment_state(verdict, measurements, signature_status=signature_status)),
+        "v": verdict,
+        "m": measurements,
+        "p": measurements.provenance,
+        "status": verdict.status.value,
+        "icon": _STATUS_ICON[verdict.status],
+        "headline": _headline(verdict),
+        "reasons": reasons,
+        "rows": rows,
+        "failed_gates": [g for g in gates if not g.passed],
+        "accuracy": accuracy,
+        "spec": spec,
+        "failures": measurements.failures[:_MAX_FAILURES],
+        "failures_omitted": max(len(measurements.failures) - _MAX_FAILURES, 0),
+        "log_lines": _LOG_LINES,
+        "log_chars": _LOG_CHARS,
+        "mde": mde,
+        "mde_power": MDE_POWER,
+        "signature_status": signature_status,
+    }
+
+
+def render_comment(verdict: Verdict, measurements: Measurements, *, signature_status: str) -> str:
+    """The PR comment (markdown) for one evaluation, with the hidden marker and embedded state."""
+    template = _environment().get_template("comment.md.j2")
+    return template.render(_context(verdict, measurements, signature_status))
+
+
+def render_verdict_file(path: str | os.PathLike[str]) -> str:
+    """The comment for a result.json ({"measurements", "verdict", "signature_status"?}), for previews."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or "measurements" not in data or "verdict" not in data:
+        raise ValueError(f"{path}: expected an object with 'measurements' and 'verdict'")
+    return render_comment(
+        from_dict(Verdict, data["verdict"]),
+        from_dict(Measurements, data["measurements"]),
+        signature_status=str(data.get("signature_status", "unsigned")),
+    )
+
+
+__all__ = [
+    "MARKER",
+    "comment_state",
+    "escape_md",
+    "fenced",
+    "find_state",
+    "render_comment",
+    "render_verdict_file",
+]

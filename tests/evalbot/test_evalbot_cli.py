@@ -1,0 +1,66 @@
+"""The maintainers' CLI through click's CliRunner: rules check, stats, receipt sign/verify."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+from click.testing import CliRunner
+
+from evalbot.cli import main
+from evalbot.rules import default_rules_dir
+
+
+def test_rules_check_default_and_malformed(tmp_path):
+    r = CliRunner().invoke(main, ["rules", "check"])
+    assert r.exit_code == 0 and "rules_hash" in r.output
+    bad = tmp_path / "rules"
+    shutil.copytree(default_rules_dir(), bad)
+    text = (bad / "gates.yaml").read_text().replace("top1_min: 0.90", "top1_min: high")
+    (bad / "gates.yaml").write_text(text)
+    r = CliRunner().invoke(main, ["rules", "check", str(bad)])
+    assert r.exit_code != 0 and "gates.yaml:" in r.output and "gates.accuracy.top1_min" in r.output
+
+
+def test_stats_text_and_json(tmp_path):
+    rng = random.Random(0)
+    rows = ["base\thead"] + [f"{100 + i:.3f}\t{(100 + i) * 1.05 * (1 + rng.gauss(0, 0.003)):.3f}" for i in range(12)]
+    f = tmp_path / "pairs.tsv"
+    f.write_text("\n".join(rows) + "\n")
+    r = CliRunner().invoke(main, ["stats", "--pairs", str(f), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["n"] == 12 and 1.04 < out["ratio"] < 1.06 and out["tier"] == "S" and out["mde"] > 0
+    r = CliRunner().invoke(main, ["stats", "--pairs", str(f)])
+    assert "tier       S" in r.output and "MDE" in r.output
+    f.write_text("base,head\n1,2\n3,fast\n")
+    r = CliRunner().invoke(main, ["stats", "--pairs", str(f)])
+    assert r.exit_code != 0 and "line 3" in r.output
+
+
+def test_receipt_keygen_sign_verify_and_tamper(tmp_path):
+    runner = CliRunner()
+    priv, pub = tmp_path / "k.pem", tmp_path / "k.pub"
+    assert runner.invoke(main, ["receipt", "keygen", str(priv), str(pub)]).exit_code == 0
+    body = tmp_path / "body.json"
+    body.write_text(json.dumps({"schema": "evalbot.receipt/1", "pr": 7, "verdict": {"status": "PASS"}}))
+    signed = tmp_path / "receipt.json"
+    r = runner.invoke(main, ["receipt", "sign", str(body), "--key", str(priv), "--out", str(signed)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(main, ["receipt", "verify", str(signed), "--key", str(pub)])
+    assert r.exit_code == 0 and "OK" in r.output
+    data = json.loads(signed.read_text())
+    data["body"]["verdict"]["status"] = "REJECT"
+    signed.write_text(json.dumps(data))
+    r = runner.invoke(main, ["receipt", "verify", str(signed), "--key", str(pub)])
+    assert r.exit_code == 1 and "FAILED" in r.output
+
+
+def test_receipt_without_a_key_is_explicitly_unsigned(tmp_path, monkeypatch):
+    monkeypatch.delenv("EVALBOT_SIGNING_KEY", raising=False)
+    body = tmp_path / "body.json"
+    body.write_text(json.dumps({"pr": 1}))
+    r = CliRunner().invoke(main, ["receipt", "sign", str(body), "--out", str(tmp_path / "r.json")])
+    assert r.exit_code == 0 and "unsigned" in r.output
+    assert json.loads((tmp_path / "r.json").read_text())["signature"] is None
