@@ -132,3 +132,23 @@ def test_too_few_pairs_is_infra(rules):
     one = ThroughputPairs("m", 128, "decode_tps", ((1.0, 1.0),))
     assert decide(meas(one), rules).status == Status.INFRA_ERROR
     assert decide(meas(), rules).status == Status.INFRA_ERROR
+
+
+@pytest.mark.parametrize("case", ["regression", "accuracy", "infra", "pass"])
+def test_decided_verdicts_render(rules, case):
+    from evalbot.render import MARKER, find_state, render_comment
+
+    m = {
+        "regression": meas(tp(128, 0.95), tp(512, 1.05)),
+        "accuracy": meas(tp(512, 1.05), accuracy=(AccuracyResult("m", 512, 0.71, 0.34, 1.2),)),
+        "infra": meas(failures=(Failure(Side.BASE, "build", "pip: `resolver` </details> @here"),)),
+        "pass": meas(tp(128, 1.0), tp(512, 1.05), accuracy=(GOOD_ACC,)),
+    }[case]
+    v = decide(m, rules)
+    text = render_comment(v, m, signature_status="unsigned")
+    assert text.startswith(MARKER) and "unsigned" in text
+    assert find_state(text)["verdict"]["status"] == v.status.value
+    assert "+0.0%" not in text
+    assert "@here" not in text  # mentions are neutralized
+    if case == "regression":
+        assert "REJECT" in text and ("-4." in text or "-5." in text)
