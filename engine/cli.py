@@ -126,7 +126,8 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
         g = torch.Generator().manual_seed(args.seed)
         prompt = torch.randint(0, lm.cfg.vocab_size, (args.ctx,), generator=g).tolist()
     else:
-        prompt = tokens_of_length(lm.tokenizer, args.ctx)
+        text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else None
+        prompt = tokens_of_length(lm.tokenizer, args.ctx, text)
     for block in lm.transformer.blocks:
         block.decode_splits = args.num_splits
     compiled = lm.device.type == "cuda" if args.compile is None else args.compile
@@ -142,7 +143,7 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
         decode.append(args.gen / d)
         print(f"run {r + 1}/{args.runs}: prefill {prefill[-1]:.1f} tok/s, decode {decode[-1]:.2f} tok/s", file=sys.stderr)
     config = _config(lm, session, ctx=args.ctx, gen=args.gen, runs=args.runs, warmup=args.warmup, compile=compiled,
-                     prompt="random ids" if lm.tokenizer is None else "engine/data/corpus.txt tiled")
+                     prompt="random ids" if lm.tokenizer is None else args.prompt_file or "engine/data/corpus.txt tiled")
     return _record(
         "bench", lm, config,
         timings={"prefill_s": sum(args.ctx / x for x in prefill), "decode_s": sum(args.gen / x for x in decode)},
@@ -268,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--random-weights", action="store_true", help="time a real shape with random weights (no file)")
     b.add_argument("--shape", choices=sorted(SHAPES), help="the shape for --random-weights")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--prompt-file", help="prompt text, cut or tiled to --ctx tokens (default: the bundled corpus)")
     b.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="decode eagerly on CUDA")
     b.add_argument("--num-splits", type=int, default=None, help="pin the flash-decode KV split count (A/B only)")
     b.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
