@@ -64,3 +64,21 @@ def test_receipt_without_a_key_is_explicitly_unsigned(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["receipt", "sign", str(body), "--out", str(tmp_path / "r.json")])
     assert r.exit_code == 0 and "unsigned" in r.output
     assert json.loads((tmp_path / "r.json").read_text())["signature"] is None
+
+
+def test_render_preview(tmp_path):
+    from evalbot.model import Measurements, Provenance, ThroughputPairs, to_dict
+    from evalbot.rules import load_rules
+    from evalbot.verdict import decide
+
+    rng = random.Random(1)
+    pairs = tuple((100.0 + i, (100.0 + i) * 1.05 * (1 + rng.gauss(0, 0.003))) for i in range(10))
+    m = Measurements(Provenance("r", "a" * 40, "b" * 40, "a" * 40, "0" * 64, "cpu", title="Faster @team"),
+                     throughput=(ThroughputPairs("m", 512, "decode_tps", pairs),))
+    v = decide(m, load_rules(default_rules_dir()))
+    f = tmp_path / "result.json"
+    f.write_text(json.dumps({"measurements": to_dict(m), "verdict": to_dict(v)}))
+    r = CliRunner().invoke(main, ["render", "--verdict", str(f)])
+    assert r.exit_code == 0 and "PASS" in r.output and "unsigned" in r.output and "@team" not in r.output
+    f.write_text("{not json")
+    assert CliRunner().invoke(main, ["render", "--verdict", str(f)]).exit_code != 0
