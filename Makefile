@@ -13,7 +13,16 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(NPROC)
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test setup setup-dev models lint clean
+.PHONY: demo test setup setup-dev models lint clean sandbox
+
+# bubblewrap is the sandbox untrusted engine code runs in; without it `evalbot evaluate` refuses to run PR code
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  echo "installing bubblewrap"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
+	  $$SUDO apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q bubblewrap >/dev/null; } || \
+	  echo "warning: could not install bubblewrap; sandboxed tests will skip and evaluate will refuse PR code"; }
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,16 +38,24 @@ $(VENV)/.setup-dev: $(VENV)/.setup-base pyproject.toml
 	$(PIP) install -e '.[engine,bot,reference,dev]'
 	touch $@
 
-setup: $(VENV)/.setup-base
-setup-dev: $(VENV)/.setup-dev
+setup: $(VENV)/.setup-base sandbox
+setup-dev: $(VENV)/.setup-dev sandbox
 
 models: setup
 	$(BIN)/python -m engine.models fetch $(DEMO_MODEL)
 
-demo: setup models
-	$(BIN)/python -m engine generate --model $(DEMO_MODEL) --chat --max-new 64 \
+# The main job on the embedded default: CPU, the real 0.5B model, a local git repository, no GitHub
+# token. The bot builds main and a contributor's branch from source, runs them sandboxed and
+# interleaved, gates accuracy against llama.cpp, and writes the PR comment, result and receipt.
+DEMO_DIR ?= .demo
+demo: setup-dev models
+	$(BIN)/python -m engine generate --model $(DEMO_MODEL) --chat --max-new 48 \
 	  --prompt "Write a Python function that checks whether a string is a palindrome."
-	$(BIN)/python -m engine bench --model $(DEMO_MODEL) --ctx 128 --gen 16
+	bash scripts/make_demo_repo.sh $(DEMO_DIR)/repo
+	@status=0; $(BIN)/evalbot evaluate --repo $(DEMO_DIR)/repo --base main --head demo-head --profile cpu \
+	  --no-spec --max-pairs 4 --out $(DEMO_DIR)/out || status=$$?; \
+	  echo; cat $(DEMO_DIR)/out/report.md; echo; echo "evalbot evaluate exit status: $$status (0 PASS, 1 REJECT, 3 INFRA_ERROR, 4 SKIPPED)"; \
+	  test $$status -ne 3 -a -f $(DEMO_DIR)/out/report.md
 
 lint: setup-dev
 	$(BIN)/ruff check .
@@ -51,4 +68,4 @@ test: setup-dev
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache $(DEMO_DIR)

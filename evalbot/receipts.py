@@ -141,7 +141,7 @@ def _require(name: str, value: Any, types: type | tuple[type, ...], what: str) -
 
 def build_receipt(
     *,
-    pr: int,
+    pr: int | None,
     head_sha: str,
     base_sha: str,
     harness_sha: str,
@@ -159,8 +159,9 @@ def build_receipt(
 
     model_sha256s maps a model's role or name to its sha256; timestamps must be timezone-aware and are stored in UTC.
     """
-    if isinstance(pr, bool) or not isinstance(pr, int) or pr <= 0:
-        raise ReceiptError(f"pr must be a positive int, got {pr!r}")
+    # None: an offline evaluation of two revisions, not tied to a pull request
+    if pr is not None and (isinstance(pr, bool) or not isinstance(pr, int) or pr <= 0):
+        raise ReceiptError(f"pr must be a positive int or None, got {pr!r}")
     for name, sha in (("head_sha", head_sha), ("base_sha", base_sha), ("harness_sha", harness_sha)):
         _check_hex(name, sha, _GIT_SHA, "a 40-character git sha")
     _check_hex("rules_hash", rules_hash, _SHA256, "a 64-character sha256")

@@ -1,0 +1,90 @@
+"""`evalbot evaluate`: the main job, offline. Writes report.md, result.json and receipt.json into --out.
+
+Exit status: 0 PASS, 1 REJECT, 3 INFRA_ERROR, 4 SKIPPED.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from evalbot import receipts, render, verdict
+from evalbot.cli.options import load_rules_or_exit, rules_option
+from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
+from evalbot.evaluate import runner
+from evalbot.model import Status, to_dict
+
+EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED: 4}
+
+
+def _logger(as_json: bool):  # noqa: ANN202
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        return lambda msg: console.log(msg)
+    return lambda msg: print(f"evalbot: {msg}", file=sys.stderr, flush=True)
+
+
+@click.command()
+@click.option("--repo", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="a local git repository (or clone) holding both revisions")
+@click.option("--base", required=True, help="the trusted revision (main)")
+@click.option("--head", required=True, help="the revision under test")
+@rules_option
+@click.option("--profile", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("evalbot-out"), show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print result.json on stdout")
+@click.option("--no-sandbox", is_flag=True, help="run engine code without bubblewrap (only for code you trust)")
+@click.option("--seed", type=int, default=None, help="prompt draw seed (default: a fresh random one)")
+@click.option("--spec/--no-spec", default=True, help="run the speculative-decoding gates")
+@click.option("--accuracy/--no-accuracy", default=True, help="run the llama.cpp accuracy gates")
+@click.option("--max-pairs", type=int, default=None, help="cap A/B pairs per context (default: the profile's)")
+@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="worktrees, venvs and build logs (default: ~/.cache/evalbot/work)")
+@click.option("--key", "key_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help=f"Ed25519 private key for the receipt (default: ${SIGNING_KEY_ENV}; none: 'unsigned')")
+def evaluate(repo: Path, base: str, head: str, rules_dir: Path | None, profile: str, out: Path, as_json: bool,
+             no_sandbox: bool, seed: int | None, spec: bool, accuracy: bool, max_pairs: int | None,
+             work_dir: Path | None, key_path: Path | None) -> None:
+    """Build base and head, measure them interleaved on this box, gate against llama.cpp, and judge."""
+    rules = load_rules_or_exit(rules_dir)
+    raw_key = key_path.read_bytes() if key_path else (os.environ.get(SIGNING_KEY_ENV) or "").encode() or None
+    try:
+        key = receipts.load_private_key(raw_key) if raw_key else None
+    except receipts.ReceiptError as exc:
+        raise click.ClickException(f"signing key: {exc}") from exc
+    work = work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work"
+    cfg = runner.EvalConfig(repo=repo.resolve(), base=base, head=head, rules=rules, profile=profile, work_root=work,
+                            no_sandbox=no_sandbox, seed=seed, spec=spec, accuracy=accuracy, max_pairs=max_pairs)
+    m = runner.evaluate(cfg, _logger(as_json))
+    v = verdict.decide(m, rules)
+    receipt = _receipt(m, v, key)
+    status = receipts.signature_status(receipt)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"measurements": to_dict(m), "verdict": to_dict(v), "signature_status": status}
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+    (out / "report.md").write_text(render.render_comment(v, m, signature_status=status))
+    receipts.dump(receipt, out / "receipt.json")
+    click.echo(f"{v.status.value}{' ' + v.tier if v.tier else ''}: {'; '.join(v.reasons)[:400]}", err=True)
+    click.echo(f"wrote {out / 'report.md'}, {out / 'result.json'}, {out / 'receipt.json'} ({status})", err=True)
+    if as_json:
+        click.echo(json.dumps(result))
+    sys.exit(EXIT[v.status])
+
+
+def _receipt(m, v, key):  # noqa: ANN001, ANN202
+    p = m.provenance
+    try:
+        body = receipts.build_receipt(
+            pr=p.pr, head_sha=p.head_sha, base_sha=p.base_sha, harness_sha=p.harness_sha, rules_hash=p.rules_hash,
+            model_sha256s=p.model_sha256s, engine_build=p.engine_build, box=p.box, measurements=to_dict(m),
+            verdict=to_dict(v), started_at=p.started_at, finished_at=p.finished_at)
+    except receipts.ReceiptError as exc:
+        # an evaluation that stopped early (git failure, skipped) lacks fields a receipt pins; record why
+        body = {"schema": receipts.SCHEMA, "incomplete": str(exc), "measurements": to_dict(m), "verdict": to_dict(v)}
+    return receipts.sign(body, key) if key else receipts.unsigned(body)

@@ -1,0 +1,1 @@
+"""Evaluation: worktrees, builds, the sandbox, the A/B runner; returns Measurements, never a verdict."""

@@ -1,0 +1,365 @@
+"""The main job: build base and head from source, run them sandboxed and interleaved, return Measurements.
+
+Trust: the harness (this bot, the rules, the prompt corpus, the reference) comes from the trusted
+side; a head touching a sensitive path is SKIPPED before anything of it runs. Engine processes are
+fresh for every run, alternate base/head (ABBA, so in-pair drift cancels too), run under bubblewrap
+with a scrubbed environment, and their JSON is validated before a number is believed. Who failed
+decides the outcome class: the head alone (REJECT) or the base/box too (INFRA_ERROR).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evalbot import stats
+from evalbot.evaluate import builds, prompts, sandbox, schema
+from evalbot.model import (
+    AccuracyResult,
+    Failure,
+    Measurements,
+    Provenance,
+    Side,
+    SpecResult,
+    ThroughputPairs,
+)
+from evalbot.rules import Profile, Rules
+
+Log = Callable[[str], None]
+
+
+class SideFailed(Exception):
+    """One engine run failed; carries the Failure to record."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What to evaluate and how (everything the CLI parsed)."""
+
+    repo: Path
+    base: str
+    head: str
+    rules: Rules
+    profile: str
+    work_root: Path
+    no_sandbox: bool = False
+    seed: int | None = None
+    spec: bool = True
+    accuracy: bool = True
+    max_pairs: int | None = None  # overrides the profile's, e.g. for a quick demo
+    positions: int = 128
+    pr: int | None = None
+    title: str = ""
+    author: str = ""
+    branch: str = ""
+    python: str = sys.executable
+
+
+@dataclass
+class _Side:
+    side: Side
+    worktree: builds.Worktree
+    build: builds.BuildResult
+
+
+@dataclass
+class _Ctx:
+    cfg: EvalConfig
+    log: Log
+    scratch: Path
+    ro_binds: list[Path] = field(default_factory=list)
+    sides: dict[Side, _Side] = field(default_factory=dict)
+    profile_device: str = "cpu"
+
+
+def sensitive_changes(paths: list[str], sensitive: tuple[str, ...]) -> list[str]:
+    """The changed paths that fall under a sensitive entry (a trailing '/' covers a folder)."""
+    hits = []
+    for p in paths:
+        for s in sensitive:
+            if (s.endswith("/") and p.startswith(s)) or p == s:
+                hits.append(p)
+                break
+    return hits
+
+
+def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
+    """Run the whole evaluation; every failure ends up in Measurements.failures, never as an exception."""
+    started = _now()
+    profile = cfg.rules.profile(cfg.profile)
+    seed = cfg.seed if cfg.seed is not None else prompts.fresh_seed()
+    corpus = prompts.default_corpus_dir()
+    prov = Provenance(repo=str(cfg.repo), base_sha="", head_sha="", harness_sha="", rules_hash=cfg.rules.rules_hash,
+                      profile=cfg.profile, prompt_seed=seed, corpus_sha256=prompts.corpus_sha256(corpus),
+                      started_at=started, pr=cfg.pr, title=cfg.title, author=cfg.author, branch=cfg.branch,
+                      box=box_identity())
+    reproduce = (f"evalbot evaluate --repo {cfg.repo} --base {cfg.base} --head {cfg.head} --profile {cfg.profile} "
+                 f"--seed {seed}" + ("" if cfg.spec else " --no-spec") +
+                 (f" --max-pairs {cfg.max_pairs}" if cfg.max_pairs else ""))
+
+    def done(**kw: Any) -> Measurements:
+        p = _replace(prov, finished_at=_now(), **kw.pop("prov", {}))
+        return Measurements(provenance=p, reproduce=reproduce, **kw)
+
+    cfg.work_root.mkdir(parents=True, exist_ok=True)
+    try:
+        base_wt = builds.prepare_worktree(cfg.repo, cfg.base, cfg.work_root / "worktrees")
+        head_wt = builds.prepare_worktree(cfg.repo, cfg.head, cfg.work_root / "worktrees")
+    except builds.BuildError as exc:
+        return done(failures=(Failure(Side.HARNESS, "git", str(exc)),))
+    shas = {"base_sha": base_wt.sha, "head_sha": head_wt.sha, "harness_sha": base_wt.sha}
+    hits = sensitive_changes(builds.changed_paths(cfg.repo, base_wt.sha, head_wt.sha), cfg.rules.policy.sensitive_paths)
+    if hits:
+        shown = ", ".join(hits[:8]) + (" …" if len(hits) > 8 else "")
+        return done(prov=shas, skipped_reason=f"the PR changes sensitive paths, which the bot never runs: {shown}")
+    if not cfg.no_sandbox and not sandbox.sandbox_available():
+        return done(prov=shas, failures=(Failure(Side.HARNESS, "sandbox",
+                    "bubblewrap is not available; refusing to run untrusted code (pass --no-sandbox to override)"),))
+
+    with tempfile.TemporaryDirectory(prefix="evalbot-run-") as tmp:
+        ctx = _Ctx(cfg, log, Path(tmp), profile_device=profile.device)
+        failures: list[Failure] = []
+        for side, wt in ((Side.BASE, base_wt), (Side.HEAD, head_wt)):
+            log(f"building {side.value} {wt.sha[:12]}")
+            b = builds.build_env(wt, cfg.work_root / "venvs", python=cfg.python, log_dir=cfg.work_root / "logs",
+                                 timeout_s=1800)
+            if not b.ok:
+                stage = b.failure_stage or "build"
+                failures.append(Failure(side, stage, b.message, b.log_tail))
+            ctx.sides[side] = _Side(side, wt, b)
+        if failures:
+            return done(prov=shas, failures=tuple(failures))
+        engine_build = {s.value: builds.engine_identity(x.worktree, x.build) for s, x in ctx.sides.items()}
+        try:
+            models = _fetch_models(ctx, profile)
+        except SideFailed as exc:
+            return done(prov={**shas, "engine_build": engine_build}, failures=(exc.failure,))
+        ctx.ro_binds = _ro_binds(ctx, [p.parent for p in models.values()])
+        prompt_dir = ctx.scratch / "prompts"
+        draws = prompts.draw(corpus, seed, n_chars=8 * max(c.ctx for c in profile.contexts) + 4000, k=2)
+        prompt_files = prompts.write_prompt_files(draws, prompt_dir)
+        model_shas = {name: _sha_of(ctx, path) for name, path in models.items()}
+        prov_kw = {**shas, "engine_build": engine_build, "model_sha256s": model_shas}
+        throughput: list[ThroughputPairs] = []
+        accuracy: list[AccuracyResult] = []
+        spec_results: list[SpecResult] = []
+        try:
+            for name, path in models.items():
+                if name == _spec_draft_name(cfg.rules):
+                    continue
+                throughput += _measure_contexts(ctx, profile, name, path, prompt_files[0])
+                if cfg.accuracy:
+                    accuracy.append(_accuracy(ctx, name, path, prompt_files[1]))
+            if cfg.spec and cfg.rules.spec_pair.profile == cfg.profile:
+                spec_results.append(_spec(ctx, models, prompt_files[0]))
+        except SideFailed as exc:
+            failures.append(exc.failure)
+        return done(prov=prov_kw, throughput=tuple(throughput), accuracy=tuple(accuracy), spec=tuple(spec_results),
+                    failures=tuple(failures))
+
+
+# --- engine runs ----------------------------------------------------------------------------------
+
+
+def _run_engine(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float = 1800) -> dict[str, Any]:
+    """Run `python -m <argv>` from a side's venv in the sandbox; the validated JSON record."""
+    venv = ctx.sides[side].build.venv
+    assert venv is not None
+    scratch = ctx.scratch / f"scratch-{side.value}"
+    scratch.mkdir(exist_ok=True)
+    env = sandbox.scrub_env(os.environ)
+    cores = str(os.cpu_count() or 1)
+    env.update({"HOME": str(scratch), "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(scratch / ".cache"),
+                "OMP_NUM_THREADS": cores, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
+                "TRITON_CACHE_DIR": str(scratch / ".triton"), "TORCHINDUCTOR_CACHE_DIR": str(scratch / ".inductor")})
+    spec = sandbox.SandboxSpec(
+        ro_binds=tuple(ctx.ro_binds + [venv, ctx.scratch / "prompts", ctx.scratch / "shared"]),
+        scratch=scratch, workdir=scratch, env=env,
+        limits=sandbox.Limits(cpu_seconds=int(timeout_s * (os.cpu_count() or 1)), memory_bytes=48 << 30,
+                              max_output_bytes=64 << 20, timeout_s=timeout_s),
+        devices=sandbox.gpu_devices() if ctx.profile_device == "cuda" else (),
+    )
+    res = sandbox.run(spec, [str(venv / "bin" / "python"), "-m", *argv], no_sandbox=ctx.cfg.no_sandbox)
+    tail = res.stderr[-3000:]
+    if res.timed_out:
+        raise SideFailed(Failure(side, "timeout", f"`{' '.join(argv[:2])}` exceeded {timeout_s:.0f} s", tail))
+    if res.returncode != 0:
+        raise SideFailed(Failure(side, "run", f"`{' '.join(argv[:2])}` exited with {res.returncode}", tail))
+    try:
+        return schema.parse_and_validate(res.stdout, command)
+    except schema.RecordError as exc:
+        raise SideFailed(Failure(side, "schema", f"invalid `{command}` record: {exc}", tail)) from exc
+
+
+def _measure_contexts(ctx: _Ctx, profile: Profile, name: str, path: Path, prompt: Path) -> list[ThroughputPairs]:
+    m = profile.measurement
+    max_pairs = ctx.cfg.max_pairs or m.max_pairs
+    budget = m.time_budget_s / max(1, len(profile.contexts))
+    out: list[ThroughputPairs] = []
+    for c in profile.contexts:
+        prefill: list[tuple[float, float]] = []
+        count = 0
+
+        def one_pair(c=c) -> tuple[float, float]:
+            nonlocal count
+            argv = ["engine", "bench", "--model", str(path), "--ctx", str(c.ctx), "--gen", str(m.decode_tokens),
+                    "--runs", "1", "--warmup", str(m.warmup_runs), "--prompt-file", str(prompt),
+                    "--device", profile.device]
+            order = (Side.BASE, Side.HEAD) if count % 2 == 0 else (Side.HEAD, Side.BASE)  # ABBA
+            recs = {s: _run_engine(ctx, s, argv, "bench") for s in order}
+            count += 1
+            prefill.append((recs[Side.BASE]["prefill_tps"], recs[Side.HEAD]["prefill_tps"]))
+            b, h = recs[Side.BASE]["decode_tps"], recs[Side.HEAD]["decode_tps"]
+            ctx.log(f"{name} ctx {c.ctx} pair {count}: main {b:.2f} tok/s, PR {h:.2f} tok/s ({h / b - 1:+.1%})")
+            return b, h
+
+        run = stats.run_adaptive(one_pair, target_half_width=m.ci_half_width, min_pairs=min(m.min_pairs, max_pairs),
+                                 max_pairs=max_pairs, budget_s=budget)
+        ctx.log(f"{name} ctx {c.ctx}: {run.estimate.ratio:.4f}x [{run.estimate.ci_low:.4f}, "
+                f"{run.estimate.ci_high:.4f}] after {run.estimate.n} pairs ({run.reason})")
+        out.append(ThroughputPairs(name, c.ctx, "decode_tps", run.pairs, guarded=c.guarded, scored=c.scored))
+        out.append(ThroughputPairs(name, c.ctx, "prefill_tps", tuple(prefill), guarded=False, scored=False))
+    return out
+
+
+def _accuracy(ctx: _Ctx, name: str, path: Path, text: Path) -> AccuracyResult:
+    shared = ctx.scratch / "shared"
+    p = ctx.cfg.positions
+    ref_out = ctx.scratch / "scratch-base" / "ref.npy"
+    head_out = ctx.scratch / "scratch-head" / "head.npy"
+    ctx.log(f"{name}: accuracy vs llama.cpp over {p} positions")
+    _run_engine(ctx, Side.BASE, ["engine.reference", "score", "--model", str(path), "--text-file", str(text),
+                                 "--positions", str(p), "--out", str(ref_out), "--no-cache"], "score")
+    _run_engine(ctx, Side.HEAD, ["engine", "score", "--model", str(path), "--text-file", str(text),
+                                 "--positions", str(p), "--out", str(head_out)], "score")
+    shared.mkdir(exist_ok=True)
+    # compare is harness code (base); the head's files are only read as data
+    venv = ctx.sides[Side.BASE].build.venv
+    assert venv is not None
+    res = sandbox.run(
+        sandbox.SandboxSpec(ro_binds=tuple(ctx.ro_binds + [venv, ref_out.parent, head_out.parent]),
+                            scratch=shared, workdir=shared, env={**sandbox.scrub_env(os.environ), "HOME": str(shared)},
+                            limits=sandbox.Limits(600, 16 << 30, 16 << 20, 600)),
+        [str(venv / "bin" / "python"), "-m", "engine.compare", str(ref_out), str(head_out), "--json"],
+        no_sandbox=ctx.cfg.no_sandbox)
+    if res.returncode != 0:
+        # the reference tokenized with main's tokenizer: different ids mean the PR changed tokenization
+        raise SideFailed(Failure(Side.HEAD, "accuracy", "cannot compare with llama.cpp: " + res.stderr.strip()[-500:]))
+    st = json.loads(res.stdout)
+    return AccuracyResult(name, p, float(st["top1_agreement"]), float(st["kl_mean"]), float(st["ppl_ratio"]))
+
+
+def _spec(ctx: _Ctx, models: dict[str, Path], prompt: Path) -> SpecResult:
+    pair = ctx.cfg.rules.spec_pair
+    g = ctx.cfg.rules.gates.spec
+    argv = ["engine", "spec", "--model", str(models[pair.target.name]), "--draft", str(models[pair.draft.name]),
+            "--ctx", "128", "--gen", "64", "--block", str(pair.block), "--runs", str(g.runs), "--prompt-file", str(prompt)]
+    ctx.log(f"speculative decoding: {pair.draft.name} drafting for {pair.target.name}, {g.runs} runs per side")
+    recs = {s: _run_engine(ctx, s, argv, "spec") for s in (Side.BASE, Side.HEAD)}
+    b, h = recs[Side.BASE], recs[Side.HEAD]
+    return SpecResult(
+        target=pair.target.name, drafter=f"draft:{pair.draft.name}", block_size=pair.block, runs=int(h["counts"]["runs"]),
+        lossless_runs=int(h["lossless_runs"] or 0), first_divergence=h.get("first_divergence"),
+        base_tau=float(b["mean_accept"]), head_tau=float(h["mean_accept"]),
+        ar_pairs=tuple(zip(b["ar_tps_runs"], h["ar_tps_runs"], strict=False)),
+        spec_pairs=tuple(zip(b["spec_tps_runs"], h["spec_tps_runs"], strict=False)),
+    )
+
+
+# --- trusted helpers --------------------------------------------------------------------------------
+
+
+def _spec_draft_name(rules: Rules) -> str | None:
+    return rules.spec_pair.draft.name if rules.spec_pair.draft.name != rules.spec_pair.target.name else None
+
+
+def _fetch_models(ctx: _Ctx, profile: Profile) -> dict[str, Path]:
+    """Registry models fetched and verified by main's fetcher (trusted, outside the sandbox: it needs the network)."""
+    names = [m.name for m in profile.models if m.source == "registry"]
+    if ctx.cfg.spec and ctx.cfg.rules.spec_pair.profile == profile.name:
+        names += [ctx.cfg.rules.spec_pair.target.name, ctx.cfg.rules.spec_pair.draft.name]
+    venv = ctx.sides[Side.BASE].build.venv
+    assert venv is not None
+    out: dict[str, Path] = {}
+    for name in dict.fromkeys(names):
+        ctx.log(f"fetching {name}")
+        res = sandbox.run_trusted([str(venv / "bin" / "python"), "-m", "engine.models", "fetch", name], timeout_s=3600)
+        if res.returncode != 0:
+            raise SideFailed(Failure(Side.HARNESS, "models", f"cannot fetch {name}", res.stderr[-2000:]))
+        out[name] = Path(res.stdout.strip().splitlines()[-1])
+    pinned = {m.name: m.sha256 for m in profile.models if m.sha256}
+    for ref in (ctx.cfg.rules.spec_pair.target, ctx.cfg.rules.spec_pair.draft):
+        if ref.sha256:
+            pinned[ref.name] = ref.sha256
+    for name, path in out.items():
+        digest = _sha_of(ctx, path)
+        if name in pinned and pinned[name] != digest:
+            raise SideFailed(Failure(Side.HARNESS, "models", f"{name} has sha256 {digest}, rules pin {pinned[name]}"))
+    return out
+
+
+def _sha_of(ctx: _Ctx, path: Path) -> str:
+    side = path.with_name(path.name + ".sha256")
+    try:
+        return side.read_text().split()[1]
+    except (OSError, IndexError):
+        import hashlib
+
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        return h.hexdigest()
+
+
+def _ro_binds(ctx: _Ctx, model_dirs: list[Path]) -> list[Path]:
+    """What engine processes may read: system dirs, the interpreters, the models. Never the bot's state."""
+    interpreters = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
+    (ctx.scratch / "shared").mkdir(exist_ok=True)
+    return list(dict.fromkeys([*sandbox.system_ro_binds(), *sorted(interpreters), *model_dirs]))
+
+
+def box_identity() -> dict[str, Any]:
+    """The machine the numbers came from."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "os": f"{platform.system()} {platform.release()}",
+            "python": platform.python_version(), "gpu": _gpu_identity()}
+
+
+def _gpu_identity() -> dict[str, str] | None:
+    res = sandbox.run_trusted(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu",
+                               "--format=csv,noheader"], timeout_s=20)
+    if res.returncode != 0 or not res.stdout.strip():
+        return None
+    name, driver, sm, mem, temp = (x.strip() for x in res.stdout.splitlines()[0].split(",")[:5])
+    return {"name": name, "driver": driver, "clock_sm": sm, "clock_mem": mem, "temperature": temp}
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _replace(p: Provenance, **kw: Any) -> Provenance:
+    import dataclasses
+
+    return dataclasses.replace(p, **kw)
+
