@@ -212,7 +212,7 @@ def _measure_contexts(ctx: _Ctx, profile: Profile, name: str, path: Path, prompt
         prefill: list[tuple[float, float]] = []
         count = 0
 
-        def one_pair(c=c) -> tuple[float, float]:
+        def one_pair(c=c, prefill=prefill) -> tuple[float, float]:
             nonlocal count
             argv = ["engine", "bench", "--model", str(path), "--ctx", str(c.ctx), "--gen", str(m.decode_tokens),
                     "--runs", "1", "--warmup", str(m.warmup_runs), "--prompt-file", str(prompt),
