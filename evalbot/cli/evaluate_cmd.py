@@ -42,6 +42,8 @@ def _logger(as_json: bool):  # noqa: ANN202
 @click.option("--no-sandbox", is_flag=True, help="run engine code without bubblewrap (only for code you trust)")
 @click.option("--seed", type=int, default=None, help="prompt draw seed (default: a fresh random one)")
 @click.option("--spec/--no-spec", default=True, help="run the speculative-decoding gates")
+@click.option("--spec-drafter", type=click.Choice(["ngram", "draft"]), default="ngram", show_default=True,
+              help="n-gram lookup on the profile's model, or the rules' draft/target model pair")
 @click.option("--accuracy/--no-accuracy", default=True, help="run the llama.cpp accuracy gates")
 @click.option("--max-pairs", type=int, default=None, help="cap A/B pairs per context (default: the profile's)")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -49,7 +51,7 @@ def _logger(as_json: bool):  # noqa: ANN202
 @click.option("--key", "key_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help=f"Ed25519 private key for the receipt (default: ${SIGNING_KEY_ENV}; none: 'unsigned')")
 def evaluate(repo: Path, base: str, head: str, rules_dir: Path | None, profile: str, out: Path, as_json: bool,
-             no_sandbox: bool, seed: int | None, spec: bool, accuracy: bool, max_pairs: int | None,
+             no_sandbox: bool, seed: int | None, spec: bool, spec_drafter: str, accuracy: bool, max_pairs: int | None,
              work_dir: Path | None, key_path: Path | None) -> None:
     """Build base and head, measure them interleaved on this box, gate against llama.cpp, and judge."""
     rules = load_rules_or_exit(rules_dir)
@@ -60,7 +62,8 @@ def evaluate(repo: Path, base: str, head: str, rules_dir: Path | None, profile: 
         raise click.ClickException(f"signing key: {exc}") from exc
     work = work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work"
     cfg = runner.EvalConfig(repo=repo.resolve(), base=base, head=head, rules=rules, profile=profile, work_root=work,
-                            no_sandbox=no_sandbox, seed=seed, spec=spec, accuracy=accuracy, max_pairs=max_pairs)
+                            no_sandbox=no_sandbox, seed=seed, spec=spec, spec_drafter=spec_drafter,
+                            accuracy=accuracy, max_pairs=max_pairs)
     m = runner.evaluate(cfg, _logger(as_json))
     v = verdict.decide(m, rules)
     receipt = _receipt(m, v, key)

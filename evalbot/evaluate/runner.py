@@ -57,6 +57,7 @@ class EvalConfig:
     no_sandbox: bool = False
     seed: int | None = None
     spec: bool = True
+    spec_drafter: str = "ngram"  # "ngram" (fast, the profile's model) or "draft" (the rules' target/draft pair)
     accuracy: bool = True
     max_pairs: int | None = None  # overrides the profile's, e.g. for a quick demo
     positions: int = 128
@@ -156,14 +157,13 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
         accuracy: list[AccuracyResult] = []
         spec_results: list[SpecResult] = []
         try:
-            for name, path in models.items():
-                if name == _spec_draft_name(cfg.rules):
-                    continue
+            for name in (m.name for m in profile.models if m.source == "registry"):
+                path = models[name]
                 throughput += _measure_contexts(ctx, profile, name, path, prompt_files[0])
                 if cfg.accuracy:
                     accuracy.append(_accuracy(ctx, name, path, prompt_files[1]))
-            if cfg.spec and cfg.rules.spec_pair.profile == cfg.profile:
-                spec_results.append(_spec(ctx, models, prompt_files[0]))
+            if cfg.spec:
+                spec_results.append(_spec(ctx, models, prompt_files[0], cfg.spec_drafter))
         except SideFailed as exc:
             failures.append(exc.failure)
         return done(prov=prov_kw, throughput=tuple(throughput), accuracy=tuple(accuracy), spec=tuple(spec_results),
@@ -174,7 +174,20 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
 
 
 def _run_engine(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float = 1800) -> dict[str, Any]:
-    """Run `python -m <argv>` from a side's venv in the sandbox; the validated JSON record."""
+    """Run `python -m <argv>` from a side's venv in the sandbox; the validated JSON record.
+
+    A failed run is retried once before it counts: a one-off crash of the box must not decide a verdict.
+    """
+    try:
+        return _run_engine_once(ctx, side, argv, command, timeout_s)
+    except SideFailed as first:
+        if first.failure.stage == "timeout":
+            raise
+        ctx.log(f"{side.value}: {first.failure.message}; retrying once")
+        return _run_engine_once(ctx, side, argv, command, timeout_s)
+
+
+def _run_engine_once(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float) -> dict[str, Any]:
     venv = ctx.sides[side].build.venv
     assert venv is not None
     scratch = ctx.scratch / f"scratch-{side.value}"
@@ -230,47 +243,70 @@ def _measure_contexts(ctx: _Ctx, profile: Profile, name: str, path: Path, prompt
         ctx.log(f"{name} ctx {c.ctx}: {run.estimate.ratio:.4f}x [{run.estimate.ci_low:.4f}, "
                 f"{run.estimate.ci_high:.4f}] after {run.estimate.n} pairs ({run.reason})")
         out.append(ThroughputPairs(name, c.ctx, "decode_tps", run.pairs, guarded=c.guarded, scored=c.scored))
-        out.append(ThroughputPairs(name, c.ctx, "prefill_tps", tuple(prefill), guarded=False, scored=False))
+        # prefill is guarded like decode (no regression) but earns no tier, as in the seeds' guards
+        out.append(ThroughputPairs(name, c.ctx, "prefill_tps", tuple(prefill), guarded=c.guarded, scored=False))
     return out
 
 
 def _accuracy(ctx: _Ctx, name: str, path: Path, text: Path) -> AccuracyResult:
-    shared = ctx.scratch / "shared"
+    """Head (and base) `score` against llama.cpp's logits on the same GGUF and the same token ids."""
     p = ctx.cfg.positions
-    ref_out = ctx.scratch / "scratch-base" / "ref.npy"
-    head_out = ctx.scratch / "scratch-head" / "head.npy"
+    outs = {Side.BASE: ctx.scratch / "scratch-base" / "base.npy", Side.HEAD: ctx.scratch / "scratch-head" / "head.npy"}
+    ref = ctx.scratch / "scratch-base" / "ref.npy"
+    ref.parent.mkdir(exist_ok=True)
     ctx.log(f"{name}: accuracy vs llama.cpp over {p} positions")
-    _run_engine(ctx, Side.BASE, ["engine.reference", "score", "--model", str(path), "--text-file", str(text),
-                                 "--positions", str(p), "--out", str(ref_out), "--no-cache"], "score")
-    _run_engine(ctx, Side.HEAD, ["engine", "score", "--model", str(path), "--text-file", str(text),
-                                 "--positions", str(p), "--out", str(head_out)], "score")
-    shared.mkdir(exist_ok=True)
-    # compare is harness code (base); the head's files are only read as data
+    # the reference is harness code (main's llama.cpp wrapper and tokenizer), run as trusted so that its
+    # cache (keyed by model sha256, llama-cpp-python version and token ids) persists across evaluations
+    venv = ctx.sides[Side.BASE].build.venv
+    assert venv is not None
+    res = sandbox.run_trusted([str(venv / "bin" / "python"), "-m", "engine.reference", "score", "--model", str(path),
+                               "--text-file", str(text), "--positions", str(p), "--out", str(ref)], timeout_s=1800)
+    if res.returncode != 0:
+        raise SideFailed(Failure(Side.HARNESS, "reference", "llama.cpp reference failed", res.stderr[-2000:]))
+    for side, out in outs.items():
+        _run_engine(ctx, side, ["engine", "score", "--model", str(path), "--text-file", str(text),
+                                "--positions", str(p), "--out", str(out)], "score")
+    base_stats = _compare(ctx, ref, outs[Side.BASE], Side.BASE)
+    head_stats = _compare(ctx, ref, outs[Side.HEAD], Side.HEAD)
+    return AccuracyResult(name, p, float(head_stats["top1_agreement"]), float(head_stats["kl_mean"]),
+                          float(head_stats["ppl_ratio"]), base_top1_agreement=float(base_stats["top1_agreement"]),
+                          base_kl_mean=float(base_stats["kl_mean"]))
+
+
+def _compare(ctx: _Ctx, ref: Path, test: Path, side: Side) -> dict[str, Any]:
+    """main's engine.compare over two score files (read as data), sandboxed like everything else."""
+    shared = ctx.scratch / "shared"
     venv = ctx.sides[Side.BASE].build.venv
     assert venv is not None
     res = sandbox.run(
-        sandbox.SandboxSpec(ro_binds=tuple(ctx.ro_binds + [venv, ref_out.parent, head_out.parent]),
-                            scratch=shared, workdir=shared, env={**sandbox.scrub_env(os.environ), "HOME": str(shared)},
+        sandbox.SandboxSpec(ro_binds=tuple(ctx.ro_binds + [venv, ref.parent, test.parent]), scratch=shared,
+                            workdir=shared, env={**sandbox.scrub_env(os.environ), "HOME": str(shared)},
                             limits=sandbox.Limits(600, 16 << 30, 16 << 20, 600)),
-        [str(venv / "bin" / "python"), "-m", "engine.compare", str(ref_out), str(head_out), "--json"],
+        [str(venv / "bin" / "python"), "-m", "engine.compare", str(ref), str(test), "--json"],
         no_sandbox=ctx.cfg.no_sandbox)
     if res.returncode != 0:
-        # the reference tokenized with main's tokenizer: different ids mean the PR changed tokenization
-        raise SideFailed(Failure(Side.HEAD, "accuracy", "cannot compare with llama.cpp: " + res.stderr.strip()[-500:]))
-    st = json.loads(res.stdout)
-    return AccuracyResult(name, p, float(st["top1_agreement"]), float(st["kl_mean"]), float(st["ppl_ratio"]))
+        # different token ids mean the side changed tokenization: that side's fault
+        raise SideFailed(Failure(side, "accuracy", "cannot compare with llama.cpp: " + res.stderr.strip()[-500:]))
+    return json.loads(res.stdout)
 
 
-def _spec(ctx: _Ctx, models: dict[str, Path], prompt: Path) -> SpecResult:
+def _spec(ctx: _Ctx, models: dict[str, Path], prompt: Path, drafter: str) -> SpecResult:
     pair = ctx.cfg.rules.spec_pair
     g = ctx.cfg.rules.gates.spec
-    argv = ["engine", "spec", "--model", str(models[pair.target.name]), "--draft", str(models[pair.draft.name]),
-            "--ctx", "128", "--gen", "64", "--block", str(pair.block), "--runs", str(g.runs), "--prompt-file", str(prompt)]
-    ctx.log(f"speculative decoding: {pair.draft.name} drafting for {pair.target.name}, {g.runs} runs per side")
+    if drafter == "ngram":
+        # the quick form: n-gram prompt lookup on the profile's own model (no second model to load)
+        target = next(iter(models))
+        draft_args, label = ["--ngram", "3"], "ngram-3"
+    else:
+        target = pair.target.name
+        draft_args, label = ["--draft", str(models[pair.draft.name])], f"draft:{pair.draft.name}"
+    argv = ["engine", "spec", "--model", str(models[target]), *draft_args, "--ctx", "128", "--gen", "64",
+            "--block", str(pair.block), "--runs", str(g.runs), "--prompt-file", str(prompt)]
+    ctx.log(f"speculative decoding: {label} for {target}, {g.runs} runs per side")
     recs = {s: _run_engine(ctx, s, argv, "spec") for s in (Side.BASE, Side.HEAD)}
     b, h = recs[Side.BASE], recs[Side.HEAD]
     return SpecResult(
-        target=pair.target.name, drafter=f"draft:{pair.draft.name}", block_size=pair.block, runs=int(h["counts"]["runs"]),
+        target=target, drafter=label, block_size=pair.block, runs=int(h["counts"]["runs"]),
         lossless_runs=int(h["lossless_runs"] or 0), first_divergence=h.get("first_divergence"),
         base_tau=float(b["mean_accept"]), head_tau=float(h["mean_accept"]),
         ar_pairs=tuple(zip(b["ar_tps_runs"], h["ar_tps_runs"], strict=False)),
@@ -281,14 +317,10 @@ def _spec(ctx: _Ctx, models: dict[str, Path], prompt: Path) -> SpecResult:
 # --- trusted helpers --------------------------------------------------------------------------------
 
 
-def _spec_draft_name(rules: Rules) -> str | None:
-    return rules.spec_pair.draft.name if rules.spec_pair.draft.name != rules.spec_pair.target.name else None
-
-
 def _fetch_models(ctx: _Ctx, profile: Profile) -> dict[str, Path]:
     """Registry models fetched and verified by main's fetcher (trusted, outside the sandbox: it needs the network)."""
     names = [m.name for m in profile.models if m.source == "registry"]
-    if ctx.cfg.spec and ctx.cfg.rules.spec_pair.profile == profile.name:
+    if ctx.cfg.spec and ctx.cfg.spec_drafter == "draft":
         names += [ctx.cfg.rules.spec_pair.target.name, ctx.cfg.rules.spec_pair.draft.name]
     venv = ctx.sides[Side.BASE].build.venv
     assert venv is not None
