@@ -1,0 +1,62 @@
+"""`evalbot evaluate` end to end on the paths that decide before any engine code runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from evalbot.evaluate.runner import sensitive_changes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_sensitive_changes():
+    sens = ("evalbot/", "rules/", "engine/cli.py")
+    assert sensitive_changes(["engine/model.py", "rules/gates.yaml", "engine/cli.py", "engine/clix.py"], sens) == [
+        "rules/gates.yaml", "engine/cli.py"]
+    assert sensitive_changes(["evalbotx/a.py", "README.md"], sens) == []
+
+
+def _repo_with_branch(tmp_path: Path, path: str, text: str) -> Path:
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(repo)], check=True)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run([*git, "checkout", "-q", "-B", "main"], check=True)
+    subprocess.run([*git, "checkout", "-q", "-b", "pr"], check=True)
+    target = repo / path
+    target.write_text(target.read_text() + text)
+    subprocess.run([*git, "commit", "-qam", "pr"], check=True)
+    return repo
+
+
+def _evaluate(repo: Path, tmp_path: Path) -> tuple[int, dict, str]:
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "evalbot", "evaluate", "--repo", str(repo), "--base", "main",
+                           "--head", "pr", "--out", str(out), "--work-dir", str(tmp_path / "work"), "--seed", "7"],
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, json.loads((out / "result.json").read_text()), (out / "report.md").read_text()
+
+
+def test_a_pr_that_edits_the_rules_is_skipped_without_running_anything(tmp_path):
+    repo = _repo_with_branch(tmp_path, "rules/gates.yaml", "\n# loosen the bar\n")
+    code, result, report = _evaluate(repo, tmp_path)
+    assert code == 4 and result["verdict"]["status"] == "SKIPPED"
+    assert "rules/gates.yaml" in result["verdict"]["reasons"][0]
+    assert "SKIPPED" in report and not (tmp_path / "work" / "venvs").exists()  # nothing was built
+
+
+def test_a_pr_that_edits_the_bench_driver_is_skipped(tmp_path):
+    repo = _repo_with_branch(tmp_path, "engine/cli.py", "\n# report 2x the decode rate\n")
+    code, result, _ = _evaluate(repo, tmp_path)
+    assert code == 4 and "engine/cli.py" in result["verdict"]["reasons"][0]
+
+
+def test_an_unknown_revision_is_infra(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "evalbot", "evaluate", "--repo", str(ROOT), "--base", "HEAD",
+                           "--head", "no-such-branch", "--out", str(out), "--work-dir", str(tmp_path / "w")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3
+    assert json.loads((out / "result.json").read_text())["verdict"]["status"] == "INFRA_ERROR"
