@@ -183,7 +183,7 @@ MALFORMED = [
     ),
     pytest.param(
         "profiles.yaml",
-        "min_pairs: 4",
+        "min_pairs: 5",
         "min_pairs: 4.5",
         "profiles.cpu.measurement.min_pairs",
         "expected an integer >= 2, got 4.5",
