@@ -1,4 +1,6 @@
-"""`evalbot evaluate` end to end on the paths that decide before any engine code runs."""
+"""`evalbot evaluate` end to end, on clones of this repository, for the outcomes decided before any
+engine process runs: skipped sensitive edits, a broken build (REJECT with its log), main broken too
+(INFRA_ERROR), an unknown revision."""
 
 from __future__ import annotations
 
@@ -19,11 +21,14 @@ def test_sensitive_changes():
     assert sensitive_changes(["evalbotx/a.py", "README.md"], sens) == []
 
 
-def _repo_with_branch(tmp_path: Path, path: str, text: str) -> Path:
+def _repo_with_branch(tmp_path: Path, path: str, text: str, break_main: str | None = None) -> Path:
     repo = tmp_path / "repo"
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(repo)], check=True)
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
     subprocess.run([*git, "checkout", "-q", "-B", "main"], check=True)
+    if break_main:  # main itself gets the same damage: then nobody's PR is to blame
+        (repo / break_main).write_text((repo / break_main).read_text() + text)
+        subprocess.run([*git, "commit", "-qam", "main breaks"], check=True)
     subprocess.run([*git, "checkout", "-q", "-b", "pr"], check=True)
     target = repo / path
     target.write_text(target.read_text() + text)
@@ -60,3 +65,20 @@ def test_an_unknown_revision_is_infra(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3
     assert json.loads((out / "result.json").read_text())["verdict"]["status"] == "INFRA_ERROR"
+
+
+def test_a_broken_build_is_the_prs_fault_with_its_log(tmp_path):
+    repo = _repo_with_branch(tmp_path, "engine/model.py", "\ndef broken(:\n")
+    code, result, report = _evaluate(repo, tmp_path)
+    assert code == 1 and result["verdict"]["status"] == "REJECT"
+    failure = result["measurements"]["failures"][0]
+    assert failure["side"] == "head" and failure["stage"] == "build"
+    assert "SyntaxError" in failure["log_tail"] or "invalid syntax" in failure["log_tail"]
+    assert "build" in report
+
+
+def test_main_broken_too_is_infra_not_the_pr(tmp_path):
+    repo = _repo_with_branch(tmp_path, "engine/model.py", "\ndef broken(:\n", break_main="engine/model.py")
+    code, result, report = _evaluate(repo, tmp_path)
+    assert code == 3 and result["verdict"]["status"] == "INFRA_ERROR"
+    assert "infra-error" in result["verdict"]["labels_add"] and "regression" not in result["verdict"]["labels_add"]
