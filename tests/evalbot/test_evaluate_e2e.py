@@ -82,3 +82,40 @@ def test_main_broken_too_is_infra_not_the_pr(tmp_path):
     code, result, report = _evaluate(repo, tmp_path)
     assert code == 3 and result["verdict"]["status"] == "INFRA_ERROR"
     assert "infra-error" in result["verdict"]["labels_add"] and "regression" not in result["verdict"]["labels_add"]
+
+
+def test_red_team_head_sees_no_secrets_no_network_and_its_fake_json_is_rejected(tmp_path):
+    """A head that hunts for tokens, phones home, and prints a fabricated record: the sandbox hides the
+    first two (else it would exit with 'sandbox leak'), the schema check rejects the third."""
+    import os
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    payload = (
+        "\nimport os as _os, socket as _socket\n"
+        "_leak = [k for k in _os.environ if 'TOKEN' in k or k.startswith('EVALBOT_')]\n"
+        "try:\n"
+        f"    _socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n"
+        "    _net = True\n"
+        "except OSError:\n"
+        "    _net = False\n"
+        "if _leak or _net:\n"
+        "    raise SystemExit(f'sandbox leak: env {_leak} network {_net}')\n"
+        "print('{\"schema\": \"evalbot.engine.bench/1\", \"decode_tps\": 1e9}')\n"
+    )
+    repo = _repo_with_branch(tmp_path, "engine/model.py", payload)
+    out = tmp_path / "out"
+    env = {**os.environ, "GITHUB_TOKEN": "ghp_secret", "EVALBOT_STATE_DB": "/secret/state.db"}
+    proc = subprocess.run([sys.executable, "-m", "evalbot", "evaluate", "--repo", str(repo), "--base", "main",
+                           "--head", "pr", "--out", str(out), "--work-dir", str(tmp_path / "work"), "--seed", "7",
+                           "--no-accuracy", "--no-spec", "--max-pairs", "2"],
+                          capture_output=True, text=True, timeout=900, env=env)
+    listener.close()
+    result = json.loads((out / "result.json").read_text())
+    assert proc.returncode == 1 and result["verdict"]["status"] == "REJECT", proc.stderr[-2000:]
+    failure = result["measurements"]["failures"][0]
+    assert failure["side"] == "head" and failure["stage"] == "schema", failure
+    assert "sandbox leak" not in failure["log_tail"] and "ghp_secret" not in (out / "report.md").read_text()
