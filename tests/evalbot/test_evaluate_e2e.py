@@ -119,3 +119,38 @@ def test_red_team_head_sees_no_secrets_no_network_and_its_fake_json_is_rejected(
     failure = result["measurements"]["failures"][0]
     assert failure["side"] == "head" and failure["stage"] == "schema", failure
     assert "sandbox leak" not in failure["log_tail"] and "ghp_secret" not in (out / "report.md").read_text()
+
+
+def _evaluate_flags(repo: Path, tmp_path: Path, *flags: str) -> tuple[int, dict]:
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "evalbot", "evaluate", "--repo", str(repo), "--base", "main",
+                           "--head", "pr", "--out", str(out), "--work-dir", str(tmp_path / "work"), "--seed", "11",
+                           "--max-pairs", "2", *flags], capture_output=True, text=True, timeout=1200)
+    assert (out / "result.json").exists(), proc.stderr[-3000:]
+    return proc.returncode, json.loads((out / "result.json").read_text())
+
+
+def test_a_speculative_speedup_that_skips_verification_is_rejected(tmp_path):
+    cheat = ("\n\ndef verify_greedy(logits, drafts):  # 'faster': trust the drafter\n"
+             "    return len(drafts), int(logits[len(drafts)].argmax())\n")
+    repo = _repo_with_branch(tmp_path, "engine/speculative.py", cheat)
+    code, result = _evaluate_flags(repo, tmp_path, "--no-accuracy")
+    assert code == 1 and result["verdict"]["status"] == "REJECT"
+    failed = {g["name"] for g in result["verdict"]["gates"] if not g["passed"]}
+    assert "spec lossless" in failed and "spec-fail" in result["verdict"]["labels_add"]
+    spec = result["measurements"]["spec"][0]
+    assert spec["lossless_runs"] == 0 and spec["first_divergence"] is not None
+    assert spec["head_tau"] > spec["base_tau"]  # the cheat "accepts" more: exactly what the gate must not reward
+
+
+def test_an_accuracy_break_is_rejected_on_top1_and_kl(tmp_path):
+    broken = ("\n\ndef rms_norm(x, weight, eps):  # 'simplified': forgets the learned scale\n"
+              "    xf = x.float()\n"
+              "    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)\n")
+    repo = _repo_with_branch(tmp_path, "engine/model.py", broken)
+    code, result = _evaluate_flags(repo, tmp_path, "--no-spec")
+    assert code == 1 and result["verdict"]["status"] == "REJECT"
+    failed = {g["name"] for g in result["verdict"]["gates"] if not g["passed"]}
+    assert {"accuracy top-1", "accuracy KL"} <= failed and "accuracy-fail" in result["verdict"]["labels_add"]
+    acc = result["measurements"]["accuracy"][0]
+    assert acc["top1_agreement"] < 0.9 <= acc["base_top1_agreement"]
