@@ -9,6 +9,7 @@ decides the outcome class: the head alone (REJECT) or the base/box too (INFRA_ER
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -111,7 +112,7 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
                  (f" --max-pairs {cfg.max_pairs}" if cfg.max_pairs else ""))
 
     def done(**kw: Any) -> Measurements:
-        p = _replace(prov, finished_at=_now(), **kw.pop("prov", {}))
+        p = dataclasses.replace(prov, finished_at=_now(), **kw.pop("prov", {}))
         return Measurements(provenance=p, reproduce=reproduce, **kw)
 
     cfg.work_root.mkdir(parents=True, exist_ok=True)
@@ -190,21 +191,8 @@ def _run_engine(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s:
 def _run_engine_once(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float) -> dict[str, Any]:
     venv = ctx.sides[side].build.venv
     assert venv is not None
-    scratch = ctx.scratch / f"scratch-{side.value}"
-    scratch.mkdir(exist_ok=True)
-    env = sandbox.scrub_env(os.environ)
-    cores = str(os.cpu_count() or 1)
-    env.update({"HOME": str(scratch), "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(scratch / ".cache"),
-                "OMP_NUM_THREADS": cores, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
-                "TRITON_CACHE_DIR": str(scratch / ".triton"), "TORCHINDUCTOR_CACHE_DIR": str(scratch / ".inductor")})
-    spec = sandbox.SandboxSpec(
-        ro_binds=tuple(ctx.ro_binds + [venv, ctx.scratch / "prompts", ctx.scratch / "shared"]),
-        scratch=scratch, workdir=scratch, env=env,
-        limits=sandbox.Limits(cpu_seconds=int(timeout_s * (os.cpu_count() or 1)), memory_bytes=48 << 30,
-                              max_output_bytes=64 << 20, timeout_s=timeout_s),
-        devices=sandbox.gpu_devices() if ctx.profile_device == "cuda" else (),
-    )
-    res = sandbox.run(spec, [str(venv / "bin" / "python"), "-m", *argv], no_sandbox=ctx.cfg.no_sandbox)
+    res = _sandboxed_python(ctx, venv, ctx.scratch / f"scratch-{side.value}", argv, [ctx.scratch / "prompts"],
+                            timeout_s)
     tail = res.stderr[-3000:]
     if res.timed_out:
         raise SideFailed(Failure(side, "timeout", f"`{' '.join(argv[:2])}` exceeded {timeout_s:.0f} s", tail))
@@ -248,6 +236,24 @@ def _measure_contexts(ctx: _Ctx, profile: Profile, name: str, path: Path, prompt
     return out
 
 
+def _sandboxed_python(ctx: _Ctx, venv: Path, scratch: Path, argv: list[str], extra_binds: list[Path],
+                      timeout_s: float) -> sandbox.RunResult:
+    """`python -m argv` from a venv under bubblewrap: scratch is the only writable place, the env is scrubbed."""
+    scratch.mkdir(exist_ok=True)
+    env = sandbox.scrub_env(os.environ)
+    cores = str(os.cpu_count() or 1)
+    env.update({"HOME": str(scratch), "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(scratch / ".cache"),
+                "OMP_NUM_THREADS": cores, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
+                "TRITON_CACHE_DIR": str(scratch / ".triton"), "TORCHINDUCTOR_CACHE_DIR": str(scratch / ".inductor")})
+    spec = sandbox.SandboxSpec(
+        ro_binds=tuple(dict.fromkeys([*ctx.ro_binds, venv, *extra_binds])), scratch=scratch, workdir=scratch, env=env,
+        limits=sandbox.Limits(cpu_seconds=int(timeout_s * (os.cpu_count() or 1)), memory_bytes=48 << 30,
+                              max_output_bytes=64 << 20, timeout_s=timeout_s),
+        devices=sandbox.gpu_devices() if ctx.profile_device == "cuda" else (),
+    )
+    return sandbox.run(spec, [str(venv / "bin" / "python"), "-m", *argv], no_sandbox=ctx.cfg.no_sandbox)
+
+
 def _accuracy(ctx: _Ctx, name: str, path: Path, text: Path) -> AccuracyResult:
     """Head (and base) `score` against llama.cpp's logits on the same GGUF and the same token ids."""
     p = ctx.cfg.positions
@@ -275,15 +281,10 @@ def _accuracy(ctx: _Ctx, name: str, path: Path, text: Path) -> AccuracyResult:
 
 def _compare(ctx: _Ctx, ref: Path, test: Path, side: Side) -> dict[str, Any]:
     """main's engine.compare over two score files (read as data), sandboxed like everything else."""
-    shared = ctx.scratch / "shared"
     venv = ctx.sides[Side.BASE].build.venv
     assert venv is not None
-    res = sandbox.run(
-        sandbox.SandboxSpec(ro_binds=tuple(ctx.ro_binds + [venv, ref.parent, test.parent]), scratch=shared,
-                            workdir=shared, env={**sandbox.scrub_env(os.environ), "HOME": str(shared)},
-                            limits=sandbox.Limits(600, 16 << 30, 16 << 20, 600)),
-        [str(venv / "bin" / "python"), "-m", "engine.compare", str(ref), str(test), "--json"],
-        no_sandbox=ctx.cfg.no_sandbox)
+    res = _sandboxed_python(ctx, venv, ctx.scratch / "shared", ["engine.compare", str(ref), str(test), "--json"],
+                            [ref.parent, test.parent], 600)
     if res.returncode != 0:
         # different token ids mean the side changed tokenization: that side's fault
         raise SideFailed(Failure(side, "accuracy", "cannot compare with llama.cpp: " + res.stderr.strip()[-500:]))
@@ -359,7 +360,6 @@ def _sha_of(ctx: _Ctx, path: Path) -> str:
 def _ro_binds(ctx: _Ctx, model_dirs: list[Path]) -> list[Path]:
     """What engine processes may read: system dirs, the interpreters, the models. Never the bot's state."""
     interpreters = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
-    (ctx.scratch / "shared").mkdir(exist_ok=True)
     return list(dict.fromkeys([*sandbox.system_ro_binds(), *sorted(interpreters), *model_dirs]))
 
 
@@ -389,9 +389,4 @@ def _gpu_identity() -> dict[str, str] | None:
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-
-def _replace(p: Provenance, **kw: Any) -> Provenance:
-    import dataclasses
-
-    return dataclasses.replace(p, **kw)
 
