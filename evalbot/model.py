@@ -166,6 +166,78 @@ class Verdict:
     mde: float | None = None  # the largest per-context MDE among scored contexts
 
 
+# --- GitHub facts (intake turns PyGithub objects into these; nothing downstream sees PyGithub) ----
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One commit of a PR: who wrote it and who committed it (GitHub logins when known, else git names)."""
+
+    sha: str
+    author: str | None  # GitHub login of the author; None when the email maps to no account
+    committer: str | None
+    author_name: str = ""  # git's recorded names, for blocklists keyed on them
+    committer_name: str = ""
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """One changed file of a PR, with its unified-diff patch (empty for binary or huge files)."""
+
+    path: str
+    status: str  # added, removed, modified, renamed, copied, changed, unchanged
+    additions: int
+    deletions: int
+    patch: str = ""
+    previous_path: str | None = None  # for renames
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    """The facts about one PR that policy, copycat, evaluate and publish need."""
+
+    number: int
+    author: str
+    title: str
+    body: str
+    state: str  # open or closed
+    draft: bool
+    merged: bool
+    head_sha: str
+    base_sha: str
+    base_ref: str
+    head_ref: str
+    created_at: str  # ISO 8601 UTC, e.g. 2026-11-30T10:00:00Z
+    updated_at: str
+    labels: tuple[str, ...] = ()
+    files: tuple[FileChange, ...] = ()
+    commits: tuple[Commit, ...] = ()
+    author_association: str = "NONE"  # OWNER, MEMBER, COLLABORATOR, CONTRIBUTOR, NONE, ...
+    closed_at: str | None = None
+    merged_at: str | None = None
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every path the PR touches, including the old side of renames."""
+        out = []
+        for f in self.files:
+            out.append(f.path)
+            if f.previous_path:
+                out.append(f.previous_path)
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class Comment:
+    """An issue comment on a PR."""
+
+    id: int
+    author: str
+    body: str
+    created_at: str = ""
+    updated_at: str = ""
+
+
 # --- JSON (de)serialization ---------------------------------------------------------------------
 
 
