@@ -200,11 +200,25 @@ class Area:
 
 
 @dataclass(frozen=True)
+class Stale:
+    days_without_push: int  # a PR with no push for longer is stale and no longer evaluated
+    max_fruitless_verdicts: int  # more REJECT or no-tier verdicts than this and the PR is exhausted
+
+
+@dataclass(frozen=True)
+class Template:
+    require_benchmark: bool  # a PR without the contributor's own before/after numbers waits for them
+    claim_gap_max: float  # claimed gain above the measured one by more than this (a fraction) is flagged
+
+
+@dataclass(frozen=True)
 class Policy:
     open_pr_cap: int
     areas: tuple[Area, ...]  # first match wins
     sensitive_paths: tuple[str, ...]
     blocklist: tuple[str, ...]
+    stale: Stale
+    template: Template
 
 
 @dataclass(frozen=True)
@@ -220,6 +234,12 @@ class Labels:
     needs_rebase: str
     skipped_sensitive: str
     skipped_cap: str
+    needs_benchmark: str
+    claim_gap: str
+    stale: str
+    exhausted: str
+    merge_first: str
+    re_evaluate: str
 
 
 @dataclass(frozen=True)
@@ -769,7 +789,8 @@ def _copycat(f: _File, root: yaml.Node) -> Copycat:
 
 
 def _policy(f: _File, root: yaml.Node, labels_in_use: dict[str, str]) -> Policy:
-    m = f.mapping(root, "policy", ("open_pr_cap", "areas", "sensitive_paths", "blocklist"))
+    keys = ("open_pr_cap", "areas", "sensitive_paths", "blocklist", "stale", "template")
+    m = f.mapping(root, "policy", keys)
     areas = []
     for label, key_node, node in f.items(m["areas"], "policy.areas"):
         field = _join("policy.areas", label)
@@ -800,6 +821,8 @@ def _policy(f: _File, root: yaml.Node, labels_in_use: dict[str, str]) -> Policy:
         if login.casefold() in (x.casefold() for x in logins):
             f.fail(node, _join("policy.blocklist", i), f"expected each login once, got {login!r} again")
         logins.append(login)
+    st = f.mapping(m["stale"], "policy.stale", ("days_without_push", "max_fruitless_verdicts"))
+    tp = f.mapping(m["template"], "policy.template", ("require_benchmark", "claim_gap_max"))
     return Policy(
         open_pr_cap=f.integer(m["open_pr_cap"], "policy.open_pr_cap"),
         areas=tuple(areas),
@@ -807,6 +830,17 @@ def _policy(f: _File, root: yaml.Node, labels_in_use: dict[str, str]) -> Policy:
             f.path_pattern(p, _join("policy.sensitive_paths", i)) for i, p in enumerate(sensitive)
         ),
         blocklist=tuple(logins),
+        stale=Stale(
+            days_without_push=f.integer(st["days_without_push"], "policy.stale.days_without_push"),
+            max_fruitless_verdicts=f.integer(
+                st["max_fruitless_verdicts"], "policy.stale.max_fruitless_verdicts", minimum=0
+            ),
+        ),
+        template=Template(
+            require_benchmark=f.boolean(tp["require_benchmark"], "policy.template.require_benchmark"),
+            # Above 0: a zero tolerance would flag every claim made on a contributor's own machine.
+            claim_gap_max=f.number(tp["claim_gap_max"], "policy.template.claim_gap_max", 0, 1, lo_open=True),
+        ),
     )
 
 

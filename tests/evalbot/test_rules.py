@@ -109,6 +109,8 @@ def test_shipped_defaults(rules):
     assert p.sensitive_paths[:4] == ("evalbot/", "rules/", "bench/", ".github/")
     assert "engine/cli.py" in p.sensitive_paths and "engine/data/" in p.sensitive_paths
     assert p.blocklist == ()
+    assert (p.stale.days_without_push, p.stale.max_fruitless_verdicts) == (30, 2)
+    assert (p.template.require_benchmark, p.template.claim_gap_max) == (True, 0.05)
 
     lb = rules.labels
     assert (lb.verified, lb.regression, lb.infra_error, lb.copycat, lb.copycat_warn) == (
@@ -123,7 +125,18 @@ def test_shipped_defaults(rules):
         "needs-rebase",
         "skipped:sensitive",
     )
-    assert {"perf:XS", "area:kernels", "verified"} <= rules.managed_labels
+    assert (lb.needs_benchmark, lb.claim_gap, lb.stale, lb.exhausted, lb.merge_first, lb.re_evaluate) == (
+        "needs-benchmark",
+        "claim-gap",
+        "stale",
+        "exhausted",
+        "merge-first",
+        "re-evaluate",
+    )
+    assert {"perf:XS", "area:kernels", "verified", "needs-benchmark", "merge-first"} <= rules.managed_labels
+    # A PR waiting on its author, on a maintainer, or on a fresh measurement must not merge by itself.
+    assert {"needs-benchmark", "claim-gap", "re-evaluate"} <= set(rules.automerge.blocking_labels)
+    assert "merge-first" not in rules.automerge.blocking_labels
 
     assert rules.automerge.enabled is False
     assert rules.dispatch.mode == "local" and rules.dispatch.runner_public_keys == ()
@@ -316,6 +329,54 @@ MALFORMED = [
         "models.profiles.gpus",
         "unknown key (did you mean 'gpu'?); expected one of: gpu, cpu",
         id="unknown-profile-reference",
+    ),
+    pytest.param(
+        "policy.yaml",
+        "days_without_push: 30",
+        "days_without_push: 0",
+        "policy.stale.days_without_push",
+        "expected a positive integer, got 0",
+        id="stale-days",
+    ),
+    pytest.param(
+        "policy.yaml",
+        "max_fruitless_verdicts: 2",
+        "max_fruitless_verdicts: -1",
+        "policy.stale.max_fruitless_verdicts",
+        "expected an integer >= 0, got -1",
+        id="fruitless-negative",
+    ),
+    pytest.param(
+        "policy.yaml",
+        "require_benchmark: true",
+        "require_benchmark: yes please",
+        "policy.template.require_benchmark",
+        "expected true or false, got 'yes please'",
+        id="template-boolean",
+    ),
+    pytest.param(
+        "policy.yaml",
+        "claim_gap_max: 0.05",
+        "claim_gap_max: 0",
+        "policy.template.claim_gap_max",
+        "expected a number in (0, 1], got 0",
+        id="claim-gap-zero",
+    ),
+    pytest.param(
+        "labels.yaml",
+        "merge_first: merge-first",
+        "merge_first: needs-rebase",
+        "labels.merge_first",
+        "already labels.needs_rebase",
+        id="new-label-used-twice",
+    ),
+    pytest.param(
+        "automerge.yaml",
+        "  - re-evaluate",
+        "  - re-evaluated",
+        "automerge.blocking_labels[14]",
+        "got 're-evaluated' (did you mean 're-evaluate'?)",
+        id="new-label-reference",
     ),
 ]
 
