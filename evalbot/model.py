@@ -215,6 +215,9 @@ class PullRequest:
     author_association: str = "NONE"  # OWNER, MEMBER, COLLABORATOR, CONTRIBUTOR, NONE, ...
     closed_at: str | None = None
     merged_at: str | None = None
+    # Why these facts may be partial: GitHub lists at most 3000 files and 250 commits of a PR, and omits
+    # the patch of huge files. Empty when the facts are complete; a policy must not vouch for a PR otherwise.
+    incomplete: tuple[str, ...] = ()
 
     @property
     def paths(self) -> tuple[str, ...]:
