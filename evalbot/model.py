@@ -241,6 +241,62 @@ class Comment:
     updated_at: str = ""
 
 
+class MergeOutcome(enum.StrEnum):
+    """What a merge attempt made of the PR."""
+
+    MERGED = "merged"
+    HEAD_MOVED = "head_moved"  # 409: the head is no longer the sha that was measured; nothing merged
+    NOT_MERGEABLE = "not_mergeable"  # 405: conflicts, branch protection, already merged; nothing merged
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """The answer to a merge with ``sha=``; ``sha`` here is the merge commit when merged."""
+
+    outcome: MergeOutcome
+    message: str
+    sha: str | None = None
+
+
+@dataclass(frozen=True)
+class Mergeability:
+    """GitHub's view of whether a PR merges; ``mergeable`` None means it was still computing."""
+
+    mergeable: bool | None
+    state: str  # clean, dirty, blocked, behind, unstable, draft, has_hooks, unknown
+    head_sha: str
+
+
+@dataclass(frozen=True)
+class WorkflowRun:
+    """One GitHub Actions run, as the runner pool tracks it."""
+
+    id: int
+    name: str
+    workflow_id: int
+    head_sha: str
+    head_branch: str
+    event: str
+    status: str  # queued, in_progress, completed, ...
+    conclusion: str | None  # success, failure, cancelled, ... once completed
+    display_title: str = ""
+    html_url: str = ""
+    created_at: str = ""
+    updated_at: str = ""
+    run_attempt: int = 1
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One artifact uploaded by a workflow run."""
+
+    id: int
+    name: str
+    size_in_bytes: int
+    expired: bool
+    run_id: int | None = None
+
+
 # --- JSON (de)serialization ---------------------------------------------------------------------
 
 
