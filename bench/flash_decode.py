@@ -29,7 +29,16 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-TILE_KEYS = ("num_splits", "block_n", "num_warps", "num_stages", "pdl", "combine_block_d")
+TILE_KEYS = (
+    "num_splits",
+    "block_n",
+    "num_warps",
+    "num_stages",
+    "pdl",
+    "combine_block_d",
+    "fused",
+    "pdl_wait",
+)
 SHAPES = {"q32-kv8-d128": (32, 8, 128), "q24-kv4-d256": (24, 4, 256), "q16-kv8-d64": (16, 8, 64)}
 DEFAULT_SHAPES = ["q32-kv8-d128", "q24-kv4-d256"]  # the notes' SDPA anchors; d64 only for tuning
 
@@ -46,6 +55,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--combine-block-d", nargs="+", type=int, default=[0], help="0 = the default")
     p.add_argument(
         "--pdl", nargs="+", default=["auto"], help="'auto', 0 and/or 1: programmatic dependent launch"
+    )
+    p.add_argument(
+        "--fused", nargs="+", default=["auto"], help="'auto', 0 and/or 1: merge in the partial kernel"
+    )
+    p.add_argument(
+        "--pdl-wait", nargs="+", default=["auto"], help="'auto', 0 and/or 1: launch the partial kernel early"
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the fixed cost of a call: one tile of context, empty kernels",
     )
     p.add_argument("--profile", action="store_true", help="per-kernel device times (torch.profiler)")
     p.add_argument("--rep-ms", type=int, default=200, help="do_bench repetition time per measurement")
@@ -157,6 +177,35 @@ def kernel_times_us(torch, calls: list, rounds: int = 10) -> dict[str, float]:  
     }
 
 
+def floor_us(torch, triton, fd, device) -> dict[str, float]:  # noqa: ANN001
+    """Graph-replayed µs of calls whose data is negligible: what every call pays before reading any KV."""
+    import functools
+
+    @triton.jit
+    def _empty(x):
+        pass
+
+    out: dict[str, float] = {}
+    dummy = torch.zeros(1, device=device)
+    out["empty_triton_kernel"] = graph_time_us(torch, [lambda: _empty[(132,)](dummy)] * 8)
+    out["two_empty_triton_kernels"] = 2 * out["empty_triton_kernel"]
+    for name, (hq, hkv, d) in SHAPES.items():
+        q = torch.randn(1, hq, d, device=device, dtype=torch.bfloat16)
+        k = torch.randn(1, hkv, 16 * 64, d, device=device, dtype=torch.bfloat16)
+        lengths = torch.full((1,), 16 * 64, dtype=torch.int32, device=device)
+        for splits, fused in ((1, False), (16, False), (16, True)):
+            ws = fd.FlashDecodeWorkspace.allocate(1, hq, d, splits, device)
+            o = torch.empty_like(q)
+            call = functools.partial(
+                fd.flash_decode, q, k, k, lengths, 0.1, out=o, workspace=ws, num_splits=splits, fused=fused,
+                block_n=64,
+            )  # fmt: skip
+            out[f"{name} ctx1024 splits{splits}{' fused' if fused else ''}"] = graph_time_us(
+                torch, [call] * 8
+            )
+    return out
+
+
 def time_sdpa(torch, F, do_bench, sets, scale, ref, cuda, rep_ms) -> dict:  # noqa: ANN001, N803
     """The same problem through torch SDPA with enable_gqa (q as a length-1 query sequence)."""
 
@@ -239,8 +288,15 @@ def main() -> None:
         base = fd.decode_config(q, k, v, lengths)
 
         variants = []
-        for splits, block_n, warps, stages, pdl, cbd in itertools.product(
-            args.splits, args.block_n, args.warps, args.stages, args.pdl, args.combine_block_d
+        for splits, block_n, warps, stages, pdl, cbd, fused, pdl_wait in itertools.product(
+            args.splits,
+            args.block_n,
+            args.warps,
+            args.stages,
+            args.pdl,
+            args.combine_block_d,
+            args.fused,
+            args.pdl_wait,
         ):
             tile = {
                 "num_splits": base["num_splits"] if splits == "auto" else int(splits),
@@ -249,6 +305,8 @@ def main() -> None:
                 "num_stages": stages or base["num_stages"],
                 "pdl": base["pdl"] if pdl == "auto" else bool(int(pdl)),
                 "combine_block_d": cbd or base["combine_block_d"],
+                "fused": base["fused"] if fused == "auto" else bool(int(fused)),
+                "pdl_wait": base["pdl_wait"] if pdl_wait == "auto" else bool(int(pdl_wait)),
             }
             if tile not in variants:
                 variants.append(tile)
@@ -303,6 +361,9 @@ def main() -> None:
             print(f"{name} ctx={ctx} B={batch} {tile}: {summary}", file=sys.stderr)
         del sets, ref
 
+    if args.floor and cuda:
+        record["floor"] = floor_us(torch, triton, fd, device)
+        print(f"floor: {record['floor']}", file=sys.stderr)
     print(table(record["rows"]))
     tuned = [r for r in record["rows"] if "graph_us" in r or "error" in r]
     if any(not r["default"] for r in tuned):
@@ -336,8 +397,9 @@ def table(rows: list[dict]) -> str:
 def tuning_table(rows: list[dict]) -> str:
     """Every timed variant (graph replay), best first within each problem; variants that failed last."""
     lines = [
-        "| shape | ctx | B | splits | block_n | warps | stages | pdl | combine block_d | graph µs | % copy |",
-        "|---" * 11 + "|",
+        "| shape | ctx | B | splits | block_n | warps | stages | pdl | combine block_d | fused | pdl wait "
+        "| graph µs | % copy |",
+        "|---" * 13 + "|",
     ]
     for r in sorted(rows, key=lambda r: (r["shape"], r["ctx"], r["batch"], r.get("graph_us", math.inf))):
         c = r["config"]
@@ -345,7 +407,7 @@ def tuning_table(rows: list[dict]) -> str:
         timing = f"{r['graph_us']:.1f}" if "graph_us" in r else r["error"][:40]
         lines.append(
             f"| {r['shape']} | {r['ctx']} | {r['batch']} | {c['num_splits']}{mark} | {c['block_n']} | {c['num_warps']} "
-            f"| {c['num_stages']} | {int(c['pdl'])} | {c['combine_block_d']} | {timing} | {_fmt(r, 'graph_pct_copy', '.0f')} |"
+            f"| {c['num_stages']} | {int(c['pdl'])} | {c['combine_block_d']} | {int(c['fused'])} | {int(c['pdl_wait'])} | {timing} | {_fmt(r, 'graph_pct_copy', '.0f')} |"
         )
     return "\n".join(lines)
 
