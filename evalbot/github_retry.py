@@ -60,7 +60,9 @@ def is_secondary_limit_message(message: str) -> bool:
     return any(pattern.search(text) for pattern in _SECONDARY_MESSAGES)
 
 
-def rate_limit_wait(status: int, headers: Mapping[str, str], message: str, now: float) -> RateLimitWait | None:
+def rate_limit_wait(
+    status: int, headers: Mapping[str, str], message: str, now: float
+) -> RateLimitWait | None:
     """How long GitHub asks us to wait before retrying, or None when the refusal is no rate limit.
 
     ``headers`` are the response headers (any case); ``now`` is the epoch second on our clock.
@@ -94,6 +96,52 @@ def backoff_delay(fault: int, policy: RetryPolicy, rng: random.Random) -> float:
     """
     ceiling = min(policy.max_delay, policy.base_delay * (2.0**fault))
     return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What to do after a failed try: sleep ``wait`` seconds and retry, or stop (``wait`` None) and say why."""
+
+    wait: float | None
+    reason: str
+    rate_limited: bool = False  # the wait counts against max_rate_wait, not against attempts
+    infra: bool = True  # stopping is an infrastructure fault; False: GitHub refused the request itself
+
+
+def next_step(
+    status: int | None,
+    headers: Mapping[str, str],
+    message: str,
+    *,
+    now: float,
+    idempotent: bool,
+    faults: int,
+    rate_waited: float,
+    policy: RetryPolicy,
+    rng: random.Random,
+) -> Step:
+    """Decide after one failed try (``status`` None: no answer, e.g. a timeout) whether and when to retry.
+
+    ``faults`` counts earlier server faults and ``rate_waited`` earlier rate-limit sleeps of this request.
+    """
+    if status is not None:
+        wait = rate_limit_wait(status, headers, message, now)
+        if wait is not None:
+            if rate_waited + wait.seconds > policy.max_rate_wait:
+                return Step(
+                    None,
+                    f"{wait.kind} rate limit: GitHub asks for {wait.seconds:.0f}s more after {rate_waited:.0f}s "
+                    f"waited, past the cap of {policy.max_rate_wait:.0f}s ({message})",
+                )
+            # A refused request was not applied, so retrying it is safe even when it is not idempotent.
+            return Step(wait.seconds, f"{wait.kind} rate limit", rate_limited=True)
+        if not is_transient(status):
+            return Step(None, message, infra=False)
+    if not idempotent:
+        return Step(None, f"{message} (not retried: it may have been applied)")
+    if faults + 1 >= policy.attempts:
+        return Step(None, f"{message} (gave up after {faults + 1} attempts)")
+    return Step(backoff_delay(faults, policy, rng), message)
 
 
 def _seconds(value: object) -> float | None:

@@ -1,0 +1,1 @@
+"""A stateful local GitHub (REST subset the bot uses) for tests: see state, server, gitrepo and fixture."""
