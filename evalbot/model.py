@@ -115,6 +115,9 @@ class Measurements:
     failures: tuple[Failure, ...] = ()
     skipped_reason: str | None = None
     reproduce: str = ""  # the exact command that reproduces the run locally
+    # the box's state sampled before every A/B pair: time, model, context, pair, CPU load, and GPU
+    # clocks and temperature when nvidia-smi answers, so a noisy or throttled run can be told apart
+    box_samples: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

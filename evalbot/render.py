@@ -321,7 +321,38 @@ def _context(verdict: Verdict, measurements: Measurements, signature_status: str
         "mde": mde,
         "mde_power": MDE_POWER,
         "signature_status": signature_status,
+        "box_during": box_summary(measurements.box_samples),
     }
+
+
+def box_summary(samples: tuple[dict[str, Any], ...]) -> str:
+    """One line on the box's state across the A/B pairs: CPU load range, GPU clock and temperature ranges."""
+    if not samples:
+        return ""
+    parts = [f"{len(samples)} samples"]
+    for key, label, unit in (
+        ("load1", "load", ""),
+        ("gpu_clock_sm", "GPU SM clock", ""),
+        ("gpu_temp", "GPU", " °C"),
+    ):
+        values = [_leading_number(s.get(key)) for s in samples]
+        values = [v for v in values if v is not None]
+        if values:
+            lo, hi = min(values), max(values)
+            span = f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"
+            parts.append(f"{label} {span}{unit}")
+    return ", ".join(parts)
+
+
+def _leading_number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value.split():
+        try:
+            return float(value.split()[0])
+        except ValueError:
+            return None
+    return None
 
 
 def render_comment(verdict: Verdict, measurements: Measurements, *, signature_status: str) -> str:

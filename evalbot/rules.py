@@ -118,6 +118,8 @@ class Measurement:
     min_pairs: int
     max_pairs: int
     time_budget_s: int
+    run_timeout_s: int = 600  # wall limit of one engine process; past it the run is killed
+    max_output_mb: int = 64  # stdout or stderr of one run beyond this stops it
 
 
 @dataclass(frozen=True)
@@ -686,9 +688,16 @@ def _contexts(f: _File, node: yaml.Node, field: str) -> tuple[Context, ...]:
     return tuple(out)
 
 
+_OPTIONAL_MEASUREMENT = ("run_timeout_s", "max_output_mb")
+
+
 def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:
     keys = [fl.name for fl in fields(Measurement)]
-    m = f.mapping(node, field, keys)
+    present = {key for key, _, _ in f.items(node, field)}
+    m = f.mapping(node, field, [k for k in keys if k not in _OPTIONAL_MEASUREMENT or k in present])
+    optional = {
+        k: f.integer(m[k], f"{field}.{k}", minimum=1) for k in _OPTIONAL_MEASUREMENT if k in m
+    }
     min_pairs = f.integer(m["min_pairs"], f"{field}.min_pairs", minimum=2)  # one pair has no spread
     max_pairs = f.integer(m["max_pairs"], f"{field}.max_pairs", minimum=2)
     if max_pairs < min_pairs:
@@ -706,6 +715,7 @@ def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:
         min_pairs=min_pairs,
         max_pairs=max_pairs,
         time_budget_s=f.integer(m["time_budget_s"], f"{field}.time_budget_s"),
+        **optional,
     )
 
 

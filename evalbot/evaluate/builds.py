@@ -26,8 +26,9 @@ installed per revision, which would take minutes and gigabytes. What follows fro
 - The cache key covers the toolchain's installed distributions, so upgrading torch in the bot's venv
   causes a rebuild rather than silently changing a cached build.
 
-The build runs the revision's build backend (setup.py and the like), so it is untrusted code. Run
-build_env inside the sandbox, just as the engine runs there.
+The build runs the revision's build backend (setup.py and the like), so it is untrusted code: the
+caller passes ``confine``, which wraps each of the revision's steps (pip, compileall, the smoke import)
+in the sandbox with the build's temp dir as the only writable place, just as the engine runs there.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import subprocess
 import tarfile
 import time
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,6 +57,9 @@ MARKER = "build.json"
 LOG_TAIL_LINES = 60
 BUILD = "build"  # the revision's own fault
 TOOLCHAIN = "toolchain"  # the environment's fault
+
+# (argv, the build's temp dir) -> the argv that runs it confined, with that dir as the only writable place
+Confine = Callable[[list[str], Path], list[str]]
 
 _SHA = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")  # sha1 or sha256 object names
 _TMP = re.compile(r"\.tmp-.+-(\d+)-[0-9a-f]{8}")  # .tmp-<name>-<pid>-<token>
@@ -315,6 +319,7 @@ def build_env(
     log_dir: Path,
     timeout_s: float,
     import_name: str = "engine",
+    confine: Confine | None = None,
 ) -> BuildResult:
     """Build worktree into a venv under cache_root (reused when its key matches); never raises for a failed build."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -333,7 +338,7 @@ def build_env(
             if cached:
                 log.write(f"reusing {final} (key {key_sha}); its build log is {final / 'build.log'}\n")
             else:
-                _build(worktree, final, key, key_sha, toolchain, import_name, log, deadline)
+                _build(worktree, final, key, key_sha, toolchain, import_name, log, deadline, confine)
         except _StageFailed as f:
             failure = f
         except OSError as e:
@@ -404,6 +409,7 @@ def _build(
     import_name: str,
     log: IO[str],
     deadline: float,
+    confine: Confine | None = None,
 ) -> None:
     cache_root = final.parent
     cache_root.mkdir(parents=True, exist_ok=True)
@@ -416,7 +422,7 @@ def _build(
     env = build_environ(os.environ) | {"TMPDIR": str(tmp / "tmp")}
     try:
         (tmp / "tmp").mkdir(parents=True)
-        run = _Runner(log, env, cwd=tmp, deadline=deadline)
+        run = _Runner(log, env, cwd=tmp, deadline=deadline, confine=confine)
         run(
             "venv",
             TOOLCHAIN,
@@ -466,13 +472,25 @@ def _build(
 class _Runner:
     """Runs build steps one at a time into the log, within the build's deadline."""
 
-    def __init__(self, log: IO[str], env: Mapping[str, str], *, cwd: Path, deadline: float) -> None:
-        self.log, self.env, self.cwd, self.deadline = log, env, cwd, deadline
+    def __init__(
+        self,
+        log: IO[str],
+        env: Mapping[str, str],
+        *,
+        cwd: Path,
+        deadline: float,
+        confine: Confine | None = None,
+    ) -> None:
+        self.log, self.env, self.cwd, self.deadline, self.confine = log, env, cwd, deadline, confine
 
     def __call__(self, step: str, blame: str, cmd: list[str]) -> None:
         """Run cmd; on failure blame `blame`, except that a 'build' step's output can shift it to the toolchain."""
-        self.log.write(f"\n$ {shlex.join(cmd)}\n")
+        confined = self.confine is not None and blame == BUILD  # the revision's own code runs in these steps
+        self.log.write(f"\n$ {shlex.join(cmd)}{'  (sandboxed)' if confined else ''}\n")
         self.log.flush()
+        if confined:
+            assert self.confine is not None
+            cmd = self.confine(cmd, self.cwd)
         start = os.path.getsize(self.log.name)
         try:
             # A new session, so that a timeout can kill pip's build-backend children as well.

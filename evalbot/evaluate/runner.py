@@ -84,6 +84,9 @@ class _Ctx:
     ro_binds: list[Path] = field(default_factory=list)
     sides: dict[Side, _Side] = field(default_factory=dict)
     profile_device: str = "cpu"
+    run_timeout_s: float = 600.0
+    max_output_bytes: int = 64 << 20
+    box_samples: list[dict[str, Any]] = field(default_factory=list)
 
 
 def sensitive_changes(paths: list[str], sensitive: tuple[str, ...]) -> list[str]:
@@ -131,12 +134,14 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
                     "bubblewrap is not available; refusing to run untrusted code (pass --no-sandbox to override)"),))
 
     with tempfile.TemporaryDirectory(prefix="evalbot-run-") as tmp:
-        ctx = _Ctx(cfg, log, Path(tmp), profile_device=profile.device)
+        ctx = _Ctx(cfg, log, Path(tmp), profile_device=profile.device,
+                   run_timeout_s=profile.measurement.run_timeout_s,
+                   max_output_bytes=profile.measurement.max_output_mb << 20)
         failures: list[Failure] = []
         for side, wt in ((Side.BASE, base_wt), (Side.HEAD, head_wt)):
             log(f"building {side.value} {wt.sha[:12]}")
             b = builds.build_env(wt, cfg.work_root / "venvs", python=cfg.python, log_dir=cfg.work_root / "logs",
-                                 timeout_s=1800)
+                                 timeout_s=1800, confine=None if cfg.no_sandbox else _confine_build)
             if not b.ok:
                 stage = b.failure_stage or "build"
                 failures.append(Failure(side, stage, b.message, b.log_tail))
@@ -168,21 +173,23 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
         except SideFailed as exc:
             failures.append(exc.failure)
         return done(prov=prov_kw, throughput=tuple(throughput), accuracy=tuple(accuracy), spec=tuple(spec_results),
-                    failures=tuple(failures))
+                    failures=tuple(failures), box_samples=tuple(ctx.box_samples))
 
 
 # --- engine runs ----------------------------------------------------------------------------------
 
 
-def _run_engine(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float = 1800) -> dict[str, Any]:
+def _run_engine(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float | None = None) -> dict[str, Any]:
     """Run `python -m <argv>` from a side's venv in the sandbox; the validated JSON record.
 
     A failed run is retried once before it counts: a one-off crash of the box must not decide a verdict.
+    A timeout or an output flood is not retried: it would only cost the same again.
     """
+    timeout_s = timeout_s or ctx.run_timeout_s
     try:
         return _run_engine_once(ctx, side, argv, command, timeout_s)
     except SideFailed as first:
-        if first.failure.stage == "timeout":
+        if first.failure.stage in ("timeout", "output"):
             raise
         ctx.log(f"{side.value}: {first.failure.message}; retrying once")
         return _run_engine_once(ctx, side, argv, command, timeout_s)
@@ -196,6 +203,9 @@ def _run_engine_once(ctx: _Ctx, side: Side, argv: list[str], command: str, timeo
     tail = res.stderr[-3000:]
     if res.timed_out:
         raise SideFailed(Failure(side, "timeout", f"`{' '.join(argv[:2])}` exceeded {timeout_s:.0f} s", tail))
+    if res.output_truncated:
+        raise SideFailed(Failure(side, "output", f"`{' '.join(argv[:2])}` printed more than "
+                                 f"{ctx.max_output_bytes >> 20} MiB on stdout or stderr and was stopped", tail))
     if res.returncode != 0:
         raise SideFailed(Failure(side, "run", f"`{' '.join(argv[:2])}` exited with {res.returncode}", tail))
     try:
@@ -219,6 +229,7 @@ def _measure_contexts(ctx: _Ctx, profile: Profile, name: str, path: Path, prompt
                     "--runs", "1", "--warmup", str(m.warmup_runs), "--prompt-file", str(prompt),
                     "--device", profile.device]
             order = (Side.BASE, Side.HEAD) if count % 2 == 0 else (Side.HEAD, Side.BASE)  # ABBA
+            ctx.box_samples.append({"model": name, "context": c.ctx, "pair": count + 1, **box_state()})
             recs = {s: _run_engine(ctx, s, argv, "bench") for s in order}
             count += 1
             prefill.append((recs[Side.BASE]["prefill_tps"], recs[Side.HEAD]["prefill_tps"]))
@@ -248,10 +259,22 @@ def _sandboxed_python(ctx: _Ctx, venv: Path, scratch: Path, argv: list[str], ext
     spec = sandbox.SandboxSpec(
         ro_binds=tuple(dict.fromkeys([*ctx.ro_binds, venv, *extra_binds])), scratch=scratch, workdir=scratch, env=env,
         limits=sandbox.Limits(cpu_seconds=int(timeout_s * (os.cpu_count() or 1)), memory_bytes=48 << 30,
-                              max_output_bytes=64 << 20, timeout_s=timeout_s),
+                              max_output_bytes=ctx.max_output_bytes, timeout_s=timeout_s),
         devices=sandbox.gpu_devices() if ctx.profile_device == "cuda" else (),
     )
     return sandbox.run(spec, [str(venv / "bin" / "python"), "-m", *argv], no_sandbox=ctx.cfg.no_sandbox)
+
+
+def _confine_build(argv: list[str], writable: Path) -> list[str]:
+    """A revision's build step under bubblewrap: no network, only its temp dir writable, no secrets."""
+    env = builds.build_environ(sandbox.scrub_env(os.environ)) | {"HOME": str(writable),
+                                                                 "TMPDIR": str(writable / "tmp")}
+    interpreters = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
+    spec = sandbox.SandboxSpec(
+        ro_binds=tuple(dict.fromkeys([*sandbox.system_ro_binds(), *sorted(interpreters)])), scratch=writable,
+        workdir=writable, env=env, limits=sandbox.Limits(cpu_seconds=3600, memory_bytes=16 << 30),
+    )
+    return sandbox.bwrap_argv(spec, argv)
 
 
 def _accuracy(ctx: _Ctx, name: str, path: Path, text: Path) -> AccuracyResult:
@@ -375,6 +398,19 @@ def box_identity() -> dict[str, Any]:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "os": f"{platform.system()} {platform.release()}",
             "python": platform.python_version(), "gpu": _gpu_identity()}
+
+
+def box_state() -> dict[str, Any]:
+    """The box right now: time, 1-minute load, and the GPU's clocks and temperature when there is one."""
+    state: dict[str, Any] = {"at": _now()}
+    try:
+        state["load1"] = round(os.getloadavg()[0], 2)
+    except OSError:
+        state["load1"] = None
+    gpu = _gpu_identity()
+    if gpu:
+        state |= {"gpu_clock_sm": gpu["clock_sm"], "gpu_clock_mem": gpu["clock_mem"], "gpu_temp": gpu["temperature"]}
+    return state
 
 
 def _gpu_identity() -> dict[str, str] | None:

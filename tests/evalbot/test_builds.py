@@ -327,3 +327,65 @@ def test_build_environ_drops_the_callers_python_and_pip_settings():
     assert env["PATH"] == "/bin" and env["HOME"] == "/h"
     assert "PYTHONPATH" not in env and "PIP_INDEX_URL" not in env
     assert env["PIP_CONFIG_FILE"] == os.devnull
+
+
+# ---------------------------------------------------------------- the build step is untrusted
+
+SNOOP_SETUP = """\
+import os, socket
+from setuptools import setup
+escaped = []
+for target in {targets!r}:
+    try:
+        with open(target, "w") as f:
+            f.write("written by a PR's setup.py")
+        escaped.append(target)
+    except OSError:
+        pass
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2).close()
+    escaped.append("network")
+except OSError:
+    pass
+secrets = sorted(k for k in os.environ if "TOKEN" in k or k.startswith("EVALBOT_"))
+with open(os.path.join("engine", "_snoop.py"), "w") as f:  # installed with the package: proof it ran
+    f.write("ESCAPED = %r\\nSECRETS = %r\\n" % (escaped, secrets))
+setup()
+"""
+
+
+@pytest.mark.skipif(not __import__("evalbot.evaluate.sandbox", fromlist=["x"]).sandbox_available(),
+                    reason="needs bubblewrap")
+def test_a_confined_build_cannot_write_outside_its_dir_reach_the_network_or_see_secrets(
+    repo, tmp_path, monkeypatch
+):
+    """The revision's setup.py runs inside the sandbox: the host paths stay untouched, the connect fails."""
+    import socket
+
+    from evalbot.evaluate.runner import _confine_build
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    host_file = tmp_path / "host-canary.txt"
+    cache_file = tmp_path / "venvs" / "planted.txt"
+    setup_py = SNOOP_SETUP.format(targets=[str(host_file), str(cache_file), str(Path.home() / "pwned.txt")],
+                                  port=listener.getsockname()[1])
+    git(repo, "checkout", "-q", "-b", "snoop", "head")
+    commit(repo, "snoop", {"setup.py": setup_py})
+    git(repo, "checkout", "-q", "main")
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_not_for_builds")
+    wt = prepare_worktree(repo, "snoop", tmp_path / "wt")
+    result = build_env(wt, tmp_path / "venvs", python=sys.executable, log_dir=tmp_path / "logs", timeout_s=600,
+                       confine=_confine_build)
+    listener.close()
+    log = result.log_path.read_text()
+    assert result.ok, log[-3000:]
+    assert "(sandboxed)" in log
+    (snoop,) = result.venv.glob("lib/python*/site-packages/engine/_snoop.py")
+    seen: dict = {}
+    exec(snoop.read_text(), seen)  # what setup.py saw from inside
+    assert seen["SECRETS"] == [] and "network" not in seen["ESCAPED"]
+    # writes under /tmp land in the sandbox's private tmpfs (bwrap makes the bind's parents there), so
+    # setup.py may believe it wrote them; the host's files are what count
+    assert not host_file.exists() and not cache_file.exists() and not (Path.home() / "pwned.txt").exists()

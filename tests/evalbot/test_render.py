@@ -547,3 +547,14 @@ def test_render_verdict_file(tmp_path):
     path.write_text(json.dumps({"verdict": to_dict(v)}))
     with pytest.raises(ValueError, match="measurements"):
         render.render_verdict_file(path)
+
+
+def test_box_summary_gives_the_ranges_across_pairs():
+    from evalbot.render import box_summary
+
+    assert box_summary(()) == ""
+    cpu = ({"load1": 0.8, "at": "t"}, {"load1": 1.4}, {"load1": None})
+    assert box_summary(cpu) == "3 samples, load 0.8–1.4"
+    gpu = ({"load1": 1.0, "gpu_clock_sm": "1980 MHz", "gpu_temp": "41"}, {"load1": 1.0, "gpu_clock_sm": "1755 MHz",
+           "gpu_temp": "44"})
+    assert box_summary(gpu) == "2 samples, load 1, GPU SM clock 1755–1980, GPU 41–44 °C"
