@@ -80,7 +80,10 @@ class BareRepo:
                 self.git("read-tree", parent, env=index)
             for path, content in files.items():
                 if content is None:
-                    self.git("update-index", "--force-remove", "--", path, env=index)
+                    # --index-info with a zero mode drops the entry; --force-remove would want a worktree
+                    self.git(
+                        "update-index", "--index-info", env=index, stdin=f"0 {'0' * 40}\t{path}\n".encode()
+                    )
                     continue
                 data = content.encode() if isinstance(content, str) else content
                 blob = self.git("hash-object", "-w", "--stdin", stdin=data)

@@ -307,7 +307,7 @@ def _dispatch(s: GitHubState, r: Request) -> Answer:
     if not isinstance(inputs, dict):
         raise Refusal(422, "Invalid request: inputs must be an object.")
     run = s.start_run(file, ref, inputs)
-    if not body.get("return_run_details"):
+    if not (body.get("return_run_details") and s.run_details_supported):
         return Answer(204)
     api = f"{s.base_url}/repos/{s.owner}/{s.name}"
     html = f"https://github.com/{s.owner}/{s.name}/actions/runs/{run.id}"

@@ -33,10 +33,15 @@ def fake_sha(*parts: object) -> str:
 class Fault:
     """One injected misbehaviour, consumed by the next request to its route."""
 
-    kind: str  # "status", "timeout", "disconnect", "secondary", "primary"
+    kind: str  # "status", "timeout", "disconnect", "secondary", "primary", "pass"
     status: int = 502
     seconds: float = 0.0  # timeout: how long to hang before dropping; secondary: Retry-After
     reset_at: int = 0  # primary: the X-RateLimit-Reset epoch
+
+    @classmethod
+    def passthrough(cls) -> Fault:
+        """No fault: answer this request normally, so that a queue can aim at a later one."""
+        return cls("pass")
 
     @classmethod
     def server_error(cls, status: int = 502) -> Fault:
@@ -207,6 +212,7 @@ class GitHubState:
         self.artifacts: dict[int, ArtifactState] = {}
         self.users_by_email: dict[str, str] = {}  # how GitHub maps a commit's email to an account
         self.allowed_merge_methods = {"merge", "squash"}
+        self.run_details_supported = True  # dispatch honours return_run_details (200 + run id) or answers 204
         self.files_cap, self.commits_cap = 3000, 250  # GitHub lists no more of a PR
         self.requests: list[RecordedRequest] = []
         self.faults: dict[str, collections.deque[Fault]] = collections.defaultdict(collections.deque)
