@@ -103,7 +103,7 @@ def _repo(s: GitHubState, r: Request) -> Answer:
 
 @route("user.get", "GET", "/user")
 def _user(s: GitHubState, r: Request) -> Answer:
-    return Answer(200, shapes.user(s, s.bot))
+    return Answer(200, shapes.authenticated_user(s))
 
 
 @route("rate_limit.get", "GET", "/rate_limit")

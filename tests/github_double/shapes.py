@@ -65,6 +65,36 @@ def user(s: GitHubState, login: str) -> dict[str, Any]:
     }
 
 
+def authenticated_user(s: GitHubState) -> dict[str, Any]:
+    """GET /user: the account the token belongs to, with its profile."""
+    return user(s, s.bot) | {
+        "name": s.bot,
+        "company": None,
+        "blog": "",
+        "location": None,
+        "email": None,
+        "hireable": None,
+        "bio": None,
+        "public_repos": 0,
+        "public_gists": 0,
+        "followers": 0,
+        "following": 0,
+        "created_at": s.iso(0),
+        "updated_at": s.iso(0),
+        "private_gists": 0,
+        "total_private_repos": 0,
+        "owned_private_repos": 0,
+        "disk_usage": 0,
+        "collaborators": 0,
+        "plan": {"name": "free", "space": 976562499, "collaborators": 0, "private_repos": 10000},
+    }
+
+
+def _reactions(url: str) -> dict[str, Any]:
+    counts = dict.fromkeys(["+1", "-1", "laugh", "hooray", "confused", "heart", "rocket", "eyes"], 0)
+    return {"url": url, "total_count": 0, **counts}
+
+
 def repo(s: GitHubState) -> dict[str, Any]:
     """The repository."""
     ident = _id("repo", s.owner, s.name)
@@ -213,6 +243,11 @@ def issue(s: GitHubState, p: PullState) -> dict[str, Any]:
         "author_association": p.author_association,
         "body": p.body,
         "state_reason": None if p.state == "open" else "completed",
+        "active_lock_reason": None,
+        "closed_by": user(s, s.bot) if p.state == "closed" else None,
+        "performed_via_github_app": None,
+        "timeline_url": f"{api}/issues/{p.number}/timeline",
+        "reactions": _reactions(f"{api}/issues/{p.number}/reactions"),
         "pull_request": {
             "url": f"{api}/pulls/{p.number}",
             "html_url": f"https://github.com/{s.owner}/{s.name}/pull/{p.number}",
