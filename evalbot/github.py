@@ -330,7 +330,12 @@ class PyGithubAdapter:
             complete_commits = len(commits) == raw.get("commits", len(commits))
             if complete_commits and commits and commits[-1].sha != pull.head_sha:
                 continue  # a push landed between our reads: these files may belong to another head
-            files, incomplete = self._fill_patches(pull, files)
+            files, missing = self._fill_patches(pull, files)
+            incomplete = (
+                [f"GitHub omitted the patch of {len(missing)} file(s): {', '.join(missing[:5])}"]
+                if missing
+                else []
+            )
             listed = raw.get("changed_files", len(files))
             if len(files) < listed:
                 incomplete.append(f"GitHub listed {len(files)} of the PR's {listed} changed files")
@@ -344,27 +349,16 @@ class PyGithubAdapter:
     def _fill_patches(
         self, pull: PullRequest, files: tuple[FileChange, ...]
     ) -> tuple[tuple[FileChange, ...], list[str]]:
-        missing: list[str] = []
-        out = []
+        out, missing = [], []
         for f in files:
             # No patch with changed lines means GitHub cut it for size (binary files report no lines).
             if not f.patch and f.additions + f.deletions > 0:
-                fetched = (
-                    self._git_patch_fetcher(pull.base_sha, pull.head_sha, f.path)
-                    if self._git_patch_fetcher
-                    else None
-                )
-                if fetched:
-                    f = replace(f, patch=fetched)
-                else:
-                    missing.append(f.path)
+                fetch = self._git_patch_fetcher
+                patch = fetch(pull.base_sha, pull.head_sha, f.path) if fetch else None
+                f = replace(f, patch=patch) if patch else f
+                missing += [] if patch else [f.path]
             out.append(f)
-        reasons = (
-            [f"GitHub omitted the patch of {len(missing)} file(s): {', '.join(missing[:5])}"]
-            if missing
-            else []
-        )
-        return tuple(out), reasons
+        return tuple(out), missing
 
     def mergeable_state(self, number: int) -> Mergeability:
         """Whether the PR merges cleanly, re-polling a bounded number of times while GitHub computes it."""

@@ -564,3 +564,21 @@ def test_a_github_app_installation_mints_a_token_and_uses_it(github_double, fake
 def test_a_repo_that_is_not_owner_slash_name_is_refused():
     with pytest.raises(ValueError, match="repo must be 'owner/name', got 'engine'"):
         PyGithubAdapter.from_token("engine", TOKEN)
+
+
+def test_the_adapter_implements_every_operation_of_the_port():
+    import inspect
+
+    from evalbot.github import GitHubPort
+
+    operations = [
+        name for name, _ in inspect.getmembers(GitHubPort, inspect.isfunction) if not name.startswith("_")
+    ]
+    assert len(operations) == 18
+    for name in operations:
+        port, impl = (
+            inspect.signature(getattr(GitHubPort, name)),
+            inspect.signature(getattr(PyGithubAdapter, name)),
+        )
+        assert list(impl.parameters)[: len(port.parameters)] == list(port.parameters), name
+        assert impl.return_annotation == port.return_annotation, name
