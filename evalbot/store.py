@@ -138,6 +138,10 @@ class SchemaError(StoreError):
     """The store's schema is newer than this code, or is not an evalbot store at all."""
 
 
+class StoreBusyError(StoreError):
+    """Another process kept the write lock for longer than the busy timeout; nothing was written."""
+
+
 class ActionPendingError(StoreError):
     """An action's intent was recorded but not its outcome: reconcile it with GitHub first."""
 
@@ -450,7 +454,12 @@ class Store:
     def _write(self) -> Iterator[sqlite3.Connection]:
         # IMMEDIATE takes the write lock up front: a deferred transaction that later needs it could fail
         # with SQLITE_BUSY halfway, after reads that the busy timeout cannot retry.
-        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise StoreBusyError(
+                f"{self.path}: another process held the store's write lock past the busy timeout ({exc})"
+            ) from None
         try:
             yield self._conn
         except BaseException:

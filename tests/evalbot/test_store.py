@@ -1,0 +1,645 @@
+"""evalbot.store: round trips, idempotent actions, leased claims, crash safety under SIGKILL, WAL readers,
+and refusal to touch a corrupt, foreign or newer store."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from evalbot.model import (
+    ContextEstimate,
+    Gate,
+    Measurements,
+    Provenance,
+    Status,
+    ThroughputPairs,
+    Verdict,
+)
+from evalbot.store import (
+    SCHEMA_VERSION,
+    ActionPendingError,
+    CorruptStoreError,
+    EvalKey,
+    SchemaError,
+    Store,
+    StoreBusyError,
+    StoreError,
+    action_key,
+    iso,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+HEAD, BASE, RULES = "a" * 40, "b" * 40, "c" * 64
+
+
+def key(pr: int = 7, head: str = HEAD) -> EvalKey:
+    return EvalKey(pr, head, BASE, RULES)
+
+
+def verdict(status: Status = Status.PASS, low: float = 1.031) -> Verdict:
+    est = ContextEstimate(
+        model="qwen2.5-coder-0.5b", context=512, metric="decode_tps", n=8, base_median=40.0, head_median=42.0,
+        ratio=1.05, ci_low=low, ci_high=1.07, mde=0.012, tier="XS", regression=False, guarded=True, scored=True,
+    )  # fmt: skip
+    return Verdict(
+        status=status, tier="XS", scored_context=512,
+        gates=(Gate("no regression", 1.07, "CI upper bound >= 0.98x main", True, "", 512, "qwen2.5-coder-0.5b"),),
+        reasons=("XS: +5.0% at ctx 512",), labels_add=("verified", "perf:XS"), labels_remove=("regression",),
+        estimates=(est,), rules_hash=RULES, mde=0.012,
+    )  # fmt: skip
+
+
+def measurements() -> Measurements:
+    prov = Provenance(repo="o/r", base_sha=BASE, head_sha=HEAD, harness_sha=BASE, rules_hash=RULES, profile="cpu",
+                      model_sha256s={"qwen2.5-coder-0.5b": "d" * 64}, box={"cpu": "x86"}, pr=7)  # fmt: skip
+    tp = ThroughputPairs("qwen2.5-coder-0.5b", 512, "decode_tps", ((40.0, 42.0), (40.5, 42.1)))
+    return Measurements(provenance=prov, throughput=(tp,), reproduce="evalbot evaluate ...")
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "state.db"
+
+
+@pytest.fixture
+def store(db: Path):
+    with Store(db) as s:
+        yield s
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------- opening
+
+
+def test_new_store_is_wal_full_sync_and_versioned(store, db):
+    assert store.schema_version == SCHEMA_VERSION == int(store.meta("schema_version"))
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # WAL is a property of the file
+    conn.close()
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert store._conn.execute("PRAGMA busy_timeout").fetchone()[0] > 0
+
+
+def test_meta_round_trip_and_schema_version_is_protected(store, db):
+    store.set_meta("owner", "evalbot-operator")
+    with pytest.raises(ValueError, match="managed by the store's migrations"):
+        store.set_meta("schema_version", "99")
+    store.close()
+    with Store(db) as again:
+        assert again.meta("owner") == "evalbot-operator" and again.meta("nothing") is None
+
+
+def test_newer_schema_is_refused_and_left_untouched(db):
+    Store(db).close()
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    conn.commit()
+    conn.close()
+    before = sha(db)
+    with pytest.raises(SchemaError, match=rf"schema version {SCHEMA_VERSION + 1} is newer .*upgrade evalbot"):
+        Store(db)
+    assert sha(db) == before
+
+
+def test_foreign_sqlite_database_is_refused(db):
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE photos (id INTEGER, path TEXT)")
+    conn.execute("INSERT INTO photos VALUES (1, 'a.jpg')")
+    conn.commit()
+    conn.close()
+    before = sha(db)
+    with pytest.raises(SchemaError, match="not an evalbot store .*photos"):
+        Store(db)
+    assert sha(db) == before
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"version: 1\nevaluations: []\n", r"not a SQLite database \(it starts with b'version"),
+        (
+            b"SQLite format 3\x00" + bytes(range(256)) * 20,
+            "not a usable SQLite database|integrity check failed",
+        ),
+    ],
+    ids=["text-file", "sqlite-header-then-garbage"],
+)
+def test_non_sqlite_file_is_refused_and_never_overwritten(db, content, message):
+    db.write_bytes(content)
+    with pytest.raises(CorruptStoreError, match=message) as info:
+        Store(db)
+    assert str(db) in str(info.value) and db.read_bytes() == content
+
+
+def test_damaged_pages_are_refused_and_left_untouched(db):
+    Store(db).close()
+    conn = sqlite3.connect(db)
+    with conn:  # one transaction: enough rows for several pages, without an fsync per row
+        conn.executemany(
+            "INSERT INTO clears (pr, by, reason, at) VALUES (?, 'm', ?, 'now')",
+            [(i, "r" * 100) for i in range(1, 400)],
+        )
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    data = bytearray(db.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    assert len(data) >= 4 * page
+    rng = random.Random(1)
+    data[2 * page : 4 * page] = bytes(rng.randrange(256) for _ in range(2 * page))  # pages 3 and 4
+    db.write_bytes(bytes(data))
+    with pytest.raises(CorruptStoreError, match="untouched"):
+        Store(db)
+    assert db.read_bytes() == bytes(data)
+
+
+def test_missing_folder_and_directory_are_clear_errors(tmp_path):
+    with pytest.raises(StoreError, match="does not exist"):
+        Store(tmp_path / "nowhere" / "state.db")
+    with pytest.raises(StoreError, match="is a directory"):
+        Store(tmp_path)
+
+
+# ---------------------------------------------------------------- evaluations
+
+
+def test_evaluation_round_trip_survives_reopen(store, db):
+    k = key()
+    assert store.enqueue_evaluation(k, now=T0) is True
+    assert store.enqueue_evaluation(k, now=T0) is False  # already known: nothing changes
+    rec = store.claim_next("w1", now=T0 + timedelta(seconds=5))
+    assert (rec.key, rec.state, rec.attempts, rec.claimed_by) == (k, "claimed", 1, "w1")
+    assert rec.started_at == iso(T0 + timedelta(seconds=5)) and rec.verdict is None
+    receipt = {"schema": 1, "signature": "AAAA", "body": {"verdict": "PASS"}}
+    store.finish_evaluation(k, "w1", verdict(), measurements(), receipt, now=T0 + timedelta(minutes=20))
+    store.close()
+
+    with Store(db) as again:
+        done = again.evaluation(k)
+        assert done.state == "done" and done.status is Status.PASS
+        assert done.verdict == verdict() and done.measurements == measurements() and done.receipt == receipt
+        assert (done.queued_at, done.finished_at) == (iso(T0), iso(T0 + timedelta(minutes=20)))
+        assert done.claimed_by is None and done.lease_until is None
+        assert [r.key for r in again.evaluations(pr=7, state="done")] == [k]
+        assert again.evaluations(state="queued") == []
+        assert again.claim_next("w2") is None
+
+
+def test_evaluation_keys_differ_by_every_part(store):
+    keys = [
+        key(),
+        key(8),
+        key(head="e" * 40),
+        EvalKey(7, HEAD, "f" * 40, RULES),
+        EvalKey(7, HEAD, BASE, "9" * 64),
+    ]
+    assert all(store.enqueue_evaluation(k, now=T0) for k in keys)
+    assert len(store.evaluations()) == 5
+
+
+def test_claims_are_exclusive_and_finishing_needs_the_claim(store):
+    store.enqueue_evaluation(key(1), now=T0)
+    store.enqueue_evaluation(key(2), now=T0 + timedelta(seconds=1))
+    a = store.claim_next("w1", now=T0)
+    b = store.claim_next("w2", now=T0)
+    assert (a.key.pr, b.key.pr) == (1, 2)  # oldest first, and never the same one twice
+    assert store.claim_next("w3", now=T0) is None
+    with pytest.raises(StoreError, match="not claimed by 'w1' \\(it is claimed by 'w2'\\)"):
+        store.finish_evaluation(b.key, "w1", verdict())
+    store.finish_evaluation(b.key, "w2", verdict(Status.REJECT))
+    with pytest.raises(StoreError, match="it is done"):
+        store.finish_evaluation(b.key, "w2", verdict())  # a finished verdict is never overwritten
+    assert store.evaluation(b.key).status is Status.REJECT
+    with pytest.raises(StoreError, match="is not in the store"):
+        store.finish_evaluation(key(99), "w1", verdict())
+
+
+def test_a_crashed_claim_is_retried_after_its_lease_then_given_up(store):
+    store.enqueue_evaluation(key(), now=T0)
+    first = store.claim_next("w1", now=T0, lease_s=60)
+    assert first.attempts == 1
+    assert store.claim_next("w2", now=T0 + timedelta(seconds=59), lease_s=60) is None  # lease still held
+    second = store.claim_next("w2", now=T0 + timedelta(seconds=61), lease_s=60, max_attempts=2)
+    assert (second.claimed_by, second.attempts) == ("w2", 2)
+    # w1 woke up late: its claim is gone, so it cannot overwrite w2's work.
+    with pytest.raises(StoreError, match="not claimed by 'w1'"):
+        store.finish_evaluation(key(), "w1", verdict())
+    assert store.claim_next("w3", now=T0 + timedelta(seconds=200), lease_s=60, max_attempts=2) is None
+    gave_up = store.evaluation(key())
+    assert gave_up.state == "gave_up" and "gave up after 2 attempts" in gave_up.error  # kept, not lost
+
+
+def test_requeue_claims_on_restart_and_release(store):
+    for pr in (1, 2, 3):
+        store.enqueue_evaluation(key(pr), now=T0 + timedelta(seconds=pr))
+    store.claim_next("old-run", now=T0)
+    store.claim_next("new-run", now=T0)
+    assert store.requeue_claims(except_worker="new-run") == [key(1)]
+    assert {r.key.pr: r.state for r in store.evaluations()} == {1: "queued", 2: "claimed", 3: "queued"}
+    store.release_evaluation(key(2), "new-run", error="box went away")
+    rec = store.evaluation(key(2))
+    assert (rec.state, rec.error, rec.attempts) == ("queued", "box went away", 1)
+    with pytest.raises(StoreError, match="not claimed"):
+        store.release_evaluation(key(2), "new-run")
+
+
+def test_bad_evaluation_input_is_refused_before_writing(store):
+    with pytest.raises(ValueError, match="pr: expected a positive integer, got 0"):
+        store.enqueue_evaluation(EvalKey(0, HEAD, BASE, RULES))
+    with pytest.raises(ValueError, match="head_sha: expected non-empty text"):
+        store.enqueue_evaluation(EvalKey(1, "", BASE, RULES))
+    with pytest.raises(ValueError, match="state: expected one of"):
+        store.evaluations(state="running")
+    with pytest.raises(ValueError, match="timezone-aware"):
+        store.enqueue_evaluation(key(), now=datetime(2026, 1, 1))
+    store.enqueue_evaluation(key(), now=T0)
+    store.claim_next("w", now=T0)
+    bad = Measurements(provenance=measurements().provenance, reproduce=float("nan"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="measurements is not JSON data"):
+        store.finish_evaluation(key(), "w", verdict(), bad)
+    assert store.evaluation(key()).state == "claimed"  # nothing was half-written
+
+
+# ---------------------------------------------------------------- actions
+
+
+def test_action_key_digests_the_intent():
+    a = action_key("comment", 7, HEAD, {"body": "x", "marker": "m"})
+    assert a.startswith(f"comment:7:{HEAD}:") and len(a.rsplit(":", 1)[1]) == 16
+    assert a == action_key("comment", 7, HEAD, {"marker": "m", "body": "x"})  # key order does not matter
+    assert a != action_key("comment", 7, HEAD, {"body": "y", "marker": "m"})
+    assert a != action_key("labels", 7, HEAD, {"body": "x", "marker": "m"})
+    assert action_key("strike", None, HEAD, ["x"]).startswith("strike:-:")
+    with pytest.raises(ValueError, match="action kind"):
+        action_key("Comment!", 7, HEAD, {})
+
+
+def test_actions_are_idempotent(store, db):
+    k = action_key("merge", 7, HEAD, {"sha": HEAD})
+    assert store.action_done(k) is False and store.action(k) is None
+    assert store.begin_action(k, {"sha": HEAD}, now=T0) is True
+    assert [a.key for a in store.pending_actions()] == [k]
+    store.finish_action(k, {"merged": True, "sha": HEAD}, now=T0)
+    store.finish_action(k, {"merged": True, "sha": HEAD})  # a second completion changes nothing
+    assert store.begin_action(k, {"sha": HEAD}) is False
+    store.close()
+    with Store(db) as again:
+        assert again.begin_action(k, {"sha": HEAD}) is False  # and after a restart
+        rec = again.action(k)
+        assert (rec.kind, rec.pr, rec.state, rec.attempts, rec.result) == (
+            "merge",
+            7,
+            "done",
+            1,
+            {"merged": True, "sha": HEAD},
+        )
+        assert again.pending_actions() == []
+
+
+def test_unreconciled_intent_is_never_redone_blindly(store):
+    k = action_key("comment", 7, HEAD, {"marker": "<!-- evalbot:result -->"})
+    store.begin_action(k, {"marker": "<!-- evalbot:result -->"}, now=T0)
+    # the process died here: did the comment reach GitHub?
+    with pytest.raises(ActionPendingError, match="outcome is unknown: check GitHub"):
+        store.begin_action(k, {"marker": "<!-- evalbot:result -->"})
+    (pending,) = store.pending_actions(kind="comment", pr=7)
+    assert pending.payload == {"marker": "<!-- evalbot:result -->"} and pending.begun_at == iso(T0)
+    # GitHub has no comment with the marker: cancel, then the action may start again.
+    store.cancel_action(k, "no comment with the marker on the PR")
+    assert store.pending_actions() == [] and store.action(k).state == "cancelled"
+    with pytest.raises(StoreError, match="was cancelled"):
+        store.finish_action(k, {})
+    assert store.begin_action(k, {"marker": "<!-- evalbot:result -->"}) is True
+    assert store.action(k).attempts == 2
+    store.finish_action(k, {"comment_id": 123})
+    assert store.action_done(k)
+
+
+def test_reconciled_intent_is_finished_without_acting_again(store):
+    k = action_key("labels", 7, HEAD, {"add": ["verified"]})
+    store.begin_action(k, {"add": ["verified"]})
+    # GitHub already shows the label: record the completion found there.
+    store.finish_action(k, {"reconciled": True})
+    assert store.begin_action(k, {"add": ["verified"]}) is False
+
+
+def test_action_errors_are_specific(store):
+    with pytest.raises(StoreError, match="no recorded intent"):
+        store.finish_action(action_key("close", 7, HEAD, {}), {})
+    with pytest.raises(StoreError, match="not a pending intent"):
+        store.cancel_action(action_key("close", 7, HEAD, {}), "why")
+    with pytest.raises(ValueError, match="expected 'kind:pr:head_sha:digest'"):
+        store.begin_action("just-a-name", {})
+    with pytest.raises(ValueError, match="action payload is not JSON data"):
+        store.begin_action(action_key("close", 7, HEAD, {}), {"when": object()})
+    assert store.pending_actions() == []
+
+
+# ---------------------------------------------------------------- the rest of the state
+
+
+def test_strikes_penalties_and_blocklist(store, db):
+    assert store.add_strike("Mallory", 7, "copycat of #3", now=T0) is True
+    assert store.add_strike("mallory", 7, "copycat of #3", now=T0) is False  # logins are case-insensitive
+    assert store.add_strike("mallory", 9, "copycat of #3", now=T0 + timedelta(days=40))
+    assert [s.pr for s in store.strikes("MALLORY")] == [7, 9]
+    assert [s.pr for s in store.strikes("mallory", since=T0 + timedelta(days=1))] == [9]
+    assert store.strikes("alice") == []
+
+    store.set_penalty("mallory", T0 + timedelta(days=30), "3 strikes", now=T0)
+    store.set_penalty("mallory", T0 + timedelta(days=2), "late duplicate", now=T0)  # never shortens
+    assert store.penalty("Mallory").frozen_until == iso(T0 + timedelta(days=30))
+    assert store.frozen_authors(T0 + timedelta(days=29)) == {"mallory"}
+    assert store.frozen_authors(T0 + timedelta(days=31)) == frozenset()
+    assert store.lift_penalty("mallory") and not store.lift_penalty("mallory")
+
+    assert store.block("Spammer", "gaming the benchmark", "maintainer1", now=T0)
+    assert not store.block("spammer", "again", "maintainer2")
+    assert store.unblock("spammer", "appeal accepted", "maintainer1", now=T0 + timedelta(days=1))
+    assert not store.unblock("spammer", "again", "maintainer1")
+    assert store.block("spammer", "relapse", "maintainer2", now=T0 + timedelta(days=2))
+    store.close()
+    with Store(db) as again:
+        (entry,) = again.blocklist()
+        assert (entry.login, entry.reason, entry.by) == ("spammer", "relapse", "maintainer2")
+        assert [e.event for e in again.blocklist_history("SPAMMER")] == ["block", "unblock", "block"]
+
+
+def test_rounds_ledger_holds_clears_poll(store, db):
+    assert store.open_round("r1", BASE, now=T0) and not store.open_round("r1", BASE)
+    store.set_round_member("r1", 12, "1" * 40, 0.031)
+    store.set_round_member("r1", 10, "2" * 40, 0.02)
+    store.set_round_member("r1", 12, "3" * 40, 0.035)  # re-evaluated: updated, not duplicated
+    with pytest.raises(StoreError, match="PR 11 is not a member"):
+        store.close_round("r1", 11)
+    with pytest.raises(ValueError, match="lower_bound_gain: expected a finite number"):
+        store.set_round_member("r1", 13, "4" * 40, float("inf"))
+    assert [r.id for r in store.open_rounds()] == ["r1"]
+    store.close_round("r1", 12, now=T0 + timedelta(hours=1))
+    with pytest.raises(StoreError, match="closed at"):
+        store.set_round_member("r1", 14, "5" * 40, 0.1)
+    with pytest.raises(StoreError, match="does not exist"):
+        store.set_round_member("r2", 14, "5" * 40, 0.1)
+
+    assert store.record_ledger("merge", 12, "3" * 40, "alice", 0.035, 0.035, now=T0)
+    assert not store.record_ledger("merge", 12, "3" * 40, "alice", 0.035, 0.035)
+    assert store.record_ledger("credit", 10, "6" * 40, "bob", 0.02, 0.004, now=T0)
+    with pytest.raises(ValueError, match="ledger kind"):
+        store.record_ledger("bonus", 10, "6" * 40, "bob", 0.02, 0.004)
+
+    assert store.hold(10, "maintainer1", "waiting for the design review", now=T0)
+    assert not store.hold(10, "maintainer2", "again")
+    assert store.release_hold(10, "maintainer1") and not store.release_hold(10, "maintainer1")
+    assert store.hold(10, "maintainer2", "second look")
+    with pytest.raises(ValueError, match="reason: expected non-empty text"):
+        store.add_clear(10, "maintainer1", "  ")
+    store.add_clear(10, "maintainer1", "copycat warning was a false positive", now=T0)
+
+    assert store.poll_state("pulls") is None
+    store.set_poll_state("pulls", 'W/"abc"', "2026-11-30T10:00:00Z", now=T0)
+    store.set_poll_state("pulls", 'W/"def"', "2026-11-30T11:00:00Z", now=T0)
+    store.close()
+
+    with Store(db) as again:
+        r1 = again.round("r1")
+        assert (r1.base_sha, r1.winner, r1.closed_at) == (BASE, 12, iso(T0 + timedelta(hours=1)))
+        assert [(m.pr, m.head_sha[0], m.lower_bound_gain) for m in r1.members] == [
+            (10, "2", 0.02),
+            (12, "3", 0.035),
+        ]
+        assert again.open_rounds() == [] and again.round("nope") is None
+        assert [(e.kind, e.pr, e.marginal_gain) for e in again.ledger()] == [
+            ("merge", 12, 0.035),
+            ("credit", 10, 0.004),
+        ]
+        assert [e.pr for e in again.ledger("BOB")] == [10]
+        assert again.hold_for(10).reason == "second look" and again.hold_for(12) is None
+        assert [(h.reason, h.released_by) for h in again.holds(active_only=False)] == [
+            ("waiting for the design review", "maintainer1"),
+            ("second look", None),
+        ]
+        assert [c.reason for c in again.clears(10)] == ["copycat warning was a false positive"]
+        poll = again.poll_state("pulls")
+        assert (poll.etag, poll.cursor) == ('W/"def"', "2026-11-30T11:00:00Z")
+
+
+# ---------------------------------------------------------------- crashes and concurrency
+
+# A bot-shaped writer: reconcile, requeue, evaluate everything queued, then publish one comment per
+# finished evaluation through the two-phase protocol. "GitHub" is an append-only file of markers.
+# KILL_AT="stage:pr" makes it SIGKILL itself there; "commit:pr" fires inside finish_evaluation's
+# transaction, after its UPDATE and before its COMMIT.
+WRITER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from evalbot.model import Gate, Status, Verdict
+    from evalbot.store import EvalKey, Store, action_key
+
+    db, github, n, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+
+    def die(stage, pr):
+        if kill_at == f"{stage}:{pr}":
+            os.kill(os.getpid(), signal.SIGKILL)
+        print(stage, pr, flush=True)  # progress, for the random killer
+
+    def on_github():
+        try:
+            with open(github) as fh:
+                return fh.read().split()
+        except FileNotFoundError:
+            return []
+
+    def verdict(pr):
+        # a fat row, so that random kills often land inside its transaction
+        gates = tuple(Gate(f"gate {i}", i / 7, "bar", True, "x" * 200) for i in range(40))
+        return Verdict(Status.PASS, "XS", 512, gates, (f"pr {pr}",), ("verified",), ())
+
+    store = Store(db)
+    worker = f"w{os.getpid()}"
+    for a in store.pending_actions():
+        if a.payload["marker"] in on_github():
+            store.finish_action(a.key, {"reconciled": True})
+        else:
+            store.cancel_action(a.key, "marker not on GitHub")
+    store.requeue_claims(except_worker=worker)
+    for pr in range(1, n + 1):
+        store.enqueue_evaluation(EvalKey(pr, f"{pr:040x}", "b" * 40, "r" * 64))
+    print("ready", flush=True)
+
+    target = kill_at.split(":")[1] if kill_at.startswith("commit:") else None
+    armed = []
+    def trace(sql):
+        if target and sql.startswith("UPDATE evaluations SET state = 'done'") and f"{int(target):040x}" in str(armed):
+            armed.append("fire")
+        if sql == "COMMIT" and "fire" in armed:
+            os.kill(os.getpid(), signal.SIGKILL)
+    store._conn.set_trace_callback(trace)
+
+    while (rec := store.claim_next(worker)) is not None:
+        armed[:] = [rec.key.head_sha]
+        die("claimed", rec.key.pr)
+        store.finish_evaluation(rec.key, worker, verdict(rec.key.pr))
+        die("finished", rec.key.pr)
+    armed[:] = []
+    for rec in store.evaluations(state="done"):
+        marker = f"<!--evalbot:{rec.key.pr}-->"
+        k = action_key("comment", rec.key.pr, rec.key.head_sha, {"marker": marker})
+        if not store.begin_action(k, {"marker": marker}):
+            continue
+        die("intent", rec.key.pr)
+        fd = os.open(github, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.write(fd, (marker + "\\n").encode())
+        os.fsync(fd)
+        os.close(fd)
+        die("posted", rec.key.pr)
+        store.finish_action(k, {"posted": marker})
+    print("complete", flush=True)
+    """
+)
+
+
+def start_writer(tmp_path: Path, n: int, kill_at: str = "") -> subprocess.Popen[str]:
+    script = tmp_path / "writer.py"
+    if not script.exists():
+        script.write_text(WRITER)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = [
+        sys.executable,
+        str(script),
+        str(tmp_path / "state.db"),
+        str(tmp_path / "github.log"),
+        str(n),
+        kill_at,
+    ]
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_writer(tmp_path: Path, n: int, kill_at: str = "") -> int:
+    proc = start_writer(tmp_path, n, kill_at)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode in (0, -signal.SIGKILL), err
+    if proc.returncode == 0:
+        assert out.split()[-1] == "complete", err
+    return proc.returncode
+
+
+def assert_consistent(tmp_path: Path, n: int) -> None:
+    """Every evaluation done once with a whole verdict; every comment on GitHub exactly once."""
+    with Store(tmp_path / "state.db") as s:
+        recs = s.evaluations()
+        assert [r.key.pr for r in recs] == list(range(1, n + 1))
+        assert all(r.state == "done" and r.verdict.reasons == (f"pr {r.key.pr}",) for r in recs)
+        assert all(len(r.verdict.gates) == 40 for r in recs)
+        assert s.pending_actions() == []
+        markers = (tmp_path / "github.log").read_text().split()
+        assert sorted(markers) == sorted(f"<!--evalbot:{pr}-->" for pr in range(1, n + 1))  # none twice
+        assert all(s.action_done(action_key("comment", pr, f"{pr:040x}", {"marker": f"<!--evalbot:{pr}-->"}))
+                   for pr in range(1, n + 1))  # fmt: skip
+
+
+@pytest.mark.parametrize("stage", ["claimed", "commit", "finished", "intent", "posted"])
+def test_kill_at_each_step_loses_and_duplicates_nothing(tmp_path, stage):
+    n = 6
+    assert run_writer(tmp_path, n, kill_at=f"{stage}:3") == -signal.SIGKILL
+    with Store(tmp_path / "state.db") as s:
+        third = s.evaluation(EvalKey(3, f"{3:040x}", "b" * 40, "r" * 64))
+        if stage in ("claimed", "commit"):
+            assert third.state == "claimed" and third.verdict is None  # the UPDATE before COMMIT is gone
+        else:
+            assert third.state == "done"
+        if stage in ("intent", "posted"):
+            assert [a.pr for a in s.pending_actions()] == [3]
+    assert run_writer(tmp_path, n) == 0
+    assert_consistent(tmp_path, n)
+    with Store(tmp_path / "state.db") as s:
+        third = s.evaluation(EvalKey(3, f"{3:040x}", "b" * 40, "r" * 64))
+        assert third.attempts == (2 if stage in ("claimed", "commit") else 1)
+
+
+def test_random_sigkills_lose_and_duplicate_nothing(tmp_path):
+    # Kill after a random amount of progress; the signal lands wherever the writer has got to by then
+    # (often inside a commit's fsync), and each restart must pick up from a consistent store.
+    n, rng, kills, interrupted = 20, random.Random(20261130), 0, set()
+    for _ in range(100):
+        proc = start_writer(tmp_path, n)
+        lines = [proc.stdout.readline().strip() for _ in range(rng.randint(1, 10))]
+        proc.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+        if "complete" in lines or "complete" in out.split("\n"):
+            break
+        assert proc.returncode == -signal.SIGKILL, err
+        kills += 1
+        with Store(tmp_path / "state.db") as s:
+            if s.evaluations(state="claimed"):
+                interrupted.add("evaluation")
+            if s.pending_actions():
+                interrupted.add("action")
+    else:
+        pytest.fail("the writer never completed")
+    assert kills >= 5, kills
+    assert interrupted, "no kill landed between a claim or intent and its completion"
+    assert_consistent(tmp_path, n)
+
+
+def test_readers_are_not_blocked_by_a_writer_in_wal(db, tmp_path):
+    with Store(db) as s:
+        s.enqueue_evaluation(key(1), now=T0)
+    # A writer in another process holds the write lock with an uncommitted row for a whole second.
+    holder = textwrap.dedent(
+        f"""
+        import sqlite3, time
+        conn = sqlite3.connect({str(db)!r}, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO strikes (author, pr, reason, at) VALUES ('x', 1, 'uncommitted', 'now')")
+        print("locked", flush=True)
+        time.sleep(1.0)
+        conn.execute("COMMIT")
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        started = time.monotonic()
+        with Store(db, busy_timeout_ms=0) as reader:  # would raise "database is locked" if it had to wait
+            assert [r.key for r in reader.evaluations()] == [key(1)]
+            assert reader.strikes() == []  # the uncommitted row is invisible
+            assert time.monotonic() - started < 0.9
+            with pytest.raises(StoreBusyError, match="held the store's write lock"):
+                reader.add_strike("y", 2, "writers still take turns")
+    finally:
+        proc.wait(timeout=10)
+    with Store(db) as after:
+        assert [s.reason for s in after.strikes()] == ["uncommitted"]
+
+
+def test_reader_sees_whole_transactions_while_another_process_writes(tmp_path):
+    n = 30
+    proc = start_writer(tmp_path, n)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        seen = 0
+        with Store(tmp_path / "state.db") as reader:
+            while proc.poll() is None:
+                recs = reader.evaluations()
+                done = [r for r in recs if r.state == "done"]
+                assert all(r.verdict is not None and len(r.verdict.gates) == 40 for r in done)
+                assert len(done) >= seen
+                seen = len(done)
+    finally:
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert_consistent(tmp_path, n)
