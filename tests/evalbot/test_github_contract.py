@@ -299,10 +299,10 @@ class _Replay(BaseHTTPRequestHandler):
     exchanges: list[Exchange]
     served: list[tuple[str, str]]
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         path, _, query = self.path.partition("?")
         asked = dict(urllib.parse.parse_qsl(query))
@@ -321,7 +321,7 @@ class _Replay(BaseHTTPRequestHandler):
             501, [], json.dumps({"message": f"no recorded exchange for {self.command} {self.path}"}).encode()
         )
 
-    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET  # noqa: N815
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
     def _answer(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
         self.send_response(status)

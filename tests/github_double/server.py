@@ -392,13 +392,13 @@ def make_handler(state: GitHubState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        def log_message(self, format: str, *args: Any) -> None:
             pass  # the request log lives in state.requests
 
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's names
+        def do_GET(self) -> None:
             self._serve()
 
-        do_POST = do_PUT = do_PATCH = do_DELETE = do_GET  # noqa: N815
+        do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
         def _serve(self) -> None:
             s = state
