@@ -69,7 +69,7 @@ class ArtifactRejected(Exception):
 class GitHubPort(Protocol):
     """Everything the bot asks of GitHub for one repository, in plain data."""
 
-    def list_open_pulls(self) -> tuple[PullRequest, ...] | None:
+    def list_open_pulls(self, force: bool = False) -> tuple[PullRequest, ...] | None:
         """Open PRs without files or commits; None when nothing changed since the last call (ETag)."""
 
     def get_pull(self, number: int) -> PullRequest:
@@ -286,7 +286,7 @@ class PyGithubAdapter:
     def from_token(
         cls, repo: str, token: str, *, base_url: str = DEFAULT_BASE_URL, pace: bool = True, **options: Any
     ) -> PyGithubAdapter:
-        """An adapter authenticated by a token; ``pace`` keeps PyGithub's spacing between writes."""
+        """An adapter authenticated by a token; ``pace`` keeps PyGithub's default spacing of requests."""
         return cls(repo, _github(Auth.Token(token), base_url, pace), **options)
 
     @classmethod
@@ -307,11 +307,15 @@ class PyGithubAdapter:
 
     # --- pulls ---
 
-    def list_open_pulls(self) -> tuple[PullRequest, ...] | None:
-        """Open PRs without files or commits; None when nothing changed since the last call (ETag)."""
-        # Sorted by last update, any change to any open PR lands on page one and changes its ETag.
+    def list_open_pulls(self, force: bool = False) -> tuple[PullRequest, ...] | None:
+        """Open PRs without files or commits; None when nothing changed since the last call (ETag).
+
+        ``force`` reads in full whatever the ETag says.
+        """
+        # Sorted by last update, any change to an open PR lands on page one and changes its ETag. Only a PR
+        # closed while on a later page goes unseen; an occasional forced read catches that.
         params = {"state": "open", "sort": "updated", "direction": "desc", "per_page": PER_PAGE}
-        headers = {"If-None-Match": self._pulls_etag} if self._pulls_etag else {}
+        headers = {"If-None-Match": self._pulls_etag} if self._pulls_etag and not force else {}
         first = self._send("GET", f"{self._repo}/pulls", params=params, headers=headers)
         if first.status == 304:
             return None

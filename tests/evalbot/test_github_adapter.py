@@ -87,6 +87,8 @@ def test_idle_poll_sends_the_etag_gets_304_and_spends_no_rate_limit(github_doubl
     s.add_pull(2)
     assert [p.number for p in adapter.list_open_pulls()] == [2, 1]
     assert s.calls("pulls.list")[-1].status == 200
+    assert [p.number for p in adapter.list_open_pulls(force=True)] == [2, 1]
+    assert "if-none-match" not in s.calls("pulls.list")[-1].headers
 
 
 def test_a_label_change_on_an_open_pr_ends_the_idle_streak(github_double, adapter):
