@@ -361,6 +361,30 @@ def render_comment(verdict: Verdict, measurements: Measurements, *, signature_st
     return template.render(_context(verdict, measurements, signature_status))
 
 
+def render_notice(
+    *,
+    pr: int,
+    head_sha: str,
+    title: str,
+    lines: Iterable[str],
+    kind: str,
+    author: str = "",
+    next_steps: str = "",
+    icon: str = "ℹ️",
+    previous: str = "",
+) -> str:
+    """The PR comment for a decision that is not a measured verdict (policy, copycat, rounds), with the marker.
+
+    `lines` are plain text (escaped here); `previous` is an already-rendered result kept for reference.
+    """
+    state = {"schema": STATE_SCHEMA, "pr": pr, "head_sha": head_sha, "notice": kind}
+    template = _environment().get_template("notice.md.j2")
+    return template.render(
+        marker=MARKER, state=_encode_state(state), icon=icon, title=title, pr=pr, head_sha=head_sha,
+        author=author, lines=list(lines), next_steps=next_steps, previous=previous,
+    )  # fmt: skip
+
+
 def render_verdict_file(path: str | os.PathLike[str]) -> str:
     """The comment for a result.json ({"measurements", "verdict", "signature_status"?}), for previews."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -375,6 +399,7 @@ def render_verdict_file(path: str | os.PathLike[str]) -> str:
 
 __all__ = [
     "MARKER",
+    "render_notice",
     "comment_state",
     "escape_md",
     "fenced",

@@ -1,0 +1,213 @@
+"""The human-readable ledgers the bot keeps in the repository: `.github/FLAGGED.md` and
+`.github/blocked-contributors.txt`.
+
+They are written by the bot as git commits (on `LEDGER_BRANCH`, so that a ledger update never moves
+main and so never forces every open PR to be measured again), and re-read by it: a maintainer may
+edit either file by hand, and the bot takes the file as it finds it. Rendering and parsing are pure;
+`commit_ledgers` is the only I/O, through git.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+FLAGGED_PATH = ".github/FLAGGED.md"
+BLOCKED_PATH = ".github/blocked-contributors.txt"
+LEDGER_BRANCH = "evalbot-ledgers"
+
+_FLAGGED_HEADER = """\
+# Flagged pull requests
+
+Written by evalbot; maintainers may edit it. A row is cleared by `evalbot clear PR --reason TEXT`.
+
+| date | PR | author | label | reason | status |
+|---|---|---|---|---|---|
+"""
+_BLOCKED_HEADER = """\
+# GitHub logins whose pull requests evalbot closes unevaluated (written by evalbot; maintainers may edit).
+# One login per line; text after '#' is the reason. Remove a line, or run `evalbot unblock LOGIN`, to lift it.
+"""
+_LOGIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?$")
+
+
+class LedgerError(ValueError):
+    """A ledger file that cannot be read back, with the line that is wrong."""
+
+
+@dataclass(frozen=True)
+class FlagEntry:
+    """One flagged PR: when, who, which label, why, and whether a maintainer cleared it."""
+
+    date: str
+    pr: int
+    author: str
+    label: str
+    reason: str
+    status: str = "open"  # "open" or "cleared by LOGIN: reason"
+
+    @property
+    def cleared(self) -> bool:
+        return self.status.startswith("cleared")
+
+
+@dataclass(frozen=True)
+class BlockedEntry:
+    login: str
+    reason: str = ""
+
+
+# --- FLAGGED.md --------------------------------------------------------------------------------------
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def render_flagged(entries: Iterable[FlagEntry]) -> str:
+    """FLAGGED.md with one table row per entry, oldest first."""
+    rows = sorted(entries, key=lambda e: (e.date, e.pr, e.label))
+    body = "".join(
+        f"| {_cell(e.date)} | #{e.pr} | {_cell(e.author)} | {_cell(e.label)} | {_cell(e.reason)} | {_cell(e.status)} |\n"
+        for e in rows
+    )
+    return _FLAGGED_HEADER + body
+
+
+def parse_flagged(text: str) -> list[FlagEntry]:
+    """The entries of a FLAGGED.md (header and prose ignored); LedgerError names a malformed row."""
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.startswith("| ") or line.startswith("| date ") or set(line) <= set("|- "):
+            continue
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        if len(cells) != 6 or not re.fullmatch(r"#\d+", cells[1]):
+            raise LedgerError(
+                f"{FLAGGED_PATH}:{number}: expected | date | #PR | author | label | reason | status |"
+            )
+        out.append(FlagEntry(cells[0], int(cells[1][1:]), cells[2], cells[3], cells[4], cells[5] or "open"))
+    return out
+
+
+def flag(entries: list[FlagEntry], new: FlagEntry) -> list[FlagEntry]:
+    """The entries with `new` added, unless the same PR already has an open row for that label."""
+    if any(e.pr == new.pr and e.label == new.label and not e.cleared for e in entries):
+        return entries
+    return [*entries, new]
+
+
+def clear(entries: list[FlagEntry], pr: int, by: str, reason: str) -> tuple[list[FlagEntry], int]:
+    """Mark every open row of a PR cleared; returns the entries and how many rows changed."""
+    out, changed = [], 0
+    for e in entries:
+        if e.pr == pr and not e.cleared:
+            e = FlagEntry(e.date, e.pr, e.author, e.label, e.reason, f"cleared by {by}: {reason}")
+            changed += 1
+        out.append(e)
+    return out, changed
+
+
+# --- blocked-contributors.txt ------------------------------------------------------------------------
+
+
+def render_blocked(entries: Iterable[BlockedEntry]) -> str:
+    """blocked-contributors.txt, one login per line, sorted case-insensitively."""
+    lines = [f"{e.login}  # {_cell(e.reason)}" if e.reason else e.login for e in _unique_logins(entries)]
+    return _BLOCKED_HEADER + "".join(f"{line}\n" for line in sorted(lines, key=str.lower))
+
+
+def parse_blocked(text: str) -> list[BlockedEntry]:
+    """The logins of a blocked-contributors.txt; LedgerError names a line that is not a GitHub login."""
+    out = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        login, _, reason = raw.partition("#")
+        login = login.strip()
+        if not login:
+            continue
+        if not _LOGIN.match(login):
+            raise LedgerError(f"{BLOCKED_PATH}:{number}: {login!r} is not a GitHub login")
+        out.append(BlockedEntry(login, reason.strip()))
+    return _unique_logins(out)
+
+
+def _unique_logins(entries: Iterable[BlockedEntry]) -> list[BlockedEntry]:
+    seen: dict[str, BlockedEntry] = {}
+    for e in entries:
+        seen.setdefault(e.login.lower(), e)
+    return list(seen.values())
+
+
+# --- git I/O -----------------------------------------------------------------------------------------
+
+
+def _git(repo: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
+    proc = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, timeout=300
+    )
+    if proc.returncode != 0:
+        raise LedgerError(f"git {' '.join(args[:3])} failed: {proc.stderr.strip()[-500:]}")
+    return proc.stdout
+
+
+def read_ledgers(remote: str, branch: str = LEDGER_BRANCH) -> dict[str, str]:
+    """The ledger files as they are on the remote's ledger branch (empty texts when it does not exist yet)."""
+    with tempfile.TemporaryDirectory(prefix="evalbot-ledger-") as tmp:
+        repo = Path(tmp)
+        _git(repo, "init", "-q")
+        fetched = subprocess.run(["git", "-C", str(repo), "fetch", "-q", "--depth=1", remote, branch],
+                                 capture_output=True, text=True, timeout=300)  # fmt: skip
+        if fetched.returncode != 0:
+            if "couldn't find remote ref" in fetched.stderr:
+                return {FLAGGED_PATH: "", BLOCKED_PATH: ""}
+            raise LedgerError(f"cannot read the ledgers from {remote}: {fetched.stderr.strip()[-500:]}")
+        out = {}
+        for path in (FLAGGED_PATH, BLOCKED_PATH):
+            shown = subprocess.run(["git", "-C", str(repo), "show", f"FETCH_HEAD:{path}"], capture_output=True,
+                                   text=True, timeout=60)  # fmt: skip
+            out[path] = shown.stdout if shown.returncode == 0 else ""
+        return out
+
+
+def commit_ledgers(
+    remote: str,
+    files: Mapping[str, str],
+    message: str,
+    *,
+    branch: str = LEDGER_BRANCH,
+    author: tuple[str, str] = ("evalbot", "evalbot@users.noreply.github.com"),
+    attempts: int = 3,
+) -> str | None:
+    """Commit the files onto the remote's ledger branch and push; the new commit sha, None if nothing changed.
+
+    A push that loses a race (someone else pushed the branch) is retried on top of their commit.
+    """
+    env = {**os.environ, "GIT_AUTHOR_NAME": author[0], "GIT_AUTHOR_EMAIL": author[1],
+           "GIT_COMMITTER_NAME": author[0], "GIT_COMMITTER_EMAIL": author[1]}  # fmt: skip
+    last = ""
+    for _ in range(attempts):
+        with tempfile.TemporaryDirectory(prefix="evalbot-ledger-") as tmp:
+            repo = Path(tmp)
+            _git(repo, "init", "-q", "-b", branch)
+            fetched = subprocess.run(["git", "-C", str(repo), "fetch", "-q", remote, branch], capture_output=True,
+                                     text=True, timeout=300)  # fmt: skip
+            if fetched.returncode == 0:
+                _git(repo, "reset", "-q", "--hard", "FETCH_HEAD")
+            for path, text in files.items():
+                target = repo / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text, encoding="utf-8")
+                _git(repo, "add", path)
+            if not _git(repo, "status", "--porcelain"):
+                return None
+            _git(repo, "commit", "-q", "-m", message, env=env)
+            pushed = subprocess.run(["git", "-C", str(repo), "push", "-q", remote, f"HEAD:refs/heads/{branch}"],
+                                    capture_output=True, text=True, timeout=300)  # fmt: skip
+            if pushed.returncode == 0:
+                return _git(repo, "rev-parse", "HEAD").strip()
+            last = pushed.stderr.strip()[-500:]
+    raise LedgerError(f"cannot push the ledgers to {remote} after {attempts} attempts: {last}")
