@@ -1,0 +1,60 @@
+"""Blocklist: a PR opened, authored or committed by a blocked person is flagged and closed unevaluated.
+
+The blocklist is the rules' ``policy.blocklist`` joined with the store's (maintainers' ``block`` commands),
+passed in as data. Logins compare case-insensitively, as GitHub's do. A commit whose email maps to no
+GitHub account is matched by its git name instead, so an unlinked email does not slip a blocked login
+through. Maintainers are not exempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from evalbot.model import PullRequest
+from evalbot.policy.decision import Action, PolicyDecision
+from evalbot.render import escape_md
+from evalbot.rules import Rules
+
+
+def blocked_people(pr: PullRequest, blocked: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """(role, name) of every opener, commit author or committer of the PR who is on the blocklist."""
+    names = {b.casefold() for b in blocked}
+    found: list[tuple[str, str]] = []
+
+    def see(role: str, name: str | None) -> None:
+        if name and name.casefold() in names and (role, name) not in found:
+            found.append((role, name))
+
+    see("opener", pr.author)
+    for c in pr.commits:
+        see(f"author of {c.sha[:12]}", c.author)
+        see(f"committer of {c.sha[:12]}", c.committer)
+        if c.author is None:
+            see(f"git author name of {c.sha[:12]}", c.author_name.strip())
+        if c.committer is None:
+            see(f"git committer name of {c.sha[:12]}", c.committer_name.strip())
+    return tuple(found)
+
+
+def check(pr: PullRequest, rules: Rules, blocked: Iterable[str] = ()) -> PolicyDecision | None:
+    """CLOSE_FLAG the PR if anyone behind it is blocked (rules' list plus ``blocked``); None otherwise."""
+    hits = blocked_people(pr, (*rules.policy.blocklist, *blocked))
+    if not hits:
+        return None
+    who = ", ".join(f"{name} ({role})" for role, name in hits)
+    people = {name.casefold(): name for _, name in reversed(hits)}  # one spelling each, the first seen
+    logins = ", ".join(escape_md(people[k]) for k in sorted(people))
+    comment = (
+        f"This pull request was closed without evaluation: {logins} "
+        f"{'is' if len(people) == 1 else 'are'} on the contest's blocklist. "
+        "If you believe this is a mistake, ask a maintainer."
+    )
+    return PolicyDecision(
+        "blocklist",
+        Action.CLOSE_FLAG,
+        False,
+        f"blocklisted: {who}",
+        labels_add=(rules.labels.gaming,),
+        comment=comment,
+        close=True,
+    )

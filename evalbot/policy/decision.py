@@ -1,0 +1,57 @@
+"""What one intake rule decides about a PR, and small facts the rules share (maintainers, timestamps)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from evalbot.model import PullRequest
+
+# GitHub's author_association values of people with write access: they run the contest.
+MAINTAINER_ASSOCIATIONS = frozenset({"OWNER", "MEMBER", "COLLABORATOR"})
+
+
+class Action(enum.StrEnum):
+    """What intake does with a PR because of one rule."""
+
+    IGNORE = "ignore"  # not looked at now, no labels, no comment (drafts, closed PRs)
+    CLOSE_FLAG = "close_flag"  # flagged and closed, never evaluated
+    SKIP = "skip"  # labelled and commented, not evaluated until the cause goes away
+    NEEDS_BENCHMARK = "needs_benchmark"  # waits for the contributor's own numbers
+    LABEL = "label"  # labels only; evaluation goes ahead
+
+
+@dataclass(frozen=True)
+class PolicyDecision:
+    """One rule's decision: whether evaluation proceeds, labels to add, a reason and a markdown comment.
+
+    ``reason`` is plain text for logs and reports; ``comment`` is markdown for the PR in which every
+    contributor-controlled string (paths, logins) is already escaped.
+    """
+
+    rule: str
+    action: Action
+    evaluate: bool
+    reason: str
+    labels_add: tuple[str, ...] = ()
+    comment: str | None = None
+    close: bool = False
+
+
+def is_maintainer(pr: PullRequest) -> bool:
+    """Whether the PR's opener has write access (OWNER, MEMBER or COLLABORATOR on GitHub)."""
+    return pr.author_association.upper() in MAINTAINER_ASSOCIATIONS
+
+
+def parse_time(text: str, what: str) -> datetime:
+    """An ISO 8601 timestamp as an aware UTC datetime; ValueError naming the field otherwise."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00")) if isinstance(text, str) else None
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise ValueError(
+            f"{what}: expected an ISO 8601 UTC timestamp such as 2026-11-30T10:00:00Z, got {text!r}"
+        )
+    return moment.astimezone(UTC)

@@ -1,0 +1,325 @@
+"""The PR template: the "Tested" box, the contributor's before/after table, and the gain they claim.
+
+A PR is evaluated once its description shows the contributor's own measurement: the Tested box ticked
+and at least one table row with numbers that gain. Otherwise it is labelled needs-benchmark with a
+comment saying what is missing and how to measure (and, with ``policy.template.require_benchmark``, it
+waits). The parsed claim is kept so the report can show it beside the measured gain, and
+``claim_gap`` flags a claim far above the measurement for a maintainer's look.
+
+Parsing is forgiving and never raises on a description: HTML comments and fenced code are ignored
+(the template's hints live there), header cells are matched by words (base/before/main,
+head/after/branch, change/gain, context/ctx, model), and a cell that holds no number (empty, TBD, xx,
+?) is a placeholder. Gains are fractions throughout: 0.051 is +5.1%.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from evalbot.model import PullRequest
+from evalbot.policy.decision import Action, PolicyDecision
+from evalbot.render import escape_md
+from evalbot.rules import Profile, Rules
+
+BENCH_RUNS = 5  # runs per command: the engine reports their median
+
+_TESTED = re.compile(r"\b(tested|ran the benchmark|benchmarked)\b", re.IGNORECASE)
+_CHECKBOX = re.compile(r"^\s*[-*+]\s+\[([ xX])\]\s+(.*)$")
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
+_HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
+_SEPARATOR = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
+_NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
+_PERCENT = re.compile(r"(?<![\w.])([+-]?\d+(?:\.\d+)?)\s*%")
+_TIMES = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*[x×](?!\w)")
+_CONTEXT = re.compile(r"(?<![\w.])(\d+)\s*([kK])?\b")
+_GAIN_WORDS = re.compile(r"\b(gain|gains|faster|speed-?up|improvement|improves?|claimed?)\b", re.IGNORECASE)
+# Tried in this order: "change (head vs base)" is the change column, not the head or base one.
+_COLUMNS = (
+    ("change", re.compile(r"\b(change|gain|delta|speed-?up|diff)\b", re.IGNORECASE)),
+    ("context", re.compile(r"\b(context|ctx|prompt)\b", re.IGNORECASE)),
+    ("model", re.compile(r"\bmodel\b", re.IGNORECASE)),
+    ("base", re.compile(r"\b(base|before|main|old)\b", re.IGNORECASE)),
+    ("head", re.compile(r"\b(head|after|branch|pr|new)\b", re.IGNORECASE)),
+)
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One row of the contributor's table; numbers are None where the cell holds none."""
+
+    model: str
+    context: int | None
+    base_tps: float | None
+    head_tps: float | None
+    change: float | None  # as written in the change column
+
+    @property
+    def gain(self) -> float | None:
+        """head/base - 1 from the throughputs, else the change column; None when the row has neither."""
+        if self.base_tps and self.head_tps:
+            return self.head_tps / self.base_tps - 1
+        return self.change
+
+
+@dataclass(frozen=True)
+class TemplateFacts:
+    """What the description says: the Tested box (None: absent), the table, and any stated gain."""
+
+    tested: bool | None
+    table_found: bool
+    rows: tuple[BenchRow, ...]
+    placeholders: tuple[str, ...]  # base/head cells that hold no number, as written ("" for empty)
+    stated_gain: float | None  # a "+5.1% faster"-style claim outside the table
+
+    @property
+    def filled_rows(self) -> tuple[BenchRow, ...]:
+        """The rows that carry a gain."""
+        return tuple(r for r in self.rows if r.gain is not None)
+
+    @property
+    def claimed_gain(self) -> float | None:
+        """The best gain in the table, else the stated one; None when the description claims nothing."""
+        gains = [r.gain for r in self.filled_rows if r.gain is not None]
+        return max(gains) if gains else self.stated_gain
+
+    def claimed_gain_at(self, context: int | None) -> float | None:
+        """The claimed gain at one context (the best over models), else the overall claim."""
+        gains = [r.gain for r in self.filled_rows if r.gain is not None and r.context == context]
+        return max(gains) if gains else self.claimed_gain
+
+
+@dataclass(frozen=True)
+class ClaimGap:
+    """The claimed gain against the measured one; flagged when the claim is far above it."""
+
+    claimed: float | None
+    measured_lower: float | None
+    measured_point: float | None
+    gap: float | None  # claimed - measured_point
+    flagged: bool
+    reason: str
+    label: str | None  # the claim-gap label when flagged
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def parse_body(body: str | None) -> TemplateFacts:
+    """Read the Tested box, the before/after table and a stated gain from a PR description."""
+    lines = _visible_lines(body or "")
+    tested = None
+    for line in lines:
+        m = _CHECKBOX.match(line)
+        if m and _TESTED.search(m.group(2)):
+            tested = m.group(1) in "xX"
+            break
+    table = _find_table(lines)
+    rows: list[BenchRow] = []
+    placeholders: list[str] = []
+    if table is not None:
+        columns, body_rows = table
+        for cells in body_rows:
+            row, empty = _row(columns, cells)
+            rows.append(row)
+            placeholders.extend(empty)
+    return TemplateFacts(
+        tested=tested,
+        table_found=table is not None,
+        rows=tuple(rows),
+        placeholders=tuple(placeholders),
+        stated_gain=_stated_gain(lines),
+    )
+
+
+def _visible_lines(body: str) -> list[str]:
+    """The description's lines without HTML comments and fenced code, where hints and logs live."""
+    text = _HTML_COMMENT.sub("", body.replace("\r\n", "\n").replace("\r", "\n"))
+    out, fence = [], None
+    for line in text.split("\n"):
+        m = _FENCE.match(line)
+        if fence is None and m:
+            fence = m.group(1)[0] * 3
+        elif fence is not None and line.strip().startswith(fence):
+            fence = None
+        elif fence is None:
+            out.append(line)
+    return out
+
+
+def _cells(line: str) -> list[str]:
+    inner = line.strip()
+    inner = inner[1:] if inner.startswith("|") else inner
+    inner = inner[:-1] if inner.endswith("|") and not inner.endswith("\\|") else inner
+    return [c.strip() for c in re.split(r"(?<!\\)\|", inner)]
+
+
+def _find_table(lines: list[str]) -> tuple[dict[str, int], list[list[str]]] | None:
+    """The first table whose header names base and head (or change) columns: column indexes and rows."""
+    for i in range(len(lines) - 1):
+        if "|" not in lines[i] or not _SEPARATOR.match(lines[i + 1]):
+            continue
+        columns: dict[str, int] = {}
+        for index, cell in enumerate(_cells(lines[i])):
+            for name, pattern in _COLUMNS:
+                if pattern.search(cell):
+                    columns.setdefault(name, index)
+                    break
+        if not ({"base", "head"} <= columns.keys() or "change" in columns):
+            continue
+        rows = []
+        for line in lines[i + 2 :]:
+            if "|" not in line or not line.strip():
+                break
+            rows.append(_cells(line))
+        return columns, rows
+    return None
+
+
+def _row(columns: dict[str, int], cells: list[str]) -> tuple[BenchRow, list[str]]:
+    def cell(name: str) -> str:
+        index = columns.get(name)
+        return cells[index] if index is not None and index < len(cells) else ""
+
+    base, head = _throughput(cell("base")), _throughput(cell("head"))
+    empty = [_plain(cell(n)) for n, v in (("base", base), ("head", head)) if n in columns and v is None]
+    context_match = _CONTEXT.search(_plain(cell("context")))
+    context = None
+    if context_match:
+        context = int(context_match.group(1)) * (1024 if context_match.group(2) else 1)
+    row = BenchRow(_plain(cell("model")), context, base, head, _change(cell("change")))
+    return row, empty
+
+
+def _plain(cell: str) -> str:
+    """A cell without markdown emphasis or code marks, with a real minus sign."""
+    return cell.replace("**", "").replace("__", "").replace("`", "").replace("\u2212", "-").strip()
+
+
+def _throughput(cell: str) -> float | None:
+    text = re.sub(r"(?i)\s*(tok/s|tokens/s|t/s|tps)\s*$", "", _plain(cell)).replace(",", "")
+    if not _NUMBER.fullmatch(text):
+        return None
+    value = float(text)
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def _change(cell: str) -> float | None:
+    text = _plain(cell)
+    m = _PERCENT.search(text)
+    if m:
+        return float(m.group(1)) / 100
+    m = _TIMES.search(text)
+    if m and float(m.group(1)) > 0:
+        return float(m.group(1)) - 1
+    return None
+
+
+def _stated_gain(lines: list[str]) -> float | None:
+    for line in lines:
+        if "|" in line or not _GAIN_WORDS.search(line):
+            continue
+        m = _PERCENT.search(_plain(line))
+        if m:
+            return float(m.group(1)) / 100
+    return None
+
+
+# ---------------------------------------------------------------- the rule
+
+
+def bench_profile(rules: Rules) -> Profile:
+    """The profile contributors can reproduce at home: the first CPU one, else the first."""
+    return next((p for p in rules.profiles if p.device == "cpu"), rules.profiles[0])
+
+
+def bench_commands(rules: Rules) -> tuple[str, ...]:
+    """The local commands, one per scored context, whose decode_tps fill the table (on main, then the branch)."""
+    profile = bench_profile(rules)
+    model = next((m for m in profile.models if m.source == "registry"), profile.models[0])
+    what = f"--model {model.name}" if model.source == "registry" else f"--random-weights --shape {model.name}"
+    return tuple(
+        f"python -m engine bench {what} --ctx {ctx} --runs {BENCH_RUNS}" for ctx in profile.scored_contexts
+    )
+
+
+def problem(facts: TemplateFacts) -> str | None:
+    """What keeps the description from counting as a local measurement; None when it does."""
+    if facts.tested is None and not facts.table_found:
+        return (
+            "the description does not follow the pull request template: it has no Tested box and no "
+            "before/after table"
+        )
+    if facts.tested is None:
+        return "the description has no Tested box"
+    if not facts.tested:
+        return "the Tested box is not ticked"
+    if not facts.table_found:
+        return "the description has no before/after table"
+    if not facts.filled_rows:
+        shown = sorted({p or "empty" for p in facts.placeholders})
+        found = f" (found: {', '.join(shown[:6])})" if shown else ""
+        return f"the before/after table holds no numbers{found}"
+    best = facts.claimed_gain
+    if best is not None and best <= 0:
+        return f"your own numbers show no gain (best {_pct(best)})"
+    return None
+
+
+def check(pr: PullRequest, rules: Rules) -> PolicyDecision | None:
+    """NEEDS_BENCHMARK when the description lacks a ticked Tested box and a table that gains; else None."""
+    facts = parse_body(pr.body)
+    why = problem(facts)
+    if why is None:
+        return None
+    required = rules.policy.template.require_benchmark
+    commands = "\n".join(bench_commands(rules))
+    comment = (
+        f"**Benchmark needed:** {escape_md(why)}.\n\n"
+        "Measure the change on your own machine before the bot spends a benchmark box on it. Run these on "
+        "`main`, then on your branch, on the same machine with nothing else running:\n\n"
+        f"```sh\n{commands}\n```\n\n"
+        "Each prints one JSON record: copy its `decode_tps` into the table in the description (base = `main`, "
+        "head = your branch), tick the **Tested** box and save. "
+        + (
+            "The bot evaluates the pull request once the description shows a gain."
+            if required
+            else "The bot evaluates it meanwhile, but the report cannot compare against your claim."
+        )
+    )
+    return PolicyDecision(
+        "template",
+        Action.NEEDS_BENCHMARK,
+        not required,
+        f"needs a local benchmark: {why}",
+        labels_add=(rules.labels.needs_benchmark,),
+        comment=comment,
+    )
+
+
+def claim_gap(
+    claimed: float | None, measured_lower: float | None, measured_point: float | None, rules: Rules
+) -> ClaimGap:
+    """Compare a claimed gain with the measured one (fractions); flagged when it exceeds it by more
+    than ``policy.template.claim_gap_max``. A modest claim below the measurement is never flagged."""
+    limit = rules.policy.template.claim_gap_max
+    if claimed is None or measured_point is None:
+        missing = "no claimed gain" if claimed is None else "no measured gain"
+        return ClaimGap(claimed, measured_lower, measured_point, None, False, f"{missing} to compare", None)
+    gap = claimed - measured_point
+    measured = _pct(measured_point)
+    if measured_lower is not None:
+        measured += f" (95% CI lower bound {_pct(measured_lower)})"
+    if gap > limit:
+        reason = (
+            f"claimed {_pct(claimed)}, measured {measured}: {gap * 100:.1f} points above the measurement, "
+            f"more than the {limit * 100:.1f} allowed; a maintainer should look"
+        )
+        return ClaimGap(claimed, measured_lower, measured_point, gap, True, reason, rules.labels.claim_gap)
+    reason = f"claimed {_pct(claimed)}, measured {measured}: within {limit * 100:.1f} points"
+    return ClaimGap(claimed, measured_lower, measured_point, gap, False, reason, None)
+
+
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:+.1f}%"
