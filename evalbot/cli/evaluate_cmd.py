@@ -12,10 +12,10 @@ from pathlib import Path
 
 import click
 
-from evalbot import receipts, render, verdict
+from evalbot import receipts, render
 from evalbot.cli.options import load_rules_or_exit, rules_option
 from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
-from evalbot.evaluate import runner
+from evalbot.evaluate import judge, runner
 from evalbot.model import Status, to_dict
 
 EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED: 4}
@@ -64,10 +64,9 @@ def evaluate(repo: Path, base: str, head: str, rules_dir: Path | None, profile: 
     cfg = runner.EvalConfig(repo=repo.resolve(), base=base, head=head, rules=rules, profile=profile, work_root=work,
                             no_sandbox=no_sandbox, seed=seed, spec=spec, spec_drafter=spec_drafter,
                             accuracy=accuracy, max_pairs=max_pairs)
-    m = runner.evaluate(cfg, _logger(as_json))
-    v = verdict.decide(m, rules)
-    receipt = _receipt(m, v, key)
-    status = receipts.signature_status(receipt)
+    judged = judge.judge(cfg, _logger(as_json), key)
+    m, v, receipt = judged.measurements, judged.verdict, judged.receipt
+    status = judged.signature_status
     out.mkdir(parents=True, exist_ok=True)
     result = {"measurements": to_dict(m), "verdict": to_dict(v), "signature_status": status}
     (out / "result.json").write_text(json.dumps(result, indent=2))
@@ -79,15 +78,3 @@ def evaluate(repo: Path, base: str, head: str, rules_dir: Path | None, profile: 
         click.echo(json.dumps(result))
     sys.exit(EXIT[v.status])
 
-
-def _receipt(m, v, key):  # noqa: ANN001, ANN202
-    p = m.provenance
-    try:
-        body = receipts.build_receipt(
-            pr=p.pr, head_sha=p.head_sha, base_sha=p.base_sha, harness_sha=p.harness_sha, rules_hash=p.rules_hash,
-            model_sha256s=p.model_sha256s, engine_build=p.engine_build, box=p.box, measurements=to_dict(m),
-            verdict=to_dict(v), started_at=p.started_at, finished_at=p.finished_at)
-    except receipts.ReceiptError as exc:
-        # an evaluation that stopped early (git failure, skipped) lacks fields a receipt pins; record why
-        body = {"schema": receipts.SCHEMA, "incomplete": str(exc), "measurements": to_dict(m), "verdict": to_dict(v)}
-    return receipts.sign(body, key) if key else receipts.unsigned(body)

@@ -1,0 +1,63 @@
+"""A bare mirror of the judged repository, fetched fresh before every round of evaluations.
+
+Main is always measured as the remote has it now (never a stale checkout), and a PR's head is fetched
+by its pull ref or branch so that evaluate can extract both revisions. Only git runs here; no PR code.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+# GitHub serves every PR's head as refs/pull/N/head (forks included); same-repo branches come too,
+# for remotes that have no pull refs (a plain bare repository).
+_REFSPECS = ("+refs/heads/*:refs/heads/*", "+refs/pull/*/head:refs/pull/*/head")
+
+
+class MirrorError(RuntimeError):
+    """git could not fetch: an infrastructure fault, never a contributor's."""
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """A bare clone at `path` of `remote`."""
+
+    remote: str
+    path: Path
+
+    def _git(self, *args: str, timeout: float = 600) -> str:
+        proc = subprocess.run(["git", "-C", str(self.path), *args], capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise MirrorError(f"git {' '.join(args[:2])} in {self.path}: {proc.stderr.strip()[-500:]}")
+        return proc.stdout.strip()
+
+    def fetch(self) -> None:
+        """Create the mirror if needed and fetch every branch and pull ref (pruning deleted ones)."""
+        if not (self.path / "HEAD").exists():
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._git("init", "-q", "--bare")
+        self._git("fetch", "-q", "--prune", "--force", self.remote, *_REFSPECS)
+
+    def sha(self, ref: str) -> str:
+        """The commit a branch or ref names in the mirror."""
+        return self._git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+
+    def has(self, sha: str) -> bool:
+        """Whether the mirror holds this commit."""
+        proc = subprocess.run(["git", "-C", str(self.path), "cat-file", "-e", f"{sha}^{{commit}}"],
+                              capture_output=True, timeout=60)  # fmt: skip
+        return proc.returncode == 0
+
+    def fetch_commit(self, sha: str, ref_hint: str | None = None) -> None:
+        """Make sure a PR head is present: fetch everything again, then the hint ref, then the bare sha."""
+        if self.has(sha):
+            return
+        self.fetch()
+        for spec in ([ref_hint] if ref_hint else []) + [sha]:
+            if self.has(sha):
+                return
+            subprocess.run(["git", "-C", str(self.path), "fetch", "-q", self.remote, spec], capture_output=True,
+                           timeout=600)  # fmt: skip
+        if not self.has(sha):
+            raise MirrorError(f"{self.remote} does not serve commit {sha} (ref {ref_hint or 'unknown'})")
