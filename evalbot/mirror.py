@@ -27,7 +27,9 @@ class Mirror:
     path: Path
 
     def _git(self, *args: str, timeout: float = 600) -> str:
-        proc = subprocess.run(["git", "-C", str(self.path), *args], capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            ["git", "-C", str(self.path), *args], capture_output=True, text=True, timeout=timeout
+        )
         if proc.returncode != 0:
             raise MirrorError(f"git {' '.join(args[:2])} in {self.path}: {proc.stderr.strip()[-500:]}")
         return proc.stdout.strip()

@@ -49,7 +49,9 @@ def _digest(text: str) -> str:
 class Publisher:
     """Idempotent GitHub actions for one repository."""
 
-    def __init__(self, gh: GitHubPort, store: Store, *, bot_login: str | None, log: Log, dry_run: bool = False):
+    def __init__(
+        self, gh: GitHubPort, store: Store, *, bot_login: str | None, log: Log, dry_run: bool = False
+    ):
         self.gh, self.store, self.bot_login, self.log, self.dry_run = gh, store, bot_login, log, dry_run
 
     # --- actions ---
@@ -60,8 +62,12 @@ class Publisher:
         if existing is not None and existing.body.strip() == body.strip():
             return False
         # keyed by the transition (what is there now -> what goes there), so A -> B -> A still edits
-        key = action_key("comment", pr, head_sha, {"from": _digest(existing.body) if existing else None,
-                                                   "to": _digest(body)})
+        key = action_key(
+            "comment",
+            pr,
+            head_sha,
+            {"from": _digest(existing.body) if existing else None, "to": _digest(body)},
+        )
         if self.dry_run:
             self.log(f"#{pr}: would {'edit' if existing else 'post'} the bot comment")
             return True
@@ -86,8 +92,9 @@ class Publisher:
         if self.dry_run:
             self.log(f"#{pr}: would add {list(change.add)} and remove {list(change.remove)}")
             return change
-        key = action_key("labels", pr, head_sha, {"now": sorted(set(current)), "add": change.add,
-                                                  "remove": change.remove})
+        key = action_key(
+            "labels", pr, head_sha, {"now": sorted(set(current)), "add": change.add, "remove": change.remove}
+        )
         if not self.store.begin_action(key, {"pr": pr, "add": change.add, "remove": change.remove}):
             return LabelChange((), ())
         if change.add:
@@ -106,7 +113,9 @@ class Publisher:
         """Reopen the PR once for this head and reason."""
         return self._state_change("reopen", pr, head_sha, reason, self.gh.reopen)
 
-    def _state_change(self, kind: str, pr: int, head_sha: str, reason: str, call: Callable[[int], None]) -> bool:
+    def _state_change(
+        self, kind: str, pr: int, head_sha: str, reason: str, call: Callable[[int], None]
+    ) -> bool:
         if self.dry_run:
             self.log(f"#{pr}: would {kind} ({reason})")
             return True

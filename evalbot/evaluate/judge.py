@@ -45,5 +45,10 @@ def receipt(m: Measurements, v: Verdict, key: Ed25519PrivateKey | None) -> dict[
             model_sha256s=p.model_sha256s, engine_build=p.engine_build, box=p.box, measurements=to_dict(m),
             verdict=to_dict(v), started_at=p.started_at, finished_at=p.finished_at)  # fmt: skip
     except receipts.ReceiptError as exc:
-        body = {"schema": receipts.SCHEMA, "incomplete": str(exc), "measurements": to_dict(m), "verdict": to_dict(v)}
+        body = {
+            "schema": receipts.SCHEMA,
+            "incomplete": str(exc),
+            "measurements": to_dict(m),
+            "verdict": to_dict(v),
+        }
     return receipts.sign(body, key) if key else receipts.unsigned(body)
