@@ -1,0 +1,228 @@
+"""Rounds: PRs measured against the same main compete, the best merges first, the rest rebase. Pure.
+
+A round is the set of PASS verdicts measured against one main sha. The PR with the largest lower-bound
+gain (the 95% CI's lower bound of head/main at its scored context, minus one) is ``merge-first``;
+the others get ``needs-rebase``. Ties, which need exactly equal bounds, go to the lower PR number, the
+one opened earlier, so the order never depends on input order.
+
+When main moves (a merge), every verdict measured against the old main is stale: its PR is labelled
+``re-evaluate`` and is credited only for its gain over the new main once measured again
+(``marginal_credit``). The credit is what the PR adds to the main it lands on, never less than zero.
+
+Auto-merge (``may_automerge``) needs the rules' consent, the operator's flag, a PASS at or above the
+minimum tier under the current rules, no hold and no blocking label, and the head still at the
+measured sha (the merge itself must pass that sha, so a later push cannot ride along).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from evalbot.model import Status, Verdict
+from evalbot.rules import Rules, tier_for_gain
+
+MERGE_FIRST = "merge_first"
+NEEDS_REBASE = "needs_rebase"
+RE_EVALUATE = "re_evaluate"
+HELD = "held"
+OUT = "out"  # not a contender: not a PASS, or nothing scored
+
+
+@dataclass(frozen=True)
+class Contender:
+    """A PR's latest verdict and the revisions it was measured on."""
+
+    pr: int
+    head_sha: str
+    base_sha: str  # the main it was measured against
+    verdict: Verdict
+
+
+@dataclass(frozen=True)
+class RoundDecision:
+    """One PR's place in the round, with the round labels to set (as full sets) and a comment."""
+
+    pr: int
+    role: str  # merge_first, needs_rebase, re_evaluate, held, out
+    lower_bound_gain: float | None
+    labels_add: tuple[str, ...]
+    labels_remove: tuple[str, ...]
+    reason: str
+    comment: str | None = None
+
+
+@dataclass(frozen=True)
+class RoundRanking:
+    """The round against one main: the winner, the ranked PASSes, and every PR's decision."""
+
+    main_sha: str
+    merge_first: int | None
+    order: tuple[int, ...]  # ranked contenders, best first
+    decisions: tuple[RoundDecision, ...]  # by PR number
+
+    def decision(self, pr: int) -> RoundDecision:
+        """The decision for one PR; KeyError if it was not in the round."""
+        for d in self.decisions:
+            if d.pr == pr:
+                return d
+        raise KeyError(pr)
+
+
+@dataclass(frozen=True)
+class Credit:
+    """What a PR is credited: its gain as first measured and its marginal gain over the current main."""
+
+    pr: int
+    gain: float | None  # lower-bound gain against the main it was first measured on
+    marginal_gain: float | None  # the credit; None until it is measured against the current main
+    tier: str | None  # the tier the marginal gain earns
+    needs_reevaluation: bool
+    reason: str
+
+
+def round_labels(rules: Rules) -> frozenset[str]:
+    """The labels rounds set and remove."""
+    lab = rules.labels
+    return frozenset({lab.merge_first, lab.needs_rebase, lab.re_evaluate})
+
+
+def lower_bound_gain(verdict: Verdict) -> float | None:
+    """The CI lower bound of the gain (a fraction) at the verdict's scored context, for decode throughput.
+
+    Without a scored context (a PASS below the first tier) it is the best lower bound over the scored
+    decode estimates; None when there are none.
+    """
+    scored = [e for e in verdict.estimates if e.scored and e.metric == "decode_tps"]
+    if verdict.scored_context is not None:
+        at = [e for e in scored if e.context == verdict.scored_context]
+        scored = at or scored
+    return max((e.ci_low - 1 for e in scored), default=None)
+
+
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:+.1f}%"
+
+
+def rank_round(
+    contenders: Iterable[Contender], main_sha: str, rules: Rules, held: Collection[int] = ()
+) -> RoundRanking:
+    """Rank a round's PRs: merge-first, needs-rebase, re-evaluate (measured on an older main), held, out."""
+    lab = rules.labels
+    owned = round_labels(rules)
+    by_pr: dict[int, Contender] = {}
+    for c in contenders:
+        if c.pr in by_pr:
+            raise ValueError(f"PR {c.pr} appears twice in the round; pass each PR's latest verdict once")
+        by_pr[c.pr] = c
+
+    def decide(c: Contender, role: str, gain: float | None, reason: str, label: str | None = None,
+               comment: str | None = None) -> RoundDecision:  # fmt: skip
+        add = (label,) if label else ()
+        return RoundDecision(c.pr, role, gain, add, tuple(sorted(owned - set(add))), reason, comment)
+
+    decisions: dict[int, RoundDecision] = {}
+    ranked: list[tuple[float, int]] = []
+    for pr, c in by_pr.items():
+        gain = lower_bound_gain(c.verdict) if c.verdict.status == Status.PASS else None
+        if c.verdict.status != Status.PASS:
+            decisions[pr] = decide(c, OUT, None, f"not a contender: the verdict is {c.verdict.status}")
+        elif gain is None:
+            decisions[pr] = decide(c, OUT, None, "not a contender: no scored decode estimate")
+        elif c.base_sha != main_sha:
+            reason = f"measured against {c.base_sha[:12]}, main is now {main_sha[:12]}"
+            comment = (
+                f"Main has moved since this pull request was measured (against {c.base_sha[:12]}; main is now "
+                f"{main_sha[:12]}). The bot measures it again against the new main, and credits only its gain "
+                "over it."
+            )
+            decisions[pr] = decide(c, RE_EVALUATE, gain, reason, lab.re_evaluate, comment)
+        elif pr in held:
+            decisions[pr] = decide(c, HELD, gain, "on hold by a maintainer: out of the ranking")
+        else:
+            ranked.append((gain, pr))
+
+    ranked.sort(key=lambda t: (-t[0], t[1]))
+    order = tuple(pr for _, pr in ranked)
+    winner = order[0] if order else None
+    for place, (gain, pr) in enumerate(ranked, 1):
+        c = by_pr[pr]
+        if pr == winner:
+            reason = f"largest lower-bound gain in the round ({_pct(gain)}): merges first"
+            decisions[pr] = decide(c, MERGE_FIRST, gain, reason, lab.merge_first)
+            continue
+        best = ranked[0][0]
+        reason = f"place {place} ({_pct(gain)}); #{winner} merges first ({_pct(best)})"
+        comment = (
+            f"#{winner} has the largest lower-bound gain in this round ({_pct(best)} against this pull "
+            f"request's {_pct(gain)}) and merges first. Once it has landed, rebase on main: the bot then "
+            "measures this pull request against the new main and credits only its gain over it."
+        )
+        decisions[pr] = decide(c, NEEDS_REBASE, gain, reason, lab.needs_rebase, comment)
+    return RoundRanking(main_sha, winner, order, tuple(decisions[pr] for pr in sorted(decisions)))
+
+
+def marginal_credit(
+    first: Contender, main_sha: str, rules: Rules, remeasured: Contender | None = None
+) -> Credit:
+    """The credit of a PR measured as ``first``: its gain if main has not moved, else its gain over the
+    current main taken from ``remeasured`` (None, or measured elsewhere: needs re-evaluation)."""
+    gain = lower_bound_gain(first.verdict) if first.verdict.status == Status.PASS else None
+    if first.base_sha == main_sha:
+        source, verdict = "as measured", first.verdict
+    elif remeasured is not None and remeasured.pr == first.pr and remeasured.base_sha == main_sha:
+        source, verdict = f"re-measured against main {main_sha[:12]}", remeasured.verdict
+    else:
+        reason = (
+            f"main moved from {first.base_sha[:12]} to {main_sha[:12]} since PR {first.pr} was measured: "
+            "measure it again against the new main"
+        )
+        return Credit(first.pr, gain, None, None, True, reason)
+    if verdict.status != Status.PASS:
+        return Credit(
+            first.pr, gain, 0.0, None, False, f"no credit: {source}, the verdict is {verdict.status}"
+        )
+    bound = lower_bound_gain(verdict)
+    marginal = max(bound, 0.0) if bound is not None else 0.0
+    tier = tier_for_gain(rules, marginal)
+    return Credit(
+        first.pr, gain, marginal, tier, False, f"credit {_pct(marginal)} ({tier or 'no tier'}), {source}"
+    )
+
+
+def may_automerge(
+    verdict: Verdict,
+    labels: Iterable[str],
+    rules: Rules,
+    env_flag: bool,
+    measured_sha: str,
+    current_head_sha: str,
+    held: bool = False,
+) -> tuple[bool, str]:
+    """Whether the bot may merge this PR now, and why (or why not)."""
+    am = rules.automerge
+    present = set(labels)
+    if not am.enabled:
+        return False, "auto-merge is disabled in rules/automerge.yaml"
+    if not env_flag:
+        return False, "the operator has not enabled auto-merge (EVALBOT_AUTOMERGE=1)"
+    if verdict.status != Status.PASS:
+        return False, f"the verdict is {verdict.status}, not PASS"
+    if current_head_sha != measured_sha:
+        return False, f"the head moved to {current_head_sha[:12]} after {measured_sha[:12]} was measured"
+    if verdict.rules_hash and verdict.rules_hash != rules.rules_hash:
+        return False, "the rules changed since the measurement: it must be measured again"
+    if held:
+        return False, "a maintainer put the PR on hold"
+    blocking = sorted(present & set(am.blocking_labels))
+    if blocking:
+        return False, f"blocking label(s): {', '.join(blocking)}"
+    missing = [label for label in am.required_labels if label not in present]
+    if missing:
+        return False, f"missing required label(s): {', '.join(missing)}"
+    names = [t.name for t in rules.tiers]
+    if verdict.tier not in names:
+        return False, f"no tier; auto-merge needs at least {am.min_tier}"
+    if names.index(verdict.tier) < names.index(am.min_tier):
+        return False, f"tier {verdict.tier} is below the auto-merge minimum {am.min_tier}"
+    return True, f"PASS at tier {verdict.tier}, head {measured_sha[:12]} as measured, no blocking label"
