@@ -210,8 +210,9 @@ def may_automerge(
         return False, f"the verdict is {verdict.status}, not PASS"
     if current_head_sha != measured_sha:
         return False, f"the head moved to {current_head_sha[:12]} after {measured_sha[:12]} was measured"
-    if verdict.rules_hash and verdict.rules_hash != rules.rules_hash:
-        return False, "the rules changed since the measurement: it must be measured again"
+    if verdict.rules_hash != rules.rules_hash:
+        # An unknown hash counts as changed: a merge must rest on a verdict under the rules in force.
+        return False, "the verdict was not made under the rules in force: it must be measured again"
     if held:
         return False, "a maintainer put the PR on hold"
     blocking = sorted(present & set(am.blocking_labels))

@@ -1,0 +1,249 @@
+"""evalbot.rounds: merge-first ranking, ties, re-evaluation after main moves, marginal credit, auto-merge."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evalbot.model import ContextEstimate, Status, Verdict
+from evalbot.rounds import (
+    HELD,
+    MERGE_FIRST,
+    NEEDS_REBASE,
+    OUT,
+    RE_EVALUATE,
+    Contender,
+    lower_bound_gain,
+    marginal_credit,
+    may_automerge,
+    rank_round,
+    round_labels,
+)
+from evalbot.rules import default_rules_dir, load_rules
+
+MAIN, OLD_MAIN = "m" * 40, "o" * 40
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules(default_rules_dir())
+
+
+def est(context: int, ci_low: float, scored: bool = True, metric: str = "decode_tps") -> ContextEstimate:
+    return ContextEstimate(
+        model="qwen2.5-coder-0.5b", context=context, metric=metric, n=8, base_median=40.0,
+        head_median=40.0 * (ci_low + 0.01), ratio=ci_low + 0.01, ci_low=ci_low, ci_high=ci_low + 0.02, mde=0.01,
+        tier=None, regression=False, guarded=True, scored=scored,
+    )  # fmt: skip
+
+
+def verdict(
+    status: Status = Status.PASS, low: float = 1.05, tier: str | None = "S", rules_hash: str = ""
+) -> Verdict:
+    """A verdict scored at ctx 512 with CI lower bound `low` there (and a weaker ctx 128)."""
+    estimates = (est(128, low - 0.01), est(512, low))
+    return Verdict(
+        status=status, tier=tier if status == Status.PASS else None,
+        scored_context=512 if status == Status.PASS and tier else None, gates=(), reasons=(),
+        labels_add=(), labels_remove=(), estimates=estimates, rules_hash=rules_hash,
+    )  # fmt: skip
+
+
+def contender(pr: int, low: float = 1.05, base: str = MAIN, status: Status = Status.PASS) -> Contender:
+    return Contender(pr, f"{pr:040x}", base, verdict(status, low))
+
+
+# ---------------------------------------------------------------- lower-bound gain
+
+
+class TestLowerBoundGain:
+    def test_at_the_scored_context(self):
+        v = replace(verdict(low=1.03), estimates=(est(128, 1.08), est(512, 1.03)))
+        assert lower_bound_gain(v) == pytest.approx(0.03)  # the verdict's scored context, not the best
+
+    def test_without_a_scored_context_the_best_scored_decode_bound(self):
+        v = Verdict(Status.PASS, None, None, (), (), (), (),
+                    estimates=(est(128, 1.01), est(512, 1.015), est(512, 1.3, metric="prefill_tps"),
+                               est(4096, 1.2, scored=False)))  # fmt: skip
+        assert lower_bound_gain(v) == pytest.approx(0.015)
+
+    def test_nothing_scored(self):
+        assert lower_bound_gain(Verdict(Status.PASS, None, None, (), (), (), ())) is None
+
+
+# ---------------------------------------------------------------- ranking
+
+
+class TestRankRound:
+    def test_largest_lower_bound_merges_first_the_rest_rebase(self, rules):
+        r = rank_round([contender(10, 1.03), contender(11, 1.07), contender(12, 1.05)], MAIN, rules)
+        assert (r.merge_first, r.order) == (11, (11, 12, 10))
+        first = r.decision(11)
+        assert (first.role, first.labels_add) == (MERGE_FIRST, ("merge-first",))
+        assert first.labels_remove == ("needs-rebase", "re-evaluate")
+        assert first.lower_bound_gain == pytest.approx(0.07) and first.comment is None
+        second = r.decision(12)
+        assert (second.role, second.labels_add) == (NEEDS_REBASE, ("needs-rebase",))
+        assert second.labels_remove == ("merge-first", "re-evaluate")
+        assert second.reason == "place 2 (+5.0%); #11 merges first (+7.0%)"
+        assert "#11 has the largest lower-bound gain in this round (+7.0%" in second.comment
+        assert "rebase on main" in second.comment
+        assert [d.pr for d in r.decisions] == [10, 11, 12]
+
+    def test_ties_go_to_the_earlier_pr_whatever_the_input_order(self, rules):
+        crowd = [contender(30, 1.04), contender(7, 1.04), contender(19, 1.04), contender(5, 1.02)]
+        for perm in itertools.permutations(crowd):
+            r = rank_round(perm, MAIN, rules)
+            assert (r.merge_first, r.order) == (7, (7, 19, 30, 5))
+
+    @given(st.lists(st.tuples(st.integers(1, 60), st.sampled_from([1.0, 1.02, 1.04, 1.1])), unique_by=lambda t: t[0]),
+           st.randoms())  # fmt: skip
+    def test_ranking_is_by_gain_then_number_and_input_order_free(self, rules, entries, rnd):
+        cs = [contender(pr, low) for pr, low in entries]
+        shuffled = cs[:]
+        rnd.shuffle(shuffled)
+        a, b = rank_round(cs, MAIN, rules), rank_round(shuffled, MAIN, rules)
+        assert a == b
+        assert list(a.order) == [pr for pr, _ in sorted(entries, key=lambda t: (-t[1], t[0]))]
+        assert sum(d.role == MERGE_FIRST for d in a.decisions) == (1 if entries else 0)
+
+    def test_only_passes_with_a_gain_contend(self, rules):
+        nothing = Contender(4, "4" * 40, MAIN, Verdict(Status.PASS, None, None, (), (), (), ()))
+        r = rank_round(
+            [contender(1, 1.03), contender(2, 1.2, status=Status.REJECT), contender(3, 1.2, status=Status.INFRA_ERROR),
+             nothing],
+            MAIN,
+            rules,
+        )  # fmt: skip
+        assert (r.merge_first, r.order) == (1, (1,))
+        assert [(d.pr, d.role) for d in r.decisions] == [(1, MERGE_FIRST), (2, OUT), (3, OUT), (4, OUT)]
+        assert r.decision(2).reason == "not a contender: the verdict is REJECT"
+        assert r.decision(4).reason == "not a contender: no scored decode estimate"
+        assert r.decision(2).labels_add == () and set(r.decision(2).labels_remove) == round_labels(rules)
+
+    def test_measured_against_an_old_main_must_be_re_evaluated(self, rules):
+        r = rank_round([contender(1, 1.03), contender(2, 1.2, base=OLD_MAIN)], MAIN, rules)
+        assert r.merge_first == 1  # a bigger gain against an old main does not win
+        d = r.decision(2)
+        assert (d.role, d.labels_add) == (RE_EVALUATE, ("re-evaluate",))
+        assert d.reason == f"measured against {OLD_MAIN[:12]}, main is now {MAIN[:12]}"
+        assert "credits only its gain" in d.comment
+
+    def test_held_prs_step_aside(self, rules):
+        r = rank_round([contender(1, 1.03), contender(2, 1.2)], MAIN, rules, held={2})
+        assert (r.merge_first, r.decision(2).role, r.decision(2).labels_add) == (1, HELD, ())
+
+    def test_empty_round_and_duplicates(self, rules):
+        r = rank_round([], MAIN, rules)
+        assert (r.merge_first, r.order, r.decisions) == (None, (), ())
+        with pytest.raises(ValueError, match="PR 3 appears twice"):
+            rank_round([contender(3), contender(3, 1.1)], MAIN, rules)
+        with pytest.raises(KeyError):
+            r.decision(3)
+
+
+# ---------------------------------------------------------------- marginal credit
+
+
+class TestMarginalCredit:
+    def test_main_unchanged_credits_the_gain(self, rules):
+        c = marginal_credit(contender(5, 1.045), MAIN, rules)
+        assert (c.gain, c.marginal_gain, c.tier, c.needs_reevaluation) == (
+            pytest.approx(0.045),
+            pytest.approx(0.045),
+            "S",
+            False,
+        )
+        assert c.reason == "credit +4.5% (S), as measured"
+
+    def test_main_moved_without_a_new_measurement_needs_one(self, rules):
+        c = marginal_credit(contender(5, 1.045, base=OLD_MAIN), MAIN, rules)
+        assert (c.marginal_gain, c.tier, c.needs_reevaluation) == (None, None, True)
+        assert c.gain == pytest.approx(0.045)
+        assert c.reason.startswith(f"main moved from {OLD_MAIN[:12]} to {MAIN[:12]} since PR 5 was measured")
+        stale = contender(5, 1.03, base="x" * 40)  # re-measured, but not against the current main
+        assert marginal_credit(contender(5, 1.045, base=OLD_MAIN), MAIN, rules, stale).needs_reevaluation
+        other = contender(6, 1.03)  # another PR's measurement is not this one's
+        assert marginal_credit(contender(5, 1.045, base=OLD_MAIN), MAIN, rules, other).needs_reevaluation
+
+    def test_credit_is_the_gain_over_the_new_main(self, rules):
+        # +4.5% against the old main, but the merged winner already gave most of it: +1.2% is left.
+        c = marginal_credit(contender(5, 1.045, base=OLD_MAIN), MAIN, rules, contender(5, 1.012))
+        assert (c.gain, c.marginal_gain, c.tier) == (pytest.approx(0.045), pytest.approx(0.012), None)
+        assert c.reason == f"credit +1.2% (no tier), re-measured against main {MAIN[:12]}"
+
+    def test_never_negative_and_nothing_for_a_reject(self, rules):
+        c = marginal_credit(contender(5, 1.045, base=OLD_MAIN), MAIN, rules, contender(5, 0.99))
+        assert c.marginal_gain == 0.0
+        c = marginal_credit(
+            contender(5, 1.045, base=OLD_MAIN), MAIN, rules, contender(5, 1.1, status=Status.REJECT)
+        )
+        assert (c.marginal_gain, c.tier) == (0.0, None) and "the verdict is REJECT" in c.reason
+        c = marginal_credit(contender(5, 1.1, status=Status.REJECT), MAIN, rules)
+        assert (c.gain, c.marginal_gain) == (None, 0.0)
+
+
+# ---------------------------------------------------------------- auto-merge
+
+
+@pytest.fixture(scope="module")
+def enabled(rules):
+    return replace(rules, automerge=replace(rules.automerge, enabled=True, min_tier="S"))
+
+
+HEAD = "h" * 40
+HASH = load_rules(default_rules_dir()).rules_hash  # replace() in the fixture keeps the loaded hash
+
+
+class TestMayAutomerge:
+    def ok_args(self, rules):
+        return dict(
+            verdict=verdict(low=1.05, tier="M", rules_hash=rules.rules_hash),
+            labels=("verified", "perf:M", "area:kernels", "merge-first"),
+            rules=rules,
+            env_flag=True,
+            measured_sha=HEAD,
+            current_head_sha=HEAD,
+        )
+
+    def test_all_conditions_met(self, enabled):
+        ok, reason = may_automerge(**self.ok_args(enabled))
+        assert ok and reason == f"PASS at tier M, head {HEAD[:12]} as measured, no blocking label"
+
+    @pytest.mark.parametrize(
+        "change, reason",
+        [
+            ({"env_flag": False}, "the operator has not enabled auto-merge (EVALBOT_AUTOMERGE=1)"),
+            ({"current_head_sha": "p" * 40}, f"the head moved to {'p' * 12} after {HEAD[:12]} was measured"),
+            ({"verdict": verdict(Status.REJECT)}, "the verdict is REJECT, not PASS"),
+            ({"verdict": verdict(tier="M", rules_hash="0" * 64)},
+             "the verdict was not made under the rules in force: it must be measured again"),
+            ({"verdict": verdict(tier="M")}, "the verdict was not made under the rules in force: it must be measured again"),
+            ({"held": True}, "a maintainer put the PR on hold"),
+            ({"labels": ("verified", "perf:M", "copycat-warn", "re-evaluate")},
+             "blocking label(s): copycat-warn, re-evaluate"),
+            ({"labels": ("perf:M",)}, "missing required label(s): verified"),
+            ({"verdict": verdict(tier="XS", rules_hash=HASH)}, "tier XS is below the auto-merge minimum S"),
+            ({"verdict": verdict(tier=None, rules_hash=HASH)}, "no tier; auto-merge needs at least S"),
+        ],
+        ids=["no-env", "head-moved", "reject", "rules-changed", "rules-unknown", "held", "blocking", "required",
+             "low-tier", "no-tier"],
+    )  # fmt: skip
+    def test_each_condition_blocks(self, enabled, change, reason):
+        args = {**self.ok_args(enabled), **change}
+        assert may_automerge(**args) == (False, reason)
+
+    def test_disabled_in_rules_wins_over_everything(self, rules):
+        assert rules.automerge.enabled is False  # the shipped default
+        assert may_automerge(**self.ok_args(rules)) == (
+            False,
+            "auto-merge is disabled in rules/automerge.yaml",
+        )
+
+    def test_min_tier_is_inclusive(self, enabled):
+        args = {**self.ok_args(enabled), "verdict": verdict(tier="S", rules_hash=HASH)}
+        assert may_automerge(**args)[0] is True
