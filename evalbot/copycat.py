@@ -142,7 +142,12 @@ def may_copy_from(new: PrMeta, old: PrMeta) -> bool:
 
 
 def decide(
-    code_lines: int, own_lines: int, score: float, literal_overlap: float, rules: Copycat, prior_warnings: int = 0
+    code_lines: int,
+    own_lines: int,
+    score: float,
+    literal_overlap: float,
+    rules: Copycat,
+    prior_warnings: int = 0,
 ) -> Decision:
     """The band for a PR of this size (and own size after exclusions), best containment and overlap."""
     tiny = rules.tiny_pr.below_added_lines
@@ -153,7 +158,9 @@ def decide(
                 "a maintainer decides (independent small fixes converge)"
             )
             return Decision(Band.WARN, reasons=(why,))
-        return Decision(Band.CLEAN, reasons=(f"{code_lines} added code lines (< {tiny}): never blocked automatically",))
+        return Decision(
+            Band.CLEAN, reasons=(f"{code_lines} added code lines (< {tiny}): never blocked automatically",)
+        )
     if own_lines < tiny:
         # after main, boilerplate and merged code are removed, the PR's own part is as small as a tiny PR
         why = f"about {own_lines} added code lines of its own (< {tiny}) after exclusions: never blocked automatically"
@@ -202,7 +209,9 @@ def credited(meta: PrMeta, evidence: Evidence, original: int) -> frozenset[int]:
     return evidence.shared.get(original, frozenset()) - frozenset().union(*prior)
 
 
-def assess(new: PrPrint, meta: PrMeta, evidence: Evidence, rules: Rules, prior_warnings: int = 0) -> CopycatFinding:
+def assess(
+    new: PrPrint, meta: PrMeta, evidence: Evidence, rules: Rules, prior_warnings: int = 0
+) -> CopycatFinding:
     """The finding for a new PR from its fingerprints and what is known about them."""
     boilerplate = evidence.boilerplate - evidence.main
     merged = evidence.merged - evidence.main - boilerplate
@@ -245,7 +254,11 @@ def assess(new: PrPrint, meta: PrMeta, evidence: Evidence, rules: Rules, prior_w
 
 
 def gather(
-    new: PrPrint, meta: PrMeta, others: Sequence[tuple[PrMeta, PrPrint]], main: frozenset[int], boilerplate_max_prs: int
+    new: PrPrint,
+    meta: PrMeta,
+    others: Sequence[tuple[PrMeta, PrPrint]],
+    main: frozenset[int],
+    boilerplate_max_prs: int,
 ) -> Evidence:
     """Evidence by scanning PRs in memory (``copycat_index`` answers the same from SQLite)."""
     others = [(m, p) for m, p in others if m.number != meta.number]
@@ -267,10 +280,16 @@ def gather(
 
 
 def check(
-    pr: PullRequest, others: Sequence[PullRequest], main: frozenset[int], rules: Rules, prior_warnings: int = 0
+    pr: PullRequest,
+    others: Sequence[PullRequest],
+    main: frozenset[int],
+    rules: Rules,
+    prior_warnings: int = 0,
 ) -> CopycatFinding:
     """Check one PR against others in memory; ``main`` holds main's k-grams when the PR was opened."""
     k, w = rules.copycat.winnowing.k, rules.copycat.winnowing.w
     new, meta = fingerprint_pr(pr, k, w), PrMeta.of(pr)
     prints = [(PrMeta.of(o), fingerprint_pr(o, k, w)) for o in others]
-    return assess(new, meta, gather(new, meta, prints, main, rules.copycat.boilerplate_max_prs), rules, prior_warnings)
+    return assess(
+        new, meta, gather(new, meta, prints, main, rules.copycat.boilerplate_max_prs), rules, prior_warnings
+    )
