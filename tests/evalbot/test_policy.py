@@ -77,11 +77,23 @@ def rules():
 def make_pr(number: int = 42, **kw) -> PullRequest:
     files = kw.pop("files", (FileChange("kernels/flash_decode.py", "modified", 20, 5),))
     facts = dict(
-        number=number, author="alice", title="Faster decode", body=GOOD_BODY, state="open", draft=False,
-        merged=False, head_sha="a" * 40, base_sha="b" * 40, base_ref="main", head_ref="fast-decode",
-        created_at="2026-11-29T09:00:00Z", updated_at="2026-11-29T09:30:00Z", files=files,
-        commits=(Commit("c" * 40, "alice", "alice", "Alice", "Alice"),), author_association="CONTRIBUTOR",
-    )  # fmt: skip
+        number=number,
+        author="alice",
+        title="Faster decode",
+        body=GOOD_BODY,
+        state="open",
+        draft=False,
+        merged=False,
+        head_sha="a" * 40,
+        base_sha="b" * 40,
+        base_ref="main",
+        head_ref="fast-decode",
+        created_at="2026-11-29T09:00:00Z",
+        updated_at="2026-11-29T09:30:00Z",
+        files=files,
+        commits=(Commit("c" * 40, "alice", "alice", "Alice", "Alice"),),
+        author_association="CONTRIBUTOR",
+    )
     facts.update(kw)
     return PullRequest(**facts)
 

@@ -35,10 +35,21 @@ def rules():
 
 def est(context: int, ci_low: float, scored: bool = True, metric: str = "decode_tps") -> ContextEstimate:
     return ContextEstimate(
-        model="qwen2.5-coder-0.5b", context=context, metric=metric, n=8, base_median=40.0,
-        head_median=40.0 * (ci_low + 0.01), ratio=ci_low + 0.01, ci_low=ci_low, ci_high=ci_low + 0.02, mde=0.01,
-        tier=None, regression=False, guarded=True, scored=scored,
-    )  # fmt: skip
+        model="qwen2.5-coder-0.5b",
+        context=context,
+        metric=metric,
+        n=8,
+        base_median=40.0,
+        head_median=40.0 * (ci_low + 0.01),
+        ratio=ci_low + 0.01,
+        ci_low=ci_low,
+        ci_high=ci_low + 0.02,
+        mde=0.01,
+        tier=None,
+        regression=False,
+        guarded=True,
+        scored=scored,
+    )
 
 
 def verdict(
@@ -47,10 +58,16 @@ def verdict(
     """A verdict scored at ctx 512 with CI lower bound `low` there (and a weaker ctx 128)."""
     estimates = (est(128, low - 0.01), est(512, low))
     return Verdict(
-        status=status, tier=tier if status == Status.PASS else None,
-        scored_context=512 if status == Status.PASS and tier else None, gates=(), reasons=(),
-        labels_add=(), labels_remove=(), estimates=estimates, rules_hash=rules_hash,
-    )  # fmt: skip
+        status=status,
+        tier=tier if status == Status.PASS else None,
+        scored_context=512 if status == Status.PASS and tier else None,
+        gates=(),
+        reasons=(),
+        labels_add=(),
+        labels_remove=(),
+        estimates=estimates,
+        rules_hash=rules_hash,
+    )
 
 
 def contender(pr: int, low: float = 1.05, base: str = MAIN, status: Status = Status.PASS) -> Contender:
@@ -66,9 +83,21 @@ class TestLowerBoundGain:
         assert lower_bound_gain(v) == pytest.approx(0.03)  # the verdict's scored context, not the best
 
     def test_without_a_scored_context_the_best_scored_decode_bound(self):
-        v = Verdict(Status.PASS, None, None, (), (), (), (),
-                    estimates=(est(128, 1.01), est(512, 1.015), est(512, 1.3, metric="prefill_tps"),
-                               est(4096, 1.2, scored=False)))  # fmt: skip
+        v = Verdict(
+            Status.PASS,
+            None,
+            None,
+            (),
+            (),
+            (),
+            (),
+            estimates=(
+                est(128, 1.01),
+                est(512, 1.015),
+                est(512, 1.3, metric="prefill_tps"),
+                est(4096, 1.2, scored=False),
+            ),
+        )
         assert lower_bound_gain(v) == pytest.approx(0.015)
 
     def test_nothing_scored(self):
@@ -100,8 +129,12 @@ class TestRankRound:
             r = rank_round(perm, MAIN, rules)
             assert (r.merge_first, r.order) == (7, (7, 19, 30, 5))
 
-    @given(st.lists(st.tuples(st.integers(1, 60), st.sampled_from([1.0, 1.02, 1.04, 1.1])), unique_by=lambda t: t[0]),
-           st.randoms())  # fmt: skip
+    @given(
+        st.lists(
+            st.tuples(st.integers(1, 60), st.sampled_from([1.0, 1.02, 1.04, 1.1])), unique_by=lambda t: t[0]
+        ),
+        st.randoms(),
+    )
     def test_ranking_is_by_gain_then_number_and_input_order_free(self, rules, entries, rnd):
         cs = [contender(pr, low) for pr, low in entries]
         shuffled = cs[:]
@@ -114,11 +147,15 @@ class TestRankRound:
     def test_only_passes_with_a_gain_contend(self, rules):
         nothing = Contender(4, "4" * 40, MAIN, Verdict(Status.PASS, None, None, (), (), (), ()))
         r = rank_round(
-            [contender(1, 1.03), contender(2, 1.2, status=Status.REJECT), contender(3, 1.2, status=Status.INFRA_ERROR),
-             nothing],
+            [
+                contender(1, 1.03),
+                contender(2, 1.2, status=Status.REJECT),
+                contender(3, 1.2, status=Status.INFRA_ERROR),
+                nothing,
+            ],
             MAIN,
             rules,
-        )  # fmt: skip
+        )
         assert (r.merge_first, r.order) == (1, (1,))
         assert [(d.pr, d.role) for d in r.decisions] == [(1, MERGE_FIRST), (2, OUT), (3, OUT), (4, OUT)]
         assert r.decision(2).reason == "not a contender: the verdict is REJECT"
@@ -220,19 +257,36 @@ class TestMayAutomerge:
             ({"env_flag": False}, "the operator has not enabled auto-merge (EVALBOT_AUTOMERGE=1)"),
             ({"current_head_sha": "p" * 40}, f"the head moved to {'p' * 12} after {HEAD[:12]} was measured"),
             ({"verdict": verdict(Status.REJECT)}, "the verdict is REJECT, not PASS"),
-            ({"verdict": verdict(tier="M", rules_hash="0" * 64)},
-             "the verdict was not made under the rules in force: it must be measured again"),
-            ({"verdict": verdict(tier="M")}, "the verdict was not made under the rules in force: it must be measured again"),
+            (
+                {"verdict": verdict(tier="M", rules_hash="0" * 64)},
+                "the verdict was not made under the rules in force: it must be measured again",
+            ),
+            (
+                {"verdict": verdict(tier="M")},
+                "the verdict was not made under the rules in force: it must be measured again",
+            ),
             ({"held": True}, "a maintainer put the PR on hold"),
-            ({"labels": ("verified", "perf:M", "copycat-warn", "re-evaluate")},
-             "blocking label(s): copycat-warn, re-evaluate"),
+            (
+                {"labels": ("verified", "perf:M", "copycat-warn", "re-evaluate")},
+                "blocking label(s): copycat-warn, re-evaluate",
+            ),
             ({"labels": ("perf:M",)}, "missing required label(s): verified"),
             ({"verdict": verdict(tier="XS", rules_hash=HASH)}, "tier XS is below the auto-merge minimum S"),
             ({"verdict": verdict(tier=None, rules_hash=HASH)}, "no tier; auto-merge needs at least S"),
         ],
-        ids=["no-env", "head-moved", "reject", "rules-changed", "rules-unknown", "held", "blocking", "required",
-             "low-tier", "no-tier"],
-    )  # fmt: skip
+        ids=[
+            "no-env",
+            "head-moved",
+            "reject",
+            "rules-changed",
+            "rules-unknown",
+            "held",
+            "blocking",
+            "required",
+            "low-tier",
+            "no-tier",
+        ],
+    )
     def test_each_condition_blocks(self, enabled, change, reason):
         args = {**self.ok_args(enabled), **change}
         assert may_automerge(**args) == (False, reason)

@@ -95,7 +95,7 @@ def test_shipped_defaults(rules):
     c = rules.copycat
     assert (c.containment.block, c.containment.warn, c.warnings_to_block) == (0.85, 0.75, 3)
     assert (c.tiny_pr.below_added_lines, c.tiny_pr.warn_literal_overlap) == (15, 0.98)
-    assert (c.boilerplate_max_prs, c.winnowing.k, c.winnowing.w) == (5, 5, 4)
+    assert (c.boilerplate_max_prs, c.winnowing.k, c.winnowing.w) == (5, 13, 4)
     assert c.strikes.limit > 0 and c.strikes.window_days > 0
 
     p = rules.policy

@@ -50,20 +50,49 @@ def key(pr: int = 7, head: str = HEAD) -> EvalKey:
 
 def verdict(status: Status = Status.PASS, low: float = 1.031) -> Verdict:
     est = ContextEstimate(
-        model="qwen2.5-coder-0.5b", context=512, metric="decode_tps", n=8, base_median=40.0, head_median=42.0,
-        ratio=1.05, ci_low=low, ci_high=1.07, mde=0.012, tier="XS", regression=False, guarded=True, scored=True,
-    )  # fmt: skip
+        model="qwen2.5-coder-0.5b",
+        context=512,
+        metric="decode_tps",
+        n=8,
+        base_median=40.0,
+        head_median=42.0,
+        ratio=1.05,
+        ci_low=low,
+        ci_high=1.07,
+        mde=0.012,
+        tier="XS",
+        regression=False,
+        guarded=True,
+        scored=True,
+    )
     return Verdict(
-        status=status, tier="XS", scored_context=512,
-        gates=(Gate("no regression", 1.07, "CI upper bound >= 0.98x main", True, "", 512, "qwen2.5-coder-0.5b"),),
-        reasons=("XS: +5.0% at ctx 512",), labels_add=("verified", "perf:XS"), labels_remove=("regression",),
-        estimates=(est,), rules_hash=RULES, mde=0.012,
-    )  # fmt: skip
+        status=status,
+        tier="XS",
+        scored_context=512,
+        gates=(
+            Gate("no regression", 1.07, "CI upper bound >= 0.98x main", True, "", 512, "qwen2.5-coder-0.5b"),
+        ),
+        reasons=("XS: +5.0% at ctx 512",),
+        labels_add=("verified", "perf:XS"),
+        labels_remove=("regression",),
+        estimates=(est,),
+        rules_hash=RULES,
+        mde=0.012,
+    )
 
 
 def measurements() -> Measurements:
-    prov = Provenance(repo="o/r", base_sha=BASE, head_sha=HEAD, harness_sha=BASE, rules_hash=RULES, profile="cpu",
-                      model_sha256s={"qwen2.5-coder-0.5b": "d" * 64}, box={"cpu": "x86"}, pr=7)  # fmt: skip
+    prov = Provenance(
+        repo="o/r",
+        base_sha=BASE,
+        head_sha=HEAD,
+        harness_sha=BASE,
+        rules_hash=RULES,
+        profile="cpu",
+        model_sha256s={"qwen2.5-coder-0.5b": "d" * 64},
+        box={"cpu": "x86"},
+        pr=7,
+    )
     tp = ThroughputPairs("qwen2.5-coder-0.5b", 512, "decode_tps", ((40.0, 42.0), (40.5, 42.1)))
     return Measurements(provenance=prov, throughput=(tp,), reproduce="evalbot evaluate ...")
 
@@ -480,10 +509,10 @@ WRITER = textwrap.dedent(
         store.enqueue_evaluation(EvalKey(pr, f"{pr:040x}", "b" * 40, "r" * 64))
     print("ready", flush=True)
 
-    target = kill_at.split(":")[1] if kill_at.startswith("commit:") else None
-    armed = []
+    target = f"{int(kill_at.split(':')[1]):040x}" if kill_at.startswith("commit:") else None
+    armed = []  # the head sha being finished, then "fire" once its UPDATE has run
     def trace(sql):
-        if target and sql.startswith("UPDATE evaluations SET state = 'done'") and f"{int(target):040x}" in str(armed):
+        if target in armed and sql.startswith("UPDATE evaluations SET state = 'done'"):
             armed.append("fire")
         if sql == "COMMIT" and "fire" in armed:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -547,8 +576,10 @@ def assert_consistent(tmp_path: Path, n: int) -> None:
         assert s.pending_actions() == []
         markers = (tmp_path / "github.log").read_text().split()
         assert sorted(markers) == sorted(f"<!--evalbot:{pr}-->" for pr in range(1, n + 1))  # none twice
-        assert all(s.action_done(action_key("comment", pr, f"{pr:040x}", {"marker": f"<!--evalbot:{pr}-->"}))
-                   for pr in range(1, n + 1))  # fmt: skip
+        assert all(
+            s.action_done(action_key("comment", pr, f"{pr:040x}", {"marker": f"<!--evalbot:{pr}-->"}))
+            for pr in range(1, n + 1)
+        )
 
 
 @pytest.mark.parametrize("stage", ["claimed", "commit", "finished", "intent", "posted"])
