@@ -279,7 +279,7 @@ class PollState:
 
 
 def iso(moment: datetime | None = None) -> str:
-    """A timezone-aware moment (default: now) as fixed-width ISO 8601 UTC, e.g. 2026-11-30T10:00:00.000000Z."""
+    """A timezone-aware moment (default: now) as fixed-width ISO 8601 UTC: 2026-11-30T10:00:00.000000Z."""
     if moment is None:
         moment = datetime.now(UTC)
     if moment.tzinfo is None or moment.utcoffset() is None:
@@ -353,6 +353,7 @@ class Store:
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.path = Path(path)
+        self._busy_timeout_ms = int(busy_timeout_ms)
         _check_file(self.path)
         try:
             self._conn = sqlite3.connect(
@@ -440,6 +441,15 @@ class Store:
         """The schema version recorded in the store."""
         return self._version(self._conn)
 
+    def open_connection(self) -> sqlite3.Connection:
+        """A second connection to the store's file, with its pragmas and Python's implicit transactions,
+        for modules that keep their own tables in it (copycat_index): ``with conn:`` commits or rolls back."""
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout_ms / 1000)
+        conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        return conn
+
     def close(self) -> None:
         """Close the connection; the WAL is checkpointed by SQLite when the last connection closes."""
         self._conn.close()
@@ -488,7 +498,8 @@ class Store:
             raise ValueError(f"meta value: expected text, got {value!r}")
         with self._write() as conn:
             conn.execute(
-                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                "INSERT INTO meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (key, value),
             )
 
@@ -713,7 +724,8 @@ class Store:
     def pending_actions(self, kind: str | None = None, pr: int | None = None) -> list[ActionRecord]:
         """Intents without a recorded outcome, oldest first: each needs reconciling with GitHub."""
         rows = self._read(
-            "SELECT * FROM actions WHERE state = 'intent' AND (? IS NULL OR kind = ?) AND (? IS NULL OR pr = ?) "
+            "SELECT * FROM actions WHERE state = 'intent' "
+            "AND (? IS NULL OR kind = ?) AND (? IS NULL OR pr = ?) "
             "ORDER BY begun_at, key",
             (kind, kind, pr, pr),
         )
@@ -736,7 +748,8 @@ class Store:
     def strikes(self, author: str | None = None, since: datetime | None = None) -> list[Strike]:
         """Strikes, oldest first, optionally of one author (any case) and from a moment on."""
         rows = self._read(
-            "SELECT author, pr, reason, at FROM strikes WHERE (? IS NULL OR author = ?) AND at >= ? ORDER BY at, id",
+            "SELECT author, pr, reason, at FROM strikes "
+            "WHERE (? IS NULL OR author = ?) AND at >= ? ORDER BY at, id",
             (author, author, "" if since is None else iso(since)),
         )
         return [Strike(**dict(r)) for r in rows]
@@ -818,7 +831,8 @@ class Store:
     def blocklist_history(self, login: str | None = None) -> list[BlockEvent]:
         """Every block and unblock, oldest first."""
         rows = self._read(
-            "SELECT login, event, reason, by, at FROM blocklist_events WHERE (? IS NULL OR login = ?) ORDER BY id",
+            "SELECT login, event, reason, by, at FROM blocklist_events "
+            "WHERE (? IS NULL OR login = ?) ORDER BY id",
             (login, login),
         )
         return [BlockEvent(**dict(r)) for r in rows]
@@ -914,7 +928,8 @@ class Store:
         values = (_check_gain(gain, "gain"), _check_gain(marginal_gain, "marginal_gain"))
         with self._write() as conn:
             cur = conn.execute(
-                "INSERT INTO ledger (kind, pr, sha, author, gain, marginal_gain, at) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "INSERT INTO ledger (kind, pr, sha, author, gain, marginal_gain, at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT DO NOTHING",
                 (kind, pr, sha, author, *values, iso(now)),
             )

@@ -203,6 +203,24 @@ def test_missing_folder_and_directory_are_clear_errors(tmp_path):
         Store(tmp_path)
 
 
+def test_other_modules_tables_share_the_file_atomically(store, db):
+    conn = store.open_connection()
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+    conn.executescript("CREATE TABLE IF NOT EXISTS copycat_demo (fp INTEGER, pr INTEGER)")
+    with conn:
+        conn.executemany("INSERT INTO copycat_demo VALUES (?, ?)", [(1, 7), (2, 7)])
+    with pytest.raises(sqlite3.IntegrityError), conn:  # a failure halfway through: none of it stays
+        conn.execute("CREATE TABLE IF NOT EXISTS copycat_unique (fp INTEGER UNIQUE)")
+        conn.execute("INSERT INTO copycat_demo VALUES (3, 8)")
+        conn.executemany("INSERT INTO copycat_unique VALUES (?)", [(1,), (1,)])
+    conn.close()
+    store.close()
+    with Store(db) as again:  # extra tables beside the store's own are fine
+        assert again.schema_version == SCHEMA_VERSION
+        rows = again.open_connection().execute("SELECT fp, pr FROM copycat_demo ORDER BY fp").fetchall()
+        assert rows == [(1, 7), (2, 7)]
+
+
 # ---------------------------------------------------------------- evaluations
 
 
