@@ -132,9 +132,9 @@ def rank_round(
         elif c.base_sha != main_sha:
             reason = f"measured against {c.base_sha[:12]}, main is now {main_sha[:12]}"
             comment = (
-                f"Main has moved since this pull request was measured (against {c.base_sha[:12]}; main is now "
-                f"{main_sha[:12]}). The bot measures it again against the new main, and credits only its gain "
-                "over it."
+                f"Main has moved since this pull request was measured (against {c.base_sha[:12]}; main is "
+                f"now {main_sha[:12]}). The bot measures it again against the new main, and credits only its "
+                "gain over it."
             )
             decisions[pr] = decide(c, RE_EVALUATE, gain, reason, lab.re_evaluate, comment)
         elif pr in held:

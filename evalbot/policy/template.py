@@ -235,7 +235,7 @@ def bench_profile(rules: Rules) -> Profile:
 
 
 def bench_commands(rules: Rules) -> tuple[str, ...]:
-    """The local commands, one per scored context, whose decode_tps fill the table (on main, then the branch)."""
+    """The local commands, one per scored context, whose decode_tps fill the table (main, then branch)."""
     profile = bench_profile(rules)
     model = next((m for m in profile.models if m.source == "registry"), profile.models[0])
     what = f"--model {model.name}" if model.source == "registry" else f"--random-weights --shape {model.name}"
@@ -280,8 +280,8 @@ def check(pr: PullRequest, rules: Rules) -> PolicyDecision | None:
         "Measure the change on your own machine before the bot spends a benchmark box on it. Run these on "
         "`main`, then on your branch, on the same machine with nothing else running:\n\n"
         f"```sh\n{commands}\n```\n\n"
-        "Each prints one JSON record: copy its `decode_tps` into the table in the description (base = `main`, "
-        "head = your branch), tick the **Tested** box and save. "
+        "Each prints one JSON record: copy its `decode_tps` into the table in the description "
+        "(base = `main`, head = your branch), tick the **Tested** box and save. "
         + (
             "The bot evaluates the pull request once the description shows a gain."
             if required
