@@ -572,6 +572,21 @@ class Store:
             )
         return [EvalKey(*r) for r in rows]
 
+    def requeue_evaluation(self, key: EvalKey, now: datetime | None = None) -> bool:
+        """Queue a known evaluation again (a maintainer's rerun); False if it is claimed right now.
+
+        Its last verdict stays readable until the new run replaces it; the attempt count starts over.
+        """
+        _check_key(key)
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE evaluations SET state = 'queued', claimed_by = NULL, lease_until = NULL, attempts = 0, "
+                "queued_at = ? WHERE pr = ? AND head_sha = ? AND base_sha = ? AND rules_hash = ? "
+                "AND state != 'claimed'",
+                (iso(now), key.pr, key.head_sha, key.base_sha, key.rules_hash),
+            )
+            return cur.rowcount == 1
+
     def release_evaluation(self, key: EvalKey, worker: str, error: str = "") -> None:
         """Hand a claim back to the queue (a clean shutdown, or an error worth retrying)."""
         self._update_claimed(

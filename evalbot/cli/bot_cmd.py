@@ -1,0 +1,323 @@
+"""The maintainers' bot commands: poll, status, rerun, hold, clear, block, unblock, ledger.
+
+Each command says what it changed; `--dry-run` shows it first and changes nothing. Secrets (the GitHub
+token, the receipt signing key) are read here from the environment and passed down as objects.
+
+    evalbot poll --once            evalbot status [PR]       evalbot rerun PR     evalbot hold PR
+    evalbot clear PR --reason TEXT evalbot block USER        evalbot unblock USER evalbot ledger
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from evalbot import ledgers
+from evalbot.cli.options import load_rules_or_exit, rules_option
+from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
+from evalbot.rules import Rules
+from evalbot.store import EvalKey, Store, StoreError
+
+TOKEN_ENV = "GITHUB_TOKEN"
+REPO_ENV = "EVALBOT_REPO"  # owner/name
+STATE_ENV = "EVALBOT_STATE"
+AUTOMERGE_ENV = "EVALBOT_AUTOMERGE"
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What every bot command shares: where the state is, which repository, and how to reach it."""
+
+    state: Path
+    repo: str | None
+    api_url: str
+    git_remote: str | None
+    bot_login: str | None
+    rules_dir: Path | None
+    dry_run: bool
+
+    @functools.cached_property
+    def rules(self) -> Rules:
+        return load_rules_or_exit(self.rules_dir)
+
+    def store(self) -> Store:
+        self.state.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return Store(self.state)
+        except StoreError as exc:
+            raise click.ClickException(f"state {self.state}: {exc}") from exc
+
+    def github(self) -> Any:
+        from evalbot.github import PyGithubAdapter
+
+        token = os.environ.get(TOKEN_ENV)
+        if not self.repo:
+            raise click.ClickException(f"which repository? pass --repo OWNER/NAME or set {REPO_ENV}")
+        if not token:
+            raise click.ClickException(f"no GitHub token: set {TOKEN_ENV}")
+        return PyGithubAdapter.from_token(self.repo, token, base_url=self.api_url)
+
+    def remote(self) -> str:
+        if self.git_remote:
+            return self.git_remote
+        if not self.repo:
+            raise click.ClickException(f"which repository? pass --repo OWNER/NAME or set {REPO_ENV}")
+        token = os.environ.get(TOKEN_ENV, "")
+        auth = f"x-access-token:{token}@" if token else ""
+        return f"https://{auth}github.com/{self.repo}.git"
+
+
+def _default_state() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "evalbot" / "state.db"
+
+
+def bot_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every bot command takes, folded into one Ctx argument."""
+
+    @click.option(
+        "--state",
+        "state",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help=f"the bot's SQLite state (default: ${STATE_ENV} or ~/.local/state/evalbot/state.db)",
+    )
+    @click.option("--repo", "repo", default=None, help=f"OWNER/NAME on GitHub (default: ${REPO_ENV})")
+    @click.option("--api-url", default="https://api.github.com", show_default=True)
+    @click.option(
+        "--git-remote", default=None, help="git URL to fetch from and push ledgers to (default: GitHub)"
+    )
+    @click.option("--bot-login", default=None, help="the bot's GitHub login, to find its own comments")
+    @rules_option
+    @click.option("--dry-run", is_flag=True, help="show what would change and change nothing")
+    @functools.wraps(f)
+    def wrapper(state, repo, api_url, git_remote, bot_login, rules_dir, dry_run, **kw):  # noqa: ANN001, ANN202
+        ctx = Ctx(state or Path(os.environ.get(STATE_ENV) or _default_state()), repo or os.environ.get(REPO_ENV),
+                  api_url, git_remote, bot_login, rules_dir, dry_run)  # fmt: skip
+        return f(ctx, **kw)
+
+    return wrapper
+
+
+def _say(ctx: Ctx, message: str) -> None:
+    click.echo(("[dry run] would: " if ctx.dry_run else "") + message)
+
+
+# ---------------------------------------------------------------- poll
+
+
+@click.command()
+@bot_options
+@click.option("--once", is_flag=True, help="one pass, then exit (cron); otherwise poll every --interval")
+@click.option("--interval", type=int, default=300, show_default=True, help="seconds between polls")
+@click.option("--profile", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
+@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.option("--max-pairs", type=int, default=None, help="cap A/B pairs per context")
+def poll(
+    ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | None, max_pairs: int | None
+) -> None:
+    """Poll GitHub: intake every open PR, evaluate what is new, publish, rank the round, merge the winner."""
+    from evalbot import receipts
+    from evalbot.mirror import Mirror
+    from evalbot.poller import Bot, BotSettings, local_evaluator
+
+    raw_key = (os.environ.get(SIGNING_KEY_ENV) or "").encode()
+    key = receipts.load_private_key(raw_key) if raw_key else None
+    work = work_dir or ctx.state.parent / "work"
+    log = functools.partial(click.echo, err=True)
+    settings = BotSettings(bot_login=ctx.bot_login, automerge_env=os.environ.get(AUTOMERGE_ENV) == "1",
+                           ledger_remote=ctx.remote())  # fmt: skip
+    with ctx.store() as store:
+        bot = Bot(ctx.github(), store, ctx.rules, settings, Mirror(ctx.remote(), work / "mirror.git"),
+                  local_evaluator(ctx.rules, profile, work, log, key=key, max_pairs=max_pairs), log,
+                  dry_run=ctx.dry_run)  # fmt: skip
+        while True:
+            report = bot.poll_once()
+            if report.idle:
+                click.echo("nothing changed on GitHub; nothing queued")
+            else:
+                click.echo(f"main {report.main_sha[:12]}: saw {report.seen}, evaluated {report.evaluated}, "
+                           f"merged {report.merged}")  # fmt: skip
+                for note in report.notes:
+                    click.echo(f"  {note}")
+            if once:
+                return
+            time.sleep(interval)
+
+
+# ---------------------------------------------------------------- status, rerun, hold
+
+
+@click.command()
+@bot_options
+@click.argument("pr", type=int, required=False)
+def status(ctx: Ctx, pr: int | None) -> None:
+    """What the bot knows: every PR's evaluations, or one PR's in detail (read-only)."""
+    with ctx.store() as store:
+        records = store.evaluations(pr=pr)
+        if not records:
+            click.echo("no evaluations" + (f" for #{pr}" if pr else ""))
+        for r in records:
+            v = r.verdict
+            verdict = f"{v.status.value}{' ' + v.tier if v.tier else ''}" if v else "-"
+            click.echo(f"#{r.key.pr} head {r.key.head_sha[:12]} main {r.key.base_sha[:12]} {r.state:8} {verdict}"
+                       + (f" ({'; '.join(v.reasons)[:160]})" if v and pr else "")
+                       + (f" error: {r.error}" if r.error else ""))  # fmt: skip
+        for h in store.holds():
+            if pr in (None, h.pr):
+                click.echo(f"#{h.pr} on hold by {h.by}: {h.reason}")
+
+
+@click.command()
+@bot_options
+@click.argument("pr", type=int)
+def rerun(ctx: Ctx, pr: int) -> None:
+    """Measure a PR again at its current head against the current main (a new evaluation, the old kept)."""
+    gh = ctx.github()
+    facts = gh.get_pull(pr)
+    from evalbot.mirror import Mirror
+
+    with ctx.store() as store:
+        mirror = Mirror(ctx.remote(), ctx.state.parent / "work" / "mirror.git")
+        mirror.fetch()
+        main = mirror.sha("main")
+        key = EvalKey(pr, facts.head_sha, main, ctx.rules.rules_hash)
+        existing = store.evaluation(key)
+        _say(ctx, f"queue #{pr} at {facts.head_sha[:12]} against main {main[:12]}"
+             + (f" (replacing a {existing.state} evaluation)" if existing else ""))  # fmt: skip
+        if not ctx.dry_run:
+            store.requeue_evaluation(key) if existing else store.enqueue_evaluation(key)
+
+
+@click.command()
+@bot_options
+@click.argument("pr", type=int)
+@click.option("--reason", default="held by a maintainer", show_default=True)
+@click.option("--release", is_flag=True, help="lift the hold instead")
+def hold(ctx: Ctx, pr: int, reason: str, release: bool) -> None:
+    """Keep the bot's hands off a PR (no evaluation, no merge) until released."""
+    by = os.environ.get("USER", "maintainer")
+    with ctx.store() as store:
+        current = store.hold_for(pr)
+        if release:
+            _say(ctx, f"release the hold on #{pr}" if current else f"nothing: #{pr} is not on hold")
+            if current and not ctx.dry_run:
+                store.release_hold(pr, by)
+            return
+        _say(
+            ctx,
+            f"hold #{pr}: {reason}"
+            if not current
+            else f"nothing: #{pr} is already on hold ({current.reason})",
+        )
+        if not current and not ctx.dry_run:
+            store.hold(pr, by, reason)
+
+
+# ---------------------------------------------------------------- clear, block, unblock, ledger
+
+
+@click.command()
+@bot_options
+@click.argument("pr", type=int)
+@click.option("--reason", required=True, help="why the flag was a false positive (goes into the ledger)")
+def clear(ctx: Ctx, pr: int, reason: str) -> None:
+    """Clear a false positive: swap the flag labels, reopen, reset the PR's counts, and log it in the ledgers."""
+    rules = ctx.rules
+    gh = ctx.github()
+    facts = gh.get_pull(pr)
+    flags = {rules.labels.gaming, rules.labels.copycat, rules.labels.copycat_warn, rules.labels.exhausted}
+    present = sorted(set(facts.labels) & flags)
+    by = os.environ.get("USER", "maintainer")
+    _say(ctx, f"remove {present or 'no flag labels'} from #{pr}")
+    if facts.state == "closed" and not facts.merged:
+        _say(ctx, f"reopen #{pr}")
+    remote = ctx.remote()
+    texts = ledgers.read_ledgers(remote)
+    entries, changed = ledgers.clear(ledgers.parse_flagged(texts[ledgers.FLAGGED_PATH]), pr, by, reason)
+    _say(ctx, f"mark {changed} FLAGGED.md row(s) of #{pr} cleared by {by}: {reason}")
+    if ctx.dry_run:
+        return
+    with ctx.store() as store:
+        store.add_clear(pr, by, reason)
+    for label in present:
+        gh.remove_label(pr, label)
+    if facts.state == "closed" and not facts.merged:
+        gh.reopen(pr)
+    if changed:
+        ledgers.commit_ledgers(remote, {ledgers.FLAGGED_PATH: ledgers.render_flagged(entries)},
+                               f"ledgers: clear #{pr} ({reason})")  # fmt: skip
+
+
+@click.command()
+@bot_options
+@click.argument("user")
+@click.option("--reason", default="blocked by a maintainer", show_default=True)
+def block(ctx: Ctx, user: str, reason: str) -> None:
+    """Block a GitHub login: their PRs (as opener, author or committer) are closed unevaluated."""
+    _block(ctx, user, reason, add=True)
+
+
+@click.command()
+@bot_options
+@click.argument("user")
+@click.option("--reason", default="unblocked by a maintainer", show_default=True)
+def unblock(ctx: Ctx, user: str, reason: str) -> None:
+    """Lift a block."""
+    _block(ctx, user, reason, add=False)
+
+
+def _block(ctx: Ctx, user: str, reason: str, *, add: bool) -> None:
+    by = os.environ.get("USER", "maintainer")
+    remote = ctx.remote()
+    texts = ledgers.read_ledgers(remote)
+    entries = ledgers.parse_blocked(texts[ledgers.BLOCKED_PATH])
+    listed = any(e.login.lower() == user.lower() for e in entries)
+    if add:
+        updated = entries if listed else [*entries, ledgers.BlockedEntry(user, reason)]
+    else:
+        updated = [e for e in entries if e.login.lower() != user.lower()]
+    verb = "block" if add else "unblock"
+    _say(ctx, f"{verb} {user} ({reason})" if updated != entries else f"nothing: {user} is already {verb}ed")
+    if ctx.dry_run:
+        return
+    with ctx.store() as store:
+        (store.block if add else store.unblock)(user, reason, by)
+    if updated != entries:
+        ledgers.commit_ledgers(remote, {ledgers.BLOCKED_PATH: ledgers.render_blocked(updated)},
+                               f"ledgers: {verb} {user}")  # fmt: skip
+
+
+@click.command()
+@bot_options
+def ledger(ctx: Ctx) -> None:
+    """Print the merges and credits, the flagged PRs and the blocked logins."""
+    with ctx.store() as store:
+        entries = store.ledger()
+    click.echo("merges and credits:" if entries else "merges and credits: none")
+    for e in entries:
+        click.echo(
+            f"  {e.kind} #{e.pr} {e.sha[:12]} by {e.author}: gain {e.gain}, marginal {e.marginal_gain}"
+        )
+    try:
+        texts = ledgers.read_ledgers(ctx.remote())
+    except ledgers.LedgerError as exc:
+        click.echo(f"ledgers unreadable: {exc}", err=True)
+        sys.exit(3)
+    flagged = ledgers.parse_flagged(texts[ledgers.FLAGGED_PATH])
+    click.echo("flagged:" if flagged else "flagged: none")
+    for f in flagged:
+        click.echo(f"  #{f.pr} {f.author} {f.label}: {f.reason} [{f.status}]")
+    blocked = ledgers.parse_blocked(texts[ledgers.BLOCKED_PATH])
+    click.echo("blocked: " + (", ".join(e.login for e in blocked) or "none"))
+
+
+COMMANDS = (poll, status, rerun, hold, clear, block, unblock, ledger)

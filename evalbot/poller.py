@@ -1,0 +1,361 @@
+"""The bot's loop, one `poll_once` at a time: intake, copycat, queue, evaluate, verdict, publish, rounds.
+
+Every decision is made by the pure modules (policy, copycat, verdict, rounds) from facts gathered
+here; every side effect goes through `Publisher` (idempotent, crash-safe) or the store. Main is the
+remote's main fetched fresh into the mirror before anything is measured, a PR is measured at the head
+GitHub reports, and a merge names that head's sha. Killing the bot at any point and starting it again
+loses nothing (queued evaluations and action intents live in the store) and repeats nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from evalbot import ledgers, receipts, render, rounds
+from evalbot.evaluate import judge, runner
+from evalbot.evaluate.judge import Judgement
+from evalbot.github import GitHubPort
+from evalbot.mirror import Mirror
+from evalbot.model import MergeOutcome, PullRequest, Status, Verdict
+from evalbot.policy import IntakeContext, IntakeDecision, claim_gap, intake, intake_labels
+from evalbot.publish import Publisher
+from evalbot.rules import Rules
+from evalbot.store import EvalKey, EvaluationRecord, Store
+from evalbot.verdict import verdict_labels
+
+Log = Callable[[str], None]
+# (the PR's facts, the mirror holding both revisions, main's sha, the head's sha) -> the judgement
+Evaluator = Callable[[PullRequest, Path, str, str], Judgement]
+# (a PR's facts, its open siblings) -> extra labels/comment lines/close, or None; the copycat hook
+Screen = Callable[[PullRequest, tuple[PullRequest, ...]], "ScreenResult | None"]
+
+_STATUS_STATE = {Status.PASS: "success", Status.REJECT: "failure", Status.INFRA_ERROR: "error"}
+
+
+@dataclass(frozen=True)
+class ScreenResult:
+    """What a pre-evaluation screen (copycat) decided: labels it owns, a comment, close, strike."""
+
+    labels: tuple[str, ...]
+    owned: tuple[str, ...]
+    evaluate: bool
+    lines: tuple[str, ...] = ()
+    close: bool = False
+    strike: str | None = None  # a reason to record a strike against the author
+    flag: str | None = None  # a label to write into FLAGGED.md
+
+
+@dataclass(frozen=True)
+class BotSettings:
+    """How this bot instance runs (the CLI reads env and flags into this; nothing here reads the env)."""
+
+    main_branch: str = "main"
+    bot_login: str | None = None
+    worker: str = "local"
+    automerge_env: bool = False  # the operator's EVALBOT_AUTOMERGE=1
+    merge_method: str = "squash"
+    ledger_remote: str | None = None  # where FLAGGED.md and blocked-contributors.txt are committed
+    force_listing_every: int = 12  # a full (unconditional) listing every this many polls
+
+
+@dataclass
+class PollReport:
+    """What one poll did, for the CLI and the tests."""
+
+    idle: bool = False
+    main_sha: str = ""
+    seen: list[int] = field(default_factory=list)
+    evaluated: list[int] = field(default_factory=list)
+    merged: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class Bot:
+    """One repository's bot: GitHub, the store, the rules, the mirror and an evaluator."""
+
+    def __init__(self, gh: GitHubPort, store: Store, rules: Rules, settings: BotSettings, mirror: Mirror,
+                 evaluator: Evaluator, log: Log, *, screen: Screen | None = None,
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC), dry_run: bool = False):  # fmt: skip
+        self.gh, self.store, self.rules, self.settings, self.mirror = gh, store, rules, settings, mirror
+        self.evaluator, self.log, self.screen, self.now = evaluator, log, screen, now
+        self.publisher = Publisher(gh, store, bot_login=settings.bot_login, log=log, dry_run=dry_run)
+        self.dry_run = dry_run
+        self._polls = 0
+        self._listing: tuple[PullRequest, ...] = ()
+
+    # ------------------------------------------------------------------ the loop
+
+    def poll_once(self) -> PollReport:
+        """One pass: reconcile, list, intake every open PR, evaluate what is queued, rank and merge."""
+        report = PollReport()
+        if not self.dry_run:
+            self.publisher.reconcile()
+            self.store.requeue_claims(except_worker=self.settings.worker)
+        listing = self.gh.list_open_pulls(force=self._polls % self.settings.force_listing_every == 0)
+        self._polls += 1
+        queued = self.store.evaluations(state="queued")
+        if listing is None and not queued:
+            report.idle = True
+            return report
+        if listing is not None:
+            self._listing = listing
+        self.mirror.fetch()
+        main_sha = self.mirror.sha(self.settings.main_branch)
+        report.main_sha = main_sha
+        facts: dict[int, PullRequest] = {}
+        blocked = self._blocked()
+        for summary in sorted(self._listing, key=lambda p: p.number):
+            if summary.base_ref != self.settings.main_branch:
+                continue
+            pr = self.gh.get_pull(summary.number)
+            facts[pr.number] = pr
+            report.seen.append(pr.number)
+            self._intake(pr, main_sha, blocked, report)
+        self._work_queue(facts, main_sha, report)
+        self._round(facts, main_sha, report)
+        return report
+
+    # ------------------------------------------------------------------ intake
+
+    def _blocked(self) -> frozenset[str]:
+        people = {e.login for e in self.store.blocklist()}
+        if self.settings.ledger_remote:
+            text = ledgers.read_ledgers(self.settings.ledger_remote)[ledgers.BLOCKED_PATH]
+            people |= {e.login for e in ledgers.parse_blocked(text)}
+        return frozenset(people)
+
+    def _since_clear(self, pr: int) -> tuple[Verdict, ...]:
+        clears = [c.at for c in self.store.clears(pr)]
+        last = max(clears, default="")
+        return tuple(r.verdict for r in self.store.evaluations(pr=pr, state="done")
+                     if r.verdict is not None and (r.finished_at or "") > last)  # fmt: skip
+
+    def _last_push(self, pr: PullRequest) -> str:
+        # GitHub's facts carry no push time and updated_at moves with every label: the first time this
+        # bot saw the head is the push time it can vouch for
+        key = f"seen:{pr.number}:{pr.head_sha}"
+        seen = self.store.meta(key)
+        if seen is None:
+            seen = self.now().strftime("%Y-%m-%dT%H:%M:%SZ")
+            if not self.dry_run:
+                self.store.set_meta(key, seen)
+        return max(seen, pr.created_at)
+
+    def _intake(self, pr: PullRequest, main_sha: str, blocked: frozenset[str], report: PollReport) -> None:
+        if self.store.hold_for(pr.number) is not None:
+            report.notes.append(f"#{pr.number}: on hold")
+            return
+        ctx = IntakeContext(now=self.now(), blocked=blocked, open_prs=self._listing,
+                            verdicts=self._since_clear(pr.number), last_push_at=self._last_push(pr))  # fmt: skip
+        decision = intake(pr, self.rules, ctx)
+        if decision.stopped_by == "drafts":
+            return
+        labels = set(pr.labels)
+        self.publisher.labels(
+            pr.number, pr.head_sha, labels, self._wanted(labels, decision), intake_labels(self.rules)
+        )
+        labels = self._wanted(labels, decision)
+        if decision.close:
+            self._flag(pr, self.rules.labels.gaming, "; ".join(decision.reasons))
+            self.publisher.comment(pr.number, pr.head_sha, self._notice(pr, "closed unevaluated", decision.reasons,
+                                                                         decision.comment, "close"))  # fmt: skip
+            self.publisher.close(pr.number, pr.head_sha, decision.stopped_by or "policy")
+            report.notes.append(f"#{pr.number}: closed by {decision.stopped_by}")
+            return
+        if not decision.evaluate:
+            self.publisher.comment(
+                pr.number,
+                pr.head_sha,
+                self._notice(
+                    pr, f"not evaluated ({decision.stopped_by})", decision.reasons, decision.comment, "skip"
+                ),
+            )
+            report.notes.append(f"#{pr.number}: not evaluated ({decision.stopped_by})")
+            return
+        if self.screen is not None:
+            screened = self.screen(pr, self._listing)
+            if screened is not None and not self._apply_screen(pr, screened, labels, report):
+                return
+        key = EvalKey(pr.number, pr.head_sha, main_sha, self.rules.rules_hash)
+        if self.store.evaluation(key) is None and not self.dry_run:
+            self.store.enqueue_evaluation(key)
+            self.log(f"#{pr.number}: queued {pr.head_sha[:12]} against main {main_sha[:12]}")
+
+    @staticmethod
+    def _wanted(current: set[str], decision: IntakeDecision) -> set[str]:
+        return (current | set(decision.labels_add)) - set(decision.labels_remove)
+
+    def _apply_screen(self, pr: PullRequest, s: ScreenResult, labels: set[str], report: PollReport) -> bool:
+        """Apply a screen's outcome; whether evaluation goes ahead."""
+        self.publisher.labels(
+            pr.number, pr.head_sha, labels, set(s.labels) | (labels - set(s.owned)), s.owned
+        )
+        if s.strike and not self.dry_run:
+            self.store.add_strike(pr.author, pr.number, s.strike)
+        if s.flag:
+            self._flag(pr, s.flag, "; ".join(s.lines))
+        if s.lines and (s.close or not s.evaluate):
+            self.publisher.comment(
+                pr.number, pr.head_sha, self._notice(pr, s.flag or "screened", s.lines, "", "screen")
+            )
+        if s.close:
+            self.publisher.close(pr.number, pr.head_sha, s.flag or "screen")
+        if not s.evaluate:
+            report.notes.append(f"#{pr.number}: stopped by the copycat screen")
+        return s.evaluate
+
+    def _notice(self, pr: PullRequest, title: str, lines: tuple[str, ...] | list[str], markdown: str | None,
+                kind: str) -> str:  # fmt: skip
+        body = render.render_notice(pr=pr.number, head_sha=pr.head_sha, title=title, lines=list(lines),
+                                    kind=kind, author=pr.author)  # fmt: skip
+        return body + ("\n" + markdown + "\n" if markdown else "")
+
+    def _flag(self, pr: PullRequest, label: str, reason: str) -> None:
+        remote = self.settings.ledger_remote
+        if not remote or self.dry_run:
+            return
+        texts = ledgers.read_ledgers(remote)
+        entries = ledgers.parse_flagged(texts[ledgers.FLAGGED_PATH])
+        entry = ledgers.FlagEntry(self.now().strftime("%Y-%m-%d"), pr.number, pr.author, label, reason)
+        updated = ledgers.flag(entries, entry)
+        if updated is not entries:
+            ledgers.commit_ledgers(remote, {ledgers.FLAGGED_PATH: ledgers.render_flagged(updated)},
+                                   f"ledgers: flag #{pr.number} ({label})")  # fmt: skip
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _work_queue(self, facts: dict[int, PullRequest], main_sha: str, report: PollReport) -> None:
+        if self.dry_run:
+            return
+        while (rec := self.store.claim_next(self.settings.worker)) is not None:
+            key, pr = rec.key, facts.get(rec.key.pr)
+            if pr is None or pr.head_sha != key.head_sha or key.base_sha != main_sha or pr.state != "open":
+                # superseded while queued (a push, a merge to main, a close): record it, measure nothing
+                why = "superseded: the PR or main moved before it was measured"
+                self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
+                continue
+            self.mirror.fetch_commit(key.head_sha, f"refs/pull/{key.pr}/head")
+            self.log(f"#{key.pr}: evaluating {key.head_sha[:12]} against main {key.base_sha[:12]}")
+            judged = self.evaluator(pr, self.mirror.path, key.base_sha, key.head_sha)
+            self.store.finish_evaluation(key, self.settings.worker, judged.verdict, judged.measurements,
+                                         judged.receipt)  # fmt: skip
+            report.evaluated.append(key.pr)
+            done = self.store.evaluation(key)
+            assert done is not None
+            self._publish_verdict(pr, done)
+
+    def _publish_verdict(self, pr: PullRequest, rec: EvaluationRecord, extra: str = "") -> None:
+        v, m = rec.verdict, rec.measurements
+        if v is None or m is None:
+            return
+        signature = receipts.signature_status(rec.receipt) if rec.receipt else "unsigned"
+        body = render.render_comment(v, m, signature_status=signature)
+        body += self._claim_note(pr, v) + extra
+        self.publisher.comment(pr.number, pr.head_sha, body)
+        current = set(self.gh.get_pull(pr.number).labels) if not self.dry_run else set(pr.labels)
+        self.publisher.labels(pr.number, pr.head_sha, current, (current - verdict_labels(self.rules)) | set(v.labels_add),
+                              verdict_labels(self.rules))  # fmt: skip
+        state = _STATUS_STATE.get(v.status)
+        if state:
+            self.publisher.status(
+                pr.head_sha, state, f"{v.status.value}{' ' + v.tier if v.tier else ''}", pr.number
+            )
+
+    def _claim_note(self, pr: PullRequest, v: Verdict) -> str:
+        claim = intake(pr, self.rules, IntakeContext(now=self.now())).claim
+        best = next(
+            (e for e in v.estimates if e.context == v.scored_context and e.metric == "decode_tps"), None
+        )
+        claimed = claim.claimed_gain_at(v.scored_context)
+        measured = (best.ratio - 1.0) if best else None
+        lower = (best.ci_low - 1.0) if best else None
+        if claimed is None:
+            return ""
+        gap = claim_gap(claimed, lower, measured, self.rules)
+        flag = " — **worth a maintainer's look**" if gap.flagged else ""
+        return f"\n**Claimed vs measured:** {render.escape_md(gap.reason)}{flag}\n"
+
+    # ------------------------------------------------------------------ rounds and merging
+
+    def _round(self, facts: dict[int, PullRequest], main_sha: str, report: PollReport) -> None:
+        contenders, records = [], {}
+        for pr in facts.values():
+            done = [r for r in self.store.evaluations(pr=pr.number, state="done")
+                    if r.key.head_sha == pr.head_sha and r.verdict is not None
+                    and r.verdict.status != Status.SKIPPED and r.key.rules_hash == self.rules.rules_hash]  # fmt: skip
+            if not done:
+                continue
+            latest = max(done, key=lambda r: (r.key.base_sha == main_sha, r.finished_at or ""))
+            records[pr.number] = latest
+            contenders.append(rounds.Contender(pr.number, pr.head_sha, latest.key.base_sha, latest.verdict))
+        held = {h.pr for h in self.store.holds()}
+        ranking = rounds.rank_round(contenders, main_sha, self.rules, held)
+        owned = rounds.round_labels(self.rules)
+        for d in ranking.decisions:
+            pr = facts[d.pr]
+            current = set(self.gh.get_pull(pr.number).labels) if not self.dry_run else set(pr.labels)
+            self.publisher.labels(
+                pr.number, pr.head_sha, current, (current - owned) | set(d.labels_add), owned
+            )
+            if d.comment:
+                note = f"\n**Round:** {render.escape_md(d.comment)}\n"
+                self._publish_verdict(pr, records[d.pr], note)
+        winner = ranking.merge_first
+        if winner is not None:
+            self._maybe_merge(facts[winner], records[winner], report)
+
+    def _maybe_merge(self, pr: PullRequest, rec: EvaluationRecord, report: PollReport) -> None:
+        assert rec.verdict is not None
+        fresh = self.gh.get_pull(pr.number) if not self.dry_run else pr
+        ok, why = rounds.may_automerge(
+            rec.verdict,
+            fresh.labels,
+            self.rules,
+            self.settings.automerge_env,
+            rec.key.head_sha,
+            fresh.head_sha,
+            self.store.hold_for(pr.number) is not None,
+        )
+        if not ok:
+            report.notes.append(f"#{pr.number}: not merged: {why}")
+            return
+        title = f"{pr.title} (#{pr.number})"
+        message = f"Merged by evalbot at the measured head {rec.key.head_sha}: {rec.verdict.status.value} {rec.verdict.tier}"
+        result = self.publisher.merge(pr.number, rec.key.head_sha, self.settings.merge_method, title, message)
+        if result is None:
+            return
+        if result.outcome is MergeOutcome.MERGED:
+            gain = rounds.lower_bound_gain(rec.verdict)
+            self.store.record_ledger("merge", pr.number, rec.key.head_sha, pr.author, gain, gain)
+            report.merged.append(pr.number)
+        elif result.outcome is MergeOutcome.HEAD_MOVED:
+            # never force: the new head is measured like any push
+            current = set(self.gh.get_pull(pr.number).labels)
+            owned = rounds.round_labels(self.rules)
+            self.publisher.labels(pr.number, pr.head_sha, current, (current - owned) | {self.rules.labels.re_evaluate},
+                                  owned)  # fmt: skip
+            report.notes.append(f"#{pr.number}: head moved before the merge; re-evaluating")
+        else:
+            report.notes.append(f"#{pr.number}: not mergeable: {result.message}")
+
+
+def _skipped(rules: Rules, why: str) -> Verdict:
+    return Verdict(Status.SKIPPED, None, None, (), (why,), (), (), rules_hash=rules.rules_hash)
+
+
+def local_evaluator(rules: Rules, profile: str, work_root: Path, log: Log, *, key: object | None = None,
+                    no_sandbox: bool = False, max_pairs: int | None = None, spec: bool = True,
+                    accuracy: bool = True) -> Evaluator:  # fmt: skip
+    """An Evaluator that measures on this box, in-process, exactly as `evalbot evaluate` does."""
+
+    def evaluate(pr: PullRequest, repo: Path, base_sha: str, head_sha: str) -> Judgement:
+        cfg = runner.EvalConfig(repo=repo, base=base_sha, head=head_sha, rules=rules, profile=profile,
+                                work_root=work_root, no_sandbox=no_sandbox, max_pairs=max_pairs, spec=spec,
+                                accuracy=accuracy, pr=pr.number, title=pr.title, author=pr.author,
+                                branch=pr.head_ref)  # fmt: skip
+        return judge.judge(cfg, log, key)  # type: ignore[arg-type]
+
+    return evaluate
