@@ -1,0 +1,589 @@
+"""`evalbot evaluate` end to end on the fixture engine (tests/fixtures/fixture_engine).
+
+The fixture is a tiny numpy transformer with the real protocol, so the real CLI runs unchanged:
+git archive, builds into venvs (sandboxed), engine processes under bubblewrap interleaved ABBA,
+schema checks, the float64 reference, n-gram speculative decoding, verdict, report and receipt.
+Each branch (tests/fixtures/fixture_engine_branches.py) is one kind of PR, honest or hostile.
+
+One repository, model cache and work dir serve the whole module, so main is built once and each
+head once (venvs are cached by tree hash).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import select
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from evalbot.evaluate.runner import sensitive_changes
+from evalbot.rules import Rules, default_rules_dir, load_rules, tier_for_gain
+from tests.fixtures import fixture_engine_branches as fb
+
+PY = sys.executable
+SECRET = "ghp_fixtureSecret0123456789abcdef"
+
+pytestmark = pytest.mark.skipif(
+    subprocess.run(
+        [PY, "-c", "from evalbot.evaluate.sandbox import sandbox_available as a; raise SystemExit(not a())"],
+        capture_output=True,
+    ).returncode
+    != 0,
+    reason="bubblewrap cannot create namespaces here",
+)
+
+
+@dataclass(frozen=True)
+class Lab:
+    root: Path
+    repo: Path
+    cache: Path  # XDG_CACHE_HOME of evaluate: the fixture's model cache lives under it
+    work: Path
+    model: Path
+    sha256: str
+    rules_dir: Path
+    rules: Rules
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    result: dict
+    report: str
+    stderr: str
+    elapsed_s: float
+    out: Path
+
+    @property
+    def verdict(self) -> dict:
+        return self.result["verdict"]
+
+    @property
+    def measurements(self) -> dict:
+        return self.result["measurements"]
+
+    def failed_gates(self) -> list[dict]:
+        return [g for g in self.verdict["gates"] if not g["passed"]]
+
+    def decode_estimates(self) -> dict[int, dict]:
+        return {e["context"]: e for e in self.verdict["estimates"] if e["metric"] == "decode_tps"}
+
+
+def write_rules(dest: Path, sha256: str, *, run_timeout_s: int = 60, max_output_mb: int = 64) -> Path:
+    """The shipped rules, with a cpu profile sized for the fixture and models.yaml naming its model."""
+    dest.mkdir(parents=True)
+    shipped = default_rules_dir()
+    for path in shipped.glob("*.yaml"):
+        if path.name not in ("profiles.yaml", "models.yaml"):
+            (dest / path.name).write_text(path.read_text())
+    (dest / "profiles.yaml").write_text(f"""\
+cpu:
+  device: cpu
+  contexts:
+    - {{ctx: 128, guarded: true, scored: true}}
+    - {{ctx: 512, guarded: true, scored: true}}
+  measurement:
+    decode_tokens: 16
+    warmup_runs: 1
+    ci_half_width: 0.005
+    min_pairs: 5
+    max_pairs: 6
+    time_budget_s: 600
+    run_timeout_s: {run_timeout_s}
+    max_output_mb: {max_output_mb}
+""")
+    block = load_rules(shipped).spec_pair.block
+    ref = f"{{registry: {fb.MODEL_NAME}, sha256: {sha256}}}"
+    (dest / "models.yaml").write_text(
+        f"profiles:\n  cpu:\n    - {ref}\nspec:\n  profile: cpu\n  target: {ref}\n  draft: {ref}\n  block: {block}\n"
+    )
+    return dest
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
+    root = tmp_path_factory.mktemp("fixture-e2e")
+    cache = root / "cache"
+    # the fixture's own fetcher, as evaluate's trusted fetch step runs it
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run(
+        [PY, "-m", "engine.models", "fetch", fb.MODEL_NAME],
+        cwd=fb.TEMPLATE,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    model = Path(proc.stdout.strip().splitlines()[-1])
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    rules_dir = write_rules(root / "rules", sha)
+    rules = load_rules(rules_dir)
+    assert sensitive_changes(list(fb.HARNESS_FILES), rules.policy.sensitive_paths) == list(fb.HARNESS_FILES)
+    repo = fb.make_repo(root / "repo", fb.STANDARD)
+    return Lab(root, repo, cache, root / "work", model, sha, rules_dir, rules)
+
+
+def evaluate(
+    lab: Lab,
+    head: str,
+    *flags: str,
+    base: str = "main",
+    seed: int = 20240611,
+    rules_dir: Path | None = None,
+    work: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 300,
+    cwd: Path | None = None,
+) -> Run:
+    """Run the real `evalbot evaluate` CLI in a subprocess and read what it wrote.
+
+    It runs from lab.root unless told otherwise: the bot's own checkout (this repository's root) holds
+    an `engine` package too, which shadows main's harness (see the xfail test below).
+    """
+    out = lab.root / f"out-{head}-{uuid.uuid4().hex[:6]}"
+    argv = [
+        PY,
+        "-m",
+        "evalbot",
+        "evaluate",
+        "--repo",
+        str(lab.repo),
+        "--base",
+        base,
+        "--head",
+        head,
+        "--rules",
+        str(rules_dir or lab.rules_dir),
+        "--profile",
+        "cpu",
+        "--out",
+        str(out),
+        "--work-dir",
+        str(work or lab.work),
+        "--seed",
+        str(seed),
+        *flags,
+    ]
+    full_env = {**os.environ, "XDG_CACHE_HOME": str(lab.cache), **(env or {})}
+    full_env.pop("EVALBOT_SIGNING_KEY", None)
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout_s, env=full_env, cwd=cwd or lab.root
+    )
+    elapsed = time.monotonic() - t0
+    assert (out / "result.json").is_file(), proc.stderr[-4000:]
+    result = json.loads((out / "result.json").read_text())
+    assert (out / "receipt.json").is_file() and (out / "report.md").is_file()
+    return Run(proc.returncode, result, (out / "report.md").read_text(), proc.stderr, elapsed, out)
+
+
+def _head_failure(run: Run, stage: str) -> dict:
+    failures = run.measurements["failures"]
+    assert [(f["side"], f["stage"]) for f in failures] == [("head", stage)], failures
+    return failures[0]
+
+
+def _assert_measured_honestly(run: Run) -> None:
+    """The head ran like main: no failure, no gain; a regression call is allowed, as noise on equal code.
+
+    (With the few pairs these tests use, a busy shared box can make equal code look a few percent
+    slower with a deceptively narrow CI; that is what the regression gate is for, not what is tested.)
+    """
+    assert run.measurements["failures"] == [], run.measurements["failures"]
+    failed = {g["name"] for g in run.failed_gates()}
+    assert failed <= {"no regression"}, run.verdict["reasons"]
+    assert run.code == (1 if failed else 0)
+    _assert_no_fabricated_gain(run)
+
+
+def _assert_no_fabricated_gain(run: Run) -> None:
+    """The red-team heads report 3x (or more) when their attack works; honest numbers stay near 1x."""
+    for ctx, e in run.decode_estimates().items():
+        assert e["ratio"] < 1.5, f"ctx {ctx}: the head measured {e['ratio']:.2f}x main"
+    assert run.verdict["tier"] is None
+
+
+# ---------------------------------------------------------------- honest PRs
+
+
+def test_a_genuine_speedup_passes_with_the_tier_its_lower_bound_earns(lab: Lab):
+    run = evaluate(lab, "speedup")
+    assert run.code == 0 and run.verdict["status"] == "PASS", run.verdict["reasons"]
+    scored = [e for e in run.verdict["estimates"] if e["metric"] == "decode_tps" and e["scored"]]
+    assert {e["context"] for e in scored} == {128, 512} and all(e["n"] >= 5 for e in scored)
+    names = [t.name for t in lab.rules.tiers]
+    expected = max(
+        scored,
+        key=lambda e: (
+            names.index(t) + 1 if (t := tier_for_gain(lab.rules, e["ci_low"] - 1)) else 0,
+            e["ci_low"],
+        ),
+    )
+    tier = tier_for_gain(lab.rules, expected["ci_low"] - 1)
+    assert tier is not None and run.verdict["tier"] == tier
+    assert run.verdict["scored_context"] == expected["context"]
+    labels = run.verdict["labels_add"]
+    assert "verified" in labels and next(t.label for t in lab.rules.tiers if t.name == tier) in labels
+    # the other gates ran and passed: accuracy against the float64 reference, lossless speculation
+    gates = {g["name"]: g for g in run.verdict["gates"]}
+    assert gates["accuracy top-1"]["passed"] and gates["accuracy top-1"]["value"] == 1.0
+    assert gates["accuracy KL"]["value"] < 1e-6
+    assert gates["spec lossless"]["passed"] and gates["spec tau"]["value"] == pytest.approx(1.0)
+    assert run.measurements["provenance"]["model_sha256s"] == {fb.MODEL_NAME: lab.sha256}
+    assert f"perf:{tier}" in run.report or tier in run.report
+
+
+def test_a_regression_at_one_context_is_rejected_naming_that_context(lab: Lab):
+    run = evaluate(lab, "regress-long", "--no-accuracy", "--no-spec")
+    assert run.code == 1 and run.verdict["status"] == "REJECT"
+    failed = run.failed_gates()
+    assert failed and {(g["name"], g["context"]) for g in failed} == {("no regression", 512)}, failed
+    reasons = " ".join(run.verdict["reasons"])
+    assert "ctx 512" in reasons and "ctx 128" not in reasons
+    est = run.decode_estimates()
+    assert est[512]["ci_high"] < 0.98 and est[512]["regression"] and not est[128]["regression"]
+    assert "regression" in run.verdict["labels_add"] and run.verdict["tier"] is None
+
+
+def test_an_accuracy_break_is_rejected_on_top1_and_kl(lab: Lab):
+    run = evaluate(lab, "accuracy-break", "--no-spec", "--max-pairs", "2")
+    assert run.code == 1 and run.verdict["status"] == "REJECT"
+    failed = {g["name"] for g in run.failed_gates()}
+    assert {"accuracy top-1", "accuracy KL"} <= failed, failed
+    acc = run.measurements["accuracy"][0]
+    assert acc["top1_agreement"] < 0.9 <= acc["base_top1_agreement"] and acc["kl_mean"] > 0.1
+    assert "accuracy-fail" in run.verdict["labels_add"]
+
+
+def test_a_speculative_speedup_that_skips_verification_is_rejected_on_losslessness(lab: Lab):
+    run = evaluate(lab, "spec-cheat", "--no-accuracy", "--max-pairs", "2")
+    assert run.code == 1 and run.verdict["status"] == "REJECT"
+    assert "spec lossless" in {g["name"] for g in run.failed_gates()}
+    spec = run.measurements["spec"][0]
+    assert spec["lossless_runs"] == 0 and spec["first_divergence"] is not None
+    assert spec["head_tau"] > spec["base_tau"]  # it "accepts" more: exactly what must not be rewarded
+    assert "spec-fail" in run.verdict["labels_add"]
+
+
+@pytest.mark.parametrize(
+    ("branch", "evidence"),
+    [
+        ("build-syntax", "SyntaxError"),
+        ("build-import", "No module named 'engine.fast_kernels'"),
+    ],
+)
+def test_a_broken_build_is_rejected_with_its_log(lab: Lab, branch: str, evidence: str):
+    run = evaluate(lab, branch, "--no-spec", "--no-accuracy")
+    assert run.code == 1 and run.verdict["status"] == "REJECT"
+    failure = _head_failure(run, "build")
+    assert evidence in failure["log_tail"], failure["log_tail"][-1500:]
+    assert run.measurements["throughput"] == []  # nothing ran
+
+
+def test_a_harness_crash_on_main_and_the_pr_is_infra_not_the_prs_fault(lab: Lab):
+    run = evaluate(
+        lab, "on-broken-main", "--no-spec", "--no-accuracy", "--max-pairs", "2", base="main-broken"
+    )
+    assert run.code == 3 and run.verdict["status"] == "INFRA_ERROR", run.verdict
+    failures = run.measurements["failures"]
+    assert failures and failures[0]["side"] == "base" and failures[0]["stage"] == "run"
+    assert "cannot feed 1 tokens" in failures[0]["log_tail"]
+    labels = run.verdict["labels_add"]
+    assert "infra-error" in labels and "regression" not in labels and run.verdict["tier"] is None
+
+
+# ---------------------------------------------------------------- red team
+#
+# Each attack is first run here, unconfined, as a control (it must work when nothing stops it), then
+# as a PR through evaluate.
+
+
+def _hook_code(branch: fb.Branch) -> dict:
+    """Execute the code a hooked branch appends to engine/model.py; its namespace."""
+    body = next(e.new for e in branch.edits if e.path == "engine/model.py" and e.old is None)
+    namespace: dict = {}
+    exec(compile(body, f"<{branch.name}>", "exec"), namespace)
+    return namespace
+
+
+def test_secrets_in_the_bots_environment_never_reach_the_head(lab: Lab, monkeypatch, capsys):
+    monkeypatch.setattr(time, "perf_counter", time.perf_counter)  # the control patches it; restore after
+    monkeypatch.setenv("GITHUB_TOKEN", SECRET)
+    _hook_code(fb.ENV_LEAK)["_probe"]()
+    assert f"GITHUB_TOKEN={SECRET}" in capsys.readouterr().err
+    monkeypatch.undo()
+    env = {
+        "GITHUB_TOKEN": SECRET,
+        "EVALBOT_STATE_DB": "/srv/evalbot/state.db",
+        "EVALBOT_WEBHOOK_SECRET": SECRET + "-hook",
+        "AWS_SECRET_ACCESS_KEY": SECRET + "-aws",
+    }
+    run = evaluate(lab, "env-leak", "--no-spec", "--no-accuracy", "--max-pairs", "2", env=env)
+    _assert_measured_honestly(run)
+    for path in run.out.iterdir():
+        assert SECRET not in path.read_text(), path.name
+    assert "leak:" not in run.stderr
+
+
+def _listener() -> socket.socket:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    return listener
+
+
+def test_the_head_cannot_reach_the_network(lab: Lab, monkeypatch):
+    with _listener() as control:
+        monkeypatch.setattr(time, "perf_counter", time.perf_counter)
+        _hook_code(fb.network_branch(control.getsockname()[1]))["_probe"]()
+        monkeypatch.undo()
+        assert select.select([control], [], [], 0)[0]
+    with _listener() as listener:
+        fb.add_branch(lab.repo, fb.network_branch(listener.getsockname()[1]))
+        run = evaluate(lab, "phone-home", "--no-spec", "--no-accuracy", "--max-pairs", "2")
+        pending, _, _ = select.select([listener], [], [], 0)
+    assert not pending, "the head connected to a listener on the host"
+    _assert_measured_honestly(run)
+
+
+def _host_targets(lab: Lab, store: Path) -> tuple[list[Path], list[str]]:
+    dirs = [
+        lab.repo,
+        lab.repo / "engine",
+        lab.work,
+        lab.work / "venvs",
+        store,
+        Path.home(),
+        Path("/tmp"),
+        lab.cache,
+        lab.model.parent,
+    ]
+    globs = [
+        str(lab.work / "venvs" / "*" / "lib" / "python*" / "site-packages" / "engine" / "*.py"),
+        str(lab.model.parent / "*"),
+        str(lab.repo / "engine" / "*.py"),
+        str(store / "*"),
+    ]
+    return dirs, globs
+
+
+def _ensure_main_built(lab: Lab) -> None:
+    """Build main (a head whose build fails costs nothing more), so that its venv is a target too."""
+    evaluate(lab, "build-syntax", "--no-spec", "--no-accuracy")
+
+
+def _snapshot(globs: list[str]) -> dict[str, str]:
+    import glob
+
+    return {p: hashlib.sha256(Path(p).read_bytes()).hexdigest() for g in globs for p in glob.glob(g)}
+
+
+def _assert_nothing_written(dirs: list[Path], globs: list[str], before: dict[str, str], lab: Lab) -> None:
+    leftovers = [d / fb.ESCAPE_MARKER for d in dirs if (d / fb.ESCAPE_MARKER).exists()]
+    for p in leftovers:  # never leave litter in the host's home or /tmp, even when failing
+        p.unlink()
+    assert not leftovers, f"the head wrote on the host: {leftovers}"
+    after = _snapshot(globs)
+    changed = [p for p, digest in before.items() if after.get(p) != digest]
+    assert not changed, f"the head changed host files: {changed}"
+    assert hashlib.sha256(lab.model.read_bytes()).hexdigest() == lab.sha256
+
+
+def test_the_head_cannot_write_outside_its_scratch_dir(lab: Lab, tmp_path: Path):
+    control, victim = tmp_path / "control", tmp_path / "victim.py"
+    control.mkdir()
+    victim.write_text("x = 1\n")
+    assert _hook_code(fb.escape_branch([str(control)], [str(victim)]))["_escape"]() == [
+        str(control),
+        str(victim),
+    ]
+    assert (control / fb.ESCAPE_MARKER).exists() and "pwned" in victim.read_text()
+    store = lab.root / "bot-state"
+    store.mkdir(exist_ok=True)
+    (store / "evalbot.db").write_bytes(b"SQLite format 3\0")
+    _ensure_main_built(lab)
+    dirs, globs = _host_targets(lab, store)
+    fb.add_branch(lab.repo, fb.escape_branch([str(d) for d in dirs], globs))
+    before = _snapshot(globs)
+    assert any("site-packages/engine/reference.py" in p for p in before)  # main's trusted harness is a target
+    run = evaluate(lab, "escape-run", "--no-spec", "--no-accuracy", "--max-pairs", "2")
+    _assert_nothing_written(dirs, globs, before, lab)
+    _assert_measured_honestly(run)
+
+
+def test_the_heads_build_is_confined_too(lab: Lab):
+    """setup.py and `import engine` (the smoke test) run the PR's code at build time: same walls."""
+    store = lab.root / "bot-state-build"
+    store.mkdir(exist_ok=True)
+    (store / "evalbot.db").write_bytes(b"SQLite format 3\0")
+    _ensure_main_built(lab)
+    dirs, globs = _host_targets(lab, store)
+    before = _snapshot(globs)
+    with _listener() as listener:
+        sha = fb.add_branch(
+            lab.repo, fb.escape_at_build_branch([str(d) for d in dirs], globs, listener.getsockname()[1])
+        )
+        run = evaluate(lab, "escape-build", "--no-spec", "--no-accuracy", "--max-pairs", "2")
+        pending, _, _ = select.select([listener], [], [], 0)
+    _assert_nothing_written(dirs, globs, before, lab)
+    assert not pending, "the head's build connected to a listener on the host"
+    build_log = (lab.work / "logs" / f"build-{sha}.log").read_text()
+    assert "attempt from engine._warm: wrote" in build_log and "phoned home: False" in build_log  # it did try
+    _assert_measured_honestly(run)
+
+
+@pytest.mark.parametrize(
+    ("branch", "path"),
+    [
+        ("edit-bench-driver", "engine/cli.py"),
+        ("edit-prompts", "engine/prompts.py"),
+    ],
+)
+def test_a_pr_that_edits_the_harness_is_skipped_before_anything_runs(
+    lab: Lab, tmp_path: Path, branch: str, path: str
+):
+    work = tmp_path / "work"
+    run = evaluate(lab, branch, work=work)
+    assert run.code == 4 and run.verdict["status"] == "SKIPPED"
+    assert path in run.verdict["reasons"][0]
+    assert not (work / "venvs").exists() and run.measurements["throughput"] == []
+
+
+def test_a_fabricated_record_with_impossible_numbers_is_rejected_on_the_schema(lab: Lab):
+    run = evaluate(lab, "fake-json", "--no-spec", "--no-accuracy", "--max-pairs", "2")
+    assert run.code == 1 and run.verdict["status"] == "REJECT"
+    failure = _head_failure(run, "schema")
+    assert "impossibly high" in failure["message"] and "decode_tps" in failure["message"]
+
+
+def test_a_fast_path_for_the_default_benchmark_prompt_gains_nothing_on_fresh_prompts(
+    lab: Lab, tmp_path: Path
+):
+    # First show the cheat is real: on the fixture's own default prompt the head's decode is much faster.
+    checkout = tmp_path / "prompt-tuned"
+    checkout.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(lab.repo), "archive", "prompt-tuned"], capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+        tar.extractall(checkout, filter="data")
+    other_prompt = tmp_path / "other.txt"
+    other_prompt.write_text(Path(fb.TEMPLATE / "README.md").read_text() * 4)
+
+    def decode_tps(*extra: str) -> float:
+        proc = subprocess.run(
+            [PY, "-m", "engine", "bench", "--model", str(lab.model), "--ctx", "512", "--gen", "16", *extra],
+            cwd=checkout,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        )
+        return json.loads(proc.stdout)["decode_tps"]
+
+    assert decode_tps() > 2 * decode_tps("--prompt-file", str(other_prompt))
+    # Then evaluate it: evalbot draws fresh prompts, so the fast path never triggers.
+    run = evaluate(lab, "prompt-tuned", "--no-spec", "--no-accuracy")
+    assert run.verdict["status"] in ("PASS", "REJECT") and run.verdict["tier"] is None, run.verdict
+    for ctx, e in run.decode_estimates().items():
+        assert e["n"] >= 5 and e["ratio"] < 1.25, f"ctx {ctx}: {e['ratio']:.3f}x"
+
+
+def test_a_head_that_never_finishes_is_killed_at_the_run_time_limit(lab: Lab):
+    marker = f"fixture-sleeper-{uuid.uuid4().hex}"
+    fb.add_branch(lab.repo, fb.sleeper_branch(marker))
+    rules_dir = write_rules(lab.root / f"rules-timeout-{marker[-6:]}", lab.sha256, run_timeout_s=5)
+    run = evaluate(lab, "sleeper", "--no-spec", "--no-accuracy", "--max-pairs", "2", rules_dir=rules_dir)
+    assert run.code == 1 and run.verdict["status"] == "REJECT"
+    failure = _head_failure(run, "timeout")
+    assert "5 s" in failure["message"]
+    assert not _survivors(marker), "processes of the head outlived its run"
+
+
+def test_a_head_cannot_leave_a_process_behind_to_slow_main_down(lab: Lab):
+    marker = f"fixture-burner-{uuid.uuid4().hex}"
+    fb.add_branch(lab.repo, fb.burner_branch(marker))
+    run = evaluate(lab, "burner", "--no-spec", "--no-accuracy", "--max-pairs", "2")
+    assert not _survivors(marker), "a detached process of the head outlived its run"
+    _assert_measured_honestly(run)
+
+
+def _survivors(marker: str) -> list[int]:
+    """The host's processes whose command line carries marker (killing any, so none outlives the test)."""
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and marker.encode() in (p / "cmdline").read_bytes():
+                found.append(int(p.name))
+                os.kill(int(p.name), 9)
+        except OSError:
+            pass
+    return found
+
+
+def test_a_head_that_floods_stdout_is_stopped_at_the_output_cap(lab: Lab):
+    fb.add_branch(lab.repo, fb.flood_branch(256))
+    run = evaluate(lab, "flood", "--no-spec", "--no-accuracy", "--max-pairs", "2")
+    assert run.code == 1 and run.verdict["status"] == "REJECT"
+    failure = _head_failure(run, "output")
+    assert "64 MiB" in failure["message"]
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 1_500_000  # KiB: the bot stayed bounded
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "sandbox._collect keeps draining past max_output_bytes (it only marks the run truncated) and never "
+        "stops the process, so a head that floods forever holds the bot until run_timeout_s and is then "
+        "reported as stage 'timeout', not 'output' (runner checks timed_out first)"
+    ),
+)
+def test_a_head_that_floods_stdout_forever_is_stopped_at_the_cap_not_the_time_limit(lab: Lab):
+    fb.add_branch(lab.repo, fb.flood_branch(None))
+    rules_dir = write_rules(lab.root / "rules-flood", lab.sha256, run_timeout_s=15)
+    run = evaluate(
+        lab, "flood-forever", "--no-spec", "--no-accuracy", "--max-pairs", "2", rules_dir=rules_dir
+    )
+    assert run.code == 1 and run.verdict["status"] == "REJECT"
+    _head_failure(run, "output")
+    assert run.elapsed_s < 12
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "runner._fetch_models and runner._accuracy run main's harness with sandbox.run_trusted(cwd=None) as "
+        "`python -m engine.models` / `python -m engine.reference`: `-m` puts the bot's working directory first "
+        "on sys.path, so an `engine` package there (the bot's own checkout has one) shadows main's venv"
+    ),
+)
+def test_the_trusted_harness_comes_from_main_whatever_the_bots_working_directory(lab: Lab):
+    repo_root = Path(__file__).resolve().parents[2]
+    assert (repo_root / "engine" / "__init__.py").is_file()
+    run = evaluate(lab, "speedup", "--no-spec", "--no-accuracy", "--max-pairs", "2", cwd=repo_root)
+    assert run.verdict["status"] == "PASS", run.verdict["reasons"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "every run of a side shares one scratch dir (runner: ctx.scratch / 'scratch-<side>' is HOME, TMPDIR "
+        "and XDG_CACHE_HOME for all its runs), and each context reuses one prompt for all its pairs, so state "
+        "a head leaves on disk in pair 1 (here a prompt cache) makes pairs 2.. measure file reads"
+    ),
+)
+def test_a_head_cannot_carry_state_from_one_run_to_the_next(lab: Lab):
+    run = evaluate(lab, "memo", "--no-spec", "--no-accuracy")
+    _assert_no_fabricated_gain(run)
