@@ -579,6 +579,19 @@ def test_the_trusted_harness_comes_from_main_whatever_the_bots_working_directory
 @pytest.mark.xfail(
     strict=True,
     reason=(
+        "the engine's own process times itself (engine/cli.py is protected, but the PR's model code runs in the "
+        "same interpreter and can replace time.perf_counter); the bot never checks the reported timings against "
+        "the wall time it observes from outside (sandbox.RunResult.duration_s), so a 3x 'speedup' is believed"
+    ),
+)
+def test_a_head_that_slows_the_clock_gains_nothing(lab: Lab):
+    run = evaluate(lab, "clock", "--no-spec", "--no-accuracy")
+    _assert_no_fabricated_gain(run)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
         "every run of a side shares one scratch dir (runner: ctx.scratch / 'scratch-<side>' is HOME, TMPDIR "
         "and XDG_CACHE_HOME for all its runs), and each context reuses one prompt for all its pairs, so state "
         "a head leaves on disk in pair 1 (here a prompt cache) makes pairs 2.. measure file reads"
