@@ -163,7 +163,7 @@ def decide(
         )
     if own_lines < tiny:
         # after main, boilerplate and merged code are removed, the PR's own part is as small as a tiny PR
-        why = f"about {own_lines} added code lines of its own (< {tiny}) after exclusions: never blocked automatically"
+        why = f"about {own_lines} added code lines of its own (< {tiny}) after exclusions: never blocked"
         return Decision(Band.CLEAN, reasons=(why,))
     block, warn = rules.containment.block, rules.containment.warn
     if score >= block:

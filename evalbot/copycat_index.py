@@ -62,7 +62,8 @@ class CopycatIndex:
         with self.conn:
             self._forget(meta.number)
             self.conn.execute(
-                "INSERT INTO copycat_prs (number, author, created_at, merged_at, closed_at) VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO copycat_prs (number, author, created_at, merged_at, closed_at)"
+                " VALUES (?, ?, ?, ?, ?)",
                 (meta.number, meta.author, meta.created_at, meta.merged_at, meta.closed_at),
             )
             self.conn.executemany(
@@ -129,7 +130,7 @@ class CopycatIndex:
         before: str | None = None,
         exclude: int | None = None,
     ) -> dict[int, int]:
-        """Per PR (opened before ``before``, if given) the number of these fingerprints it shares, boilerplate left out."""
+        """Per PR (opened before ``before``) how many of these fingerprints it has, boilerplate aside."""
         counts: dict[int, int] = {}
         for _, pr in self._postings(fingerprints, boilerplate_max_prs, exclude):
             counts[pr] = counts.get(pr, 0) + 1
@@ -175,7 +176,7 @@ class CopycatIndex:
     def _literal(
         self, new: PrPrint, meta: PrMeta, shared: dict[int, set[int]], tiny_below: int
     ) -> dict[int, int]:
-        """Literal line counts: for a tiny PR with every PR holding its rarest line, else with the top candidates."""
+        """Literal line counts: tiny PRs' with all PRs holding their rarest line; others' with the top few."""
         lines = _json(new.literal)
         if size_in_lines(new) < tiny_below:
             rarest = self.conn.execute(
@@ -213,7 +214,8 @@ class CopycatIndex:
             df = self.document_frequency(fps, boilerplate_max_prs + 1, exclude)
             fps = [h for h in fps if df[h] <= boilerplate_max_prs]
         yield from self.conn.execute(
-            "SELECT p.fp, p.pr FROM json_each(?) q JOIN copycat_postings p ON p.fp = q.value WHERE p.pr IS NOT ?",
+            "SELECT p.fp, p.pr FROM json_each(?) q JOIN copycat_postings p ON p.fp = q.value"
+            " WHERE p.pr IS NOT ?",
             (_json(fps), exclude),
         )
 

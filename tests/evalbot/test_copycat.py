@@ -317,7 +317,7 @@ def test_tiny_prs_are_never_blocked_and_identical_ones_go_to_a_maintainer(rules)
 
 
 def test_joining_lines_does_not_make_a_pr_tiny():
-    one_line = "def f(a, b, c, d): return [a + b * c - d for a in range(b) if a % c == d] + [a, b, c, d] * 2 + g(a, b, c, d, a, b)\n"
+    one_line = "def f(a, b, c, d): return [a + b * c - d for a in range(b) if a % c == d] + [a, b] * 2\n"
     pr = fingerprint_pr(make_pr(1, "a", 0, {"m.py": one_line * 3}), 8, 4)
     assert pr.code_lines == 3 and size_in_lines(pr) >= pr.tokens // 10 > 3
 
