@@ -97,6 +97,7 @@ def synthetic_print(rng: random.Random, lines: list[str], tokens: list[list[str]
 
 
 def patch_pr(number: int, author: str, created: str, text: str) -> PullRequest:
+    """An open PR adding `text` as a new file."""
     body = text.splitlines()
     patch = f"@@ -0,0 +1,{len(body)} @@\n" + "".join(f"+{line}\n" for line in body)
     change = FileChange("engine/feature.py", "added", len(body), 0, patch)
@@ -119,6 +120,7 @@ def patch_pr(number: int, author: str, created: str, text: str) -> PullRequest:
 
 
 def main() -> None:
+    """Build the index, time the checks, print the JSON record."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prs", type=int, default=10_000)
     ap.add_argument("--check-lines", type=int, nargs="+", default=[225, 50, 1000])

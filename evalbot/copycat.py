@@ -48,6 +48,7 @@ class PrMeta:
     @classmethod
     def of(cls, pr: PullRequest) -> PrMeta:
         """The meta of a PR from intake."""
+        # intake may not know the merge time of an old PR: its close (or last update) is the best bound
         merged_at = pr.merged_at or (pr.closed_at or pr.updated_at if pr.merged else None)
         return cls(
             pr.number,

@@ -506,6 +506,8 @@ def test_strikes_reaching_the_limit_within_the_window_blocklist_and_freeze(rules
 def test_times_are_compared_in_utc():
     assert utc("2026-11-30T12:00:00+02:00") == "2026-11-30T10:00:00Z"
     assert utc("2026-11-30T10:00:00Z") == "2026-11-30T10:00:00Z"
-    assert dataclasses.replace(PrMeta(1, "a", utc("2026-11-30T10:00:00Z"))).created_at < utc(
-        "2026-11-30T10:00:01Z"
+    assert utc("2026-11-30T09:59:59-00:01") > utc("2026-11-30T10:00:00Z")  # compared as times, not text
+    pr = make_pr(1, "a", 0, {"m.py": OTHER_CODE})
+    assert PrMeta.of(dataclasses.replace(pr, created_at="2026-11-01T01:00:00+01:00")).created_at == utc(
+        pr.created_at
     )
