@@ -256,6 +256,12 @@ class Automerge:
 class Dispatch:
     mode: str  # "local" | "actions"
     runner_public_keys: tuple[str, ...]  # Ed25519, base64 of the raw 32 bytes
+    # actions mode: the workflow_dispatch workflow, the trusted ref it runs from, how long one run may take
+    # (queued included) before it is abandoned, and how many runs one evaluation may use in all
+    workflow: str = "evalbot-eval.yml"
+    ref: str = "main"
+    timeout_minutes: int = 120
+    max_attempts: int = 3
 
 
 @dataclass(frozen=True)
@@ -882,8 +888,31 @@ def _automerge(f: _File, root: yaml.Node, tiers: tuple[Tier, ...], known_labels:
     )
 
 
+_OPTIONAL_DISPATCH = ("workflow", "ref", "timeout_minutes", "max_attempts")
+_WORKFLOW_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.ya?ml")
+_GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+
+
 def _dispatch(f: _File, root: yaml.Node) -> Dispatch:
-    m = f.mapping(root, "dispatch", ("mode", "runner_public_keys"))
+    allowed = ("mode", "runner_public_keys", *_OPTIONAL_DISPATCH)
+    present: set[str] = set()
+    for key, key_node, _ in f.items(root, "dispatch"):
+        if key not in allowed:  # checked here so that a misspelt optional key still gets its hint
+            hint = _did_you_mean(key, allowed)
+            f.fail(
+                key_node, _join("dispatch", key), f"unknown key{hint}; expected one of: {', '.join(allowed)}"
+            )
+        present.add(key)
+    m = f.mapping(root, "dispatch", [k for k in allowed if k not in _OPTIONAL_DISPATCH or k in present])
+    extra: dict[str, Any] = {}
+    if "workflow" in m:
+        what = "a workflow file name in .github/workflows (e.g. evalbot-eval.yml)"
+        extra["workflow"] = f.text(m["workflow"], "dispatch.workflow", _WORKFLOW_FILE, what)
+    if "ref" in m:
+        extra["ref"] = f.text(m["ref"], "dispatch.ref", _GIT_REF, "a branch or tag name")
+    for key in ("timeout_minutes", "max_attempts"):
+        if key in m:
+            extra[key] = f.integer(m[key], f"dispatch.{key}")
     mode = f.choice(m["mode"], "dispatch.mode", DISPATCH_MODES, "a dispatch mode")
     what = "an Ed25519 public key (base64 of 32 raw bytes)"
     keys = []
@@ -904,4 +933,4 @@ def _dispatch(f: _File, root: yaml.Node) -> Dispatch:
             "dispatch.runner_public_keys",
             "expected at least one key when mode is 'actions', got none",
         )
-    return Dispatch(mode, tuple(keys))
+    return Dispatch(mode, tuple(keys), **extra)

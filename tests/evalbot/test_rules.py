@@ -140,6 +140,8 @@ def test_shipped_defaults(rules):
 
     assert rules.automerge.enabled is False
     assert rules.dispatch.mode == "local" and rules.dispatch.runner_public_keys == ()
+    d = rules.dispatch
+    assert (d.workflow, d.ref, d.timeout_minutes, d.max_attempts) == ("evalbot-eval.yml", "main", 120, 3)
     assert rules.source_dir == default_rules_dir()
 
 
@@ -378,6 +380,46 @@ MALFORMED = [
         "got 're-evaluated' (did you mean 're-evaluate'?)",
         id="new-label-reference",
     ),
+    pytest.param(
+        "dispatch.yaml",
+        "workflow: evalbot-eval.yml",
+        "workflow: ../evil.yml",
+        "dispatch.workflow",
+        "expected a workflow file name in .github/workflows (e.g. evalbot-eval.yml), got '../evil.yml'",
+        id="dispatch-workflow-path",
+    ),
+    pytest.param(
+        "dispatch.yaml",
+        "ref: main",
+        "ref: ''",
+        "dispatch.ref",
+        "expected a branch or tag name, got ''",
+        id="dispatch-ref-empty",
+    ),
+    pytest.param(
+        "dispatch.yaml",
+        "timeout_minutes: 120",
+        "timeout_minutes: 0",
+        "dispatch.timeout_minutes",
+        "expected a positive integer, got 0",
+        id="dispatch-timeout",
+    ),
+    pytest.param(
+        "dispatch.yaml",
+        "max_attempts: 3",
+        "max_attempts: many",
+        "dispatch.max_attempts",
+        "expected a positive integer, got 'many'",
+        id="dispatch-attempts",
+    ),
+    pytest.param(
+        "dispatch.yaml",
+        "max_attempts: 3",
+        "max_attempt: 3",
+        "dispatch.max_attempt",
+        "unknown key (did you mean 'max_attempts'?)",
+        id="dispatch-unknown-key",
+    ),
 ]
 
 
@@ -401,6 +443,18 @@ def test_malformed_value_names_file_line_and_field(rules_dir, request, name, old
     assert (err.line, err.field) == (line, field)
     assert message in err.message
     assert str(err).startswith(f"{rules_dir / name}:{line}: {field}: ")
+
+
+def test_dispatch_run_settings_are_optional_and_default(rules_dir):
+    # Rules written before the actions settings existed still load, with the shipped values as defaults.
+    (rules_dir / "dispatch.yaml").write_text("mode: local\nrunner_public_keys: []\n")
+    d = load_rules(rules_dir).dispatch
+    assert (d.workflow, d.ref, d.timeout_minutes, d.max_attempts) == ("evalbot-eval.yml", "main", 120, 3)
+    (rules_dir / "dispatch.yaml").write_text(
+        "mode: local\nrunner_public_keys: []\nworkflow: eval.yaml\nref: release/v2\nmax_attempts: 1\n"
+    )
+    d = load_rules(rules_dir).dispatch
+    assert (d.workflow, d.ref, d.timeout_minutes, d.max_attempts) == ("eval.yaml", "release/v2", 120, 1)
 
 
 def test_missing_key_points_at_its_mapping(rules_dir):
