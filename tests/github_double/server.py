@@ -347,6 +347,16 @@ def _run_get(s: GitHubState, r: Request) -> Answer:
     return Answer(200, shapes.run(s, run))
 
 
+@route("runs.jobs", "GET", REPO + r"/actions/runs/(?P<run>\d+)/jobs")
+def _run_jobs(s: GitHubState, r: Request) -> Answer:
+    run = s.runs.get(int(r[0]["run"]))
+    if run is None:
+        raise Refusal(404, "Not Found")
+    return _wrapped(
+        s, "jobs", [shapes.job(s, run)], r[1], f"/repos/{s.owner}/{s.name}/actions/runs/{run.id}/jobs"
+    )
+
+
 @route("runs.artifacts", "GET", REPO + r"/actions/runs/(?P<run>\d+)/artifacts")
 def _run_artifacts(s: GitHubState, r: Request) -> Answer:
     run_id = int(r[0]["run"])

@@ -346,7 +346,7 @@ def status(s: GitHubState, st: StatusState) -> dict[str, Any]:
 def run(s: GitHubState, r: RunState) -> dict[str, Any]:
     """A workflow run."""
     api = f"{s.base_url}/repos/{s.owner}/{s.name}"
-    title = str(r.inputs.get("title") or f"{r.workflow_file} on {r.head_branch}")
+    title = r.display_title or str(r.inputs.get("title") or f"{r.workflow_file} on {r.head_branch}")
     return {
         "id": r.id,
         "name": r.workflow_file.rsplit(".", 1)[0],
@@ -388,6 +388,38 @@ def run(s: GitHubState, r: RunState) -> dict[str, Any]:
         },
         "repository": repo(s),
         "head_repository": repo(s),
+    }
+
+
+def job(s: GitHubState, r: RunState) -> dict[str, Any]:
+    """The one job of a run (runner fields null until a runner picks it up)."""
+    api = f"{s.base_url}/repos/{s.owner}/{s.name}"
+    ident = _id("job", r.id)
+    picked = r.runner_name is not None
+    return {
+        "id": ident,
+        "run_id": r.id,
+        "workflow_name": r.workflow_file.rsplit(".", 1)[0],
+        "head_branch": r.head_branch,
+        "run_url": f"{api}/actions/runs/{r.id}",
+        "run_attempt": 1,
+        "node_id": _node("CR_", ident),
+        "head_sha": r.head_sha,
+        "url": f"{api}/actions/jobs/{ident}",
+        "html_url": f"https://github.com/{s.owner}/{s.name}/actions/runs/{r.id}/job/{ident}",
+        "status": r.status,
+        "conclusion": r.conclusion,
+        "created_at": r.created_at,
+        "started_at": r.created_at,
+        "completed_at": r.updated_at if r.status == "completed" else None,
+        "name": "evaluate",
+        "steps": [],
+        "check_run_url": f"{api}/check-runs/{ident}",
+        "labels": ["self-hosted"],
+        "runner_id": _id("runner", r.runner_name) if picked else None,
+        "runner_name": r.runner_name,
+        "runner_group_id": 1 if picked else None,
+        "runner_group_name": "Default" if picked else None,
     }
 
 

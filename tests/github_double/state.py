@@ -11,6 +11,7 @@ import collections
 import datetime as dt
 import hashlib
 import io
+import re
 import threading
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
@@ -159,6 +160,8 @@ class RunState:
     status: str = "queued"
     conclusion: str | None = None
     actor: str = "evalbot[bot]"
+    display_title: str = ""  # the workflow's run-name rendered with the inputs; "" when it has none
+    runner_name: str | None = None  # the self-hosted runner that picked the job up, once one has
 
 
 @dataclass
@@ -184,6 +187,14 @@ class RecordedRequest:
     status: int  # what the double answered; 0 when it dropped the connection instead
 
 
+_INPUT_EXPRESSION = re.compile(r"\$\{\{\s*inputs\.([A-Za-z_][A-Za-z0-9_-]*)\s*\}\}")
+
+
+def render_run_name(template: str, inputs: Mapping[str, Any]) -> str:
+    """A run-name with each ``${{ inputs.NAME }}`` replaced by the input (GitHub renders a missing one as "")."""
+    return _INPUT_EXPRESSION.sub(lambda m: str(inputs.get(m.group(1), "")), template)
+
+
 def zip_bytes(files: Mapping[str, bytes | str]) -> bytes:
     """A zip archive holding ``files`` (name -> content), as Actions stores an artifact."""
     buf = io.BytesIO()
@@ -207,6 +218,7 @@ class GitHubState:
         self.comments: dict[int, CommentState] = {}
         self.statuses: list[StatusState] = []
         self.workflows: dict[str, int] = {}  # file name -> workflow id
+        self.run_names: dict[str, str] = {}  # file name -> its `run-name:` expression, if it has one
         self.refs: dict[str, str] = {}  # branch -> sha, for dispatch refs
         self.runs: dict[int, RunState] = {}
         self.artifacts: dict[int, ArtifactState] = {}
@@ -320,9 +332,14 @@ class GitHubState:
                     return self.faults[key].popleft()
             return None
 
-    def add_workflow(self, file: str) -> int:
-        """A workflow with a workflow_dispatch trigger; returns its id."""
+    def add_workflow(self, file: str, run_name: str | None = None) -> int:
+        """A workflow with a workflow_dispatch trigger; returns its id.
+
+        ``run_name`` is the workflow's ``run-name:``; its ``${{ inputs.NAME }}`` become each run's display title.
+        """
         with self.lock:
+            if run_name is not None:
+                self.run_names[file] = run_name
             return self.workflows.setdefault(file, 100 + len(self.workflows))
 
     def start_run(
@@ -342,8 +359,16 @@ class GitHubState:
                 inputs=dict(inputs),
                 created_at=now,
                 updated_at=now,
+                display_title=render_run_name(self.run_names.get(workflow_file, ""), inputs),
             )
             self.runs[run.id] = run
+            return run
+
+    def pick_up_run(self, run_id: int, runner_name: str) -> RunState:
+        """A runner takes the run's job: it is in progress on ``runner_name``."""
+        with self.lock:
+            run = self.runs[run_id]
+            run.status, run.runner_name, run.updated_at = "in_progress", runner_name, self.tick()
             return run
 
     def complete_run(
