@@ -134,8 +134,10 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
     if compiled:
         lm.transformer.compile()
     session = gen.Session(lm, max_seq=args.ctx + args.gen + 1, cuda_graph=args.cuda_graph)
+    t_warm = time.perf_counter()
     for _ in range(args.warmup):
         bench_once(session, prompt[: min(len(prompt), 64)], min(args.gen, 4))
+    warmup_s = time.perf_counter() - t_warm  # compile and caches settle here; reported so nothing goes untimed
     prefill, decode = [], []
     for r in range(args.runs):
         p, d = bench_once(session, prompt, args.gen)
@@ -146,7 +148,8 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
                      prompt="random ids" if lm.tokenizer is None else args.prompt_file or "engine/data/corpus.txt tiled")
     return _record(
         "bench", lm, config,
-        timings={"prefill_s": sum(args.ctx / x for x in prefill), "decode_s": sum(args.gen / x for x in decode)},
+        timings={"warmup_s": warmup_s, "prefill_s": sum(args.ctx / x for x in prefill),
+                 "decode_s": sum(args.gen / x for x in decode)},
         counts={"ctx": args.ctx, "gen": args.gen, "runs": args.runs},
         prefill_tps=statistics.median(prefill), decode_tps=statistics.median(decode),
         prefill_tps_runs=prefill, decode_tps_runs=decode, random_weights=lm.random_weights,

@@ -50,6 +50,10 @@ class ThroughputPairs:
     pairs: tuple[tuple[float, float], ...]
     guarded: bool = True  # a regression here rejects the PR
     scored: bool = True  # a gain here can earn a tier
+    # per pair, (main, PR): each engine process's wall seconds seen from outside, and the seconds its
+    # own timings report (load + warm-up + timed runs); the difference is time nobody accounted for
+    walls: tuple[tuple[float, float], ...] = ()
+    reported: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -97,10 +97,19 @@ class SpecGate:
 
 
 @dataclass(frozen=True)
+class TimingGate:
+    # An engine process's wall time (seen from outside) less what its own timings report is its
+    # untimed time (start-up, imports, exit). A PR's may exceed main's by at most this share of main's
+    # wall time: a PR that slows or fakes the clock it is timed by leaves its real time unexplained.
+    max_untimed_growth: float = 0.2
+
+
+@dataclass(frozen=True)
 class Gates:
     no_regression: NoRegressionGate
     accuracy: AccuracyGate
     spec: SpecGate
+    timing: TimingGate = TimingGate()
 
 
 @dataclass(frozen=True)
@@ -617,7 +626,12 @@ def _label_owners(tiers: tuple[Tier, ...], labels: Labels) -> dict[str, str]:
 
 
 def _gates(f: _File, root: yaml.Node) -> Gates:
-    m = f.mapping(root, "gates", ("no_regression", "accuracy", "spec"))
+    present = {key for key, _, _ in f.items(root, "gates")}
+    m = f.mapping(root, "gates", ("no_regression", "accuracy", "spec", *(("timing",) if "timing" in present else ())))
+    timing = TimingGate()
+    if "timing" in m:
+        tm = f.mapping(m["timing"], "gates.timing", ("max_untimed_growth",))
+        timing = TimingGate(f.fraction(tm["max_untimed_growth"], "gates.timing.max_untimed_growth"))
     nr = f.mapping(m["no_regression"], "gates.no_regression", ("min_ratio",))
     acc = f.mapping(m["accuracy"], "gates.accuracy", ("top1_min", "mean_kl_max"))
     sp_keys = ("runs", "lossless_runs_min", "tau_min_ratio", "ar_speed_min_ratio")
@@ -644,6 +658,7 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
                 sp["ar_speed_min_ratio"], "gates.spec.ar_speed_min_ratio"
             ),
         ),
+        timing=timing,
     )
 
 

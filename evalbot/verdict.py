@@ -51,7 +51,8 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
         return _verdict(rules, Status.INFRA_ERROR, reasons=("no throughput was measured",),
                         add=(rules.labels.infra_error,))
 
-    gates = [*_throughput_gates(estimates, rules), *_accuracy_gates(m.accuracy, rules), *_spec_gates(m.spec, rules)]
+    gates = [*_throughput_gates(estimates, rules), *_timing_gates(m.throughput, rules),
+             *_accuracy_gates(m.accuracy, rules), *_spec_gates(m.spec, rules)]
     failed = [g for g in gates if not g.passed]
     scored = [e for e in estimates if e.scored and e.metric == "decode_tps"]
     best = max(scored, key=lambda e: (_tier_rank(rules, e.tier), e.ci_low), default=None)
@@ -64,6 +65,8 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
             add.append(rules.labels.accuracy_fail)
         if any(g.name.startswith("spec") for g in failed):
             add.append(rules.labels.spec_fail)
+        if any(g.name == "timing honesty" for g in failed):
+            add.append(rules.labels.gaming)
         reasons = tuple(_failed_reason(g) for g in failed)
         return _verdict(rules, Status.REJECT, gates=tuple(gates), reasons=reasons, add=tuple(add),
                         estimates=estimates, best=best, mde=mde, keep_tier=False)
@@ -118,6 +121,32 @@ def _throughput_gates(estimates: Iterable[ContextEstimate], rules: Rules) -> lis
     ]
 
 
+def untimed_growth(walls: Iterable[tuple[float, float]], reported: Iterable[tuple[float, float]]) -> tuple[float, float, float]:
+    """(mean growth of the PR's untimed seconds over main's, its standard error, main's mean wall seconds)."""
+    w, r = list(walls), list(reported)
+    diffs = [(wh - rh) - (wb - rb) for (wb, wh), (rb, rh) in zip(w, r, strict=True)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    se = (sum((d - mean) ** 2 for d in diffs) / (n - 1)) ** 0.5 / n**0.5 if n > 1 else float("inf")
+    return mean, se, sum(wb for wb, _ in w) / n
+
+
+def _timing_gates(throughput: Iterable[ThroughputPairs], rules: Rules) -> list[Gate]:
+    share = rules.gates.timing.max_untimed_growth
+    out = []
+    for tp in throughput:
+        if tp.metric != "decode_tps" or len(tp.walls) < 2 or len(tp.reported) != len(tp.walls):
+            continue
+        growth, se, wall = untimed_growth(tp.walls, tp.reported)
+        # both: large against main's run time, and not noise (2 standard errors)
+        ok = not (growth > share * wall and growth > 2 * se)
+        out.append(Gate("timing honesty", growth / wall if wall > 0 else 0.0,
+                        f"untimed time grows <= {share:.0%} of main's wall time", ok,
+                        f"the PR's runs spend {growth:+.2f} s (±{se:.2f}) more outside their own timings than "
+                        f"main's ({wall:.2f} s wall)", tp.context, tp.model))
+    return out
+
+
 def _accuracy_gates(results: Iterable[AccuracyResult], rules: Rules) -> list[Gate]:
     g = rules.gates.accuracy
     out = []
@@ -165,7 +194,7 @@ def verdict_labels(rules: Rules) -> frozenset[str]:
     """The labels a verdict owns (tiers and outcome labels; area and intake labels belong to policy)."""
     lab = rules.labels
     return frozenset([*(t.label for t in rules.tiers), lab.verified, lab.regression, lab.infra_error,
-                      lab.accuracy_fail, lab.spec_fail])
+                      lab.accuracy_fail, lab.spec_fail, lab.gaming])
 
 
 def _verdict(rules: Rules, status: Status, *, reasons: tuple[str, ...], gates: tuple[Gate, ...] = (),

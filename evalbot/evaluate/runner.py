@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -87,6 +88,7 @@ class _Ctx:
     run_timeout_s: float = 600.0
     max_output_bytes: int = 64 << 20
     box_samples: list[dict[str, Any]] = field(default_factory=list)
+    runs: int = 0  # engine processes started, for fresh scratch names
 
 
 def sensitive_changes(paths: list[str], sensitive: tuple[str, ...]) -> list[str]:
@@ -179,39 +181,74 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
 # --- engine runs ----------------------------------------------------------------------------------
 
 
-def _run_engine(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float | None = None) -> dict[str, Any]:
-    """Run `python -m <argv>` from a side's venv in the sandbox; the validated JSON record.
+def _run_engine(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float | None = None,
+                keep: Path | None = None) -> dict[str, Any]:
+    """Run `python -m <argv>` from a side's venv in the sandbox; the validated JSON record."""
+    return _run_engine_timed(ctx, side, argv, command, timeout_s, keep)[0]
 
+
+def _run_engine_timed(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float | None = None,
+                      keep: Path | None = None) -> tuple[dict[str, Any], float]:
+    """The validated record and the process's wall time as seen from outside.
+
+    Every run gets a fresh, empty scratch dir (its HOME, TMPDIR and caches), deleted afterwards, so a
+    head cannot carry anything from one run to the next. `{scratch}` in argv names that dir; a file
+    the run must hand back is written there as `{scratch}/<name>` and moved to `keep/<name>`.
     A failed run is retried once before it counts: a one-off crash of the box must not decide a verdict.
     A timeout or an output flood is not retried: it would only cost the same again.
     """
     timeout_s = timeout_s or ctx.run_timeout_s
     try:
-        return _run_engine_once(ctx, side, argv, command, timeout_s)
+        return _run_engine_once(ctx, side, argv, command, timeout_s, keep)
     except SideFailed as first:
         if first.failure.stage in ("timeout", "output"):
             raise
         ctx.log(f"{side.value}: {first.failure.message}; retrying once")
-        return _run_engine_once(ctx, side, argv, command, timeout_s)
+        return _run_engine_once(ctx, side, argv, command, timeout_s, keep)
 
 
-def _run_engine_once(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float) -> dict[str, Any]:
+def _fresh_scratch(ctx: _Ctx, label: str) -> Path:
+    ctx.runs += 1
+    path = ctx.scratch / "runs" / f"{ctx.runs:05d}-{label}"
+    path.mkdir(parents=True)
+    return path
+
+
+def _run_engine_once(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float,
+                     keep: Path | None) -> tuple[dict[str, Any], float]:
     venv = ctx.sides[side].build.venv
     assert venv is not None
-    res = _sandboxed_python(ctx, venv, ctx.scratch / f"scratch-{side.value}", argv, [ctx.scratch / "prompts"],
-                            timeout_s)
-    tail = res.stderr[-3000:]
-    if res.timed_out:
-        raise SideFailed(Failure(side, "timeout", f"`{' '.join(argv[:2])}` exceeded {timeout_s:.0f} s", tail))
-    if res.output_truncated:
-        raise SideFailed(Failure(side, "output", f"`{' '.join(argv[:2])}` printed more than "
-                                 f"{ctx.max_output_bytes >> 20} MiB on stdout or stderr and was stopped", tail))
-    if res.returncode != 0:
-        raise SideFailed(Failure(side, "run", f"`{' '.join(argv[:2])}` exited with {res.returncode}", tail))
+    scratch = _fresh_scratch(ctx, side.value)
     try:
-        return schema.parse_and_validate(res.stdout, command)
-    except schema.RecordError as exc:
-        raise SideFailed(Failure(side, "schema", f"invalid `{command}` record: {exc}", tail)) from exc
+        res = _sandboxed_python(ctx, venv, scratch, [a.replace("{scratch}", str(scratch)) for a in argv],
+                                [ctx.scratch / "prompts"], timeout_s)
+        tail = res.stderr[-3000:]
+        if res.output_truncated:
+            raise SideFailed(Failure(side, "output", f"`{' '.join(argv[:2])}` printed more than "
+                                     f"{ctx.max_output_bytes >> 20} MiB on stdout or stderr and was stopped", tail))
+        if res.timed_out:
+            raise SideFailed(Failure(side, "timeout", f"`{' '.join(argv[:2])}` exceeded {timeout_s:.0f} s", tail))
+        if res.returncode != 0:
+            raise SideFailed(Failure(side, "run", f"`{' '.join(argv[:2])}` exited with {res.returncode}", tail))
+        try:
+            record = schema.parse_and_validate(res.stdout, command)
+        except schema.RecordError as exc:
+            raise SideFailed(Failure(side, "schema", f"invalid `{command}` record: {exc}", tail)) from exc
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for item in scratch.iterdir():
+                if item.is_file() and not item.is_symlink() and item.suffix in (".npy", ".npz", ".json"):
+                    shutil.move(str(item), keep / item.name)
+        return record, res.duration_s
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def reported_seconds(record: dict[str, Any]) -> float:
+    """The seconds a bench record's own timings account for: load, warm-up, and the timed prefill and decode."""
+    t = record.get("timings") or {}
+    keys = ("load_s", "warmup_s", "prefill_s", "decode_s")
+    return float(sum(v for k, v in t.items() if k in keys and isinstance(v, (int, float)) and v >= 0))
 
 
 def _measure_contexts(ctx: _Ctx, profile: Profile, name: str, path: Path, prompt: Path) -> list[ThroughputPairs]:
@@ -221,16 +258,21 @@ def _measure_contexts(ctx: _Ctx, profile: Profile, name: str, path: Path, prompt
     out: list[ThroughputPairs] = []
     for c in profile.contexts:
         prefill: list[tuple[float, float]] = []
+        walls: list[tuple[float, float]] = []
+        reported: list[tuple[float, float]] = []
         count = 0
 
-        def one_pair(c=c, prefill=prefill) -> tuple[float, float]:
+        def one_pair(c=c, prefill=prefill, walls=walls, reported=reported) -> tuple[float, float]:
             nonlocal count
             argv = ["engine", "bench", "--model", str(path), "--ctx", str(c.ctx), "--gen", str(m.decode_tokens),
                     "--runs", "1", "--warmup", str(m.warmup_runs), "--prompt-file", str(prompt),
                     "--device", profile.device]
             order = (Side.BASE, Side.HEAD) if count % 2 == 0 else (Side.HEAD, Side.BASE)  # ABBA
             ctx.box_samples.append({"model": name, "context": c.ctx, "pair": count + 1, **box_state()})
-            recs = {s: _run_engine(ctx, s, argv, "bench") for s in order}
+            timed = {s: _run_engine_timed(ctx, s, argv, "bench") for s in order}
+            recs = {s: rec for s, (rec, _) in timed.items()}
+            walls.append((timed[Side.BASE][1], timed[Side.HEAD][1]))
+            reported.append((reported_seconds(recs[Side.BASE]), reported_seconds(recs[Side.HEAD])))
             count += 1
             prefill.append((recs[Side.BASE]["prefill_tps"], recs[Side.HEAD]["prefill_tps"]))
             b, h = recs[Side.BASE]["decode_tps"], recs[Side.HEAD]["decode_tps"]
@@ -241,7 +283,8 @@ def _measure_contexts(ctx: _Ctx, profile: Profile, name: str, path: Path, prompt
                                  max_pairs=max_pairs, budget_s=budget)
         ctx.log(f"{name} ctx {c.ctx}: {run.estimate.ratio:.4f}x [{run.estimate.ci_low:.4f}, "
                 f"{run.estimate.ci_high:.4f}] after {run.estimate.n} pairs ({run.reason})")
-        out.append(ThroughputPairs(name, c.ctx, "decode_tps", run.pairs, guarded=c.guarded, scored=c.scored))
+        out.append(ThroughputPairs(name, c.ctx, "decode_tps", run.pairs, guarded=c.guarded, scored=c.scored,
+                                   walls=tuple(walls[: len(run.pairs)]), reported=tuple(reported[: len(run.pairs)])))
         # prefill is guarded like decode (no regression) but earns no tier, as in the seeds' guards
         out.append(ThroughputPairs(name, c.ctx, "prefill_tps", tuple(prefill), guarded=c.guarded, scored=False))
     return out
@@ -280,21 +323,25 @@ def _confine_build(argv: list[str], writable: Path) -> list[str]:
 def _accuracy(ctx: _Ctx, name: str, path: Path, text: Path) -> AccuracyResult:
     """Head (and base) `score` against llama.cpp's logits on the same GGUF and the same token ids."""
     p = ctx.cfg.positions
-    outs = {Side.BASE: ctx.scratch / "scratch-base" / "base.npy", Side.HEAD: ctx.scratch / "scratch-head" / "head.npy"}
-    ref = ctx.scratch / "scratch-base" / "ref.npy"
+    results = ctx.scratch / "results"
+    outs = {Side.BASE: results / "base.npy", Side.HEAD: results / "head.npy"}
+    ref = ctx.scratch / "reference" / "ref.npy"
     ref.parent.mkdir(exist_ok=True)
     ctx.log(f"{name}: accuracy vs llama.cpp over {p} positions")
     # the reference is harness code (main's llama.cpp wrapper and tokenizer), run as trusted so that its
     # cache (keyed by model sha256, llama-cpp-python version and token ids) persists across evaluations
     venv = ctx.sides[Side.BASE].build.venv
     assert venv is not None
-    res = sandbox.run_trusted([str(venv / "bin" / "python"), "-m", "engine.reference", "score", "--model", str(path),
-                               "--text-file", str(text), "--positions", str(p), "--out", str(ref)], timeout_s=1800)
+    # -I and a neutral cwd: `-m` would otherwise put the bot's working directory (which may hold an
+    # `engine/` of its own) ahead of main's venv on sys.path
+    res = sandbox.run_trusted([str(venv / "bin" / "python"), "-I", "-m", "engine.reference", "score", "--model",
+                               str(path), "--text-file", str(text), "--positions", str(p), "--out", str(ref)],
+                              timeout_s=1800, cwd=ref.parent)
     if res.returncode != 0:
         raise SideFailed(Failure(Side.HARNESS, "reference", "llama.cpp reference failed", res.stderr[-2000:]))
     for side, out in outs.items():
         _run_engine(ctx, side, ["engine", "score", "--model", str(path), "--text-file", str(text),
-                                "--positions", str(p), "--out", str(out)], "score")
+                                "--positions", str(p), "--out", "{scratch}/" + out.name], "score", keep=results)
     base_stats = _compare(ctx, ref, outs[Side.BASE], Side.BASE)
     head_stats = _compare(ctx, ref, outs[Side.HEAD], Side.HEAD)
     return AccuracyResult(name, p, float(head_stats["top1_agreement"]), float(head_stats["kl_mean"]),
@@ -306,8 +353,12 @@ def _compare(ctx: _Ctx, ref: Path, test: Path, side: Side) -> dict[str, Any]:
     """main's engine.compare over two score files (read as data), sandboxed like everything else."""
     venv = ctx.sides[Side.BASE].build.venv
     assert venv is not None
-    res = _sandboxed_python(ctx, venv, ctx.scratch / "shared", ["engine.compare", str(ref), str(test), "--json"],
-                            [ref.parent, test.parent], 600)
+    scratch = _fresh_scratch(ctx, "compare")
+    try:
+        res = _sandboxed_python(ctx, venv, scratch, ["engine.compare", str(ref), str(test), "--json"],
+                                [ref.parent, test.parent], 600)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     if res.returncode != 0:
         # different token ids mean the side changed tokenization: that side's fault
         raise SideFailed(Failure(side, "accuracy", "cannot compare with llama.cpp: " + res.stderr.strip()[-500:]))
@@ -351,7 +402,8 @@ def _fetch_models(ctx: _Ctx, profile: Profile) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for name in dict.fromkeys(names):
         ctx.log(f"fetching {name}")
-        res = sandbox.run_trusted([str(venv / "bin" / "python"), "-m", "engine.models", "fetch", name], timeout_s=3600)
+        res = sandbox.run_trusted([str(venv / "bin" / "python"), "-I", "-m", "engine.models", "fetch", name],
+                                  timeout_s=3600, cwd=ctx.scratch)  # -I, neutral cwd: main's fetcher, no other
         if res.returncode != 0:
             raise SideFailed(Failure(Side.HARNESS, "models", f"cannot fetch {name}", res.stderr[-2000:]))
         out[name] = Path(res.stdout.strip().splitlines()[-1])

@@ -330,7 +330,7 @@ def _collect(proc: subprocess.Popen[bytes], deadline: float, cap: int) -> tuple[
             while open_fds or not leader_done:
                 now = time.monotonic()
                 if now >= deadline:
-                    if timed_out or leader_done:
+                    if timed_out or leader_done or truncated:
                         break  # a process that escaped the group still holds a pipe: stop waiting for it
                     timed_out = True
                     _kill_group(proc.pid)
@@ -349,8 +349,12 @@ def _collect(proc: subprocess.Popen[bytes], deadline: float, cap: int) -> tuple[
                         continue
                     buf = bufs[key.fd]
                     room = cap - len(buf)
-                    if len(chunk) > room:
-                        truncated = True  # keep draining, so the writer never blocks on a full pipe
+                    if len(chunk) > room and not truncated:
+                        # past the cap the run is stopped, not drained until its time limit: a head that
+                        # floods forever must not hold the box for run_timeout_s
+                        truncated = True
+                        _kill_group(proc.pid)
+                        deadline = min(deadline, time.monotonic() + _DRAIN_GRACE_S)
                     buf += chunk[: max(room, 0)]
                 if pidfd is None and not leader_done:
                     leader_done = _exited(proc.pid)

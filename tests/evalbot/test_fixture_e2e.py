@@ -542,14 +542,6 @@ def test_a_head_that_floods_stdout_is_stopped_at_the_output_cap(lab: Lab):
     assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 1_500_000  # KiB: the bot stayed bounded
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "sandbox._collect keeps draining past max_output_bytes (it only marks the run truncated) and never "
-        "stops the process, so a head that floods forever holds the bot until run_timeout_s and is then "
-        "reported as stage 'timeout', not 'output' (runner checks timed_out first)"
-    ),
-)
 def test_a_head_that_floods_stdout_forever_is_stopped_at_the_cap_not_the_time_limit(lab: Lab):
     fb.add_branch(lab.repo, fb.flood_branch(None))
     rules_dir = write_rules(lab.root / "rules-flood", lab.sha256, run_timeout_s=15)
@@ -561,14 +553,6 @@ def test_a_head_that_floods_stdout_forever_is_stopped_at_the_cap_not_the_time_li
     assert run.elapsed_s < 12
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runner._fetch_models and runner._accuracy run main's harness with sandbox.run_trusted(cwd=None) as "
-        "`python -m engine.models` / `python -m engine.reference`: `-m` puts the bot's working directory first "
-        "on sys.path, so an `engine` package there (the bot's own checkout has one) shadows main's venv"
-    ),
-)
 def test_the_trusted_harness_comes_from_main_whatever_the_bots_working_directory(lab: Lab):
     repo_root = Path(__file__).resolve().parents[2]
     assert (repo_root / "engine" / "__init__.py").is_file()
@@ -576,27 +560,16 @@ def test_the_trusted_harness_comes_from_main_whatever_the_bots_working_directory
     assert run.verdict["status"] == "PASS", run.verdict["reasons"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the engine's own process times itself (engine/cli.py is protected, but the PR's model code runs in the "
-        "same interpreter and can replace time.perf_counter); the bot never checks the reported timings against "
-        "the wall time it observes from outside (sandbox.RunResult.duration_s), so a 3x 'speedup' is believed"
-    ),
-)
-def test_a_head_that_slows_the_clock_gains_nothing(lab: Lab):
+def test_a_head_that_slows_the_clock_it_is_timed_by_is_rejected(lab: Lab):
+    """The head's own timings claim ~3x; the wall time the bot sees from outside did not move."""
     run = evaluate(lab, "clock", "--no-spec", "--no-accuracy")
-    _assert_no_fabricated_gain(run)
+    assert run.code == 1 and run.verdict["status"] == "REJECT" and run.verdict["tier"] is None
+    failed = {(g["name"], g["context"]) for g in run.failed_gates()}
+    # at ctx 512 the timed decode is most of the process; at 128 start-up dominates and the lie is small
+    assert ("timing honesty", 512) in failed, failed
+    assert "flagged:gaming" in run.verdict["labels_add"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "every run of a side shares one scratch dir (runner: ctx.scratch / 'scratch-<side>' is HOME, TMPDIR "
-        "and XDG_CACHE_HOME for all its runs), and each context reuses one prompt for all its pairs, so state "
-        "a head leaves on disk in pair 1 (here a prompt cache) makes pairs 2.. measure file reads"
-    ),
-)
 def test_a_head_cannot_carry_state_from_one_run_to_the_next(lab: Lab):
     run = evaluate(lab, "memo", "--no-spec", "--no-accuracy")
     _assert_no_fabricated_gain(run)

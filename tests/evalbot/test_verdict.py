@@ -152,3 +152,26 @@ def test_decided_verdicts_render(rules, case):
     assert "@here" not in text  # mentions are neutralized
     if case == "regression":
         assert "REJECT" in text and ("-4." in text or "-5." in text)
+
+
+def test_timing_honesty_rejects_a_head_whose_real_time_its_timings_do_not_explain(rules):
+    """Wall seconds seen from outside vs seconds the engine's own clock reports, per pair."""
+    n = 6
+    rng = random.Random(3)
+    # an honest 2x speedup: the head's timed seconds halve and so does its wall time; start-up ~1 s both
+    honest_w = tuple((11.0 + rng.gauss(0, 0.1), 6.0 + rng.gauss(0, 0.1)) for _ in range(n))
+    honest_r = tuple((10.0, 5.0) for _ in range(n))
+    honest = ThroughputPairs("m", 512, "decode_tps", pairs(2.0, n), walls=honest_w, reported=honest_r)
+    v = decide(meas(honest), rules)
+    gate = next(g for g in v.gates if g.name == "timing honesty")
+    assert v.status == Status.PASS and gate.passed
+    # the same "2x" reported by a head that slowed its clock: its wall time did not move
+    faked_w = tuple((11.0 + rng.gauss(0, 0.1), 11.0 + rng.gauss(0, 0.1)) for _ in range(n))
+    faked = ThroughputPairs("m", 512, "decode_tps", pairs(2.0, n), walls=faked_w, reported=honest_r)
+    v = decide(meas(faked), rules)
+    assert v.status == Status.REJECT and rules.labels.gaming in v.labels_add
+    assert any("timing honesty at ctx 512" in r for r in v.reasons)
+    # a head that adds a little untimed start-up (a new import) is not accused
+    slow_import = ThroughputPairs("m", 512, "decode_tps", pairs(2.0, n),
+                                  walls=tuple((wb, wh + 0.5) for wb, wh in honest_w), reported=honest_r)
+    assert decide(meas(slow_import), rules).status == Status.PASS
