@@ -1,5 +1,5 @@
 """The bot's state in one SQLite file (WAL): evaluations, actions done, strikes, penalties, the blocklist,
-rounds, the ledger, holds, clears, the poll cursor and a schema version.
+rounds, the ledger, holds, clears, the poll cursor, runner calibrations and a schema version.
 
 Durability. Every write is one ``BEGIN IMMEDIATE`` transaction, so a crash leaves each change whole or
 absent. ``synchronous=FULL``: in WAL mode NORMAL may lose the last commits on power loss; a lost
@@ -49,7 +49,7 @@ from typing import Any
 
 from evalbot.model import Measurements, Status, Verdict, from_dict, to_dict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 10_000
 DEFAULT_LEASE_S = 3 * 3600  # longer than any profile's time budget plus builds
 DEFAULT_MAX_ATTEMPTS = 3
@@ -119,10 +119,21 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             name TEXT PRIMARY KEY, etag TEXT, cursor TEXT, updated_at TEXT NOT NULL
         ) STRICT""",
     ),
+    # `evalbot calibrate`: main against main on one box, one row per (model, context) per calibration.
+    2: (
+        """CREATE TABLE calibrations (
+            id INTEGER PRIMARY KEY, at TEXT NOT NULL, box TEXT NOT NULL, profile TEXT NOT NULL,
+            model TEXT NOT NULL, context INTEGER NOT NULL, runs INTEGER NOT NULL CHECK (runs >= 1),
+            false_positive_rate REAL NOT NULL CHECK (false_positive_rate BETWEEN 0 AND 1),
+            mde REAL NOT NULL, noise_cv REAL NOT NULL, details TEXT NOT NULL,
+            UNIQUE (at, box, profile, model, context)
+        ) STRICT""",
+        """CREATE INDEX calibrations_by_profile ON calibrations (profile, at)""",
+    ),
 }
 _TABLES = frozenset(
     "meta evaluations actions strikes penalties blocklist_events rounds round_members ledger holds clears "
-    "poll_state".split()
+    "poll_state calibrations".split()
 )
 
 
@@ -273,6 +284,23 @@ class PollState:
     etag: str | None
     cursor: str | None
     updated_at: str
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One box's A/A calibration at one (model, context): how often main against main got a tier or a
+    regression call, the effect it can resolve, and its pair-to-pair noise (see evalbot.calibrate)."""
+
+    at: str  # ISO 8601 UTC, as iso() writes it
+    box: str  # the runner's name (or host name)
+    profile: str
+    model: str
+    context: int
+    runs: int  # A/A evaluations that measured this context
+    false_positive_rate: float  # fraction of those runs with a tier awarded or a regression called here
+    mde: float  # median minimum detectable effect over the runs (0.01 = 1%)
+    noise_cv: float  # pooled within-run SD of the per-pair ln(head/base): the ratio's CV
+    details: dict[str, Any]
 
 
 # ---------------------------------------------------------------- helpers
@@ -1033,6 +1061,49 @@ class Store:
                 "updated_at = excluded.updated_at",
                 (name, etag, cursor, iso(now)),
             )
+
+    # ---------------------------------------------------------------- calibrations
+
+    def record_calibration(self, c: Calibration) -> bool:
+        """Store one calibration row; False if this (at, box, profile, model, context) is already stored."""
+        if not isinstance(c, Calibration):
+            raise TypeError(f"expected a Calibration, got {type(c).__name__}")
+        for name in ("at", "box", "profile", "model"):
+            _check_text(getattr(c, name), name)
+        for name, least in (("context", 0), ("runs", 1)):
+            value = getattr(c, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
+        numbers = []
+        for name, high in (("false_positive_rate", 1.0), ("mde", math.inf), ("noise_cv", math.inf)):
+            value = _check_gain(getattr(c, name), name)
+            if value is None or not 0.0 <= value <= high:
+                raise ValueError(f"{name}: expected a finite number in [0, {high}], got {getattr(c, name)!r}")
+            numbers.append(value)
+        if not isinstance(c.details, dict):
+            raise ValueError(f"details: expected a dict, got {type(c.details).__name__}")
+        blob = _dumps(c.details, "calibration details")
+        with self._write() as conn:
+            cur = conn.execute(
+                "INSERT INTO calibrations (at, box, profile, model, context, runs, false_positive_rate, mde, "
+                "noise_cv, details) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (c.at, c.box, c.profile, c.model, c.context, c.runs, *numbers, blob),
+            )
+            return cur.rowcount == 1
+
+    def calibrations(self, profile: str | None = None) -> list[Calibration]:
+        """Calibration rows, oldest first, optionally of one profile."""
+        rows = self._read(
+            "SELECT at, box, profile, model, context, runs, false_positive_rate, mde, noise_cv, details "
+            "FROM calibrations WHERE (? IS NULL OR profile = ?) ORDER BY at, id",
+            (profile, profile),
+        )
+        out = []
+        for r in rows:
+            fields = dict(r)
+            fields["details"] = _loads(r["details"], f"calibration of {r['box']} at {r['at']}")
+            out.append(Calibration(**fields))
+        return out
 
 
 # ---------------------------------------------------------------- opening and rows

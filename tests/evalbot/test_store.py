@@ -27,8 +27,10 @@ from evalbot.model import (
     Verdict,
 )
 from evalbot.store import (
+    _MIGRATIONS,
     SCHEMA_VERSION,
     ActionPendingError,
+    Calibration,
     CorruptStoreError,
     EvalKey,
     SchemaError,
@@ -482,6 +484,67 @@ def test_rounds_ledger_holds_clears_poll(store, db):
         assert [c.reason for c in again.clears(10)] == ["copycat warning was a false positive"]
         poll = again.poll_state("pulls")
         assert (poll.etag, poll.cursor) == ('W/"def"', "2026-11-30T11:00:00Z")
+
+
+def calibration(context: int = 512, at: datetime = T0, profile: str = "gpu", **kw) -> Calibration:
+    fields = dict(at=iso(at), box="gpu-box-1", profile=profile, model="qwen3-8b", context=context, runs=20,
+                  false_positive_rate=0.05, mde=0.0123, noise_cv=0.004,
+                  details={"mde_max": 0.02, "ratios": [1.001, 0.998], "box": {"gpu": {"name": "H200"}}})  # fmt: skip
+    return Calibration(**(fields | kw))
+
+
+def test_calibrations_round_trip_in_order_and_by_profile(store, db):
+    later = calibration(128, at=T0 + timedelta(days=1))
+    assert store.record_calibration(later)
+    assert store.record_calibration(calibration(512))
+    assert store.record_calibration(calibration(128, profile="cpu", model="qwen2.5-coder-0.5b"))
+    assert not store.record_calibration(calibration(512, runs=3))  # same (at, box, profile, model, context)
+    store.close()
+    with Store(db) as again:
+        assert again.calibrations() == [
+            calibration(512),
+            calibration(128, profile="cpu", model="qwen2.5-coder-0.5b"),
+            later,
+        ]
+        assert [c.context for c in again.calibrations("gpu")] == [512, 128]
+        assert again.calibrations("nope") == []
+        assert again.calibrations("gpu")[0].details["box"] == {"gpu": {"name": "H200"}}
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"runs": 0}, "runs: expected an integer >= 1"),
+        ({"context": True}, "context: expected an integer"),
+        ({"false_positive_rate": 1.5}, r"false_positive_rate: expected a finite number in \[0, 1.0\]"),
+        ({"mde": float("nan")}, "mde: expected a finite number"),
+        ({"noise_cv": -0.1}, "noise_cv: expected a finite number"),
+        ({"box": " "}, "box: expected non-empty text"),
+        ({"details": {"x": float("inf")}}, "calibration details is not JSON data"),
+        ({"details": ["x"]}, "details: expected a dict"),
+    ],
+)
+def test_bad_calibrations_are_refused_before_writing(store, bad, message):
+    with pytest.raises(ValueError, match=message):
+        store.record_calibration(calibration(**bad))
+    assert store.calibrations() == []
+
+
+def test_a_version_1_store_gains_the_calibrations_table_and_keeps_its_data(db):
+    conn = sqlite3.connect(db)
+    with conn:
+        for statement in _MIGRATIONS[1]:
+            conn.execute(statement)
+        conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '1')")
+        conn.execute("INSERT INTO clears (pr, by, reason, at) VALUES (3, 'm', 'kept', 'then')")
+    conn.close()
+    with Store(db) as store:
+        assert store.schema_version == SCHEMA_VERSION == 2
+        assert [c.reason for c in store.clears()] == ["kept"]
+        assert store.calibrations() == []
+        assert store.record_calibration(calibration())
+    with Store(db) as again:  # reopening a migrated store migrates nothing twice
+        assert again.schema_version == 2 and len(again.calibrations()) == 1
 
 
 # ---------------------------------------------------------------- crashes and concurrency
