@@ -407,3 +407,81 @@ __all__ = [
     "render_comment",
     "render_verdict_file",
 ]
+
+
+# --- the dashboard (HTML) ------------------------------------------------------------------------
+# A separate environment: HTML autoescaping is on, so every value (a PR title, a login, a reason) is
+# escaped where it lands. Nothing a contributor wrote is ever marked safe; filters return plain str.
+
+_SITE_TEMPLATES = _TEMPLATES / "site"
+_HEX_RE = re.compile(r"[0-9a-fA-F]{7,64}")
+
+
+def _site_text(value: Any, limit: int | None = None) -> str:
+    """Untrusted text as one visible line (controls, ANSI and bidi overrides dropped), cut past limit."""
+    if value is None or value == "":
+        return "—"
+    flat = " ".join(_visible(" ".join(str(value).split())).split())
+    if limit is not None and len(flat) > limit:
+        flat = flat[: max(limit - 1, 0)].rstrip() + "…"
+    return flat
+
+
+def _site_sha(value: Any, length: int = 12) -> str:
+    text = str(value or "")
+    return text[:length] if _HEX_RE.fullmatch(text) else _site_text(text, 24)
+
+
+def site_time(value: Any) -> str:
+    """A store time (ISO text or datetime) as "2026-11-30 10:00 UTC"; unreadable text is shown as text."""
+    from datetime import UTC, datetime
+
+    if isinstance(value, datetime):
+        moment = value
+    else:
+        try:
+            moment = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
+        except ValueError:
+            return _site_text(value, 40)
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
+
+
+@functools.cache
+def _site_environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_SITE_TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        text=_site_text,
+        sha=_site_sha,
+        when=site_time,
+        pct=_pct,
+        delta=_delta,
+        ratio=_ratio,
+        share=_share,
+        num=_num,
+        metric=lambda name: _METRIC_NAMES.get(name) or _site_text(name, 30),
+    )
+    env.globals["ci"] = _ci
+    return env
+
+
+def render_site_page(template: str, context: dict[str, Any]) -> str:
+    """One dashboard page (HTML, autoescaped) from a template in templates/site/."""
+    return _site_environment().get_template(template).render(context)
+
+
+def site_stylesheet() -> str:
+    """The dashboard's CSS."""
+    return (_SITE_TEMPLATES / "style.css").read_text(encoding="utf-8")
+
+
+def headline_estimate(verdict: Verdict) -> ContextEstimate | None:
+    """The estimate that sums up a verdict: the scored context, or a REJECT's worst regression."""
+    return _headline(verdict)

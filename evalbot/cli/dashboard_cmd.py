@@ -1,0 +1,90 @@
+"""`evalbot dashboard build --out DIR`: the static dashboard site from the store and the ledgers."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import click
+
+from evalbot import dashboard as dashboard_mod
+from evalbot import ledgers
+from evalbot.cli import bot_cmd
+from evalbot.store import Store, StoreError
+
+
+@click.group()
+def dashboard() -> None:
+    """The static dashboard: frontier, verdicts, ledgers and A/A noise as HTML with SVG plots."""
+
+
+@dashboard.command()
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="folder to write the site into (created; a folder a previous build wrote is updated)",
+)
+@click.option(
+    "--state",
+    "state",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"the bot's SQLite state (default: ${bot_cmd.STATE_ENV} or ~/.local/state/evalbot/state.db)",
+)
+@click.option(
+    "--ledger-dir",
+    "ledger_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="a checkout whose .github/ holds FLAGGED.md and blocked-contributors.txt",
+)
+@click.option(
+    "--git-remote",
+    "git_remote",
+    default=None,
+    help=f"read the ledgers from this git remote's {ledgers.LEDGER_BRANCH} branch instead",
+)
+@click.option(
+    "--per-page",
+    default=dashboard_mod.PER_PAGE,
+    show_default=True,
+    type=click.IntRange(10, 1000),
+    help="rows per page of the long lists",
+)
+def build(
+    out: Path, state: Path | None, ledger_dir: Path | None, git_remote: str | None, per_page: int
+) -> None:
+    """Build the site: every page is static HTML (no scripts) with its plots beside it."""  # fmt: skip
+    if ledger_dir is not None and git_remote is not None:
+        raise click.UsageError("give --ledger-dir or --git-remote, not both")
+    path = state or Path(os.environ.get(bot_cmd.STATE_ENV) or bot_cmd._default_state())
+    if not path.is_file():
+        # opening a store creates it: a read-only command must not leave an empty state behind
+        raise click.ClickException(f"no state at {path}: pass --state PATH or set {bot_cmd.STATE_ENV}")
+    try:
+        if ledger_dir is not None:
+            files = dashboard_mod.read_ledger_dir(ledger_dir)
+        elif git_remote is not None:
+            texts = ledgers.read_ledgers(git_remote)
+            files = dashboard_mod.LedgerFiles(texts[ledgers.FLAGGED_PATH], texts[ledgers.BLOCKED_PATH],
+                                              f"{_shown_remote(git_remote)} ({ledgers.LEDGER_BRANCH})")  # fmt: skip
+        else:
+            files = dashboard_mod.LedgerFiles()
+        with Store(path) as store:
+            report = dashboard_mod.build_site(store, out, ledger_files=files, per_page=per_page)
+    except (StoreError, ledgers.LedgerError, ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    name, size = report.largest
+    click.echo(f"{len(report.pages)} pages ({report.files} files) in {out} in {report.seconds:.1f} s; "
+               f"largest page {name} at {size / 1000:.0f} kB with its plots")  # fmt: skip
+    too_big = sorted(n for n, b in report.pages.items() if b >= dashboard_mod.PAGE_LIMIT_BYTES)
+    if too_big:
+        raise click.ClickException(f"pages over 1 MB: {', '.join(too_big[:10])}")
+
+
+def _shown_remote(remote: str) -> str:
+    """The remote without any credentials in its URL, for the page."""
+    return re.sub(r"//[^/@]*@", "//", remote)
