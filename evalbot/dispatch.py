@@ -259,12 +259,8 @@ def check_artifact(
             f"signed receipt does not hold this bot's Measurements/Verdict: {exc}"
         ) from None
     p = m.provenance
-    if (p.head_sha, p.base_sha, p.rules_hash, p.profile) != (
-        req.head_sha,
-        req.base_sha,
-        req.rules_hash,
-        req.profile,
-    ):
+    asked = (req.head_sha, req.base_sha, req.rules_hash, req.profile)
+    if (p.head_sha, p.base_sha, p.rules_hash, p.profile) != asked:
         raise ArtifactProblem(
             f"measurements were taken of head {p.head_sha[:12]} vs base {p.base_sha[:12]} with profile "
             f"{p.profile!r}, not what was requested",

@@ -608,3 +608,11 @@ def test_requests_are_validated_and_ids_are_fresh(rules):
         new_request(PR, HEAD, BASE, "cpu", rules, exclude_runners=("a,b",))
     with pytest.raises(ValueError, match="pr must be a positive int"):
         new_request(0, HEAD, BASE, "cpu", rules)
+
+
+def test_measurements_of_another_profile_are_rejected(rules):
+    req = new_request(PR, HEAD, BASE, "gpu", rules)
+    receipt, result = signed(rules, measurements(rules))  # measured with the cpu profile
+    with pytest.raises(ArtifactProblem, match="with profile 'cpu', not what was requested") as info:
+        check_artifact(receipt, result, req, rules)
+    assert info.value.alert and not info.value.retry
