@@ -65,6 +65,7 @@ test: setup-dev
 	$(BIN)/python -m engine.models fetch $(DEMO_MODEL) qwen2.5-coder-1.5b
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/actionlint
 	$(BIN)/python -m pytest -q
 
 clean:
