@@ -367,41 +367,50 @@ def _clip(text: str, limit: int) -> str:
 
 @dataclass(frozen=True)
 class NoisePoint:
+    """One calibration of one box: the median over the (model, context) rows it measured."""
+
     at: datetime
-    box: str
     noise_cv: float
     mde: float
     false_positive_rate: float
-    runs: int
+    rows: int
 
 
 @dataclass(frozen=True)
 class NoiseSeries:
-    """A/A calibrations of one (profile, model, context) over time, oldest first."""
+    """One box's A/A calibrations under one profile, oldest first."""
 
     profile: str
-    model: str
-    context: int
+    box: str
     points: tuple[NoisePoint, ...]
 
 
 def noise(calibrations: Iterable[Any]) -> list[NoiseSeries]:
-    """Calibrations (``Store.calibrations()`` rows) grouped into one series per profile, model and context."""
-    grouped: dict[tuple[str, str, int], list[NoisePoint]] = defaultdict(list)
+    """Calibrations (``Store.calibrations()`` rows) as one series per (profile, box).
+
+    A calibration writes one row per (model, context) at one time; a point is their median, so a box that
+    turned noisy stands out from the rest of the pool.
+    """
+    grouped: dict[tuple[str, str], dict[datetime, list[Any]]] = defaultdict(lambda: defaultdict(list))
     for c in calibrations:
         at = parse_time(getattr(c, "at", None))
-        values = (c.noise_cv, c.mde, c.false_positive_rate)
-        if at is None or not all(_finite(v) for v in values):
+        if at is None or not all(_finite(v) for v in (c.noise_cv, c.mde, c.false_positive_rate)):
             continue
-        grouped[(str(c.profile), str(c.model), int(c.context))].append(
+        grouped[(str(c.profile), str(c.box))][at].append(c)
+    out = []
+    for (profile, box), by_time in sorted(grouped.items()):
+        points = tuple(
             NoisePoint(
-                at, str(c.box), float(c.noise_cv), float(c.mde), float(c.false_positive_rate), int(c.runs)
+                at,
+                statistics.median(float(c.noise_cv) for c in rows),
+                statistics.median(float(c.mde) for c in rows),
+                statistics.median(float(c.false_positive_rate) for c in rows),
+                len(rows),
             )
+            for at, rows in sorted(by_time.items())
         )
-    return [
-        NoiseSeries(profile, model, context, tuple(sorted(points, key=lambda p: (p.at, p.box))))
-        for (profile, model, context), points in sorted(grouped.items())
-    ]
+        out.append(NoiseSeries(profile, box, points))
+    return out
 
 
 def latest_calibrations(calibrations: Iterable[Any]) -> list[Any]:
@@ -530,7 +539,7 @@ def _style(ax: Any) -> None:
         ax.spines[side].set_visible(False)
 
 
-def plot_frontier(series: Sequence[FrontierSeries], marks: Sequence[MergeMark], title: str) -> str:
+def plot_frontier(series: Sequence[FrontierSeries], marks: Sequence[MergeMark], unit: str) -> str:
     """Main's throughput per context over time for one model and metric, with the merges marked below it.
 
     Every merge is a tick on the time axis; the five with the largest recorded gain are labelled.
@@ -543,25 +552,27 @@ def plot_frontier(series: Sequence[FrontierSeries], marks: Sequence[MergeMark], 
     shown = list(series)[:MAX_SERIES]
     for i, s in enumerate(shown):
         pts = downsample(s.points)
-        ax.plot([p.at for p in pts], [p.value for p in pts], marker="o", markersize=2.5, linewidth=1.3,
-                drawstyle="steps-post", color=_PALETTE[i % len(_PALETTE)], label=f"ctx {s.context}")  # fmt: skip
+        ax.plot([p.at for p in pts], [p.value for p in pts], marker="o" if len(pts) <= 80 else "", markersize=2.5,
+                linewidth=1.3, drawstyle="steps-post", color=_PALETTE[i % len(_PALETTE)],
+                label=f"ctx {s.context}")  # fmt: skip
     if shown:
         first = min(s.points[0].at for s in shown)
         last = max(s.points[-1].at for s in shown)
         inside = [m for m in marks if first - timedelta(days=1) <= m.at <= last + timedelta(days=1)]
         rug = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
         if inside:
-            ax.plot([m.at for m in inside], [0.0] * len(inside), linestyle="none", marker="|", markersize=9,
-                    color="#6d4c41", transform=rug, label=f"merges ({len(inside)})", clip_on=False)  # fmt: skip
+            # every merge as one short tick, all in a single path: a thousand merges cost a few kB
+            xs = [m.at for m in inside for _ in range(3)]
+            ys = [y for _ in inside for y in (0.0, 0.04, math.nan)]  # NaN lifts the pen between ticks
+            ax.plot(xs, ys, color="#6d4c41", linewidth=0.8, transform=rug, label=f"merges ({len(inside)})")
         top = sorted((m for m in inside if m.gain is not None), key=lambda m: m.gain or 0.0, reverse=True)[:5]
         for m in top:
             ax.axvline(m.at, color="#6d4c41", linewidth=0.7, linestyle=":", alpha=0.8)
-            ax.annotate(f"#{m.pr} {_signed_pct(m.gain or 0.0, 1)}", xy=(m.at, 1.0), xycoords=rug, fontsize=7,
+            ax.annotate(f"#{m.pr} {_signed_pct(m.gain or 0.0, 1)}", xy=(m.at, 0.97), xycoords=rug, fontsize=8,
                         rotation=90, ha="right", va="top", color="#4e342e")  # fmt: skip
         _time_axis(ax)
-        ax.legend(loc="lower right", fontsize=8, ncols=2, frameon=False)
-    ax.set_ylabel("main, tok/s (median)")
-    ax.set_title(title, fontsize=10, loc="left")
+        fig.legend(loc="outside upper left", fontsize=8, ncols=6, frameon=False)
+    ax.set_ylabel(f"main, {unit}")
     return _svg(fig)
 
 
@@ -582,34 +593,42 @@ def plot_verdict_history(history: VerdictHistory) -> str:
         bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
     _time_axis(ax)
     ax.set_ylabel(f"evaluations per {history.unit}")
-    ax.legend(loc="upper left", fontsize=8, ncols=5, frameon=False)
+    fig.legend(loc="outside upper left", fontsize=8, ncols=5, frameon=False)
     return _svg(fig)
 
 
-def plot_noise(series: Sequence[NoiseSeries], title: str) -> str:
-    """A/A calibrations over time: noise CV, minimum detectable effect and false-positive rate."""
+def plot_noise(series: Sequence[NoiseSeries]) -> str:
+    """A/A calibrations over time, one line per box: noise CV, minimum detectable effect, false positives."""
     fig = _figure(9, 6.4)
     axes = fig.subplots(3, 1, sharex=True)
-    rows = (("noise CV", lambda p: p.noise_cv * 100, "%"), ("MDE", lambda p: p.mde * 100, "%"),
-            ("false positives", lambda p: p.false_positive_rate * 100, "%"))  # fmt: skip
-    for ax, (name, value, unit) in zip(axes, rows, strict=True):
+    rows = (("noise CV", lambda p: p.noise_cv * 100), ("MDE", lambda p: p.mde * 100),
+            ("false positives", lambda p: p.false_positive_rate * 100))  # fmt: skip
+    for ax, (name, value) in zip(axes, rows, strict=True):
         _style(ax)
         for i, s in enumerate(series[:MAX_SERIES]):
             pts = _thin(s.points)
-            ax.plot([p.at for p in pts], [value(p) for p in pts], marker="o", markersize=3, linewidth=1.1,
-                    color=_PALETTE[i % len(_PALETTE)], label=f"{_clip(s.model, 30)} · ctx {s.context}")  # fmt: skip
-        ax.set_ylabel(f"{name} ({unit})")
+            ax.plot([p.at for p in pts], [value(p) for p in pts], marker="o" if len(pts) <= 80 else "",
+                    markersize=2.5, linewidth=1.1, color=_PALETTE[i % len(_PALETTE)],
+                    label=_clip(s.box, 30))  # fmt: skip
+        ax.set_ylabel(f"{name} (%)")
         ax.set_ylim(bottom=0)
     _time_axis(axes[-1])
-    axes[0].legend(loc="upper left", fontsize=8, ncols=2, frameon=False)
-    axes[0].set_title(title, fontsize=10, loc="left")
+    fig.legend(
+        *axes[0].get_legend_handles_labels(), loc="outside upper left", fontsize=8, ncols=5, frameon=False
+    )
     return _svg(fig)
 
 
 def _thin(points: Sequence[NoisePoint], limit: int = MAX_PLOT_POINTS) -> list[NoisePoint]:
+    """At most ``limit`` points: runs of consecutive calibrations, each shown by its worst values."""
     if len(points) <= limit:
         return list(points)
-    return [points[i * len(points) // limit] for i in range(limit)]
+    out = []
+    for i in range(limit):
+        run = points[i * len(points) // limit : (i + 1) * len(points) // limit]
+        out.append(NoisePoint(run[len(run) // 2].at, max(p.noise_cv for p in run), max(p.mde for p in run),
+                              max(p.false_positive_rate for p in run), sum(p.rows for p in run)))  # fmt: skip
+    return out
 
 
 # ---------------------------------------------------------------- pages
@@ -743,7 +762,7 @@ def build_site(
     frontier_plots = []
     for i, ((model, metric), group) in enumerate(groups.items()):
         rel = f"plots/frontier-{i}-{_slug(model, metric)}.svg"
-        w.file(rel, plot_frontier(group, marks, f"{model} · {_METRICS.get(metric, metric)} tok/s"))
+        w.file(rel, plot_frontier(group, marks, f"{_METRICS.get(metric, metric)} tok/s (median)"))
         left_out = [s.context for s in group[MAX_SERIES:]]
         frontier_plots.append(
             {"model": model, "metric": metric, "src": rel, "series": group, "left_out": left_out}
@@ -812,12 +831,13 @@ def build_site(
     noise_series = noise(calibrations or [])
     noise_plots = []
     by_profile: dict[str, list[NoiseSeries]] = defaultdict(list)
-    for s in noise_series:
+    # the noisiest boxes first: when the pool has more than a plot can hold, the quiet ones are left out
+    for s in sorted(noise_series, key=lambda s: (-s.points[-1].noise_cv, s.box)):
         by_profile[s.profile].append(s)
     for i, (profile, group) in enumerate(sorted(by_profile.items())):
         rel = f"plots/noise-{i}-{_slug(profile)}.svg"
-        w.file(rel, plot_noise(group, f"profile {profile}"))
-        noise_plots.append({"profile": profile, "src": rel, "left_out": group[MAX_SERIES:]})
+        w.file(rel, plot_noise(group))
+        noise_plots.append({"profile": profile, "src": rel, "left_out": [g.box for g in group[MAX_SERIES:]]})
     latest_rows = latest_calibrations(calibrations or [])
     w.page("noise.html", "noise.html.j2", {
         **common, "page": "noise", "supported": calibrations is not None, "count": len(calibrations or []),
