@@ -6,6 +6,7 @@ by its pull ref or branch so that evaluate can extract both revisions. Only git 
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,37 @@ class Mirror:
         proc = subprocess.run(["git", "-C", str(self.path), "cat-file", "-e", f"{sha}^{{commit}}"],
                               capture_output=True, timeout=60)  # fmt: skip
         return proc.returncode == 0
+
+    def merge_commit(self, main_sha: str, head_sha: str) -> str | None:
+        """The commit to measure for a PR: its head merged into main (what would land), or None on conflict.
+
+        A head that already contains main is measured as it is. Otherwise the merge is made in the
+        mirror (`git merge-tree`), so a PR opened on an older main is measured against the current one
+        and credited only for what it adds to it. The commit is deterministic for (main, head).
+        """
+        ancestor = subprocess.run(["git", "-C", str(self.path), "merge-base", "--is-ancestor", main_sha, head_sha],
+                                  capture_output=True, timeout=120)  # fmt: skip
+        if ancestor.returncode == 0:
+            return head_sha
+        merged = subprocess.run(["git", "-C", str(self.path), "merge-tree", "--write-tree", main_sha, head_sha],
+                                capture_output=True, text=True, timeout=600)  # fmt: skip
+        if merged.returncode == 1:
+            return None  # conflicts
+        if merged.returncode != 0:
+            raise MirrorError(
+                f"git merge-tree {main_sha[:12]} {head_sha[:12]}: {merged.stderr.strip()[-500:]}"
+            )
+        tree = merged.stdout.split("\n", 1)[0].strip()
+        stamp = "1970-01-01T00:00:00+0000"
+        env = {"GIT_AUTHOR_NAME": "evalbot", "GIT_AUTHOR_EMAIL": "evalbot@localhost", "GIT_AUTHOR_DATE": stamp,
+               "GIT_COMMITTER_NAME": "evalbot", "GIT_COMMITTER_EMAIL": "evalbot@localhost",
+               "GIT_COMMITTER_DATE": stamp, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}  # fmt: skip
+        made = subprocess.run(["git", "-C", str(self.path), "commit-tree", tree, "-p", main_sha, "-p", head_sha,
+                               "-m", f"evalbot: {head_sha[:12]} merged into main {main_sha[:12]}"],
+                              capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+        if made.returncode != 0:
+            raise MirrorError(f"git commit-tree: {made.stderr.strip()[-500:]}")
+        return made.stdout.strip()
 
     def fetch_commit(self, sha: str, ref_hint: str | None = None) -> None:
         """Make sure a PR head is present: fetch everything again, then the hint ref, then the bare sha."""

@@ -105,6 +105,9 @@ class Bot:
         self.mirror.fetch()
         main_sha = self.mirror.sha(self.settings.main_branch)
         report.main_sha = main_sha
+        set_main = getattr(self.screen, "set_main", None)
+        if set_main is not None and not self.dry_run:
+            set_main(main_sha)
         facts: dict[int, PullRequest] = {}
         blocked = self._blocked()
         for summary in sorted(self._listing, key=lambda p: p.number):
@@ -116,7 +119,22 @@ class Bot:
             self._intake(pr, main_sha, blocked, report)
         self._work_queue(facts, main_sha, report)
         self._round(facts, main_sha, report)
+        self._sync_blocked_ledger()
         return report
+
+    def _sync_blocked_ledger(self) -> None:
+        """Logins the store blocked (copycat strikes, `evalbot block`) go into blocked-contributors.txt."""
+        remote = self.settings.ledger_remote
+        if not remote or self.dry_run:
+            return
+        stored = {e.login.lower(): e for e in self.store.blocklist()}
+        text = ledgers.read_ledgers(remote)[ledgers.BLOCKED_PATH]
+        listed = ledgers.parse_blocked(text)
+        missing = [ledgers.BlockedEntry(e.login, e.reason) for k, e in stored.items()
+                   if k not in {x.login.lower() for x in listed}]  # fmt: skip
+        if missing:
+            ledgers.commit_ledgers(remote, {ledgers.BLOCKED_PATH: ledgers.render_blocked([*listed, *missing])},
+                                   "ledgers: block " + ", ".join(e.login for e in missing))  # fmt: skip
 
     # ------------------------------------------------------------------ intake
 
@@ -148,6 +166,8 @@ class Bot:
         if self.store.hold_for(pr.number) is not None:
             report.notes.append(f"#{pr.number}: on hold")
             return
+        if self.store.clears(pr.number):
+            blocked = frozenset()  # a maintainer looked at this PR's people and cleared it
         ctx = IntakeContext(now=self.now(), blocked=blocked, open_prs=self._listing,
                             verdicts=self._since_clear(pr.number), last_push_at=self._last_push(pr))  # fmt: skip
         decision = intake(pr, self.rules, ctx)
@@ -238,14 +258,32 @@ class Bot:
                 self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
                 continue
             self.mirror.fetch_commit(key.head_sha, f"refs/pull/{key.pr}/head")
-            self.log(f"#{key.pr}: evaluating {key.head_sha[:12]} against main {key.base_sha[:12]}")
-            judged = self.evaluator(pr, self.mirror.path, key.base_sha, key.head_sha)
+            target = self.mirror.merge_commit(key.base_sha, key.head_sha)
+            if target is None:
+                why = f"conflicts with main {key.base_sha[:12]}: rebase it and push"
+                self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
+                self._needs_rebase(pr, why)
+                report.notes.append(f"#{pr.number}: {why}")
+                continue
+            self.log(
+                f"#{key.pr}: evaluating {key.head_sha[:12]} (as {target[:12]}) against main {key.base_sha[:12]}"
+            )
+            judged = self.evaluator(pr, self.mirror.path, key.base_sha, target)
             self.store.finish_evaluation(key, self.settings.worker, judged.verdict, judged.measurements,
                                          judged.receipt)  # fmt: skip
             report.evaluated.append(key.pr)
             done = self.store.evaluation(key)
             assert done is not None
             self._publish_verdict(pr, done)
+
+    def _needs_rebase(self, pr: PullRequest, why: str) -> None:
+        owned = rounds.round_labels(self.rules)
+        current = set(self.gh.get_pull(pr.number).labels)
+        self.publisher.labels(pr.number, pr.head_sha, current, (current - owned) | {self.rules.labels.needs_rebase},
+                              owned)  # fmt: skip
+        self.publisher.comment(
+            pr.number, pr.head_sha, self._notice(pr, "needs a rebase", [why], "", "rebase")
+        )
 
     def _publish_verdict(self, pr: PullRequest, rec: EvaluationRecord, extra: str = "") -> None:
         v, m = rec.verdict, rec.measurements
@@ -330,6 +368,9 @@ class Bot:
         if result.outcome is MergeOutcome.MERGED:
             gain = rounds.lower_bound_gain(rec.verdict)
             self.store.record_ledger("merge", pr.number, rec.key.head_sha, pr.author, gain, gain)
+            mark_merged = getattr(self.screen, "mark_merged", None)
+            if mark_merged is not None:
+                mark_merged(pr.number, self.now().strftime("%Y-%m-%dT%H:%M:%SZ"))
             report.merged.append(pr.number)
         elif result.outcome is MergeOutcome.HEAD_MOVED:
             # never force: the new head is measured like any push

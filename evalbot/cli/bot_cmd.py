@@ -136,9 +136,12 @@ def poll(
     settings = BotSettings(bot_login=ctx.bot_login, automerge_env=os.environ.get(AUTOMERGE_ENV) == "1",
                            ledger_remote=ctx.remote())  # fmt: skip
     with ctx.store() as store:
-        bot = Bot(ctx.github(), store, ctx.rules, settings, Mirror(ctx.remote(), work / "mirror.git"),
+        from evalbot.screen import CopycatScreen
+
+        mirror = Mirror(ctx.remote(), work / "mirror.git")
+        bot = Bot(ctx.github(), store, ctx.rules, settings, mirror,
                   local_evaluator(ctx.rules, profile, work, log, key=key, max_pairs=max_pairs), log,
-                  dry_run=ctx.dry_run)  # fmt: skip
+                  screen=CopycatScreen(store, ctx.rules, mirror.path), dry_run=ctx.dry_run)  # fmt: skip
         while True:
             report = bot.poll_once()
             if report.idle:

@@ -1,0 +1,107 @@
+"""The copycat screen the poller runs before queueing an evaluation: index, check, band, strikes.
+
+The decisions are the pure ones of `copycat` and `copycat_strikes`; this module only gathers what they
+need (the index in the store's file, main's k-grams from the mirror, the author's strikes) and turns
+a finding into the poller's `ScreenResult`. A maintainer's `clear` of a PR exempts it from the screen.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from evalbot import copycat_strikes
+from evalbot.copycat import Band, PrMeta
+from evalbot.copycat_fingerprint import fingerprint_source
+from evalbot.copycat_index import CopycatIndex, check
+from evalbot.model import PullRequest
+from evalbot.poller import ScreenResult
+from evalbot.rules import Rules
+from evalbot.store import Store
+
+CODE_SUFFIXES = (".py", ".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".rs", ".go", ".js", ".ts")
+_STRIKE = "copycat:"
+_WARN = "copycat-warn:"
+
+
+def main_kgrams(mirror: Path, sha: str, k: int) -> frozenset[int]:
+    """Every k-gram of main's code files at `sha` (base code: copying main is not copying a PR)."""
+    names = subprocess.run(["git", "-C", str(mirror), "ls-tree", "-r", "--name-only", sha], capture_output=True,
+                           text=True, check=True, timeout=120).stdout.split("\n")  # fmt: skip
+    out: set[int] = set()
+    for name in names:
+        if not name.endswith(CODE_SUFFIXES):
+            continue
+        shown = subprocess.run(["git", "-C", str(mirror), "show", f"{sha}:{name}"], capture_output=True,
+                               timeout=120)  # fmt: skip
+        if shown.returncode == 0 and len(shown.stdout) < 2_000_000:
+            out |= fingerprint_source(name, shown.stdout.decode("utf-8", errors="replace"), k)
+    return frozenset(out)
+
+
+class CopycatScreen:
+    """Callable as the poller's `screen`: (PR, open PRs) -> ScreenResult or None (clean, nothing to do)."""
+
+    def __init__(
+        self, store: Store, rules: Rules, mirror: Path, *, now: Callable[[], datetime] | None = None
+    ):
+        self.store, self.rules, self.mirror = store, rules, mirror
+        self.now = now or (lambda: datetime.now(UTC))
+        self.index = CopycatIndex(store.open_connection())
+        self._main_sha: str | None = store.meta("copycat_main_sha")
+
+    def set_main(self, sha: str) -> None:
+        """Refresh main's k-grams when main moved (cheap when it did not)."""
+        if sha == self._main_sha:
+            return
+        kgrams = main_kgrams(self.mirror, sha, self.rules.copycat.winnowing.k)
+        self.index.set_main(kgrams, self.now().strftime("%Y-%m-%dT%H:%M:%SZ"))
+        self.store.set_meta("copycat_main_sha", sha)
+        self._main_sha = sha
+
+    def mark_merged(self, pr: int, at: str) -> None:
+        """A merged PR's code is base code for every PR opened after it."""
+        self.index.mark_merged(pr, at)
+
+    def _times(self, author: str, prefix: str) -> list[datetime]:
+        return [datetime.fromisoformat(s.at.replace("Z", "+00:00")) for s in self.store.strikes(author)
+                if s.reason.startswith(prefix)]  # fmt: skip
+
+    def __call__(self, pr: PullRequest, open_prs: tuple[PullRequest, ...]) -> ScreenResult | None:
+        lab, now = self.rules.labels, self.now()
+        owned = (lab.copycat, lab.copycat_warn)
+        if self.store.clears(pr.number):
+            return ScreenResult((), owned, True)  # a maintainer looked and cleared it
+        frozen = copycat_strikes.standing(self._times(pr.author, _STRIKE), now, self.rules.copycat)
+        if frozen.frozen(now):
+            until = frozen.frozen_until.strftime("%Y-%m-%d") if frozen.frozen_until else "?"
+            return ScreenResult((), owned, False, (f"{pr.author}'s evaluations are frozen until {until} after "
+                                                   f"{frozen.strikes_in_window} copycat strikes",))  # fmt: skip
+        warnings = copycat_strikes.prior_warnings(self._times(pr.author, _WARN), now, self.rules.copycat)
+        finding, prints = check(self.index, pr, self.rules, warnings)
+        self.index.add(PrMeta.of(pr), prints)
+        if finding.band is Band.CLEAN:
+            return ScreenResult((), owned, True)
+        per_file = ", ".join(f"{f.path} {f.containment:.0%}" for f in finding.per_file if f.shared)
+        if finding.score >= self.rules.copycat.containment.warn:
+            head = (f"{finding.score:.0%} of this PR's own code fingerprints are in #{finding.original} (opened "
+                    f"earlier by someone else){'; per file: ' + per_file if per_file else ''}.")  # fmt: skip
+        else:  # a tiny PR's literal overlap: the lines say it; a 0% fingerprint score would only confuse
+            head = f"{finding.literal_overlap:.0%} of this PR's added code lines appear verbatim in #{finding.original}."
+        lines = (head, *finding.reasons)
+        if finding.band is Band.COPYCAT:
+            self._strike(pr, f"{_STRIKE} {finding.score:.0%} of #{finding.original}", finding.strike)
+            return ScreenResult((lab.copycat,), owned, False, lines, close=finding.close, flag=lab.copycat)
+        if finding.counts_as_warning:
+            self._strike(pr, f"{_WARN} {finding.score:.0%} of #{finding.original}", True)
+        return ScreenResult((lab.copycat_warn,), owned, False, lines, flag=lab.copycat_warn)
+
+    def _strike(self, pr: PullRequest, reason: str, record: bool) -> None:
+        if not record:
+            return
+        self.store.add_strike(pr.author, pr.number, reason)
+        standing = copycat_strikes.standing(self._times(pr.author, _STRIKE), self.now(), self.rules.copycat)
+        if standing.blocklisted:
+            self.store.block(pr.author, f"{standing.strikes_in_window} copycat strikes", "evalbot")
