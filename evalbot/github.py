@@ -135,6 +135,14 @@ class GitHubPort(Protocol):
     def list_run_artifacts(self, run_id: int) -> tuple[Artifact, ...]:
         """The artifacts a run uploaded."""
 
+    def list_run_jobs(self, run_id: int) -> tuple[dict[str, Any], ...]:
+        """A run's jobs: id, name, status, conclusion, runner_name."""
+        ...
+
+    def cancel_workflow_run(self, run_id: int) -> None:
+        """Cancel a run."""
+        ...
+
     def download_artifact(self, artifact_id: int, dest_dir: Path) -> Path:
         """Download an artifact's zip and unpack it safely under ``dest_dir``; returns the folder."""
 
@@ -496,6 +504,16 @@ class PyGithubAdapter:
         """The artifacts a run uploaded."""
         items = self._pages(f"{self._repo}/actions/runs/{run_id}/artifacts", key="artifacts")
         return tuple(artifact_from_json(a) for a in items)
+
+    def list_run_jobs(self, run_id: int) -> tuple[dict[str, Any], ...]:
+        """A run's jobs as {id, name, status, conclusion, runner_name} (which box took the run)."""
+        items = self._pages(f"{self._repo}/actions/runs/{run_id}/jobs", key="jobs")
+        keys = ("id", "name", "status", "conclusion", "runner_name")
+        return tuple({k: j.get(k) for k in keys} for j in items)
+
+    def cancel_workflow_run(self, run_id: int) -> None:
+        """Ask GitHub to cancel a run (a timed-out evaluation must not keep its runner busy)."""
+        self._send("POST", f"{self._repo}/actions/runs/{run_id}/cancel")
 
     def download_artifact(
         self, artifact_id: int, dest_dir: Path, max_bytes: int = MAX_ARTIFACT_BYTES

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from evalbot import ledgers, receipts, render, rounds
+from evalbot import dispatch, ledgers, receipts, render, rounds
 from evalbot.evaluate import judge, runner
 from evalbot.evaluate.judge import Judgement
 from evalbot.github import GitHubPort
@@ -59,6 +59,8 @@ class BotSettings:
     merge_method: str = "squash"
     ledger_remote: str | None = None  # where FLAGGED.md and blocked-contributors.txt are committed
     force_listing_every: int = 12  # a full (unconditional) listing every this many polls
+    profile: str = "cpu"  # what dispatched evaluations measure (actions mode)
+    work_dir: Path = Path("evalbot-work")  # where artifacts are unpacked (actions mode)
 
 
 @dataclass
@@ -85,6 +87,7 @@ class Bot:
         self.dry_run = dry_run
         self._polls = 0
         self._listing: tuple[PullRequest, ...] = ()
+        self._dispatch_runs: dispatch.DispatchRuns | None = None
 
     # ------------------------------------------------------------------ the loop
 
@@ -250,12 +253,21 @@ class Bot:
     def _work_queue(self, facts: dict[int, PullRequest], main_sha: str, report: PollReport) -> None:
         if self.dry_run:
             return
-        while (rec := self.store.claim_next(self.settings.worker)) is not None:
+        actions = self.rules.dispatch.mode == "actions"
+        if actions:
+            self._collect_dispatched(facts, report)
+        d = self.rules.dispatch
+        # in actions mode a claim is held while its run is in flight, through every retry
+        lease = d.timeout_minutes * 60 * d.max_attempts + 3600 if actions else None
+        while (rec := self.store.claim_next(self.settings.worker, **({"lease_s": lease} if lease else {}))) is not None:
             key, pr = rec.key, facts.get(rec.key.pr)
             if pr is None or pr.head_sha != key.head_sha or key.base_sha != main_sha or pr.state != "open":
                 # superseded while queued (a push, a merge to main, a close): record it, measure nothing
                 why = "superseded: the PR or main moved before it was measured"
                 self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
+                continue
+            if actions:
+                self._dispatch(key, pr, report)
                 continue
             self.mirror.fetch_commit(key.head_sha, f"refs/pull/{key.pr}/head")
             target = self.mirror.merge_commit(key.base_sha, key.head_sha)
@@ -275,6 +287,69 @@ class Bot:
             done = self.store.evaluation(key)
             assert done is not None
             self._publish_verdict(pr, done)
+
+    # ------------------------------------------------------------------ the runner pool (actions mode)
+
+    def _runs(self) -> dispatch.DispatchRuns:
+        if self._dispatch_runs is None:
+            self._dispatch_runs = dispatch.DispatchRuns(self.store.open_connection())
+        return self._dispatch_runs
+
+    def _dispatch(self, key: EvalKey, pr: PullRequest, report: PollReport) -> None:
+        """Send one claimed evaluation to the runner pool (the head as pushed: the runner checks it out)."""
+        runs = self._runs()
+        if any(r.state in ("dispatching", "in_flight") for r in runs.history(key.pr, key.head_sha, key.base_sha,
+                                                                           key.rules_hash)):  # fmt: skip
+            return
+        req = dispatch.new_request(key.pr, key.head_sha, key.base_sha, self.settings.profile, self.rules)
+        out = dispatch.start(self.gh, self.rules, runs, req, self.now())
+        if isinstance(out, dispatch.Failed):
+            self._infra(key, pr, out.reason, out.alert, report)
+        else:
+            report.notes.append(f"#{key.pr}: dispatched to the runner pool ({req.request_id})")
+
+    def _collect_dispatched(self, facts: dict[int, PullRequest], report: PollReport) -> None:
+        """Advance every in-flight run; publish only what a runner signed and the rules re-derive."""
+        runs = self._runs()
+        for handle in runs.in_flight():
+            r = handle.request
+            key = EvalKey(r.pr, r.head_sha, r.base_sha, r.rules_hash)
+            out = dispatch.advance(self.gh, self.rules, runs, handle, self.now(), self.settings.work_dir / "artifacts",
+                                   self._runner_of)  # fmt: skip
+            rec = self.store.evaluation(key)
+            if isinstance(out, dispatch.Pending) or rec is None or rec.state != "claimed":
+                continue
+            pr = facts.get(r.pr) or self.gh.get_pull(r.pr)
+            if isinstance(out, dispatch.Finished):
+                j = out.judgement
+                self.store.finish_evaluation(key, self.settings.worker, j.verdict, j.measurements, j.receipt)
+                report.evaluated.append(r.pr)
+                done = self.store.evaluation(key)
+                if done is not None and pr.head_sha == r.head_sha:
+                    self._publish_verdict(pr, done)
+            elif out.retried_as is None:
+                self._infra(key, pr, out.reason, out.alert, report)
+
+    def _runner_of(self, run_id: int) -> str | None:
+        jobs = getattr(self.gh, "list_run_jobs", None)
+        if jobs is None:
+            return None
+        return next((j.get("runner_name") for j in jobs(run_id) if j.get("runner_name")), None)
+
+    def _infra(self, key: EvalKey, pr: PullRequest, reason: str, alert: bool, report: PollReport) -> None:
+        """An evaluation the pool could not deliver: INFRA_ERROR for the PR, an alert for maintainers."""
+        v = dispatch.infra_verdict(self.rules, reason)
+        self.store.finish_evaluation(key, self.settings.worker, v)
+        if alert:
+            self.log(f"ALERT #{key.pr}: {reason}")
+            report.notes.append(f"ALERT #{key.pr}: {reason}")
+        lines = [f"The measurement could not be completed on the runner pool: {reason}",
+                 "This is an infrastructure fault, not the contributor's; the bot will measure the PR again."]
+        self.publisher.comment(pr.number, pr.head_sha, self._notice(pr, "infra error", lines, "", "infra"))
+        current = set(self.gh.get_pull(pr.number).labels)
+        owned = verdict_labels(self.rules)
+        self.publisher.labels(pr.number, pr.head_sha, current, (current - owned) | {self.rules.labels.infra_error},
+                              owned)  # fmt: skip
 
     def _needs_rebase(self, pr: PullRequest, why: str) -> None:
         owned = rounds.round_labels(self.rules)

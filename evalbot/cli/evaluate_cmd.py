@@ -48,11 +48,12 @@ def _logger(as_json: bool):  # noqa: ANN202
 @click.option("--max-pairs", type=int, default=None, help="cap A/B pairs per context (default: the profile's)")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="worktrees, venvs and build logs (default: ~/.cache/evalbot/work)")
+@click.option("--pr", type=int, default=None, help="the PR number, recorded in the result and signed into the receipt")
 @click.option("--key", "key_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help=f"Ed25519 private key for the receipt (default: ${SIGNING_KEY_ENV}; none: 'unsigned')")
 def evaluate(repo: Path, base: str, head: str, rules_dir: Path | None, profile: str, out: Path, as_json: bool,
              no_sandbox: bool, seed: int | None, spec: bool, spec_drafter: str, accuracy: bool, max_pairs: int | None,
-             work_dir: Path | None, key_path: Path | None) -> None:
+             work_dir: Path | None, pr: int | None, key_path: Path | None) -> None:
     """Build base and head, measure them interleaved on this box, gate against llama.cpp, and judge."""
     rules = load_rules_or_exit(rules_dir)
     raw_key = key_path.read_bytes() if key_path else (os.environ.get(SIGNING_KEY_ENV) or "").encode() or None
@@ -63,7 +64,7 @@ def evaluate(repo: Path, base: str, head: str, rules_dir: Path | None, profile: 
     work = work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work"
     cfg = runner.EvalConfig(repo=repo.resolve(), base=base, head=head, rules=rules, profile=profile, work_root=work,
                             no_sandbox=no_sandbox, seed=seed, spec=spec, spec_drafter=spec_drafter,
-                            accuracy=accuracy, max_pairs=max_pairs)
+                            accuracy=accuracy, max_pairs=max_pairs, pr=pr)
     judged = judge.judge(cfg, _logger(as_json), key)
     m, v, receipt = judged.measurements, judged.verdict, judged.receipt
     status = judged.signature_status

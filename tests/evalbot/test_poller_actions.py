@@ -1,0 +1,89 @@
+"""The poller in `actions` mode: evaluations go to the runner pool through workflow_dispatch, come back as
+signed artifacts, and only a verified one is published; a forged one is an INFRA_ERROR and an alert."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from evalbot.github import PyGithubAdapter
+from evalbot.mirror import Mirror
+from evalbot.poller import Bot, BotSettings
+from evalbot.render import MARKER
+from evalbot.rules import default_rules_dir, load_rules, rules_hash
+from evalbot.store import Store
+from tests.evalbot.test_dispatch import (
+    ROGUE_KEY,
+    RUN_NAME,
+    RUNNER_KEY,
+    WORKFLOW,
+    artifact_files,
+    measurements,
+    play_runner,
+    public_b64,
+)
+from tests.github_double.gitrepo import BareRepo, add_git_pull
+
+pytest_plugins = ["tests.github_double.fixture"]  # github_double, fake_clock
+
+BOT = "evalbot[bot]"
+BODY = """- [x] Tested: I ran the benchmark below on `main` and on this branch
+
+| model | context | base tok/s | head tok/s | change |
+|---|---|---|---|---|
+| qwen2.5-coder-0.5b | 512 | 9.0 | 9.5 | +5% |
+"""
+
+
+@pytest.fixture
+def rules():
+    base = load_rules(default_rules_dir())
+    d = replace(base.dispatch, mode="actions", runner_public_keys=(public_b64(RUNNER_KEY),))
+    actions = replace(base, dispatch=d)
+    return replace(actions, rules_hash=rules_hash(actions))
+
+
+def test_dispatched_evaluations_are_published_only_when_verified(github_double, fake_clock, rules, tmp_path):
+    st = github_double.state
+    st.add_workflow(WORKFLOW, run_name=RUN_NAME)
+    repo = BareRepo.create(tmp_path / "remote.git", {"engine/model.py": "x = 1\n", "README.md": "r\n"}, when=st.now)
+    st.clone_url = repo.url
+    add_git_pull(st, repo, 1, {"engine/model.py": "x = 2  # faster\n"}, author_login="alice", body=BODY)
+    add_git_pull(st, repo, 2, {"README.md": "r\nfaster docs\n"}, author_login="bob", body=BODY)
+    gh = PyGithubAdapter.from_token(github_double.repo, "ghp_test", base_url=github_double.base_url, pace=False,
+                                    timeout=2.0, rng=random.Random(0), sleep=fake_clock.sleep,
+                                    clock=fake_clock.time)  # fmt: skip
+    log: list[str] = []
+
+    def no_local_runs(*_):
+        raise AssertionError("actions mode must not run PR code on the poller's box")
+
+    with Store(tmp_path / "state.db") as store:
+        settings = BotSettings(bot_login=BOT, work_dir=tmp_path / "work")
+        bot = Bot(gh, store, rules, settings, Mirror(repo.url, tmp_path / "mirror.git"), no_local_runs, log.append)
+        first = bot.poll_once()
+        assert sum("dispatched to the runner pool" in n for n in first.notes) == 2, first
+        runs = {r.inputs["pr"]: r for r in st.runs.values()}
+        assert set(runs) == {"1", "2"} and all(r.inputs["base_sha"] == repo.rev("main") for r in runs.values())
+
+        # box-1 answers #1 honestly; a rogue box answers #2 with a verdict signed by a key nobody listed
+        main = repo.rev("main")
+        honest = measurements(rules, head=st.pulls[1].head_sha, base=main, pr=1, gain=1.06)
+        play_runner(github_double, runs["1"].id, artifact_files(rules, m=honest))
+        forged = measurements(rules, head=st.pulls[2].head_sha, base=main, pr=2, gain=1.5)
+        play_runner(github_double, runs["2"].id, artifact_files(rules, key=ROGUE_KEY, m=forged), box="rogue")
+
+        second = bot.poll_once()
+        assert second.evaluated == [1], second
+        assert any(n.startswith("ALERT #2") for n in second.notes), second.notes
+        verdict_1 = store.evaluations(pr=1, state="done")[-1].verdict
+        assert verdict_1.status.value == "PASS" and verdict_1.tier is not None
+        body_1 = next(c.body for c in st.comments_on(1) if c.author == BOT)
+        assert MARKER in body_1 and "PASS" in body_1
+        verdict_2 = store.evaluations(pr=2, state="done")[-1].verdict
+        assert verdict_2.status.value == "INFRA_ERROR" and verdict_2.tier is None
+        body_2 = next(c.body for c in st.comments_on(2) if c.author == BOT)
+        assert "infra error" in body_2 and "PASS" not in body_2
+        assert "infra-error" in gh.get_pull(2).labels and "verified" not in gh.get_pull(2).labels
