@@ -72,9 +72,11 @@ def _default_state() -> Path:
     help="worktrees, venvs and build logs (default: ~/.cache/evalbot/work)",
 )
 @click.option("--json", "as_json", is_flag=True, help="print the summary as one JSON object")
+@click.option("--no-sandbox", is_flag=True,
+              help="run without bubblewrap (a box without it; both sides are the same trusted revision)")
 def calibrate(repo: Path, rev: str, runs: int, rules_dir: Path | None, profile: str, max_pairs: int | None,
               spec: bool, accuracy: bool, box: str | None, state: Path | None, work_dir: Path | None,
-              as_json: bool) -> None:  # fmt: skip
+              as_json: bool, no_sandbox: bool) -> None:  # fmt: skip
     """Judge REV against itself RUNS times on this box: how often equal code gets a tier or a regression
     call, and the smallest gain the box resolves. Run it before trusting a new runner."""
     rules = load_rules_or_exit(rules_dir)
@@ -82,7 +84,7 @@ def calibrate(repo: Path, rev: str, runs: int, rules_dir: Path | None, profile: 
     state = state or _default_state()
     work = work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work"
     cfg = runner.EvalConfig(repo=repo.resolve(), base=rev, head=rev, rules=rules, profile=profile, work_root=work,
-                            spec=spec, accuracy=accuracy, max_pairs=max_pairs)  # fmt: skip
+                            spec=spec, accuracy=accuracy, max_pairs=max_pairs, no_sandbox=no_sandbox)  # fmt: skip
     try:
         aa = calibrate_mod.run(cfg, runs, _log)
     except builds.BuildError as exc:
