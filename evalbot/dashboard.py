@@ -24,7 +24,7 @@ from typing import Any
 
 from evalbot import ledgers, render
 from evalbot.model import ContextEstimate
-from evalbot.store import EvaluationRecord, LedgerEntry, Store
+from evalbot.store import Calibration, EvaluationRecord, LedgerEntry, Store
 
 PER_PAGE = 200  # rows per page of a long list
 MAX_PR_EVALUATIONS = 100  # evaluations listed on a PR's own page, newest first
@@ -385,15 +385,15 @@ class NoiseSeries:
     points: tuple[NoisePoint, ...]
 
 
-def noise(calibrations: Iterable[Any]) -> list[NoiseSeries]:
-    """Calibrations (``Store.calibrations()`` rows) as one series per (profile, box).
+def noise(calibrations: Iterable[Calibration]) -> list[NoiseSeries]:
+    """Calibrations (``Store.calibrations()``) as one series per (profile, box).
 
     A calibration writes one row per (model, context) at one time; a point is their median, so a box that
     turned noisy stands out from the rest of the pool.
     """
-    grouped: dict[tuple[str, str], dict[datetime, list[Any]]] = defaultdict(lambda: defaultdict(list))
+    grouped: dict[tuple[str, str], dict[datetime, list[Calibration]]] = defaultdict(lambda: defaultdict(list))
     for c in calibrations:
-        at = parse_time(getattr(c, "at", None))
+        at = parse_time(c.at)
         if at is None or not all(_finite(v) for v in (c.noise_cv, c.mde, c.false_positive_rate)):
             continue
         grouped[(str(c.profile), str(c.box))][at].append(c)
@@ -413,9 +413,9 @@ def noise(calibrations: Iterable[Any]) -> list[NoiseSeries]:
     return out
 
 
-def latest_calibrations(calibrations: Iterable[Any]) -> list[Any]:
+def latest_calibrations(calibrations: Iterable[Calibration]) -> list[Calibration]:
     """The newest calibration per (box, profile, model, context)."""
-    newest: dict[tuple[str, str, str, int], Any] = {}
+    newest: dict[tuple[str, str, str, int], Calibration] = {}
     for c in calibrations:
         key = (str(c.box), str(c.profile), str(c.model), int(c.context))
         if key not in newest or (parse_time(c.at) or datetime.min.replace(tzinfo=UTC)) > (
@@ -423,12 +423,6 @@ def latest_calibrations(calibrations: Iterable[Any]) -> list[Any]:
         ):
             newest[key] = c
     return [newest[k] for k in sorted(newest)]
-
-
-def store_calibrations(store: Any) -> list[Any] | None:
-    """The store's A/A calibrations, or None when this store has no calibration records at all."""
-    reader = getattr(store, "calibrations", None)
-    return None if reader is None else list(reader())
 
 
 # ---------------------------------------------------------------- the ledgers
@@ -743,7 +737,7 @@ def build_site(
     series = frontier(evaluations)
     marks = merges(ledger_rows := store.ledger())
     history = verdict_history(evaluations)
-    calibrations = store_calibrations(store)
+    calibrations = store.calibrations()
     view = ledger_view(ledger_files or LedgerFiles())
     strikes = sorted(store.strikes(), key=lambda s: s.at, reverse=True)
     clears = store.clears()
@@ -828,7 +822,7 @@ def build_site(
         "copycat_authors": Counter(s.author.lower() for s in strikes).most_common(10),
     })  # fmt: skip
 
-    noise_series = noise(calibrations or [])
+    noise_series = noise(calibrations)
     noise_plots = []
     by_profile: dict[str, list[NoiseSeries]] = defaultdict(list)
     # the noisiest boxes first: when the pool has more than a plot can hold, the quiet ones are left out
@@ -838,9 +832,9 @@ def build_site(
         rel = f"plots/noise-{i}-{_slug(profile)}.svg"
         w.file(rel, plot_noise(group))
         noise_plots.append({"profile": profile, "src": rel, "left_out": [g.box for g in group[MAX_SERIES:]]})
-    latest_rows = latest_calibrations(calibrations or [])
+    latest_rows = latest_calibrations(calibrations)
     w.page("noise.html", "noise.html.j2", {
-        **common, "page": "noise", "supported": calibrations is not None, "count": len(calibrations or []),
+        **common, "page": "noise", "count": len(calibrations),
         "plots": noise_plots, "latest": latest_rows[:per_page], "latest_hidden": max(len(latest_rows) - per_page, 0),
     })  # fmt: skip
 

@@ -76,7 +76,7 @@ def build(
         with Store(path) as store:
             report = dashboard_mod.build_site(store, out, ledger_files=files, per_page=per_page)
     except (StoreError, ledgers.LedgerError, ValueError, OSError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(_shown_remote(str(exc))) from None
     name, size = report.largest
     click.echo(f"{len(report.pages)} pages ({report.files} files) in {out} in {report.seconds:.1f} s; "
                f"largest page {name} at {size / 1000:.0f} kB with its plots")  # fmt: skip
@@ -85,6 +85,6 @@ def build(
         raise click.ClickException(f"pages over 1 MB: {', '.join(too_big[:10])}")
 
 
-def _shown_remote(remote: str) -> str:
-    """The remote without any credentials in its URL, for the page."""
-    return re.sub(r"//[^/@]*@", "//", remote)
+def _shown_remote(text: str) -> str:
+    """Text with the credentials of any URL in it removed (the Pages workflow passes a token in the remote)."""
+    return re.sub(r"//[^/@\s]*@", "//", text)

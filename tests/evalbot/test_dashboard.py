@@ -12,7 +12,7 @@ import random
 import re
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,10 +21,10 @@ import pytest
 from click.testing import CliRunner
 
 from evalbot import dashboard, ledgers
-from evalbot import store as store_module
+from evalbot.cli import dashboard_cmd
 from evalbot.cli import main as cli_main
 from evalbot.model import ContextEstimate, Measurements, Provenance, Status, Verdict
-from evalbot.store import EvalKey, Store, iso
+from evalbot.store import Calibration, EvalKey, Store, iso
 
 pytest.importorskip("matplotlib", reason="the dashboard draws its plots with matplotlib")
 
@@ -40,41 +40,6 @@ ONE_MB = 1_000_000
 
 
 # ---------------------------------------------------------------- synthetic stores (through the Store API)
-
-
-@dataclass
-class Calibration:
-    """The shape of ``Store.calibrations()`` rows, for stores that do not keep calibrations yet."""
-
-    at: str
-    box: str
-    profile: str
-    model: str
-    context: int
-    runs: int
-    false_positive_rate: float
-    mde: float
-    noise_cv: float
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-class CalibratedStore(Store):
-    """A store with A/A calibrations: the real API where it exists, else a list held beside the store."""
-
-    def __init__(self, path: Path, calibrations: list[Calibration]) -> None:
-        super().__init__(path)
-        self._calibrations = calibrations
-        real = getattr(store_module, "Calibration", None)
-        if real is not None and hasattr(
-            Store, "record_calibration"
-        ):  # the store keeps them: record them there
-            for c in calibrations:
-                self.record_calibration(real(**vars(c)))  # type: ignore[attr-defined]
-
-    def calibrations(self, profile: str | None = None) -> list[Any]:
-        if hasattr(Store, "calibrations"):
-            return super().calibrations(profile)  # type: ignore[misc]
-        return [c for c in self._calibrations if profile in (None, c.profile)]
 
 
 def _sha(*parts: object) -> str:
@@ -182,7 +147,7 @@ def calibrations(days: int = 30, boxes: int = 3) -> list[Calibration]:
                 cv = rng.uniform(0.004, 0.009) * (3 if noisy else 1)
                 fpr = rng.uniform(0.0, 0.08) * (2 if noisy else 1)
                 at = iso(START + timedelta(days=d, hours=b))
-                out.append(Calibration(at, f"h200-{b}", "cuda", MODELS[0], ctx, 20, fpr, cv * 2.8, cv))
+                out.append(Calibration(at, f"h200-{b}", "cuda", MODELS[0], ctx, 20, fpr, cv * 2.8, cv, {}))
     return out
 
 
@@ -220,8 +185,10 @@ def empty_store(tmp_path: Path):
 def small_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """60 PRs, 200 evaluations, hostile text, ledgers and calibrations; 25 rows per list page."""
     root = tmp_path_factory.mktemp("small")
-    with CalibratedStore(root / "state.db", calibrations()) as store:
+    with Store(root / "state.db") as store:
         populate(store, 60, 200, hostile=True)
+        for c in calibrations():
+            store.record_calibration(c)
         files = dashboard.read_ledger_dir(_ledger_dir(root / "checkout"))
         dashboard.build_site(store, root / "site", ledger_files=files, per_page=25, now=START)
     return root / "site"
@@ -241,7 +208,9 @@ def large_site(
     large_store: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, dashboard.SiteReport]:
     out = tmp_path_factory.mktemp("large-site") / "site"
-    with CalibratedStore(large_store, calibrations(days=400, boxes=4)) as store:
+    with Store(large_store) as store:
+        for c in calibrations(days=400, boxes=4):
+            store.record_calibration(c)
         report = dashboard.build_site(store, out, now=START)
     return out, report
 
@@ -349,7 +318,7 @@ def test_empty_store_renders_every_page(empty_store: Store, tmp_path: Path) -> N
     assert "No pull request has been queued yet" in (site / "prs.html").read_text()
     assert "No calibration yet" in (site / "noise.html").read_text()
     assert "No ledger files were given" in (site / "ledgers.html").read_text()
-    assert not list((site / "plots").glob("*.svg")) if (site / "plots").exists() else True
+    assert not list(site.glob("plots/*.svg"))
     for page in _pages(site):
         assert page.read_text().startswith("<!doctype html>")
         for link in _links(page):
@@ -456,6 +425,18 @@ def test_cli_reads_the_ledgers_from_a_git_remote(tmp_path: Path) -> None:
                                            str(tmp_path / "state.db"), "--git-remote", str(remote)])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "spammer" in (tmp_path / "site" / "blocked.html").read_text()
+
+
+def test_cli_never_shows_the_token_in_a_remote(tmp_path: Path) -> None:
+    with Store(tmp_path / "state.db"):
+        pass
+    # a closed port on the loopback: git fails at once, and its error quotes the remote
+    remote = "http://x-access-token:SECRET123@127.0.0.1:9/o/r.git"
+    result = CliRunner().invoke(cli_main, ["dashboard", "build", "--out", str(tmp_path / "site"), "--state",
+                                           str(tmp_path / "state.db"), "--git-remote", remote])  # fmt: skip
+    assert result.exit_code != 0
+    assert "SECRET123" not in result.output and "127.0.0.1:9/o/r.git" in result.output
+    assert dashboard_cmd._shown_remote(f"from {remote} (b)") == "from http://127.0.0.1:9/o/r.git (b)"
 
 
 # ---------------------------------------------------------------- in a real browser
