@@ -13,7 +13,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(NPROC)
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test setup setup-dev models lint clean sandbox
+.PHONY: demo test setup setup-dev models lint clean sandbox browser
 
 # bubblewrap is the sandbox untrusted engine code runs in; without it `evalbot evaluate` refuses to run PR code
 sandbox:
@@ -23,6 +23,15 @@ sandbox:
 	  $$SUDO apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
 	  { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q bubblewrap >/dev/null; } || \
 	  echo "warning: could not install bubblewrap; sandboxed tests will skip and evaluate will refuse PR code"; }
+
+# the dashboard's browser tests drive Debian's chromium through playwright (no browser download)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
+	  $$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q chromium >/dev/null; } || \
+	  echo "warning: could not install chromium; the dashboard browser tests will skip"; }
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +48,7 @@ $(VENV)/.setup-dev: $(VENV)/.setup-base pyproject.toml
 	touch $@
 
 setup: $(VENV)/.setup-base sandbox
-setup-dev: $(VENV)/.setup-dev sandbox
+setup-dev: $(VENV)/.setup-dev sandbox browser
 
 models: setup
 	$(BIN)/python -m engine.models fetch $(DEMO_MODEL)
