@@ -576,7 +576,7 @@ def test_the_adapter_implements_every_operation_of_the_port():
     operations = [
         name for name, _ in inspect.getmembers(GitHubPort, inspect.isfunction) if not name.startswith("_")
     ]
-    assert len(operations) == 18
+    assert len(operations) == 20
     for name in operations:
         port, impl = (
             inspect.signature(getattr(GitHubPort, name)),
@@ -584,3 +584,17 @@ def test_the_adapter_implements_every_operation_of_the_port():
         )
         assert list(impl.parameters)[: len(port.parameters)] == list(port.parameters), name
         assert impl.return_annotation == port.return_annotation, name
+
+
+def test_run_jobs_name_the_runner_and_a_run_can_be_cancelled(github_double, adapter):
+    s = github_double.state
+    s.add_workflow("evalbot-eval.yml")
+    s.refs["main"] = "a" * 40
+    adapter.dispatch_workflow("evalbot-eval.yml", "main", {"pr": "1"})
+    (run_id,) = s.runs
+    s.pick_up_run(run_id, "gpu-box-3")
+    assert [j["runner_name"] for j in adapter.list_run_jobs(run_id)] == ["gpu-box-3"]
+    adapter.cancel_workflow_run(run_id)
+    assert (s.runs[run_id].status, s.runs[run_id].conclusion) == ("completed", "cancelled")
+    with pytest.raises(GitHubError):
+        adapter.cancel_workflow_run(run_id)  # already completed: GitHub answers 409

@@ -357,6 +357,17 @@ def _run_jobs(s: GitHubState, r: Request) -> Answer:
     )
 
 
+@route("runs.cancel", "POST", REPO + r"/actions/runs/(?P<run>\d+)/cancel")
+def _run_cancel(s: GitHubState, r: Request) -> Answer:
+    run = s.runs.get(int(r[0]["run"]))
+    if run is None:
+        raise Refusal(404, "Not Found")
+    if run.status == "completed":
+        raise Refusal(409, "Cannot cancel a workflow run that is completed.")
+    run.status, run.conclusion, run.updated_at = "completed", "cancelled", s.tick()
+    return Answer(202, {})
+
+
 @route("runs.artifacts", "GET", REPO + r"/actions/runs/(?P<run>\d+)/artifacts")
 def _run_artifacts(s: GitHubState, r: Request) -> Answer:
     run_id = int(r[0]["run"])
