@@ -97,6 +97,8 @@ class Bot:
         if not self.dry_run:
             self.publisher.reconcile()
             self.store.requeue_claims(except_worker=self.settings.worker)
+            if self._polls == 0:
+                self._requeue_own_claims()
         listing = self.gh.list_open_pulls(force=self._polls % self.settings.force_listing_every == 0)
         self._polls += 1
         queued = self.store.evaluations(state="queued")
@@ -124,6 +126,18 @@ class Bot:
         self._round(facts, main_sha, report)
         self._sync_blocked_ledger()
         return report
+
+    def _requeue_own_claims(self) -> None:
+        """A process that just started holds no live claim: whatever this worker claimed before it died
+        goes back to the queue now (not when its lease runs out), except evaluations a runner is measuring."""
+        inflight = set()
+        if self.rules.dispatch.mode == "actions":
+            inflight = {(h.request.pr, h.request.head_sha, h.request.base_sha, h.request.rules_hash)
+                        for h in self._runs().in_flight()}  # fmt: skip
+        for rec in self.store.evaluations(state="claimed"):
+            k = rec.key
+            if rec.claimed_by == self.settings.worker and (k.pr, k.head_sha, k.base_sha, k.rules_hash) not in inflight:
+                self.store.release_evaluation(k, self.settings.worker, "the bot restarted while measuring it")
 
     def _sync_blocked_ledger(self) -> None:
         """Logins the store blocked (copycat strikes, `evalbot block`) go into blocked-contributors.txt."""
@@ -203,9 +217,14 @@ class Bot:
             if screened is not None and not self._apply_screen(pr, screened, labels, report):
                 return
         key = EvalKey(pr.number, pr.head_sha, main_sha, self.rules.rules_hash)
-        if self.store.evaluation(key) is None and not self.dry_run:
+        rec = self.store.evaluation(key)
+        if rec is None and not self.dry_run:
             self.store.enqueue_evaluation(key)
             self.log(f"#{pr.number}: queued {pr.head_sha[:12]} against main {main_sha[:12]}")
+        elif rec is not None and rec.state == "done":
+            # published again every poll: a no-op when GitHub shows it already, and the repair when a crash
+            # came between the measurement and its publication
+            self._publish_verdict(pr, rec)
 
     @staticmethod
     def _wanted(current: set[str], decision: IntakeDecision) -> set[str]:
