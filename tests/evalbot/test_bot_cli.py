@@ -1,0 +1,62 @@
+"""The maintainer commands against the GitHub double and a real git remote: each says what it changed,
+and --dry-run changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from evalbot.cli import main
+from evalbot.ledgers import BLOCKED_PATH, parse_blocked, read_ledgers
+from evalbot.store import EvalKey, Store
+from tests.github_double.gitrepo import BareRepo, add_git_pull
+
+pytest_plugins = ["tests.github_double.fixture"]  # github_double
+
+
+@pytest.fixture
+def bot(github_double, tmp_path):
+    st = github_double.state
+    repo = BareRepo.create(tmp_path / "remote.git", {"engine/model.py": "x = 0\n"}, when=st.now)
+    add_git_pull(st, repo, 7, {"engine/model.py": "x = 1\n"}, author_login="alice")
+    args = ["--repo", github_double.repo, "--api-url", github_double.base_url, "--git-remote", repo.url,
+            "--state", str(tmp_path / "state.db")]  # fmt: skip
+
+    def run(*argv: str) -> str:
+        result = CliRunner().invoke(main, [*argv, *args], env={"GITHUB_TOKEN": "ghp_t", "USER": "maint"},
+                                    catch_exceptions=False)  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    return run, repo, tmp_path / "state.db"
+
+
+def test_block_and_unblock_write_the_ledger_and_dry_run_changes_nothing(bot):
+    run, repo, _ = bot
+    assert "[dry run] would: block eve" in run("block", "eve", "--reason", "copies", "--dry-run")
+    assert parse_blocked(read_ledgers(repo.url)[BLOCKED_PATH]) == []
+    assert run("block", "eve", "--reason", "copies") == "block eve (copies)\n"
+    assert "already blocked" in run("block", "eve")
+    assert [e.login for e in parse_blocked(read_ledgers(repo.url)[BLOCKED_PATH])] == ["eve"]
+    assert run("unblock", "eve") == "unblock eve (unblocked by a maintainer)\n"
+    assert parse_blocked(read_ledgers(repo.url)[BLOCKED_PATH]) == []
+    out = run("ledger")
+    assert "blocked: none" in out and "flagged: none" in out
+
+
+def test_hold_rerun_and_status(bot, github_double):
+    run, repo, state = bot
+    assert run("hold", "7", "--reason", "needs a look") == "hold #7: needs a look\n"
+    assert "#7 on hold by maint: needs a look" in run("status")
+    assert "nothing: #7 is already on hold" in run("hold", "7")
+    assert "release the hold on #7" in run("hold", "7", "--release")
+    head = github_double.state.pulls[7].head_sha
+    assert "[dry run] would: queue #7" in run("rerun", "7", "--dry-run")
+    with Store(state) as store:
+        assert store.evaluations(pr=7) == []
+    out = run("rerun", "7")
+    assert out.startswith(f"queue #7 at {head[:12]} against main {repo.rev('main')[:12]}")
+    with Store(state) as store:
+        (rec,) = store.evaluations(pr=7)
+        assert rec.key == EvalKey(7, head, repo.rev("main"), rec.key.rules_hash) and rec.state == "queued"
+    assert "replacing a queued evaluation" in run("rerun", "7")
