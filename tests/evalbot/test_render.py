@@ -98,7 +98,7 @@ def _estimate(ctx, pairs, ratio, ci, mde, *, tier=None, regression=False):
 
 
 def _no_regression(ctx, ci_high):
-    return Gate("no_regression", ci_high, NO_REGRESSION_BAR, ci_high >= 0.98, context=ctx, model=MODEL)
+    return Gate("no regression", ci_high, NO_REGRESSION_BAR, ci_high >= 0.98, context=ctx, model=MODEL)
 
 
 # Interleaved (main, PR) decode tok/s on the cpu profile; the estimates below are evalbot.stats on them.
@@ -141,8 +141,8 @@ def case_guarded_regression():
         gates=(
             _no_regression(128, 0.9630),
             _no_regression(512, 1.0701),
-            Gate("accuracy.top1", 0.987, "top-1 agreement >= 0.90", True, model=MODEL),
-            Gate("accuracy.mean_kl", 0.0061, "mean KL <= 0.10 nats", True, model=MODEL),
+            Gate("accuracy top-1", 0.987, "top-1 agreement >= 0.90", True, model=MODEL),
+            Gate("accuracy KL", 0.0061, "mean KL <= 0.10 nats", True, model=MODEL),
         ),
         reasons=(
             "decode at ctx 128 regressed: 0.956x main, CI upper bound 0.963 is below the 0.98 tolerance",
@@ -188,14 +188,14 @@ def case_spec_not_lossless():
             _no_regression(128, 1.0129),
             _no_regression(512, 1.0435),
             Gate(
-                "spec.lossless",
+                "spec lossless",
                 2.0,
                 "3 of 3 runs identical to plain decoding",
                 False,
                 model=TARGET,
                 detail="run 2 first differs from plain decoding at token 17",
             ),  # fmt: skip
-            Gate("spec.tau", 1.0577, "tau >= 0.95x main", True, model=TARGET),
+            Gate("spec tau", 1.0577, "tau >= 0.95x main", True, model=TARGET),
         ),
         reasons=(
             "speculative decoding is not lossless: 2 of 3 runs match plain decoding; run 2 diverges at token 17",
@@ -273,8 +273,8 @@ def case_accuracy_failure():
         gates=(
             _no_regression(128, 1.0210),
             _no_regression(512, 1.0154),
-            Gate("accuracy.top1", 0.71, "top-1 agreement >= 0.90", False, model=MODEL),
-            Gate("accuracy.mean_kl", 0.34, "mean KL <= 0.10 nats", False, model=MODEL),
+            Gate("accuracy top-1", 0.71, "top-1 agreement >= 0.90", False, model=MODEL),
+            Gate("accuracy KL", 0.34, "mean KL <= 0.10 nats", False, model=MODEL),
         ),
         reasons=("logits drift from llama.cpp: top-1 agreement 0.71 < 0.90 and mean KL 0.34 > 0.10",),
         labels_add=("evalbot: rejected",),
@@ -307,8 +307,8 @@ def case_pass_injection():
         gates=(
             _no_regression(128, 1.0614),
             _no_regression(512, 1.0820),
-            Gate("accuracy.top1", 0.986, "top-1 agreement >= 0.90", True, model=MODEL),
-            Gate("accuracy.mean_kl", 0.0063, "mean KL <= 0.10 nats", True, model=MODEL),
+            Gate("accuracy top-1", 0.986, "top-1 agreement >= 0.90", True, model=MODEL),
+            Gate("accuracy KL", 0.0063, "mean KL <= 0.10 nats", True, model=MODEL),
         ),
         reasons=("tier M at ctx 512: CI lower bound +6.5% >= +6.0%",),
         labels_add=("evalbot: tier-M", "evalbot: passed"),
@@ -408,7 +408,7 @@ def test_injection_is_neutralized():
 def test_reject_shows_delta_and_failing_gate():
     out = _render("reject_guarded_regression")
     assert "ctx 128: 0.956× (-4.4%) [-5.1%, -3.7%]" in out
-    assert "- ✗ no\\_regression (qwen2.5-coder-0.5b · ctx 128): measured 0.963" in out
+    assert "- ✗ no regression (qwen2.5-coder-0.5b · ctx 128): measured 0.963" in out
     assert "— (S withheld)" in out
 
 
