@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import resource
 import select
 import socket
 import subprocess
@@ -64,6 +63,7 @@ class Run:
     stderr: str
     elapsed_s: float
     out: Path
+    peak_rss_kib: int | None = None  # the evaluate process tree's largest resident set, when measured
 
     @property
     def verdict(self) -> dict:
@@ -145,6 +145,7 @@ def evaluate(
     env: dict[str, str] | None = None,
     timeout_s: float = 300,
     cwd: Path | None = None,
+    measure_rss: bool = False,
 ) -> Run:
     """Run the real `evalbot evaluate` CLI in a subprocess and read what it wrote.
 
@@ -177,6 +178,12 @@ def evaluate(
     ]
     full_env = {**os.environ, "XDG_CACHE_HOME": str(lab.cache), **(env or {})}
     full_env.pop("EVALBOT_SIGNING_KEY", None)
+    rss_file = out.with_suffix(".rss")
+    if measure_rss:  # a fresh parent whose only children are this evaluate and what it starts
+        launcher = ("import resource, subprocess, sys; rc = subprocess.call(sys.argv[2:]); "
+                    "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); "
+                    "sys.exit(rc)")  # fmt: skip
+        argv = [PY, "-c", launcher, str(rss_file), *argv]
     t0 = time.monotonic()
     proc = subprocess.run(
         argv, capture_output=True, text=True, timeout=timeout_s, env=full_env, cwd=cwd or lab.root
@@ -185,7 +192,8 @@ def evaluate(
     assert (out / "result.json").is_file(), proc.stderr[-4000:]
     result = json.loads((out / "result.json").read_text())
     assert (out / "receipt.json").is_file() and (out / "report.md").is_file()
-    return Run(proc.returncode, result, (out / "report.md").read_text(), proc.stderr, elapsed, out)
+    rss = int(rss_file.read_text()) if measure_rss else None
+    return Run(proc.returncode, result, (out / "report.md").read_text(), proc.stderr, elapsed, out, rss)
 
 
 def _head_failure(run: Run, stage: str) -> dict:
@@ -535,11 +543,11 @@ def _survivors(marker: str) -> list[int]:
 
 def test_a_head_that_floods_stdout_is_stopped_at_the_output_cap(lab: Lab):
     fb.add_branch(lab.repo, fb.flood_branch(256))
-    run = evaluate(lab, "flood", "--no-spec", "--no-accuracy", "--max-pairs", "2")
+    run = evaluate(lab, "flood", "--no-spec", "--no-accuracy", "--max-pairs", "2", measure_rss=True)
     assert run.code == 1 and run.verdict["status"] == "REJECT"
     failure = _head_failure(run, "output")
     assert "64 MiB" in failure["message"]
-    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 1_500_000  # KiB: the bot stayed bounded
+    assert run.peak_rss_kib is not None and run.peak_rss_kib < 1_500_000  # KiB: the bot stayed bounded
 
 
 def test_a_head_that_floods_stdout_forever_is_stopped_at_the_cap_not_the_time_limit(lab: Lab):
