@@ -48,7 +48,7 @@ $(VENV)/.setup-dev: $(VENV)/.setup-base pyproject.toml
 	touch $@
 
 setup: $(VENV)/.setup-base sandbox
-setup-dev: $(VENV)/.setup-dev sandbox browser
+setup-dev: $(VENV)/.setup-dev sandbox
 
 models: setup
 	$(BIN)/python -m engine.models fetch $(DEMO_MODEL)
@@ -70,7 +70,7 @@ lint: setup-dev
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-test: setup-dev
+test: setup-dev browser
 	$(BIN)/python -m engine.models fetch $(DEMO_MODEL) qwen2.5-coder-1.5b
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
