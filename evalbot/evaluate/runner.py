@@ -33,6 +33,7 @@ from evalbot.model import (
     SpecResult,
     ThroughputPairs,
 )
+from evalbot.policy.sensitive_paths import sensitive_hits
 from evalbot.rules import Profile, Rules
 
 Log = Callable[[str], None]
@@ -92,14 +93,8 @@ class _Ctx:
 
 
 def sensitive_changes(paths: list[str], sensitive: tuple[str, ...]) -> list[str]:
-    """The changed paths that fall under a sensitive entry (a trailing '/' covers a folder)."""
-    hits = []
-    for p in paths:
-        for s in sensitive:
-            if (s.endswith("/") and p.startswith(s)) or p == s:
-                hits.append(p)
-                break
-    return hits
+    """The changed paths that fall under a sensitive entry (a trailing '/' covers a folder); intake's rule."""
+    return list(sensitive_hits(paths, sensitive))
 
 
 def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
