@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -328,6 +329,12 @@ def from_dict(cls: type[T], data: Any) -> T:
     return typing.cast(T, _build(cls, data, cls.__name__))
 
 
+@functools.cache
+def _fields_of(tp: type) -> tuple[dict[str, Any], frozenset[str]]:
+    # resolving the string annotations is the slow part of from_dict: once per class, not per object
+    return typing.get_type_hints(tp), frozenset(f.name for f in dataclasses.fields(tp))
+
+
 def _build(tp: Any, data: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -362,8 +369,7 @@ def _build(tp: Any, data: Any, where: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(data, dict):
             raise TypeError(f"{where}: expected an object, got {type(data).__name__}")
-        hints = typing.get_type_hints(tp)
-        names = {f.name for f in dataclasses.fields(tp)}
+        hints, names = _fields_of(tp)
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}")
