@@ -9,7 +9,7 @@ loses nothing (queued evaluations and action intents live in the store) and repe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +20,7 @@ from evalbot.evaluate.judge import Judgement
 from evalbot.github import GitHubPort
 from evalbot.mirror import Mirror
 from evalbot.model import MergeOutcome, PullRequest, Status, Verdict
-from evalbot.policy import IntakeContext, IntakeDecision, claim_gap, intake, intake_labels
+from evalbot.policy import IntakeContext, claim_gap, intake, intake_labels, parse_body
 from evalbot.publish import Publisher
 from evalbot.rules import Rules
 from evalbot.store import EvalKey, EvaluationRecord, Store
@@ -37,14 +37,13 @@ _STATUS_STATE = {Status.PASS: "success", Status.REJECT: "failure", Status.INFRA_
 
 @dataclass(frozen=True)
 class ScreenResult:
-    """What a pre-evaluation screen (copycat) decided: labels it owns, a comment, close, strike."""
+    """What a pre-evaluation screen (copycat) decided: labels it owns, a comment, close, a ledger flag."""
 
     labels: tuple[str, ...]
     owned: tuple[str, ...]
     evaluate: bool
     lines: tuple[str, ...] = ()
     close: bool = False
-    strike: str | None = None  # a reason to record a strike against the author
     flag: str | None = None  # a label to write into FLAGGED.md
 
 
@@ -94,6 +93,8 @@ class Bot:
     def poll_once(self) -> PollReport:
         """One pass: reconcile, list, intake every open PR, evaluate what is queued, rank and merge."""
         report = PollReport()
+        self._labels: dict[int, set[str]] = {}  # each PR's labels as this poll left them
+        self._ledger_texts: dict[str, str] | None = None  # the ledger files, read at most once a poll
         if not self.dry_run:
             self.publisher.reconcile()
             self.store.requeue_claims(except_worker=self.settings.worker)
@@ -136,7 +137,10 @@ class Bot:
                         for h in self._runs().in_flight()}  # fmt: skip
         for rec in self.store.evaluations(state="claimed"):
             k = rec.key
-            if rec.claimed_by == self.settings.worker and (k.pr, k.head_sha, k.base_sha, k.rules_hash) not in inflight:
+            if (
+                rec.claimed_by == self.settings.worker
+                and (k.pr, k.head_sha, k.base_sha, k.rules_hash) not in inflight
+            ):
                 self.store.release_evaluation(k, self.settings.worker, "the bot restarted while measuring it")
 
     def _sync_blocked_ledger(self) -> None:
@@ -145,21 +149,36 @@ class Bot:
         if not remote or self.dry_run:
             return
         stored = {e.login.lower(): e for e in self.store.blocklist()}
-        text = ledgers.read_ledgers(remote)[ledgers.BLOCKED_PATH]
-        listed = ledgers.parse_blocked(text)
+        listed = ledgers.parse_blocked(self._ledgers()[ledgers.BLOCKED_PATH])
         missing = [ledgers.BlockedEntry(e.login, e.reason) for k, e in stored.items()
                    if k not in {x.login.lower() for x in listed}]  # fmt: skip
         if missing:
-            ledgers.commit_ledgers(remote, {ledgers.BLOCKED_PATH: ledgers.render_blocked([*listed, *missing])},
-                                   "ledgers: block " + ", ".join(e.login for e in missing))  # fmt: skip
+            self._commit_ledger(
+                ledgers.BLOCKED_PATH,
+                ledgers.render_blocked([*listed, *missing]),
+                "ledgers: block " + ", ".join(e.login for e in missing),
+            )
+
+    def _ledgers(self) -> dict[str, str]:
+        if self._ledger_texts is None:
+            remote = self.settings.ledger_remote
+            self._ledger_texts = (
+                ledgers.read_ledgers(remote)
+                if remote
+                else {ledgers.FLAGGED_PATH: "", ledgers.BLOCKED_PATH: ""}
+            )
+        return self._ledger_texts
+
+    def _commit_ledger(self, path: str, text: str, message: str) -> None:
+        assert self.settings.ledger_remote
+        ledgers.commit_ledgers(self.settings.ledger_remote, {path: text}, message)
+        self._ledgers()[path] = text
 
     # ------------------------------------------------------------------ intake
 
     def _blocked(self) -> frozenset[str]:
         people = {e.login for e in self.store.blocklist()}
-        if self.settings.ledger_remote:
-            text = ledgers.read_ledgers(self.settings.ledger_remote)[ledgers.BLOCKED_PATH]
-            people |= {e.login for e in ledgers.parse_blocked(text)}
+        people |= {e.login for e in ledgers.parse_blocked(self._ledgers()[ledgers.BLOCKED_PATH])}
         return frozenset(people)
 
     def _since_clear(self, pr: int) -> tuple[Verdict, ...]:
@@ -190,11 +209,9 @@ class Bot:
         decision = intake(pr, self.rules, ctx)
         if decision.stopped_by == "drafts":
             return
-        labels = set(pr.labels)
-        self.publisher.labels(
-            pr.number, pr.head_sha, labels, self._wanted(labels, decision), intake_labels(self.rules)
-        )
-        labels = self._wanted(labels, decision)
+        owned = intake_labels(self.rules)
+        kept = (set(pr.labels) & owned) - set(decision.labels_remove)
+        self._relabel(pr, kept | set(decision.labels_add), owned | set(decision.labels_add))
         if decision.close:
             self._flag(pr, self.rules.labels.gaming, "; ".join(decision.reasons))
             self.publisher.comment(pr.number, pr.head_sha, self._notice(pr, "closed unevaluated", decision.reasons,
@@ -214,29 +231,28 @@ class Bot:
             return
         if self.screen is not None:
             screened = self.screen(pr, self._listing)
-            if screened is not None and not self._apply_screen(pr, screened, labels, report):
+            if screened is not None and not self._apply_screen(pr, screened, report):
                 return
         key = EvalKey(pr.number, pr.head_sha, main_sha, self.rules.rules_hash)
         rec = self.store.evaluation(key)
         if rec is None and not self.dry_run:
             self.store.enqueue_evaluation(key)
             self.log(f"#{pr.number}: queued {pr.head_sha[:12]} against main {main_sha[:12]}")
-        elif rec is not None and rec.state == "done":
-            # published again every poll: a no-op when GitHub shows it already, and the repair when a crash
-            # came between the measurement and its publication
-            self._publish_verdict(pr, rec)
 
-    @staticmethod
-    def _wanted(current: set[str], decision: IntakeDecision) -> set[str]:
-        return (current | set(decision.labels_add)) - set(decision.labels_remove)
+    def _relabel(self, pr: PullRequest, want: Iterable[str], owned: Iterable[str]) -> None:
+        """Make the labels in `owned` exactly `want` (a set difference; every other label untouched).
 
-    def _apply_screen(self, pr: PullRequest, s: ScreenResult, labels: set[str], report: PollReport) -> bool:
+        The PR's labels are read from GitHub once a poll (with its facts) and then followed through the
+        bot's own changes, so no decision needs another read of the PR.
+        """
+        current = self._labels.setdefault(pr.number, set(pr.labels))
+        desired = (current - set(owned)) | set(want)
+        self.publisher.labels(pr.number, pr.head_sha, current, desired, set(owned) | set(want))
+        self._labels[pr.number] = desired
+
+    def _apply_screen(self, pr: PullRequest, s: ScreenResult, report: PollReport) -> bool:
         """Apply a screen's outcome; whether evaluation goes ahead."""
-        self.publisher.labels(
-            pr.number, pr.head_sha, labels, set(s.labels) | (labels - set(s.owned)), s.owned
-        )
-        if s.strike and not self.dry_run:
-            self.store.add_strike(pr.author, pr.number, s.strike)
+        self._relabel(pr, s.labels, s.owned)
         if s.flag:
             self._flag(pr, s.flag, "; ".join(s.lines))
         if s.lines and (s.close or not s.evaluate):
@@ -259,13 +275,13 @@ class Bot:
         remote = self.settings.ledger_remote
         if not remote or self.dry_run:
             return
-        texts = ledgers.read_ledgers(remote)
-        entries = ledgers.parse_flagged(texts[ledgers.FLAGGED_PATH])
+        entries = ledgers.parse_flagged(self._ledgers()[ledgers.FLAGGED_PATH])
         entry = ledgers.FlagEntry(self.now().strftime("%Y-%m-%d"), pr.number, pr.author, label, reason)
         updated = ledgers.flag(entries, entry)
         if updated is not entries:
-            ledgers.commit_ledgers(remote, {ledgers.FLAGGED_PATH: ledgers.render_flagged(updated)},
-                                   f"ledgers: flag #{pr.number} ({label})")  # fmt: skip
+            self._commit_ledger(
+                ledgers.FLAGGED_PATH, ledgers.render_flagged(updated), f"ledgers: flag #{pr.number} ({label})"
+            )
 
     # ------------------------------------------------------------------ evaluation
 
@@ -278,7 +294,9 @@ class Bot:
         d = self.rules.dispatch
         # in actions mode a claim is held while its run is in flight, through every retry
         lease = d.timeout_minutes * 60 * d.max_attempts + 3600 if actions else None
-        while (rec := self.store.claim_next(self.settings.worker, **({"lease_s": lease} if lease else {}))) is not None:
+        while (
+            rec := self.store.claim_next(self.settings.worker, **({"lease_s": lease} if lease else {}))
+        ) is not None:
             key, pr = rec.key, facts.get(rec.key.pr)
             if pr is None or pr.head_sha != key.head_sha or key.base_sha != main_sha or pr.state != "open":
                 # superseded while queued (a push, a merge to main, a close): record it, measure nothing
@@ -302,10 +320,7 @@ class Bot:
             judged = self.evaluator(pr, self.mirror.path, key.base_sha, target)
             self.store.finish_evaluation(key, self.settings.worker, judged.verdict, judged.measurements,
                                          judged.receipt)  # fmt: skip
-            report.evaluated.append(key.pr)
-            done = self.store.evaluation(key)
-            assert done is not None
-            self._publish_verdict(pr, done)
+            report.evaluated.append(key.pr)  # published by the round, with its place in it
 
     # ------------------------------------------------------------------ the runner pool (actions mode)
 
@@ -338,16 +353,12 @@ class Bot:
             rec = self.store.evaluation(key)
             if isinstance(out, dispatch.Pending) or rec is None or rec.state != "claimed":
                 continue
-            pr = facts.get(r.pr) or self.gh.get_pull(r.pr)
-            if isinstance(out, dispatch.Finished):
+            if isinstance(out, dispatch.Finished):  # verified; the round publishes it
                 j = out.judgement
                 self.store.finish_evaluation(key, self.settings.worker, j.verdict, j.measurements, j.receipt)
                 report.evaluated.append(r.pr)
-                done = self.store.evaluation(key)
-                if done is not None and pr.head_sha == r.head_sha:
-                    self._publish_verdict(pr, done)
             elif out.retried_as is None:
-                self._infra(key, pr, out.reason, out.alert, report)
+                self._infra(key, facts.get(r.pr) or self.gh.get_pull(r.pr), out.reason, out.alert, report)
 
     def _runner_of(self, run_id: int) -> str | None:
         jobs = getattr(self.gh, "list_run_jobs", None)
@@ -362,19 +373,15 @@ class Bot:
         if alert:
             self.log(f"ALERT #{key.pr}: {reason}")
             report.notes.append(f"ALERT #{key.pr}: {reason}")
-        lines = [f"The measurement could not be completed on the runner pool: {reason}",
-                 "This is an infrastructure fault, not the contributor's; the bot will measure the PR again."]
+        lines = [
+            f"The measurement could not be completed on the runner pool: {reason}",
+            "This is an infrastructure fault, not the contributor's; the bot will measure the PR again.",
+        ]
         self.publisher.comment(pr.number, pr.head_sha, self._notice(pr, "infra error", lines, "", "infra"))
-        current = set(self.gh.get_pull(pr.number).labels)
-        owned = verdict_labels(self.rules)
-        self.publisher.labels(pr.number, pr.head_sha, current, (current - owned) | {self.rules.labels.infra_error},
-                              owned)  # fmt: skip
+        self._relabel(pr, {self.rules.labels.infra_error}, verdict_labels(self.rules))
 
     def _needs_rebase(self, pr: PullRequest, why: str) -> None:
-        owned = rounds.round_labels(self.rules)
-        current = set(self.gh.get_pull(pr.number).labels)
-        self.publisher.labels(pr.number, pr.head_sha, current, (current - owned) | {self.rules.labels.needs_rebase},
-                              owned)  # fmt: skip
+        self._relabel(pr, {self.rules.labels.needs_rebase}, rounds.round_labels(self.rules))
         self.publisher.comment(
             pr.number, pr.head_sha, self._notice(pr, "needs a rebase", [why], "", "rebase")
         )
@@ -387,9 +394,7 @@ class Bot:
         body = render.render_comment(v, m, signature_status=signature)
         body += self._claim_note(pr, v) + extra
         self.publisher.comment(pr.number, pr.head_sha, body)
-        current = set(self.gh.get_pull(pr.number).labels) if not self.dry_run else set(pr.labels)
-        self.publisher.labels(pr.number, pr.head_sha, current, (current - verdict_labels(self.rules)) | set(v.labels_add),
-                              verdict_labels(self.rules))  # fmt: skip
+        self._relabel(pr, v.labels_add, verdict_labels(self.rules))
         state = _STATUS_STATE.get(v.status)
         if state:
             self.publisher.status(
@@ -397,7 +402,7 @@ class Bot:
             )
 
     def _claim_note(self, pr: PullRequest, v: Verdict) -> str:
-        claim = intake(pr, self.rules, IntakeContext(now=self.now())).claim
+        claim = parse_body(pr.body)
         best = next(
             (e for e in v.estimates if e.context == v.scored_context and e.metric == "decode_tps"), None
         )
@@ -425,19 +430,28 @@ class Bot:
             contenders.append(rounds.Contender(pr.number, pr.head_sha, latest.key.base_sha, latest.verdict))
         held = {h.pr for h in self.store.holds()}
         ranking = rounds.rank_round(contenders, main_sha, self.rules, held)
+        self._record_round(ranking, facts)
         owned = rounds.round_labels(self.rules)
         for d in ranking.decisions:
+            # every verdict is published here, once a poll with its place in the round: a no-op when
+            # GitHub shows it already, and the repair when a crash came between measuring and publishing
             pr = facts[d.pr]
-            current = set(self.gh.get_pull(pr.number).labels) if not self.dry_run else set(pr.labels)
-            self.publisher.labels(
-                pr.number, pr.head_sha, current, (current - owned) | set(d.labels_add), owned
-            )
-            if d.comment:
-                note = f"\n**Round:** {render.escape_md(d.comment)}\n"
-                self._publish_verdict(pr, records[d.pr], note)
+            self._relabel(pr, d.labels_add, owned)
+            note = f"\n**Round:** {render.escape_md(d.comment)}\n" if d.comment else ""
+            self._publish_verdict(pr, records[d.pr], note)
         winner = ranking.merge_first
         if winner is not None:
             self._maybe_merge(facts[winner], records[winner], report)
+
+    def _record_round(self, ranking: rounds.RoundRanking, facts: dict[int, PullRequest]) -> None:
+        """The round against this main, in the store: its ranked PRs and their lower-bound gains."""
+        if self.dry_run or not ranking.order:
+            return
+        round_id = ranking.main_sha
+        self.store.open_round(round_id, ranking.main_sha)
+        for d in ranking.decisions:
+            if d.pr in ranking.order:
+                self.store.set_round_member(round_id, d.pr, facts[d.pr].head_sha, d.lower_bound_gain)
 
     def _maybe_merge(self, pr: PullRequest, rec: EvaluationRecord, report: PollReport) -> None:
         assert rec.verdict is not None
@@ -462,16 +476,14 @@ class Bot:
         if result.outcome is MergeOutcome.MERGED:
             gain = rounds.lower_bound_gain(rec.verdict)
             self.store.record_ledger("merge", pr.number, rec.key.head_sha, pr.author, gain, gain)
+            self.store.close_round(rec.key.base_sha, pr.number)
             mark_merged = getattr(self.screen, "mark_merged", None)
             if mark_merged is not None:
                 mark_merged(pr.number, self.now().strftime("%Y-%m-%dT%H:%M:%SZ"))
             report.merged.append(pr.number)
         elif result.outcome is MergeOutcome.HEAD_MOVED:
             # never force: the new head is measured like any push
-            current = set(self.gh.get_pull(pr.number).labels)
-            owned = rounds.round_labels(self.rules)
-            self.publisher.labels(pr.number, pr.head_sha, current, (current - owned) | {self.rules.labels.re_evaluate},
-                                  owned)  # fmt: skip
+            self._relabel(pr, {self.rules.labels.re_evaluate}, rounds.round_labels(self.rules))
             report.notes.append(f"#{pr.number}: head moved before the merge; re-evaluating")
         else:
             report.notes.append(f"#{pr.number}: not mergeable: {result.message}")

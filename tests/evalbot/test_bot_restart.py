@@ -125,6 +125,9 @@ def run_round(tmp_path, rules, kill_at: int | None) -> tuple[dict, int]:
             lines = [line for line in body.split("\n") if not line.startswith("<!-- evalbot:state")]
             return re.sub(r"<details><summary>Provenance.*?</details>", "", "\n".join(lines), flags=re.S)
 
+        settled = writes
+        bot.poll_once()  # nothing new on GitHub: a poll now must write nothing (no comment churn)
+        idle_writes = writes - settled
         final = {
             n: (p.state, p.merged, tuple(sorted(p.labels)),
                 tuple(same_anywhere(c.body) for c in st.comments_on(n) if c.author == BOT and MARKER in c.body))
@@ -132,7 +135,7 @@ def run_round(tmp_path, rules, kill_at: int | None) -> tuple[dict, int]:
         }  # fmt: skip
         merges = sum(1 for r in st.requests if r.method == "PUT" and r.path.endswith("/merge"))
         store.close()
-        return {"final": final, "merges": merges}, writes
+        return {"final": final, "merges": merges, "idle_writes": idle_writes}, writes
 
 
 def test_a_kill_after_any_write_loses_nothing_and_repeats_nothing(tmp_path, rules):
@@ -142,6 +145,7 @@ def test_a_kill_after_any_write_loses_nothing_and_repeats_nothing(tmp_path, rule
     assert "regression" in final[3][2] and "skipped:sensitive" in final[4][2]
     assert all(len(comments) == 1 for *_, comments in final.values())
     assert reference["merges"] == 2 and total >= 10
+    assert reference["idle_writes"] == 0
     for k in range(1, total + 1):
         got, _ = run_round(tmp_path / f"kill-{k}", rules, k)
         assert got["merges"] == 2, f"killed after write {k}: {got['merges']} merges"
