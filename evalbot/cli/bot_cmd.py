@@ -21,14 +21,13 @@ from typing import Any
 import click
 
 from evalbot import ledgers
-from evalbot.cli.options import load_rules_or_exit, rules_option
+from evalbot.cli.options import load_rules_or_exit, resolve_state, rules_option, state_option
 from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
 from evalbot.rules import Rules
 from evalbot.store import EvalKey, Store, StoreError
 
 TOKEN_ENV = "GITHUB_TOKEN"
 REPO_ENV = "EVALBOT_REPO"  # owner/name
-STATE_ENV = "EVALBOT_STATE"
 AUTOMERGE_ENV = "EVALBOT_AUTOMERGE"
 
 
@@ -75,21 +74,10 @@ class Ctx:
         return f"https://{auth}github.com/{self.repo}.git"
 
 
-def _default_state() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "evalbot" / "state.db"
-
-
 def bot_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The options every bot command takes, folded into one Ctx argument."""
 
-    @click.option(
-        "--state",
-        "state",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help=f"the bot's SQLite state (default: ${STATE_ENV} or ~/.local/state/evalbot/state.db)",
-    )
+    @state_option
     @click.option("--repo", "repo", default=None, help=f"OWNER/NAME on GitHub (default: ${REPO_ENV})")
     @click.option("--api-url", default="https://api.github.com", show_default=True)
     @click.option(
@@ -100,7 +88,7 @@ def bot_options(f: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--dry-run", is_flag=True, help="show what would change and change nothing")
     @functools.wraps(f)
     def wrapper(state, repo, api_url, git_remote, bot_login, rules_dir, dry_run, **kw):  # noqa: ANN001, ANN202
-        ctx = Ctx(state or Path(os.environ.get(STATE_ENV) or _default_state()), repo or os.environ.get(REPO_ENV),
+        ctx = Ctx(resolve_state(state), repo or os.environ.get(REPO_ENV),
                   api_url, git_remote, bot_login, rules_dir, dry_run)  # fmt: skip
         return f(ctx, **kw)
 

@@ -15,8 +15,7 @@ from pathlib import Path
 import click
 
 from evalbot import calibrate as calibrate_mod
-from evalbot.cli.bot_cmd import STATE_ENV
-from evalbot.cli.options import load_rules_or_exit, rules_option
+from evalbot.cli.options import load_rules_or_exit, resolve_state, rules_option, state_option
 from evalbot.evaluate import builds, runner
 from evalbot.model import to_dict
 from evalbot.rules import Tier
@@ -27,11 +26,6 @@ BOX_ENV = "RUNNER_NAME"  # set by GitHub Actions runners; the host name elsewher
 
 def _log(message: str) -> None:
     click.echo(f"evalbot: {message}", err=True)
-
-
-def _default_state() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(os.environ.get(STATE_ENV) or Path(base) / "evalbot" / "state.db")
 
 
 @click.command()
@@ -59,12 +53,7 @@ def _default_state() -> Path:
 @click.option(
     "--box", default=None, help=f"this box's name in the store (default: ${BOX_ENV} or the host name)"
 )
-@click.option(
-    "--state",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help=f"the bot's SQLite state (default: ${STATE_ENV} or ~/.local/state/evalbot/state.db)",
-)
+@state_option
 @click.option(
     "--work-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -72,8 +61,11 @@ def _default_state() -> Path:
     help="worktrees, venvs and build logs (default: ~/.cache/evalbot/work)",
 )
 @click.option("--json", "as_json", is_flag=True, help="print the summary as one JSON object")
-@click.option("--no-sandbox", is_flag=True,
-              help="run without bubblewrap (a box without it; both sides are the same trusted revision)")
+@click.option(
+    "--no-sandbox",
+    is_flag=True,
+    help="run without bubblewrap (a box without it; both sides are the same trusted revision)",
+)
 def calibrate(repo: Path, rev: str, runs: int, rules_dir: Path | None, profile: str, max_pairs: int | None,
               spec: bool, accuracy: bool, box: str | None, state: Path | None, work_dir: Path | None,
               as_json: bool, no_sandbox: bool) -> None:  # fmt: skip
@@ -81,7 +73,7 @@ def calibrate(repo: Path, rev: str, runs: int, rules_dir: Path | None, profile: 
     call, and the smallest gain the box resolves. Run it before trusting a new runner."""
     rules = load_rules_or_exit(rules_dir)
     box = box or os.environ.get(BOX_ENV) or platform.node() or "unknown"
-    state = state or _default_state()
+    state = resolve_state(state)
     work = work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work"
     cfg = runner.EvalConfig(repo=repo.resolve(), base=rev, head=rev, rules=rules, profile=profile, work_root=work,
                             spec=spec, accuracy=accuracy, max_pairs=max_pairs, no_sandbox=no_sandbox)  # fmt: skip

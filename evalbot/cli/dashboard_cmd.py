@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import click
 
 from evalbot import dashboard as dashboard_mod
 from evalbot import ledgers
-from evalbot.cli import bot_cmd
+from evalbot.cli.options import STATE_ENV, resolve_state, state_option
 from evalbot.store import Store, StoreError
 
 
@@ -27,13 +26,7 @@ def dashboard() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="folder to write the site into (created; a folder a previous build wrote is updated)",
 )
-@click.option(
-    "--state",
-    "state",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help=f"the bot's SQLite state (default: ${bot_cmd.STATE_ENV} or ~/.local/state/evalbot/state.db)",
-)
+@state_option
 @click.option(
     "--ledger-dir",
     "ledger_dir",
@@ -60,10 +53,10 @@ def build(
     """Build the site: every page is static HTML (no scripts) with its plots beside it."""  # fmt: skip
     if ledger_dir is not None and git_remote is not None:
         raise click.UsageError("give --ledger-dir or --git-remote, not both")
-    path = state or Path(os.environ.get(bot_cmd.STATE_ENV) or bot_cmd._default_state())
+    path = resolve_state(state)
     if not path.is_file():
         # opening a store creates it: a read-only command must not leave an empty state behind
-        raise click.ClickException(f"no state at {path}: pass --state PATH or set {bot_cmd.STATE_ENV}")
+        raise click.ClickException(f"no state at {path}: pass --state PATH or set {STATE_ENV}")
     try:
         if ledger_dir is not None:
             files = dashboard_mod.read_ledger_dir(ledger_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -9,7 +10,10 @@ import click
 from evalbot.rules import Rules, RulesError, default_rules_dir, load_rules
 
 rules_option = click.option(
-    "--rules", "rules_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+    "--rules",
+    "rules_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
     help="rules directory (default: the repository's rules/)",
 )
 
@@ -20,3 +24,21 @@ def load_rules_or_exit(rules_dir: Path | None) -> Rules:
         return load_rules(rules_dir or default_rules_dir())
     except RulesError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+STATE_ENV = "EVALBOT_STATE"
+
+state_option = click.option(
+    "--state", "state", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help=f"the bot's SQLite state (default: ${STATE_ENV}, else $XDG_STATE_HOME or ~/.local/state, /evalbot/state.db)",
+)  # fmt: skip
+
+
+def resolve_state(path: Path | None) -> Path:
+    """The state file: the given path, else $EVALBOT_STATE, else evalbot/state.db under the XDG state home."""
+    if path is not None:
+        return path
+    if os.environ.get(STATE_ENV):
+        return Path(os.environ[STATE_ENV])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "evalbot" / "state.db"
