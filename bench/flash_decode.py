@@ -36,7 +36,6 @@ TILE_KEYS = (
     "num_stages",
     "pdl",
     "combine_block_d",
-    "fused",
     "pdl_wait",
 )
 SHAPES = {"q32-kv8-d128": (32, 8, 128), "q24-kv4-d256": (24, 4, 256), "q16-kv8-d64": (16, 8, 64)}
@@ -55,9 +54,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--combine-block-d", nargs="+", type=int, default=[0], help="0 = the default")
     p.add_argument(
         "--pdl", nargs="+", default=["auto"], help="'auto', 0 and/or 1: programmatic dependent launch"
-    )
-    p.add_argument(
-        "--fused", nargs="+", default=["auto"], help="'auto', 0 and/or 1: merge in the partial kernel"
     )
     p.add_argument(
         "--pdl-wait", nargs="+", default=["auto"], help="'auto', 0 and/or 1: launch the partial kernel early"
@@ -193,16 +189,14 @@ def floor_us(torch, triton, fd, device) -> dict[str, float]:  # noqa: ANN001
         q = torch.randn(1, hq, d, device=device, dtype=torch.bfloat16)
         k = torch.randn(1, hkv, 16 * 64, d, device=device, dtype=torch.bfloat16)
         lengths = torch.full((1,), 16 * 64, dtype=torch.int32, device=device)
-        for splits, fused in ((1, False), (16, False), (16, True)):
+        for splits in (1, 16):
             ws = fd.FlashDecodeWorkspace.allocate(1, hq, d, splits, device)
             o = torch.empty_like(q)
             call = functools.partial(
-                fd.flash_decode, q, k, k, lengths, 0.1, out=o, workspace=ws, num_splits=splits, fused=fused,
+                fd.flash_decode, q, k, k, lengths, 0.1, out=o, workspace=ws, num_splits=splits,
                 block_n=64,
             )  # fmt: skip
-            out[f"{name} ctx1024 splits{splits}{' fused' if fused else ''}"] = graph_time_us(
-                torch, [call] * 8
-            )
+            out[f"{name} ctx1024 splits{splits}"] = graph_time_us(torch, [call] * 8)
     return out
 
 
@@ -288,14 +282,13 @@ def main() -> None:
         base = fd.decode_config(q, k, v, lengths)
 
         variants = []
-        for splits, block_n, warps, stages, pdl, cbd, fused, pdl_wait in itertools.product(
+        for splits, block_n, warps, stages, pdl, cbd, pdl_wait in itertools.product(
             args.splits,
             args.block_n,
             args.warps,
             args.stages,
             args.pdl,
             args.combine_block_d,
-            args.fused,
             args.pdl_wait,
         ):
             tile = {
@@ -305,7 +298,6 @@ def main() -> None:
                 "num_stages": stages or base["num_stages"],
                 "pdl": base["pdl"] if pdl == "auto" else bool(int(pdl)),
                 "combine_block_d": cbd or base["combine_block_d"],
-                "fused": base["fused"] if fused == "auto" else bool(int(fused)),
                 "pdl_wait": base["pdl_wait"] if pdl_wait == "auto" else bool(int(pdl_wait)),
             }
             if tile not in variants:
@@ -397,9 +389,9 @@ def table(rows: list[dict]) -> str:
 def tuning_table(rows: list[dict]) -> str:
     """Every timed variant (graph replay), best first within each problem; variants that failed last."""
     lines = [
-        "| shape | ctx | B | splits | block_n | warps | stages | pdl | combine block_d | fused | pdl wait "
+        "| shape | ctx | B | splits | block_n | warps | stages | pdl | combine block_d | pdl wait "
         "| graph µs | % copy |",
-        "|---" * 13 + "|",
+        "|---" * 12 + "|",
     ]
     for r in sorted(rows, key=lambda r: (r["shape"], r["ctx"], r["batch"], r.get("graph_us", math.inf))):
         c = r["config"]
@@ -407,7 +399,7 @@ def tuning_table(rows: list[dict]) -> str:
         timing = f"{r['graph_us']:.1f}" if "graph_us" in r else r["error"][:40]
         lines.append(
             f"| {r['shape']} | {r['ctx']} | {r['batch']} | {c['num_splits']}{mark} | {c['block_n']} | {c['num_warps']} "
-            f"| {c['num_stages']} | {int(c['pdl'])} | {c['combine_block_d']} | {int(c['fused'])} | {int(c['pdl_wait'])} | {timing} | {_fmt(r, 'graph_pct_copy', '.0f')} |"
+            f"| {c['num_stages']} | {int(c['pdl'])} | {c['combine_block_d']} | {int(c['pdl_wait'])} | {timing} | {_fmt(r, 'graph_pct_copy', '.0f')} |"
         )
     return "\n".join(lines)
 

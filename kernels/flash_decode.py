@@ -36,13 +36,12 @@ MIN_BLOCKS_PER_SPLIT = 4
 # deep stages keep 96-128 KiB of loads in flight per SM. Picked from an H200 sweep (bench script).
 _TILES = {64: (128, 4, 4), 128: (64, 4, 4), 256: (64, 4, 3)}
 
-# Fused merge: the last program of each (sequence, KV head) to finish merges its group's splits
-# (arrival count by atomic add), instead of a second kernel. PDL wait: the partial kernel itself is
-# launched early (programmatic dependent launch) and waits for its predecessor on the device, which
-# hides its launch latency behind the previous kernel's tail.
-FUSED_DEFAULT = False
+# PDL wait: the partial kernel itself is launched early (programmatic dependent launch) and waits for
+# its predecessor on the device, hiding its launch latency behind the previous kernel's tail. Measured
+# on the H200 at 0.1-0.2 us, within noise at 4k, so off by default; kept for A/B experiments. (A fused
+# variant, the last program of each KV head merging the splits itself, measured 0.5-6 us slower and
+# was removed: docs/benchmarks.md.)
 PDL_WAIT_DEFAULT = False
-_MERGE_REGS = 8192  # fp32 elements of the fused merge's [G, S, D] chunk: 64 registers a thread at 4 warps
 
 
 @dataclass(frozen=True)
@@ -52,9 +51,6 @@ class FlashDecodeWorkspace:
     m: torch.Tensor  # [B_max, Hq, S] fp32 max of the scaled scores per split (natural log units)
     lsum: torch.Tensor  # [B_max, Hq, S] fp32 sum of exp(score - m) per split
     acc: torch.Tensor  # [B_max, Hq, S, D] fp32 sum of exp(score - m) * v per split (not normalised)
-    # [B_max * Hq] int32 arrival counts per (sequence, KV head) for the fused merge; zero between calls
-    # (the last-arriving program resets its count), so one zeroed allocation serves every launch
-    counters: torch.Tensor
 
     @classmethod
     def allocate(
@@ -63,8 +59,7 @@ class FlashDecodeWorkspace:
         """Scratch for up to `batch` sequences and `num_splits` splits."""
         m = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=device)
         acc = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=device)
-        counters = torch.zeros(batch * num_q_heads, dtype=torch.int32, device=device)
-        return cls(m, torch.empty_like(m), acc, counters)
+        return cls(m, torch.empty_like(m), acc)
 
     @property
     def num_splits(self) -> int:
@@ -113,7 +108,6 @@ def _resolve(
     num_stages: int | None = None,
     pdl: bool | None = None,
     combine_block_d: int | None = None,
-    fused: bool | None = None,
     pdl_wait: bool | None = None,
 ) -> dict:
     b, hq, d = q.shape
@@ -136,7 +130,6 @@ def _resolve(
         "num_stages": num_stages or tile["num_stages"],
         "combine_block_d": combine_block_d or min(d, 32),
         "pdl": pdl_supported(q.device) if pdl is None else bool(pdl) and q.is_cuda,
-        "fused": FUSED_DEFAULT if fused is None else bool(fused),
         "pdl_wait": (PDL_WAIT_DEFAULT and pdl_supported(q.device))
         if pdl_wait is None
         else bool(pdl_wait) and q.is_cuda,
@@ -257,12 +250,9 @@ def _launch(q, k_cache, v_cache, lengths, scale, out, workspace, cfg):  # noqa: 
     interpret = _interpreting()
     partial_kernel, combine_kernel = _kernels(interpret)
     direct = splits == 1  # nothing to merge: the partial kernel writes the output itself
-    fused = cfg["fused"] and not direct
-    group_c = triton.next_power_of_2(group)
-    merge_s = max(1, min(triton.next_power_of_2(splits), _MERGE_REGS // (group_c * d)))
 
     partial = partial_kernel[(splits, b * hkv)](
-        q, k_cache, v_cache, lengths, ws.m, ws.lsum, ws.acc, out, ws.counters,
+        q, k_cache, v_cache, lengths, ws.m, ws.lsum, ws.acc, out,
         scale * math.log2(math.e),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -272,12 +262,11 @@ def _launch(q, k_cache, v_cache, lengths, scale, out, workspace, cfg):  # noqa: 
         out.stride(0), out.stride(1),
         hkv, k_cache.shape[2], splits,
         G=group, G_PAD=max(_GROUP_ROWS, triton.next_power_of_2(group)), D=d, BLOCK_N=cfg["block_n"],
-        DOT_F32=interpret, PDL=cfg["pdl"] and not direct and not fused, DIRECT=direct,
-        FUSED=fused, G_C=group_c, MERGE_S=merge_s, PDL_WAIT=cfg["pdl_wait"],
+        DOT_F32=interpret, PDL=cfg["pdl"] and not direct, DIRECT=direct, PDL_WAIT=cfg["pdl_wait"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"launch_pdl": True} if cfg["pdl_wait"] else {}),
     )  # fmt: skip
-    if direct or fused:
+    if direct:
         return partial, None
     block_d = cfg["combine_block_d"]  # a slice of D per program: more programs hide the L2 latency
     block_s = min(triton.next_power_of_2(splits), 64)
@@ -308,8 +297,7 @@ def _partial(
     M,  # [B, Hq, S] fp32 out: max scaled score per split (natural log units), -inf when empty
     Lsum,  # [B, Hq, S] fp32 out: sum of exp(score - M) per split, 0 when empty
     Acc,  # [B, Hq, S, D] fp32 out: sum of exp(score - M) * v per split, 0 when empty
-    Out,  # [B, Hq, D] output in q's dtype, written here when DIRECT or FUSED; strides (stride_ob, stride_oh, 1)
-    Counters,  # [B * Hkv] int32 arrivals per (sequence, KV head) when FUSED; left at zero
+    Out,  # [B, Hq, D] output in q's dtype, written here only when DIRECT; strides (stride_ob, stride_oh, 1)
     qk_scale,  # softmax scale * log2(e): scores are kept in base 2 inside the loop
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_kn,
@@ -325,9 +313,6 @@ def _partial(
     DOT_F32: tl.constexpr,  # fp32 dot operands (same rounding of p): the interpreter's bf16 tl.dot is wrong
     PDL: tl.constexpr,  # let the combine kernel launch early (programmatic dependent launch)
     DIRECT: tl.constexpr,  # one split: normalise and write Out, no partials
-    FUSED: tl.constexpr,  # the last program of each (sequence, KV head) merges the splits itself
-    G_C: tl.constexpr,  # G rounded up to a power of two (the merge's head rows)
-    MERGE_S: tl.constexpr,  # splits merged per step of the fused merge
     PDL_WAIT: tl.constexpr,  # launched early: wait for the previous kernel's writes before reading
 ):  # fmt: skip
     if PDL_WAIT:
@@ -390,44 +375,6 @@ def _partial(
         tl.store(Lsum + ml_off, l_i, mask=in_group)
         a_ptrs = Acc + b64 * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :]
         tl.store(a_ptrs, acc, mask=in_group[:, None])
-        if FUSED:
-            # every thread's stores precede the arrival (barrier), and the acq_rel add publishes them;
-            # the last to arrive sees all the group's partials and merges them
-            tl.debug_barrier()
-            arrived = tl.atomic_add(Counters + bh, 1, sem="acq_rel")
-            if arrived == num_splits - 1:  # the last program of the group: merge its splits
-                offs_c = tl.arange(0, G_C)
-                offs_s = tl.arange(0, MERGE_S)
-                heads_c = h * G + offs_c
-                row_ok = offs_c < G
-                m_m = tl.full([G_C, MERGE_S], float("-inf"), tl.float32)
-                l_m = tl.zeros([G_C, MERGE_S], tl.float32)
-                acc_m = tl.zeros([G_C, MERGE_S, D], tl.float32)
-                for s0 in range(0, num_splits, MERGE_S):
-                    ok = row_ok[:, None] & ((s0 + offs_s) < num_splits)[None, :]
-                    ml = b64 * stride_mb + heads_c[:, None] * stride_mh + (s0 + offs_s)[None, :] * stride_ms
-                    # .cg: read past the L1, which may hold lines from before the other programs' writes
-                    m_s = tl.load(M + ml, mask=ok, other=float("-inf"), cache_modifier=".cg")
-                    l_s = tl.load(Lsum + ml, mask=ok, other=0.0, cache_modifier=".cg")
-                    a_off = (b64 * stride_ab + heads_c[:, None, None] * stride_ah
-                             + (s0 + offs_s)[None, :, None] * stride_as + offs_d[None, None, :])  # fmt: skip
-                    a_s = tl.load(Acc + a_off, mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
-                    m_mn = tl.maximum(m_m, m_s)
-                    base = tl.where(m_mn == float("-inf"), 0.0, m_mn)
-                    alpha = tl.exp(m_m - base)
-                    beta = tl.exp(m_s - base)
-                    l_m = l_m * alpha + beta * l_s
-                    acc_m = acc_m * alpha[:, :, None] + beta[:, :, None] * a_s
-                    m_m = m_mn
-                top_m = tl.max(m_m, 1)
-                top_m = tl.where(top_m == float("-inf"), 0.0, top_m)  # padded head rows: every lane empty
-                w = tl.exp(m_m - top_m[:, None])
-                denom = tl.sum(w * l_m, 1)
-                denom = tl.where(row_ok, denom, 1.0)
-                merged = tl.sum(w[:, :, None] * acc_m, 1) / denom[:, None]
-                out_ptrs = Out + b64 * stride_ob + heads_c[:, None] * stride_oh + offs_d[None, :]
-                tl.store(out_ptrs, merged.to(Out.dtype.element_ty), mask=row_ok[:, None])
-                tl.store(Counters + bh, 0)
 
 
 def _combine(

@@ -122,40 +122,6 @@ def test_matches_reference(case, kernels):
     check(out, q, k, v, lengths, d**-0.5)
 
 
-FUSED_CASES = [c for c in CASES if c[0] in ("d64-gqa7-batch2", "d64-small-tiles-ragged", "d64-80-splits-chunked-combine",
-                                             "d128-gqa3-not-divisible", "d256-gqa4-batch3")]  # fmt: skip
-
-
-@pytest.mark.parametrize("case", FUSED_CASES, ids=[c[0] for c in FUSED_CASES])
-def test_fused_merge_matches_reference(case, kernels):
-    # the last program of each (sequence, KV head) merges the splits; twice on one workspace, so the
-    # arrival counts must be back at zero after each call
-    _, d, hq, hkv, dtype, lens, s_max, splits, block_n = case
-    q, k, v, k_nan, v_nan, lengths = make_inputs(
-        len(lens), hq, hkv, d, s_max, dtype, lens, seed=zlib.crc32(case[0].encode())
-    )
-    splits = splits or 3  # the heuristic picks one split at these sizes; the merge needs several
-    cfg = fd.decode_config(q, k, v, lengths, num_splits=splits, block_n=block_n, fused=True)
-    assert cfg["fused"] and cfg["num_splits"] > 1
-    ws = fd.FlashDecodeWorkspace.allocate(len(lens), hq, d, cfg["num_splits"], DEVICE)
-    for _ in range(2):
-        out = torch.full_like(q, float("nan"))
-        fd.flash_decode(
-            q,
-            k_nan,
-            v_nan,
-            lengths,
-            d**-0.5,
-            num_splits=splits,
-            out=out,
-            workspace=ws,
-            block_n=block_n,
-            fused=True,
-        )
-        check(out, q, k, v, lengths, d**-0.5)
-        assert int(ws.counters.abs().sum()) == 0
-
-
 def test_strided_inputs(kernels):
     lens = [90, 17]
     q, k, v, k_nan, v_nan, lengths = make_inputs(2, 8, 2, 128, 96, BF16, lens, seed=7, strided=True)
@@ -299,7 +265,7 @@ GPU_SHAPES = [(32, 8, 128), (24, 4, 256)]
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("ctx", [4096, 16384, 32768])
 @pytest.mark.parametrize("hq,hkv,d", GPU_SHAPES)
-@pytest.mark.parametrize("variant", ["default", "fused-pdl-wait"])
+@pytest.mark.parametrize("variant", ["default", "pdl-both"])
 def test_gpu_real_sizes(hq, hkv, d, ctx, batch, variant):
     tuning = LAUNCH_VARIANTS.get(variant, {})
     g = torch.Generator(device="cuda").manual_seed(ctx + batch)
@@ -317,11 +283,9 @@ def test_gpu_real_sizes(hq, hkv, d, ctx, batch, variant):
 
 
 LAUNCH_VARIANTS = {
-    "plain": {"pdl": False, "fused": False, "pdl_wait": False},
-    "pdl": {"pdl": True, "fused": False, "pdl_wait": False},
-    "fused": {"fused": True, "pdl_wait": False},
-    "fused-pdl-wait": {"fused": True, "pdl_wait": True},
-    "pdl-both": {"pdl": True, "fused": False, "pdl_wait": True},
+    "plain": {"pdl": False, "pdl_wait": False},
+    "pdl": {"pdl": True, "pdl_wait": False},
+    "pdl-both": {"pdl": True, "pdl_wait": True},
 }
 
 
