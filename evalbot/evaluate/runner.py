@@ -92,11 +92,6 @@ class _Ctx:
     runs: int = 0  # engine processes started, for fresh scratch names
 
 
-def sensitive_changes(paths: list[str], sensitive: tuple[str, ...]) -> list[str]:
-    """The changed paths that fall under a sensitive entry (a trailing '/' covers a folder); intake's rule."""
-    return list(sensitive_hits(paths, sensitive))
-
-
 def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
     """Run the whole evaluation; every failure ends up in Measurements.failures, never as an exception."""
     started = _now()
@@ -122,7 +117,7 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
     except builds.BuildError as exc:
         return done(failures=(Failure(Side.HARNESS, "git", str(exc)),))
     shas = {"base_sha": base_wt.sha, "head_sha": head_wt.sha, "harness_sha": base_wt.sha}
-    hits = sensitive_changes(builds.changed_paths(cfg.repo, base_wt.sha, head_wt.sha), cfg.rules.policy.sensitive_paths)
+    hits = sensitive_hits(builds.changed_paths(cfg.repo, base_wt.sha, head_wt.sha), cfg.rules.policy.sensitive_paths)
     if hits:
         shown = ", ".join(hits[:8]) + (" …" if len(hits) > 8 else "")
         return done(prov=shas, skipped_reason=f"the PR changes sensitive paths, which the bot never runs: {shown}")
@@ -150,7 +145,7 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
             models = _fetch_models(ctx, profile)
         except SideFailed as exc:
             return done(prov={**shas, "engine_build": engine_build}, failures=(exc.failure,))
-        ctx.ro_binds = _ro_binds(ctx, [p.parent for p in models.values()])
+        ctx.ro_binds = _ro_binds([p.parent for p in models.values()])
         prompt_dir = ctx.scratch / "prompts"
         draws = prompts.draw(corpus, seed, n_chars=8 * max(c.ctx for c in profile.contexts) + 4000, k=2)
         prompt_files = prompts.write_prompt_files(draws, prompt_dir)
@@ -314,9 +309,8 @@ def _confine_build(argv: list[str], writable: Path) -> list[str]:
     """A revision's build step under bubblewrap: no network, only its temp dir writable, no secrets."""
     env = builds.build_environ(sandbox.scrub_env(os.environ)) | {"HOME": str(writable),
                                                                  "TMPDIR": str(writable / "tmp")}
-    interpreters = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
     spec = sandbox.SandboxSpec(
-        ro_binds=tuple(dict.fromkeys([*sandbox.system_ro_binds(), *sorted(interpreters)])), scratch=writable,
+        ro_binds=tuple(_ro_binds([])), scratch=writable,
         workdir=writable, env=env, limits=sandbox.Limits(cpu_seconds=3600, memory_bytes=16 << 30),
     )
     return sandbox.bwrap_argv(spec, argv)
@@ -434,8 +428,8 @@ def _sha_of(ctx: _Ctx, path: Path) -> str:
         return h.hexdigest()
 
 
-def _ro_binds(ctx: _Ctx, model_dirs: list[Path]) -> list[Path]:
-    """What engine processes may read: system dirs, the interpreters, the models. Never the bot's state."""
+def _ro_binds(model_dirs: list[Path]) -> list[Path]:
+    """What sandboxed code may read: system dirs, the interpreters, the models. Never the bot's state."""
     interpreters = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
     return list(dict.fromkeys([*sandbox.system_ro_binds(), *sorted(interpreters), *model_dirs]))
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate.runner import sensitive_changes
+from evalbot.policy.sensitive_paths import sensitive_hits
 from evalbot.rules import Rules, default_rules_dir, load_rules, tier_for_gain
 from tests.fixtures import fixture_engine_branches as fb
 
@@ -129,7 +129,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
     sha = hashlib.sha256(model.read_bytes()).hexdigest()
     rules_dir = write_rules(root / "rules", sha)
     rules = load_rules(rules_dir)
-    assert sensitive_changes(list(fb.HARNESS_FILES), rules.policy.sensitive_paths) == list(fb.HARNESS_FILES)
+    assert sensitive_hits(fb.HARNESS_FILES, rules.policy.sensitive_paths) == tuple(fb.HARNESS_FILES)
     repo = fb.make_repo(root / "repo", fb.STANDARD)
     return Lab(root, repo, cache, root / "work", model, sha, rules_dir, rules)
 
