@@ -362,27 +362,16 @@ def render_comment(verdict: Verdict, measurements: Measurements, *, signature_st
 
 
 def render_notice(
-    *,
-    pr: int,
-    head_sha: str,
-    title: str,
-    lines: Iterable[str],
-    kind: str,
-    author: str = "",
-    next_steps: str = "",
-    icon: str = "ℹ️",
-    previous: str = "",
+    *, pr: int, head_sha: str, title: str, lines: Iterable[str], kind: str, author: str = ""
 ) -> str:
     """The PR comment for a decision that is not a measured verdict (policy, copycat, rounds), with the marker.
 
-    `lines` are plain text (escaped here); `previous` is an already-rendered result kept for reference.
+    `lines` are plain text, escaped here; `kind` names the decision in the embedded state.
     """
     state = {"schema": STATE_SCHEMA, "pr": pr, "head_sha": head_sha, "notice": kind}
     template = _environment().get_template("notice.md.j2")
-    return template.render(
-        marker=MARKER, state=_encode_state(state), icon=icon, title=title, pr=pr, head_sha=head_sha,
-        author=author, lines=list(lines), next_steps=next_steps, previous=previous,
-    )  # fmt: skip
+    return template.render(marker=MARKER, state=_encode_state(state), title=title, pr=pr, head_sha=head_sha,
+                           author=author, lines=list(lines))  # fmt: skip
 
 
 def render_verdict_file(path: str | os.PathLike[str]) -> str:

@@ -558,3 +558,12 @@ def test_box_summary_gives_the_ranges_across_pairs():
     gpu = ({"load1": 1.0, "gpu_clock_sm": "1980 MHz", "gpu_temp": "41"}, {"load1": 1.0, "gpu_clock_sm": "1755 MHz",
            "gpu_temp": "44"})
     assert box_summary(gpu) == "2 samples, load 1, GPU SM clock 1755–1980, GPU 41–44 °C"
+
+
+def test_notice_carries_the_marker_and_state_and_escapes_contributor_text():
+    body = render.render_notice(pr=5, head_sha="c" * 40, title="not evaluated (sensitive_paths)",
+                         lines=["touches `rules/gates.yaml` <img src=x onerror=alert(1)>"], kind="skip",
+                         author="eve_[bot]")  # fmt: skip
+    assert body.startswith(render.MARKER)
+    assert render.find_state(body) == {"schema": 1, "pr": 5, "head_sha": "c" * 40, "notice": "skip"}
+    assert "<img" not in body and "&lt;img" in body and "eve\\_" in body
