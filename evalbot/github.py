@@ -459,6 +459,14 @@ class PyGithubAdapter:
         """Reopen a closed, unmerged PR."""
         self._send("PATCH", f"{self._repo}/issues/{number}", body={"state": "open"})
 
+    def authenticated_login(self) -> str | None:
+        """The login the token acts as (a user's token); None for tokens that have no user (an app's)."""
+        try:
+            login = self._send("GET", "/user").data.get("login")
+        except GitHubError:
+            return None
+        return login if isinstance(login, str) and login else None
+
     def create_status(
         self, sha: str, state: str, context: str, description: str = "", target_url: str | None = None
     ) -> None:

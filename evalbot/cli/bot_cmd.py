@@ -29,6 +29,7 @@ from evalbot.store import EvalKey, Store, StoreError
 TOKEN_ENV = "GITHUB_TOKEN"
 REPO_ENV = "EVALBOT_REPO"  # owner/name
 AUTOMERGE_ENV = "EVALBOT_AUTOMERGE"
+ACTIONS_LOGIN = "github-actions[bot]"  # who comments with an Actions job token (which has no /user)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,11 @@ def bot_options(f: Callable[..., Any]) -> Callable[..., Any]:
     @click.option(
         "--git-remote", default=None, help="git URL to fetch from and push ledgers to (default: GitHub)"
     )
-    @click.option("--bot-login", default=None, help="the bot's GitHub login, to find its own comments")
+    @click.option(
+        "--bot-login",
+        default=None,
+        help="the bot's GitHub login, to find its own comments (default: the token's user, else github-actions[bot])",
+    )
     @rules_option
     @click.option("--dry-run", is_flag=True, help="show what would change and change nothing")
     @functools.wraps(f)
@@ -121,13 +126,16 @@ def poll(
     key = receipts.load_private_key(raw_key) if raw_key else None
     work = work_dir or ctx.state.parent / "work"
     log = functools.partial(click.echo, err=True)
-    settings = BotSettings(bot_login=ctx.bot_login, automerge_env=os.environ.get(AUTOMERGE_ENV) == "1",
+    gh = ctx.github()
+    # the bot's own comments are found by author: never let a user's copy of the marker count as ours
+    bot_login = ctx.bot_login or gh.authenticated_login() or ACTIONS_LOGIN
+    settings = BotSettings(bot_login=bot_login, automerge_env=os.environ.get(AUTOMERGE_ENV) == "1",
                            ledger_remote=ctx.remote())  # fmt: skip
     with ctx.store() as store:
         from evalbot.screen import CopycatScreen
 
         mirror = Mirror(ctx.remote(), work / "mirror.git")
-        bot = Bot(ctx.github(), store, ctx.rules, settings, mirror,
+        bot = Bot(gh, store, ctx.rules, settings, mirror,
                   local_evaluator(ctx.rules, profile, work, log, key=key, max_pairs=max_pairs), log,
                   screen=CopycatScreen(store, ctx.rules, mirror.path), dry_run=ctx.dry_run)  # fmt: skip
         while True:

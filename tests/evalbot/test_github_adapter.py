@@ -598,3 +598,9 @@ def test_run_jobs_name_the_runner_and_a_run_can_be_cancelled(github_double, adap
     assert (s.runs[run_id].status, s.runs[run_id].conclusion) == ("completed", "cancelled")
     with pytest.raises(GitHubError):
         adapter.cancel_workflow_run(run_id)  # already completed: GitHub answers 409
+
+
+def test_the_token_s_login_is_known_and_an_app_token_has_none(github_double, adapter):
+    assert adapter.authenticated_login() == github_double.state.bot
+    github_double.state.inject("user.get", Fault.server_error(403))
+    assert adapter.authenticated_login() is None  # what an Actions job token answers
