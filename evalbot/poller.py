@@ -29,8 +29,8 @@ from evalbot.verdict import verdict_labels
 Log = Callable[[str], None]
 # (the PR's facts, the mirror holding both revisions, main's sha, the head's sha) -> the judgement
 Evaluator = Callable[[PullRequest, Path, str, str], Judgement]
-# (a PR's facts, its open siblings) -> extra labels/comment lines/close, or None; the copycat hook
-Screen = Callable[[PullRequest, tuple[PullRequest, ...]], "ScreenResult | None"]
+# (a PR's facts) -> labels, comment lines, close, or None; the copycat hook
+Screen = Callable[[PullRequest], "ScreenResult | None"]
 
 _STATUS_STATE = {Status.PASS: "success", Status.REJECT: "failure", Status.INFRA_ERROR: "error"}
 
@@ -230,7 +230,7 @@ class Bot:
             report.notes.append(f"#{pr.number}: not evaluated ({decision.stopped_by})")
             return
         if self.screen is not None:
-            screened = self.screen(pr, self._listing)
+            screened = self.screen(pr)
             if screened is not None and not self._apply_screen(pr, screened, report):
                 return
         key = EvalKey(pr.number, pr.head_sha, main_sha, self.rules.rules_hash)

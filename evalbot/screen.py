@@ -42,7 +42,7 @@ def main_kgrams(mirror: Path, sha: str, k: int) -> frozenset[int]:
 
 
 class CopycatScreen:
-    """Callable as the poller's `screen`: (PR, open PRs) -> ScreenResult or None (clean, nothing to do)."""
+    """Callable as the poller's `screen`: PR -> ScreenResult (its earlier PRs are in the index)."""
 
     def __init__(
         self, store: Store, rules: Rules, mirror: Path, *, now: Callable[[], datetime] | None = None
@@ -69,7 +69,7 @@ class CopycatScreen:
         return [datetime.fromisoformat(s.at.replace("Z", "+00:00")) for s in self.store.strikes(author)
                 if s.reason.startswith(prefix)]  # fmt: skip
 
-    def __call__(self, pr: PullRequest, open_prs: tuple[PullRequest, ...]) -> ScreenResult | None:
+    def __call__(self, pr: PullRequest) -> ScreenResult | None:
         lab, now = self.rules.labels, self.now()
         owned = (lab.copycat, lab.copycat_warn)
         if self.store.clears(pr.number):

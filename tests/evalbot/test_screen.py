@@ -54,22 +54,22 @@ def test_copies_are_closed_with_strikes_until_the_author_is_blocked(tmp_path):
     with Store(tmp_path / "state.db") as store:
         screen = CopycatScreen(store, RULES, main)
         screen.set_main(sha)
-        first = screen(pr(1, "alice", "2026-11-01T10:00:00Z", added("engine/sampler.py", original)), ())
+        first = screen(pr(1, "alice", "2026-11-01T10:00:00Z", added("engine/sampler.py", original)))
         assert first is not None and first.evaluate and first.labels == ()  # nothing earlier to copy
         honest = screen(pr(2, "bob", "2026-11-02T10:00:00Z", added("engine/cache.py",
-                        (ROOT / "engine" / "kv_cache.py").read_text())), ())  # fmt: skip
+                        (ROOT / "engine" / "kv_cache.py").read_text())))  # fmt: skip
         assert honest is not None and honest.evaluate
         for n in (3, 4, 5):
             copy = pr(
                 n, "eve", f"2026-11-0{n}T10:00:00Z", added(f"engine/fast_{n}.py", disguise(original, str(n)))
             )
-            got = screen(copy, ())
+            got = screen(copy)
             assert got is not None and not got.evaluate and got.close and got.labels == ("copycat",), got
             assert "#1" in got.lines[0]
         assert [s.pr for s in store.strikes("eve")] == [3, 4, 5]
         assert "eve" in {e.login for e in store.blocklist()}  # strikes.limit (3) reached
         store.add_clear(6, "maint", "eve's own earlier work, checked by hand")
         cleared = screen(
-            pr(6, "eve", "2026-11-09T10:00:00Z", added("engine/again.py", disguise(original, "z"))), ()
+            pr(6, "eve", "2026-11-09T10:00:00Z", added("engine/again.py", disguise(original, "z")))
         )
         assert cleared is not None and cleared.evaluate  # a maintainer's clear exempts it
