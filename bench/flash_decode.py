@@ -18,6 +18,7 @@ adds per-kernel device times.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -38,8 +39,17 @@ TILE_KEYS = (
     "combine_block_d",
     "pdl_wait",
 )
-SHAPES = {"q32-kv8-d128": (32, 8, 128), "q24-kv4-d256": (24, 4, 256), "q16-kv8-d64": (16, 8, 64)}
-DEFAULT_SHAPES = ["q32-kv8-d128", "q24-kv4-d256"]  # the notes' SDPA anchors; d64 only for tuning
+SHAPES = {
+    "q32-kv8-d128": (32, 8, 128),  # qwen3-8b's attention (GQA ratio 4)
+    "q64-kv8-d128": (64, 8, 128),  # GQA ratio 8 at d128 (the issue's "GQA-8 hd128"; Qwen2.5-72B's heads)
+    "q24-kv4-d256": (24, 4, 256),  # GQA ratio 6 at d256 (the issue's "GQA-6 hd256")
+    "q16-kv8-d64": (16, 8, 64),
+}
+DEFAULT_SHAPES = [
+    "q32-kv8-d128",
+    "q64-kv8-d128",
+    "q24-kv4-d256",
+]  # the notes' SDPA anchors; d64 only for tuning
 
 
 def parse_args() -> argparse.Namespace:
@@ -59,9 +69,19 @@ def parse_args() -> argparse.Namespace:
         "--pdl-wait", nargs="+", default=["auto"], help="'auto', 0 and/or 1: launch the partial kernel early"
     )
     p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="per-program global-timer trace of every variant (start, first loads, end; combine wait)",
+    )
+    p.add_argument(
         "--floor",
         action="store_true",
         help="also time the fixed cost of a call: one tile of context, empty kernels",
+    )
+    p.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also time, per problem, a copy of its bytes and a compute-free Triton read of its K and V",
     )
     p.add_argument("--profile", action="store_true", help="per-kernel device times (torch.profiler)")
     p.add_argument("--rep-ms", type=int, default=200, help="do_bench repetition time per measurement")
@@ -104,7 +124,9 @@ def graph_time_us(torch, calls: list, replays: int = 20, rounds: int = 7) -> flo
     return statistics.median(times)
 
 
-def time_ours(torch, fd, do_bench, sets, lengths, scale, tile, ref, cuda, rep_ms, stream) -> dict:  # noqa: ANN001
+def time_ours(
+    torch, fd, do_bench, sets, lengths, scale, tile, ref, cuda, rep_ms, stream, timeline=False
+) -> dict:  # noqa: ANN001
     """Check one launch config against the reference, then time it (graph; and stream when asked)."""
     q = sets[0][0]
     b, hq, d = q.shape
@@ -131,6 +153,16 @@ def time_ours(torch, fd, do_bench, sets, lengths, scale, tile, ref, cuda, rep_ms
     }
     calls = [lambda s=s, o=o: run(*s, o) for s, o in zip(sets, outs, strict=True)]
     row["graph_us"] = graph_time_us(torch, calls)
+    cfg = fd.decode_config(*sets[0], lengths, workspace=ws, **tile)
+    row["partial_only_graph_us"] = graph_time_us(  # the partial kernel alone: what the combine adds
+        torch,
+        [
+            lambda s=s, o=o: fd._launch_partial(*s, lengths, scale, o, ws, cfg)
+            for s, o in zip(sets, outs, strict=True)
+        ],
+    )
+    if timeline:
+        row["timeline"] = trace_timeline(torch, fd, sets, outs, lengths, scale, ws, cfg)
     if stream:
         row["stream_us"] = do_bench(calls[0], warmup=25, rep=rep_ms, return_mode="median") * 1e3
         row["host_us"] = host_time_us(torch, calls[0])
@@ -139,6 +171,56 @@ def time_ours(torch, fd, do_bench, sets, lengths, scale, tile, ref, cuda, rep_ms
             torch, lambda: fd._launch(*sets[0], lengths, scale, outs[0], ws, cfg)
         )
     return row
+
+
+def trace_timeline(torch, fd, sets, outs, lengths, scale, ws, cfg) -> dict:  # noqa: ANN001
+    """Global-timer trace of the last two calls of a graph replay over the input copies.
+
+    Every program of both kernels writes its start, the time its loads begin (partial) or its PDL wait
+    returns (combine), its end, and its SM. Times are µs from the first partial program's start of the
+    traced call; ``gap_from_previous_call_us`` is that start minus the previous call's last combine end.
+    """
+    b, hq, d = sets[0][0].shape
+    hkv = sets[0][1].shape[1]
+    rows = cfg["num_splits"] * b * hkv + (
+        b * hq * (d // cfg["combine_block_d"]) if cfg["num_splits"] > 1 else 0
+    )
+    traces = [torch.zeros(rows, 4, dtype=torch.int64, device=sets[0][0].device) for _ in range(2)]
+    n = len(sets)
+    calls = []
+    for i, (s, o) in enumerate(zip(sets, outs, strict=True)):
+        tr = traces[i - (n - 2)] if i >= n - 2 else None
+        calls.append(lambda s=s, o=o, tr=tr: fd._launch(*s, lengths, scale, o, ws, cfg, trace=tr))
+    if n < 2:
+        calls = calls * 2
+        calls[0] = lambda: fd._launch(*sets[0], lengths, scale, outs[0], ws, cfg, trace=traces[0])
+        calls[1] = lambda: fd._launch(*sets[0], lengths, scale, outs[0], ws, cfg, trace=traces[1])
+    graph_time_us(torch, calls, replays=5, rounds=3)
+    prev, cur = (t.cpu() for t in traces)
+    np_ = cfg["num_splits"] * b * hkv
+    t0 = int(cur[:np_, 0].min())
+
+    def q(x, p: float) -> float:  # noqa: ANN001
+        x = sorted(x)
+        return (x[min(len(x) - 1, round(p * (len(x) - 1)))] - t0) / 1e3
+
+    part, comb = cur[:np_].tolist(), cur[np_:].tolist()
+    out = {
+        "partial_start_us": {p: q([r[0] for r in part], p) for p in (0.5, 1.0)},
+        "partial_loop_us": {p: q([r[1] for r in part], p) for p in (0.0, 0.5, 1.0)},
+        "partial_end_us": {p: q([r[2] for r in part], p) for p in (0.0, 0.1, 0.5, 0.9, 1.0)},
+        "partial_sms": len({r[3] for r in part}),
+    }
+    if comb:
+        out |= {
+            "combine_start_us": {p: q([r[0] for r in comb], p) for p in (0.0, 0.5, 1.0)},
+            "combine_waited_us": {p: q([r[1] for r in comb], p) for p in (0.0, 0.5, 1.0)},
+            "combine_end_us": {p: q([r[2] for r in comb], p) for p in (0.5, 1.0)},
+        }
+        out["gap_from_previous_call_us"] = (t0 - int(prev[np_:, 2].max())) / 1e3
+    else:
+        out["gap_from_previous_call_us"] = (t0 - int(prev[:np_, 2].max())) / 1e3
+    return out
 
 
 def host_time_us(torch, call, n: int = 300) -> float:  # noqa: ANN001
@@ -175,7 +257,6 @@ def kernel_times_us(torch, calls: list, rounds: int = 10) -> dict[str, float]:  
 
 def floor_us(torch, triton, fd, device) -> dict[str, float]:  # noqa: ANN001
     """Graph-replayed µs of calls whose data is negligible: what every call pays before reading any KV."""
-    import functools
 
     @triton.jit
     def _empty(x):
@@ -197,6 +278,38 @@ def floor_us(torch, triton, fd, device) -> dict[str, float]:  # noqa: ANN001
                 block_n=64,
             )  # fmt: skip
             out[f"{name} ctx1024 splits{splits}"] = graph_time_us(torch, [call] * 8)
+    return out
+
+
+def ceiling_us(torch, triton, sets, kv_bytes: int, num_sms: int) -> dict[str, float]:  # noqa: ANN001
+    """What moving this problem's bytes costs per call with no attention at all (graph-replayed, same input copies).
+
+    ``copy`` copies a buffer the size of K plus V (its bytes moved are read + write); ``read P`` is a
+    Triton kernel that only streams K and V (sums them, so the loads stay) with P programs of equal
+    contiguous ranges, pipelined like the attention kernel. No attention kernel that reads the K and V
+    once per call can beat these, so they bound the share of copy bandwidth reachable at this size.
+    """
+    from stream_read import stream_read
+
+    out: dict[str, float] = {}
+    n_copy = max(1, len(sets))
+    src = [torch.empty(kv_bytes // 2, dtype=torch.bfloat16, device="cuda").normal_() for _ in range(n_copy)]
+    dst = [torch.empty_like(x) for x in src]
+    out["copy_us"] = graph_time_us(
+        torch, [lambda a=a, b=b: b.copy_(a) for a, b in zip(src, dst, strict=True)]
+    )
+    del src, dst
+    numel = sets[0][1].numel()
+    block = 8192  # 16 KiB of bf16 per load, K and V each: the attention kernel's 64 x 128 tile
+    for programs in (128, num_sms, 2 * num_sms, 4 * num_sms):
+        per_prog = math.ceil(math.ceil(numel / programs) / block) * block
+        res = torch.empty(programs, dtype=torch.float32, device="cuda")
+        for warps, stages in ((4, 4), (8, 3)):
+            launch = functools.partial(
+                stream_read[(programs,)], BLOCK=block, num_warps=warps, num_stages=stages
+            )
+            calls = [functools.partial(launch, k, v, res, numel, per_prog) for _, k, v in sets]
+            out[f"read_{programs}p_{warps}w_{stages}s_us"] = graph_time_us(torch, calls)
     return out
 
 
@@ -311,7 +424,18 @@ def main() -> None:
                    "config": {**base, **tile}, "default": tile == default}  # fmt: skip
             try:
                 row |= time_ours(
-                    torch, fd, do_bench, sets, lengths, scale, tile, ref, cuda, args.rep_ms, tile == default
+                    torch,
+                    fd,
+                    do_bench,
+                    sets,
+                    lengths,
+                    scale,
+                    tile,
+                    ref,
+                    cuda,
+                    args.rep_ms,
+                    tile == default,
+                    timeline=args.timeline and cuda,
                 )
             except Exception as exc:  # a tuning variant may not fit (shared memory): record it, go on
                 if tile == default:
@@ -319,6 +443,18 @@ def main() -> None:
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             if tile == default:
                 row |= time_sdpa(torch, F, do_bench, sets, scale, ref, cuda, args.rep_ms)
+            if args.ceiling and cuda and tile == default:
+                row["ceiling"] = ceiling_us(torch, triton, sets, kv_bytes, record["num_sms"])
+                best_read = min(v for k, v in row["ceiling"].items() if k.startswith("read"))
+                row["ceiling_pct_copy"] = {
+                    "copy": 100
+                    * 2
+                    * kv_bytes
+                    / (row["ceiling"]["copy_us"] * 1e-6)
+                    / record["copy_bytes_per_s"],
+                    "best_read": 100 * kv_bytes / (best_read * 1e-6) / record["copy_bytes_per_s"],
+                }
+                print(f"  ceiling: {row['ceiling']} -> % of copy {row['ceiling_pct_copy']}", file=sys.stderr)
             if args.profile and cuda and tile == default:
                 ws = fd.FlashDecodeWorkspace.allocate(batch, hq, d, tile["num_splits"], device)
                 kw = dict(tile, workspace=ws)
@@ -351,6 +487,10 @@ def main() -> None:
                 f" sdpa {row.get('sdpa_host_us', float('nan')):.1f}), {row.get('resources')}"
             )
             print(f"{name} ctx={ctx} B={batch} {tile}: {summary}", file=sys.stderr)
+            if "partial_only_graph_us" in row:
+                print(f"  partial kernel alone: {row['partial_only_graph_us']:.2f} us", file=sys.stderr)
+            if "timeline" in row:
+                print(f"  timeline: {json.dumps(row['timeline'])}", file=sys.stderr)
         del sets, ref
 
     if args.floor and cuda:
@@ -390,8 +530,8 @@ def tuning_table(rows: list[dict]) -> str:
     """Every timed variant (graph replay), best first within each problem; variants that failed last."""
     lines = [
         "| shape | ctx | B | splits | block_n | warps | stages | pdl | combine block_d | pdl wait "
-        "| graph µs | % copy |",
-        "|---" * 12 + "|",
+        "| graph µs | % copy | partial alone µs |",
+        "|---" * 13 + "|",
     ]
     for r in sorted(rows, key=lambda r: (r["shape"], r["ctx"], r["batch"], r.get("graph_us", math.inf))):
         c = r["config"]
@@ -399,7 +539,8 @@ def tuning_table(rows: list[dict]) -> str:
         timing = f"{r['graph_us']:.1f}" if "graph_us" in r else r["error"][:40]
         lines.append(
             f"| {r['shape']} | {r['ctx']} | {r['batch']} | {c['num_splits']}{mark} | {c['block_n']} | {c['num_warps']} "
-            f"| {c['num_stages']} | {int(c['pdl'])} | {c['combine_block_d']} | {int(c['pdl_wait'])} | {timing} | {_fmt(r, 'graph_pct_copy', '.0f')} |"
+            f"| {c['num_stages']} | {int(c['pdl'])} | {c['combine_block_d']} | {int(c['pdl_wait'])} | {timing} | {_fmt(r, 'graph_pct_copy', '.0f')} "
+            f"| {_fmt(r, 'partial_only_graph_us', '.1f')} |"
         )
     return "\n".join(lines)
 

@@ -240,19 +240,25 @@ def flash_decode(
     return out
 
 
-def _launch(q, k_cache, v_cache, lengths, scale, out, workspace, cfg):  # noqa: ANN001, ANN202
+def _launch(q, k_cache, v_cache, lengths, scale, out, workspace, cfg, trace=None):  # noqa: ANN001, ANN202
     # returns the compiled kernels (None under the interpreter), for the benchmark's resource report
+    partial = _launch_partial(q, k_cache, v_cache, lengths, scale, out, workspace, cfg, trace)
+    if cfg["num_splits"] == 1:  # nothing to merge: the partial kernel wrote the output itself
+        return partial, None
+    rows = cfg["num_splits"] * q.shape[0] * k_cache.shape[1]  # the partial kernel's trace rows come first
+    return partial, _launch_combine(q, out, workspace, cfg, None if trace is None else trace[rows:])
+
+
+def _launch_partial(q, k_cache, v_cache, lengths, scale, out, ws, cfg, trace=None):  # noqa: ANN001, ANN202
     b, hq, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
     splits = cfg["num_splits"]
-    ws = workspace
     interpret = _interpreting()
-    partial_kernel, combine_kernel = _kernels(interpret)
+    partial_kernel, _ = _kernels(interpret)
     direct = splits == 1  # nothing to merge: the partial kernel writes the output itself
-
-    partial = partial_kernel[(splits, b * hkv)](
-        q, k_cache, v_cache, lengths, ws.m, ws.lsum, ws.acc, out,
+    return partial_kernel[(splits, b * hkv)](
+        q, k_cache, v_cache, lengths, ws.m, ws.lsum, ws.acc, out, ws.m if trace is None else trace,
         scale * math.log2(math.e),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -263,24 +269,29 @@ def _launch(q, k_cache, v_cache, lengths, scale, out, workspace, cfg):  # noqa: 
         hkv, k_cache.shape[2], splits,
         G=group, G_PAD=max(_GROUP_ROWS, triton.next_power_of_2(group)), D=d, BLOCK_N=cfg["block_n"],
         DOT_F32=interpret, PDL=cfg["pdl"] and not direct, DIRECT=direct, PDL_WAIT=cfg["pdl_wait"],
+        TRACE=trace is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"launch_pdl": True} if cfg["pdl_wait"] else {}),
     )  # fmt: skip
-    if direct:
-        return partial, None
+
+
+def _launch_combine(q, out, ws, cfg, trace=None):  # noqa: ANN001, ANN202
+    b, hq, d = q.shape
+    splits = cfg["num_splits"]
+    _, combine_kernel = _kernels(_interpreting())
     block_d = cfg["combine_block_d"]  # a slice of D per program: more programs hide the L2 latency
     block_s = min(triton.next_power_of_2(splits), 64)
-    combine = combine_kernel[(b * hq, d // block_d)](
-        ws.m, ws.lsum, ws.acc, out,
+    return combine_kernel[(b * hq, d // block_d)](
+        ws.m, ws.lsum, ws.acc, out, ws.m if trace is None else trace,
         ws.m.stride(0), ws.m.stride(1), ws.m.stride(2),
         ws.acc.stride(0), ws.acc.stride(1), ws.acc.stride(2),
         out.stride(0), out.stride(1),
         hq, splits,
         BLOCK_D=block_d, BLOCK_S=block_s,
-        PDL=cfg["pdl"], num_warps=4 if block_s * block_d <= 2048 else 8,
+        PDL=cfg["pdl"], TRACE=trace is not None,
+        num_warps=4 if block_s * block_d <= 2048 else 8,
         **({"launch_pdl": True} if cfg["pdl"] else {}),
     )  # fmt: skip
-    return partial, combine
 
 
 @functools.cache
@@ -298,6 +309,7 @@ def _partial(
     Lsum,  # [B, Hq, S] fp32 out: sum of exp(score - M) per split, 0 when empty
     Acc,  # [B, Hq, S, D] fp32 out: sum of exp(score - M) * v per split, 0 when empty
     Out,  # [B, Hq, D] output in q's dtype, written here only when DIRECT; strides (stride_ob, stride_oh, 1)
+    Trace,  # int64 [programs, 4] when TRACE: global timer at start, after the loads began, at the end; SM id
     qk_scale,  # softmax scale * log2(e): scores are kept in base 2 inside the loop
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_kn,
@@ -314,7 +326,10 @@ def _partial(
     PDL: tl.constexpr,  # let the combine kernel launch early (programmatic dependent launch)
     DIRECT: tl.constexpr,  # one split: normalise and write Out, no partials
     PDL_WAIT: tl.constexpr,  # launched early: wait for the previous kernel's writes before reading
+    TRACE: tl.constexpr,  # write this program's timeline to Trace (bench --timeline)
 ):  # fmt: skip
+    if TRACE:
+        t_start = tl.extra.cuda.globaltimer()
     if PDL_WAIT:
         tl.extra.cuda.gdc_wait()
     if PDL:
@@ -350,6 +365,8 @@ def _partial(
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
+    if TRACE:
+        t_loop = tl.extra.cuda.globaltimer()
     for n0 in range(start, end, BLOCK_N):
         valid = (n0 + offs_n) < end
         k = tl.load(k_ptrs + n0 * stride_kn, mask=valid[:, None], other=0.0)
@@ -375,6 +392,12 @@ def _partial(
         tl.store(Lsum + ml_off, l_i, mask=in_group)
         a_ptrs = Acc + b64 * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :]
         tl.store(a_ptrs, acc, mask=in_group[:, None])
+    if TRACE:
+        row = Trace + (bh * num_splits + split).to(tl.int64) * 4
+        tl.store(row, t_start)
+        tl.store(row + 1, t_loop)
+        tl.store(row + 2, tl.extra.cuda.globaltimer())
+        tl.store(row + 3, tl.extra.cuda.smid().to(tl.int64))
 
 
 def _combine(
@@ -382,6 +405,7 @@ def _combine(
     Lsum,  # [B, Hq, S] fp32 per-split sum of exp(score - M), 0 for an empty split
     Acc,  # [B, Hq, S, D] fp32 per-split unnormalised output, 0 for an empty split
     Out,  # [B, Hq, D] output in q's dtype; strides (stride_ob, stride_oh, 1)
+    Trace,  # int64 when TRACE: after the partial kernel's rows, [programs, 4]: start, after the wait, end, SM id
     stride_mb, stride_mh, stride_ms,
     stride_ab, stride_ah, stride_as,
     stride_ob, stride_oh,
@@ -389,7 +413,10 @@ def _combine(
     BLOCK_D: tl.constexpr,  # head-dim slice per program: more programs to hide the L2 latency
     BLOCK_S: tl.constexpr,  # splits merged per step; one step (all loads in flight at once) when S <= BLOCK_S
     PDL: tl.constexpr,  # launched early: wait for the partial kernel's writes before reading them
+    TRACE: tl.constexpr,  # write this program's timeline to Trace (bench --timeline)
 ):  # fmt: skip
+    if TRACE:
+        t_start = tl.extra.cuda.globaltimer()
     bh = tl.program_id(0)
     b = (bh // num_heads).to(tl.int64)
     h = (bh % num_heads).to(tl.int64)
@@ -400,6 +427,8 @@ def _combine(
     a_ptrs = Acc + b * stride_ab + h * stride_ah + offs_s[:, None] * stride_as + offs_d[None, :]
     if PDL:
         tl.extra.cuda.gdc_wait()
+    if TRACE:
+        t_wait = tl.extra.cuda.globaltimer()
 
     # Lane-wise online merge: lane i folds in splits i, i + BLOCK_S, ...; the lanes merge at the end.
     m_run = tl.full([BLOCK_S], float("-inf"), tl.float32)
@@ -420,3 +449,9 @@ def _combine(
     w = tl.exp(m_run - tl.max(m_run, 0))  # lanes that only saw empty splits weigh 0
     out = tl.sum(w[:, None] * acc_run, 0) / tl.sum(w * l_run, 0)
     tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+    if TRACE:
+        row = Trace + (bh * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * 4
+        tl.store(row, t_start)
+        tl.store(row + 1, t_wait)
+        tl.store(row + 2, tl.extra.cuda.globaltimer())
+        tl.store(row + 3, tl.extra.cuda.smid().to(tl.int64))
