@@ -38,6 +38,7 @@ TILE_KEYS = (
     "pdl",
     "combine_block_d",
     "pdl_wait",
+    "combine_warps",
 )
 SHAPES = {
     "q32-kv8-d128": (32, 8, 128),  # qwen3-8b's attention (GQA ratio 4)
@@ -62,6 +63,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warps", nargs="+", type=int, default=[0], help="0 = the default tile")
     p.add_argument("--stages", nargs="+", type=int, default=[0], help="0 = the default tile")
     p.add_argument("--combine-block-d", nargs="+", type=int, default=[0], help="0 = the default")
+    p.add_argument("--combine-warps", nargs="+", type=int, default=[0], help="0 = the default")
     p.add_argument(
         "--pdl", nargs="+", default=["auto"], help="'auto', 0 and/or 1: programmatic dependent launch"
     )
@@ -407,7 +409,7 @@ def main() -> None:
         base = fd.decode_config(q, k, v, lengths)
 
         variants = []
-        for splits, block_n, warps, stages, pdl, cbd, pdl_wait in itertools.product(
+        for splits, block_n, warps, stages, pdl, cbd, pdl_wait, cwarps in itertools.product(
             args.splits,
             args.block_n,
             args.warps,
@@ -415,6 +417,7 @@ def main() -> None:
             args.pdl,
             args.combine_block_d,
             args.pdl_wait,
+            args.combine_warps,
         ):
             tile = {
                 "num_splits": base["num_splits"] if splits == "auto" else int(splits),
@@ -424,6 +427,7 @@ def main() -> None:
                 "pdl": base["pdl"] if pdl == "auto" else bool(int(pdl)),
                 "combine_block_d": cbd or base["combine_block_d"],
                 "pdl_wait": base["pdl_wait"] if pdl_wait == "auto" else bool(int(pdl_wait)),
+                "combine_warps": cwarps or base["combine_warps"],
             }
             if tile not in variants:
                 variants.append(tile)
@@ -558,9 +562,9 @@ def table(rows: list[dict]) -> str:
 def tuning_table(rows: list[dict]) -> str:
     """Every timed variant (graph replay), best first within each problem; variants that failed last."""
     lines = [
-        "| shape | ctx | B | splits | block_n | warps | stages | pdl | combine block_d | pdl wait "
+        "| shape | ctx | B | splits | block_n | warps | stages | pdl | combine block_d | combine warps | pdl wait "
         "| graph µs | % copy | partial alone µs |",
-        "|---" * 13 + "|",
+        "|---" * 14 + "|",
     ]
     for r in sorted(rows, key=lambda r: (r["shape"], r["ctx"], r["batch"], r.get("graph_us", math.inf))):
         c = r["config"]
@@ -568,7 +572,7 @@ def tuning_table(rows: list[dict]) -> str:
         timing = f"{r['graph_us']:.1f}" if "graph_us" in r else r["error"][:40]
         lines.append(
             f"| {r['shape']} | {r['ctx']} | {r['batch']} | {c['num_splits']}{mark} | {c['block_n']} | {c['num_warps']} "
-            f"| {c['num_stages']} | {int(c['pdl'])} | {c['combine_block_d']} | {int(c['pdl_wait'])} | {timing} | {_fmt(r, 'graph_pct_copy', '.0f')} "
+            f"| {c['num_stages']} | {int(c['pdl'])} | {c['combine_block_d']} | {c.get('combine_warps') or '-'} | {int(c['pdl_wait'])} | {timing} | {_fmt(r, 'graph_pct_copy', '.0f')} "
             f"| {_fmt(r, 'partial_only_graph_us', '.1f')} |"
         )
     return "\n".join(lines)

@@ -206,10 +206,12 @@ def test_unsupported_on_cpu_without_interpreter(monkeypatch):
 
 
 def test_num_splits_examples():
-    # 132 SMs, batch 1: 8 KV heads -> 16 splits (128 programs), 4 KV heads -> 33; short contexts are capped
+    # 132 SMs, batch 1: 8 KV heads -> 16 splits (128 programs); 4 KV heads -> 33 wanted, but 256 or 512
+    # tiles over 33 splits leave the 33rd empty, so 32; short contexts are capped
     ctxs = (1, 256, 512, 4096, 16384, 32768)
     assert [fd.num_splits(132, 1, 8, ctx, 64) for ctx in ctxs] == [1, 1, 2, 16, 16, 16]
-    assert [fd.num_splits(132, 1, 4, ctx, 64) for ctx in ctxs] == [1, 1, 2, 16, 33, 33]
+    assert [fd.num_splits(132, 1, 4, ctx, 64) for ctx in ctxs] == [1, 1, 2, 16, 32, 32]
+    assert fd.num_splits(132, 1, 4, 16384 + 64, 64) == 33  # 257 tiles: 8 per split needs all 33
     assert [fd.num_splits(132, 8, 8, ctx, 64) for ctx in ctxs] == [1, 1, 2, 2, 2, 2]
 
 
@@ -218,24 +220,23 @@ def test_num_splits_examples():
 def test_num_splits_properties(num_sms, block_n):
     for batch in (1, 3, 8, 64):
         for heads in (1, 4, 8):
-            prev = 0
-            for ctx in [1, 2, 15, 16, 17, 100, 255, 256, 1000, 4096, 10_000, 32768, 131072]:
+            for ctx in [1, 2, 15, 16, 17, 100, 255, 256, 1000, 4096, 10_000, 16448, 32768, 131072]:
                 s = fd.num_splits(num_sms, batch, heads, ctx, block_n)
                 blocks = -(-ctx // block_n)
+                per_split = -(-blocks // s)
                 assert 1 <= s <= blocks, "never more splits than KV tiles"
                 assert s == 1 or blocks // s >= fd.MIN_BLOCKS_PER_SPLIT, "each split covers enough tiles"
-                assert s >= prev, "monotonic in context length"
-                prev = s
+                assert (s - 1) * per_split < blocks, "no split is left empty"
                 if ctx <= block_n * fd.MIN_BLOCKS_PER_SPLIT:
                     assert s == 1, "tiny contexts are not split"
                 if batch * heads * 2 > fd.PROGRAMS_PER_SM * num_sms:
                     assert s == 1, "enough programs already"
-                if s > 1:  # one wave: never more programs than wanted, and one more split would exceed it
-                    assert batch * heads * s <= fd.PROGRAMS_PER_SM * num_sms
-                    assert (
-                        s == blocks // fd.MIN_BLOCKS_PER_SPLIT
-                        or batch * heads * (s + 1) > fd.PROGRAMS_PER_SM * num_sms
+                if s > 1:  # one wave: never more programs than wanted, and no split count within it
+                    assert batch * heads * s <= fd.PROGRAMS_PER_SM * num_sms  # gives a program less
+                    widest = min(
+                        blocks // fd.MIN_BLOCKS_PER_SPLIT, fd.PROGRAMS_PER_SM * num_sms // (batch * heads)
                     )
+                    assert per_split == -(-blocks // widest)
 
 
 def test_num_splits_falls_with_batch_and_heads():
