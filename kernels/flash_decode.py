@@ -36,6 +36,11 @@ MIN_BLOCKS_PER_SPLIT = 4
 # deep stages keep 96-128 KiB of loads in flight per SM. Picked from an H200 sweep (bench script).
 _TILES = {64: (128, 4, 4), 128: (64, 4, 4), 256: (64, 4, 3)}
 
+# Warps of a combine program that merges at most 2048 values per step, per head dim (4 otherwise).
+# At d256 (32 splits) one warp measured 0.5 us faster than four at 16k and 32k on the H200 (its
+# reductions stay in the warp); at d128 one warp was no faster (bench/results, 2026-11-30c).
+_COMBINE_WARPS = {256: 1}
+
 # PDL wait: the partial kernel itself is launched early (programmatic dependent launch) and waits on
 # the device (griddepcontrol.wait) for its predecessor's writes before it reads anything, so its launch
 # overlaps the previous kernel's last blocks (which trigger it as they exit, even a kernel that knows
@@ -72,7 +77,7 @@ def num_splits(num_sms: int, batch: int, num_kv_heads: int, ctx_len: int, block_
 
     Of the split counts that give each program the same number of tiles, the fewest: a split left
     empty (33 splits of 256 tiles are 8 tiles each, and the 33rd gets none) still costs a program,
-    a partial to write and a wider merge (measured on the H200: 0.5-1 us at d256, 16k-32k).
+    a partial to write and a wider merge (measured on the H200 at d256, 16k-32k: 0-0.5 us faster).
     """
     blocks = max(1, -(-ctx_len // block_n))
     most = max(1, blocks // MIN_BLOCKS_PER_SPLIT)
@@ -137,7 +142,7 @@ def _resolve(
         "num_warps": num_warps or tile["num_warps"],
         "num_stages": num_stages or tile["num_stages"],
         "combine_block_d": combine_block_d or min(d, 32),
-        "combine_warps": combine_warps,  # None: 4, or 8 for a merge of more than 2048 values per step
+        "combine_warps": combine_warps or _combine_warps(d, num_splits, combine_block_d or min(d, 32)),
         "pdl": pdl_supported(q.device) if pdl is None else bool(pdl) and q.is_cuda,
         "pdl_wait": (PDL_WAIT_DEFAULT and pdl_supported(q.device))
         if pdl_wait is None
@@ -145,6 +150,11 @@ def _resolve(
         "gqa_rows": max(_GROUP_ROWS, triton.next_power_of_2(hq // hkv)),
         "num_sms": num_sms,
     }
+
+
+def _combine_warps(head_dim: int, splits: int, block_d: int) -> int:
+    block_s = min(triton.next_power_of_2(splits), 64)
+    return _COMBINE_WARPS.get(head_dim, 4) if block_s * block_d <= 2048 else 8
 
 
 @functools.cache
@@ -298,7 +308,7 @@ def _launch_combine(q, out, ws, cfg, trace=None):  # noqa: ANN001, ANN202
         hq, splits,
         BLOCK_D=block_d, BLOCK_S=block_s,
         PDL=cfg["pdl"], TRACE=trace is not None,
-        num_warps=cfg.get("combine_warps") or (4 if block_s * block_d <= 2048 else 8),
+        num_warps=cfg["combine_warps"],
         **({"launch_pdl": True} if cfg["pdl"] else {}),
     )  # fmt: skip
 
