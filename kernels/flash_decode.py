@@ -37,8 +37,8 @@ MIN_BLOCKS_PER_SPLIT = 4
 _TILES = {64: (128, 4, 4), 128: (64, 4, 4), 256: (64, 4, 3)}
 
 # Warps of a combine program that merges at most 2048 values per step, per head dim (4 otherwise).
-# At d256 (32 splits) one warp measured 0.5 us faster than four at 16k and 32k on the H200 (its
-# reductions stay in the warp); at d128 one warp was no faster (bench/results, 2026-11-30c).
+# At d256 one warp measured 0.3-1.1 us faster than four at every size on the H200 (4k-32k, batch 1
+# and 8: its reductions stay in the warp); at d128 it was no faster (bench/results, 2026-11-30c/d).
 _COMBINE_WARPS = {256: 1}
 
 # PDL wait: the partial kernel itself is launched early (programmatic dependent launch) and waits on

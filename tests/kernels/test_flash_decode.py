@@ -245,6 +245,15 @@ def test_num_splits_falls_with_batch_and_heads():
         assert by_batch == sorted(by_batch, reverse=True) and by_batch[-1] == 1
 
 
+def test_combine_warps_by_head_dim_and_merge_width():
+    q128, k128 = torch.empty(1, 32, 128), torch.empty(1, 8, 16384, 128)
+    q256, k256 = torch.empty(1, 24, 256), torch.empty(1, 4, 16384, 256)
+    assert fd._resolve(q256, k256, 32, None)["combine_warps"] == 1  # d256: one warp merges 32 x 32 values
+    assert fd._resolve(q128, k128, 16, None)["combine_warps"] == 4
+    assert fd._resolve(q256, k256, 64, None, combine_block_d=64)["combine_warps"] == 8  # 64 x 64 per step
+    assert fd._resolve(q256, k256, 32, None, combine_warps=2)["combine_warps"] == 2  # the override wins
+
+
 def test_decode_config_reports_effective_settings():
     q, k, v, _, _, lengths = make_inputs(1, 32, 8, 128, 2048, BF16, [2048], seed=2)
     cfg = fd.decode_config(q, k, v, lengths)
