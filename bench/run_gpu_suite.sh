@@ -7,6 +7,9 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py tests/kernels/test_flash_decode.py -m gpu 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
+python3 bench/flash_decode.py --batch 1 8 --ceiling --profile --timeline --out "$OUT/flash_decode.json" \
+  > "$OUT/flash_decode.md" 2> "$OUT/flash_decode.err"
+cat "$OUT/flash_decode.md"
 python3 bench/e2e_decode.py --shape qwen3-8b --ctx 4096 --gen 128 --rounds 5 --out "$OUT/e2e_decode.json" 2>&1 | tee "$OUT/e2e_decode.md"
 python3 -m engine bench --device cuda --random-weights --shape qwen3-8b --ctx 4096 --gen 64 --runs 3 > "$OUT/bench_qwen3_8b.json" 2> "$OUT/bench_qwen3_8b.err"
 tail -3 "$OUT/bench_qwen3_8b.err"
