@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything that needs the GPU, in one go: GPU tests, then the end-to-end and speculative benchmarks.
+# Everything that needs the GPU, in one go: GPU tests, then the kernel, end-to-end and speculative benchmarks.
 # Usage: OUT=/some/dir bash bench/run_gpu_suite.sh   (results land in $OUT)
 set -uo pipefail
 OUT=${OUT:-out}
