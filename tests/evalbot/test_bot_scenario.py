@@ -248,7 +248,13 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
 
         # --- the final state on GitHub, in the store and in the ledgers --------------------------------
         pulls = st.pulls
-        assert pulls[winner].merged and pulls[other].merged
+
+        def why(n):  # what the bot decided for PR n, for a failing assertion
+            return [(e.key.head_sha[:8], e.state, e.status, e.verdict and (e.verdict.tier, e.verdict.reasons,
+                     [(g.name, g.passed) for g in e.verdict.gates]), e.error) for e in store.evaluations(pr=n)]  # fmt: skip
+
+        assert pulls[winner].merged, (winner, why(winner), log[-30:])
+        assert pulls[other].merged, (other, why(other), gh.get_pull(other).labels, log[-30:])
         credits = {e.pr: e for e in store.ledger()}
         assert credits[winner].gain and credits[winner].gain > 0.18  # XL: a vectorized loop
         assert credits[other].marginal_gain is not None and credits[other].marginal_gain > 0  # over new main
