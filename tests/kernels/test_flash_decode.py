@@ -231,8 +231,8 @@ def test_num_splits_properties(num_sms, block_n):
                     assert s == 1, "tiny contexts are not split"
                 if batch * heads * 2 > fd.PROGRAMS_PER_SM * num_sms:
                     assert s == 1, "enough programs already"
-                if s > 1:  # one wave: never more programs than wanted, and no split count within it
-                    assert batch * heads * s <= fd.PROGRAMS_PER_SM * num_sms  # gives a program less
+                if s > 1:  # one wave, and no split count that fits in it gives a program fewer tiles
+                    assert batch * heads * s <= fd.PROGRAMS_PER_SM * num_sms
                     widest = min(
                         blocks // fd.MIN_BLOCKS_PER_SPLIT, fd.PROGRAMS_PER_SM * num_sms // (batch * heads)
                     )
