@@ -460,11 +460,19 @@ class PyGithubAdapter:
         self._send("PATCH", f"{self._repo}/issues/{number}", body={"state": "open"})
 
     def authenticated_login(self) -> str | None:
-        """The login the token acts as (a user's token); None for tokens that have no user (an app's)."""
+        """The login the token acts as (a user's token); None for tokens that have no user (an app's).
+
+        Only a refusal (401, 403, 404) means "no user": an outage raises, so a 502 never makes the bot
+        take another login and miss its own comments.
+        """
         try:
             login = self._send("GET", "/user").data.get("login")
-        except GitHubError:
-            return None
+        except GitHubUnavailable:  # down or rate limited (which GitHub may also answer with a 403)
+            raise
+        except GitHubError as exc:
+            if exc.status in (401, 403, 404):
+                return None
+            raise
         return login if isinstance(login, str) and login else None
 
     def create_status(

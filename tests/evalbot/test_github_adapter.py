@@ -604,3 +604,9 @@ def test_the_token_s_login_is_known_and_an_app_token_has_none(github_double, ada
     assert adapter.authenticated_login() == github_double.state.bot
     github_double.state.inject("user.get", Fault.server_error(403))
     assert adapter.authenticated_login() is None  # what an Actions job token answers
+
+
+def test_an_outage_does_not_pass_for_a_token_without_a_user(github_double, adapter, fake_clock):
+    github_double.state.inject("user.get", *[Fault.server_error(502)] * 10)
+    with pytest.raises(GitHubError):  # retried, then raised: the bot must not guess another login
+        adapter.authenticated_login()
