@@ -119,6 +119,7 @@ def poll(
 ) -> None:
     """Poll GitHub: intake every open PR, evaluate what is new, publish, rank the round, merge the winner."""
     from evalbot import receipts
+    from evalbot.github import GitHubError, GitHubUnavailable
     from evalbot.mirror import Mirror
     from evalbot.poller import Bot, BotSettings, local_evaluator
 
@@ -128,7 +129,10 @@ def poll(
     log = functools.partial(click.echo, err=True)
     gh = ctx.github()
     # the bot's own comments are found by author: never let a user's copy of the marker count as ours
-    bot_login = ctx.bot_login or gh.authenticated_login() or ACTIONS_LOGIN
+    try:
+        bot_login = ctx.bot_login or gh.authenticated_login() or ACTIONS_LOGIN
+    except GitHubError as exc:
+        raise click.ClickException(f"GitHub: {exc}; nothing was done (or pass --bot-login)") from exc
     settings = BotSettings(bot_login=bot_login, automerge_env=os.environ.get(AUTOMERGE_ENV) == "1",
                            ledger_remote=ctx.remote())  # fmt: skip
     with ctx.store() as store:
@@ -139,7 +143,17 @@ def poll(
                   local_evaluator(ctx.rules, profile, work, log, key=key, max_pairs=max_pairs), log,
                   screen=CopycatScreen(store, ctx.rules, mirror.path), dry_run=ctx.dry_run)  # fmt: skip
         while True:
-            report = bot.poll_once()
+            try:
+                report = bot.poll_once()
+            except GitHubUnavailable as exc:
+                # an infrastructure fault: what was queued or half-done is in the state and resumes next poll
+                if once:
+                    raise click.ClickException(
+                        f"GitHub unavailable, poll given up (the next one resumes): {exc}"
+                    ) from exc
+                log(f"GitHub unavailable, polling again in {interval} s: {exc}")
+                time.sleep(interval)
+                continue
             if report.idle:
                 click.echo("nothing changed on GitHub; nothing queued")
             else:

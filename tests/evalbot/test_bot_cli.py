@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from evalbot.cli import main
+from evalbot.cli import bot_cmd, main
+from evalbot.github import PyGithubAdapter
 from evalbot.ledgers import BLOCKED_PATH, parse_blocked, read_ledgers
 from evalbot.store import EvalKey, Store
 from tests.github_double.gitrepo import BareRepo, add_git_pull
+from tests.github_double.state import Fault
 
 pytest_plugins = ["tests.github_double.fixture"]  # github_double
 
@@ -60,3 +62,22 @@ def test_hold_rerun_and_status(bot, github_double):
         (rec,) = store.evaluations(pr=7)
         assert rec.key == EvalKey(7, head, repo.rev("main"), rec.key.rules_hash) and rec.state == "queued"
     assert "replacing a queued evaluation" in run("rerun", "7")
+
+
+def test_poll_reports_a_github_outage_clearly_and_changes_nothing(bot, github_double, monkeypatch):
+    run, _, state = bot
+    gh = PyGithubAdapter.from_token(github_double.repo, "ghp_t", base_url=github_double.base_url, pace=False,
+                                    sleep=lambda s: None)  # fmt: skip
+    monkeypatch.setattr(bot_cmd.Ctx, "github", lambda self: gh)
+    github_double.state.inject("user.get", *[Fault.server_error(502)] * 5)
+    result = CliRunner().invoke(main, ["poll", "--once", "--repo", github_double.repo, "--state", str(state)],
+                                env={"GITHUB_TOKEN": "ghp_t"})  # fmt: skip
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)  # a ClickException, no traceback
+    assert "HTTP 502" in result.output and "nothing was done" in result.output
+    assert not state.exists()  # the bot opened no state: it knew it could not tell its own comments
+
+    github_double.state.inject("pulls.list", *[Fault.server_error(503)] * 5)
+    result = CliRunner().invoke(main, ["poll", "--once", "--bot-login", "evalbot", "--repo", github_double.repo,
+                                       "--state", str(state)], env={"GITHUB_TOKEN": "ghp_t"})  # fmt: skip
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert "GitHub unavailable, poll given up" in result.output and "HTTP 503" in result.output
