@@ -20,7 +20,7 @@ from evalbot.evaluate.judge import Judgement
 from evalbot.github import GitHubPort
 from evalbot.mirror import Mirror
 from evalbot.model import MergeOutcome, PullRequest, Status, Verdict
-from evalbot.policy import IntakeContext, claim_gap, intake, intake_labels, parse_body
+from evalbot.policy import IntakeContext, claim_gap, intake, parse_body
 from evalbot.publish import Publisher
 from evalbot.rules import Rules
 from evalbot.store import EvalKey, EvaluationRecord, Store
@@ -209,13 +209,11 @@ class Bot:
         decision = intake(pr, self.rules, ctx)
         if decision.stopped_by == "drafts":
             return
-        owned = intake_labels(self.rules)
-        kept = (set(pr.labels) & owned) - set(decision.labels_remove)
-        self._relabel(pr, kept | set(decision.labels_add), owned | set(decision.labels_add))
+        self._relabel(pr, decision.labels_add, {*decision.labels_remove, *decision.labels_add})
         if decision.close:
             self._flag(pr, self.rules.labels.gaming, "; ".join(decision.reasons))
-            self.publisher.comment(pr.number, pr.head_sha, self._notice(pr, "closed unevaluated", decision.reasons,
-                                                                         decision.comment, "close"))  # fmt: skip
+            notice = self._notice(pr, "closed unevaluated", decision.reasons, "close", decision.comment)
+            self.publisher.comment(pr.number, pr.head_sha, notice)
             self.publisher.close(pr.number, pr.head_sha, decision.stopped_by or "policy")
             report.notes.append(f"#{pr.number}: closed by {decision.stopped_by}")
             return
@@ -224,7 +222,7 @@ class Bot:
                 pr.number,
                 pr.head_sha,
                 self._notice(
-                    pr, f"not evaluated ({decision.stopped_by})", decision.reasons, decision.comment, "skip"
+                    pr, f"not evaluated ({decision.stopped_by})", decision.reasons, "skip", decision.comment
                 ),
             )
             report.notes.append(f"#{pr.number}: not evaluated ({decision.stopped_by})")
@@ -257,7 +255,7 @@ class Bot:
             self._flag(pr, s.flag, "; ".join(s.lines))
         if s.lines and (s.close or not s.evaluate):
             self.publisher.comment(
-                pr.number, pr.head_sha, self._notice(pr, s.flag or "screened", s.lines, "", "screen")
+                pr.number, pr.head_sha, self._notice(pr, s.flag or "screened", s.lines, "screen")
             )
         if s.close:
             self.publisher.close(pr.number, pr.head_sha, s.flag or "screen")
@@ -265,8 +263,10 @@ class Bot:
             report.notes.append(f"#{pr.number}: stopped by the copycat screen")
         return s.evaluate
 
-    def _notice(self, pr: PullRequest, title: str, lines: tuple[str, ...] | list[str], markdown: str | None,
-                kind: str) -> str:  # fmt: skip
+    def _notice(
+        self, pr: PullRequest, title: str, lines: Iterable[str], kind: str, markdown: str | None = None
+    ) -> str:
+        """A notice comment; `markdown` is already-rendered text appended below it (intake's explanation)."""
         body = render.render_notice(pr=pr.number, head_sha=pr.head_sha, title=title, lines=list(lines),
                                     kind=kind, author=pr.author)  # fmt: skip
         return body + ("\n" + markdown + "\n" if markdown else "")
@@ -377,14 +377,12 @@ class Bot:
             f"The measurement could not be completed on the runner pool: {reason}",
             "This is an infrastructure fault, not the contributor's; the bot will measure the PR again.",
         ]
-        self.publisher.comment(pr.number, pr.head_sha, self._notice(pr, "infra error", lines, "", "infra"))
+        self.publisher.comment(pr.number, pr.head_sha, self._notice(pr, "infra error", lines, "infra"))
         self._relabel(pr, {self.rules.labels.infra_error}, verdict_labels(self.rules))
 
     def _needs_rebase(self, pr: PullRequest, why: str) -> None:
         self._relabel(pr, {self.rules.labels.needs_rebase}, rounds.round_labels(self.rules))
-        self.publisher.comment(
-            pr.number, pr.head_sha, self._notice(pr, "needs a rebase", [why], "", "rebase")
-        )
+        self.publisher.comment(pr.number, pr.head_sha, self._notice(pr, "needs a rebase", [why], "rebase"))
 
     def _publish_verdict(self, pr: PullRequest, rec: EvaluationRecord, extra: str = "") -> None:
         v, m = rec.verdict, rec.measurements
