@@ -152,9 +152,13 @@ def _resolve(
     }
 
 
+def _combine_block_s(splits: int) -> int:
+    """Splits the combine merges per step: all of them at once up to 64."""
+    return min(triton.next_power_of_2(splits), 64)
+
+
 def _combine_warps(head_dim: int, splits: int, block_d: int) -> int:
-    block_s = min(triton.next_power_of_2(splits), 64)
-    return _COMBINE_WARPS.get(head_dim, 4) if block_s * block_d <= 2048 else 8
+    return _COMBINE_WARPS.get(head_dim, 4) if _combine_block_s(splits) * block_d <= 2048 else 8
 
 
 @functools.cache
@@ -299,7 +303,7 @@ def _launch_combine(q, out, ws, cfg, trace=None):  # noqa: ANN001, ANN202
     splits = cfg["num_splits"]
     _, combine_kernel = _kernels(_interpreting())
     block_d = cfg["combine_block_d"]  # a slice of D per program: more programs hide the L2 latency
-    block_s = min(triton.next_power_of_2(splits), 64)
+    block_s = _combine_block_s(splits)
     return combine_kernel[(b * hq, d // block_d)](
         ws.m, ws.lsum, ws.acc, out, ws.m if trace is None else trace,
         ws.m.stride(0), ws.m.stride(1), ws.m.stride(2),
