@@ -192,7 +192,7 @@ def trace_timeline(torch, fd, sets, outs, lengths, scale, ws, cfg) -> dict:  # n
     rows = cfg["num_splits"] * b * hkv + (
         b * hq * (d // cfg["combine_block_d"]) if cfg["num_splits"] > 1 else 0
     )
-    traces = [torch.zeros(rows, 4, dtype=torch.int64, device=sets[0][0].device) for _ in range(2)]
+    traces = [torch.zeros(rows, 6, dtype=torch.int64, device=sets[0][0].device) for _ in range(2)]
     order = list(range(len(sets))) if len(sets) >= 2 else [0, 0]  # the last two calls are traced
     tags = [None] * (len(order) - 2) + traces
     calls = [
@@ -211,9 +211,13 @@ def trace_timeline(torch, fd, sets, outs, lengths, scale, ws, cfg) -> dict:  # n
     part, comb = cur[:np_].tolist(), cur[np_:].tolist()
     out = {
         "partial_start_us": {p: q([r[0] for r in part], p) for p in (0.5, 1.0)},
+        "partial_waited_us": {p: q([r[4] for r in part], p) for p in (0.0, 0.5, 1.0)},
+        "partial_length_us": {p: q([r[5] for r in part], p) for p in (0.0, 0.5, 1.0)},
         "partial_loop_us": {p: q([r[1] for r in part], p) for p in (0.0, 0.5, 1.0)},
         "partial_end_us": {p: q([r[2] for r in part], p) for p in (0.0, 0.1, 0.5, 0.9, 1.0)},
         "partial_sms": len({r[3] for r in part}),
+        # per partial program (row = (sequence * Hkv + head) * splits + split): loop start, end (µs), SM
+        "partial_programs": [[round((r[1] - t0) / 1e3, 3), round((r[2] - t0) / 1e3, 3), r[3]] for r in part],
     }
     if comb:
         out |= {

@@ -1,7 +1,7 @@
 """Split-KV flash-decode: one new query token per sequence against a [B, Hkv, S_max, D] KV cache.
 
-A partial kernel gives each (split, sequence, KV head) program a contiguous run of whole tiles of
-the sequence's valid positions; it loads the whole GQA group of query heads for its KV head (padded
+A partial kernel gives each (split, sequence, KV head) program every S-th tile of the sequence's
+valid positions, starting at tile `split` (S splits); it loads the whole GQA group of query heads for its KV head (padded
 to 16 rows for ``tl.dot``), so each K/V tile is read once for the group, and writes the running
 (max, sum, unnormalised output) to fp32 scratch. A combine kernel merges the splits of every query
 head with the log-sum-exp rescale (on Hopper it is launched early and waits on the partial kernel:
@@ -75,9 +75,10 @@ class FlashDecodeWorkspace:
 def num_splits(num_sms: int, batch: int, num_kv_heads: int, ctx_len: int, block_n: int) -> int:
     """Splits per (sequence, KV head): one wave of programs over the SMs, each split >= MIN_BLOCKS_PER_SPLIT tiles.
 
-    Of the split counts that give each program the same number of tiles, the fewest: a split left
-    empty (33 splits of 256 tiles are 8 tiles each, and the 33rd gets none) still costs a program,
-    a partial to write and a wider merge (measured on the H200 at d256, 16k-32k: 0-0.5 us faster).
+    Of the split counts that give the busiest program the same number of tiles, the fewest: 33
+    splits of 256 tiles leave 8 tiles to the busiest program, as 32 do, and the 33rd split still
+    costs a program, a partial to write and a wider merge (measured on the H200 at d256, 16k-32k:
+    32 splits 0-0.5 us faster).
     """
     blocks = max(1, -(-ctx_len // block_n))
     most = max(1, blocks // MIN_BLOCKS_PER_SPLIT)
@@ -332,7 +333,8 @@ def _partial(
     Lsum,  # [B, Hq, S] fp32 out: sum of exp(score - M) per split, 0 when empty
     Acc,  # [B, Hq, S, D] fp32 out: sum of exp(score - M) * v per split, 0 when empty
     Out,  # [B, Hq, D] output in q's dtype, written here only when DIRECT; strides (stride_ob, stride_oh, 1)
-    Trace,  # int64 [programs, 4] when TRACE: global timer at start, after the loads began, at the end; SM id
+    Trace,  # int64 [programs, 6] when TRACE: global timer at start, at loop start, at the end; SM id;
+    # after the PDL wait; once the length has arrived
     qk_scale,  # softmax scale * log2(e): scores are kept in base 2 inside the loop
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_kn,
@@ -355,19 +357,14 @@ def _partial(
         t_start = tl.extra.cuda.globaltimer()
     if PDL_WAIT:
         tl.extra.cuda.gdc_wait()
+    if TRACE:
+        t_wait = tl.extra.cuda.globaltimer()
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // num_kv_heads
     h = bh % num_kv_heads
-
-    # Splits are sized from this sequence's own length (whole tiles each), so a short sequence in a
-    # batch captured for a long one still spreads over all its programs; trailing splits may be empty.
-    length = tl.minimum(tl.load(Lengths + b), s_max)  # a bad length must not read past the cache
-    tiles_per_split = tl.cdiv(tl.cdiv(length, BLOCK_N), num_splits)
-    start = split * tiles_per_split * BLOCK_N
-    end = tl.minimum(start + tiles_per_split * BLOCK_N, length)
 
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D)
@@ -377,6 +374,15 @@ def _partial(
     b64 = b.to(tl.int64)
     h64 = h.to(tl.int64)
 
+    # Split s takes the tiles s, s + S, s + 2S, ... of this sequence's own length, so a short sequence
+    # in a batch captured for a long one still spreads over all its programs (splits past its last
+    # tile are empty). Interleaved, not contiguous runs: on the H200 0.2-1.0 us faster at 4k-32k,
+    # batch 1 (the slowest program of a call ends sooner; bench/results/*2026-11-30e*).
+    length = tl.minimum(tl.load(Lengths + b), s_max)  # a bad length must not read past the cache
+    if TRACE:  # the timer read waits for the length (a register input of the asm)
+        t_len = tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l,r", [length], dtype=tl.int64, is_pure=False, pack=1
+        )
     q = tl.load(
         Q + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=in_group[:, None], other=0.0
     )
@@ -390,8 +396,8 @@ def _partial(
     acc = tl.zeros([G_PAD, D], tl.float32)
     if TRACE:
         t_loop = tl.extra.cuda.globaltimer()
-    for n0 in range(start, end, BLOCK_N):
-        valid = (n0 + offs_n) < end
+    for n0 in range(split * BLOCK_N, length, num_splits * BLOCK_N):
+        valid = (n0 + offs_n) < length
         k = tl.load(k_ptrs + n0 * stride_kn, mask=valid[:, None], other=0.0)
         v = tl.load(v_ptrs + n0 * stride_vn, mask=valid[:, None], other=0.0)
         if DOT_F32:
@@ -416,11 +422,13 @@ def _partial(
         a_ptrs = Acc + b64 * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :]
         tl.store(a_ptrs, acc, mask=in_group[:, None])
     if TRACE:
-        row = Trace + (bh * num_splits + split).to(tl.int64) * 4
+        row = Trace + (bh * num_splits + split).to(tl.int64) * 6
         tl.store(row, t_start)
         tl.store(row + 1, t_loop)
         tl.store(row + 2, tl.extra.cuda.globaltimer())
         tl.store(row + 3, tl.extra.cuda.smid().to(tl.int64))
+        tl.store(row + 4, t_wait)
+        tl.store(row + 5, t_len)
 
 
 def _combine(
@@ -428,7 +436,7 @@ def _combine(
     Lsum,  # [B, Hq, S] fp32 per-split sum of exp(score - M), 0 for an empty split
     Acc,  # [B, Hq, S, D] fp32 per-split unnormalised output, 0 for an empty split
     Out,  # [B, Hq, D] output in q's dtype; strides (stride_ob, stride_oh, 1)
-    Trace,  # int64 when TRACE: after the partial kernel's rows, [programs, 4]: start, after the wait, end, SM id
+    Trace,  # int64 when TRACE: after the partial kernel's rows, [programs, 6]: start, after the wait, end, SM id
     stride_mb, stride_mh, stride_ms,
     stride_ab, stride_ah, stride_as,
     stride_ob, stride_oh,
@@ -473,7 +481,7 @@ def _combine(
     out = tl.sum(w[:, None] * acc_run, 0) / tl.sum(w * l_run, 0)
     tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
     if TRACE:
-        row = Trace + (bh * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * 4
+        row = Trace + (bh * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * 6
         tl.store(row, t_start)
         tl.store(row + 1, t_wait)
         tl.store(row + 2, tl.extra.cuda.globaltimer())

@@ -65,8 +65,9 @@ def decode_partials(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # m, lsum [B, Hq, S]; acc [B, Hq, S, D]
     """Split-KV partials as flash-decode's first kernel defines them, in float64.
 
-    Sequence b's splits take ceil(ceil(len/block_n)/num_splits) whole tiles each; an empty split is
-    (m=-inf, lsum=0, acc=0). m is the max scaled score, lsum = sum exp(s - m), acc = sum exp(s - m) v.
+    Split s of sequence b takes the tiles s, s + num_splits, s + 2 * num_splits, ... of its
+    ceil(len/block_n) tiles; an empty split is (m=-inf, lsum=0, acc=0). m is the max scaled score,
+    lsum = sum exp(s - m), acc = sum exp(s - m) v.
     """
     b, hq, d = q.shape
     hkv = k.shape[1]
@@ -75,17 +76,17 @@ def decode_partials(
     lsum = torch.zeros(b, hq, num_splits, dtype=torch.float64)
     acc = torch.zeros(b, hq, num_splits, d, dtype=torch.float64)
     for i, n in enumerate(lengths.tolist()):
-        per_split = _cdiv(_cdiv(n, block_n), num_splits) * block_n
         for s in range(num_splits):
-            lo, hi = s * per_split, min((s + 1) * per_split, n)
-            if lo >= hi:
+            positions = torch.arange(n)
+            positions = positions[(positions // block_n) % num_splits == s]
+            if not len(positions):
                 continue
-            scores = qg[i] @ k[i, :, lo:hi].double().transpose(-1, -2) * scale  # [Hkv, G, hi-lo]
+            scores = qg[i] @ k[i][:, positions].double().transpose(-1, -2) * scale  # [Hkv, G, P]
             mx = scores.amax(-1, keepdim=True)
             p = torch.exp(scores - mx)
             m[i, :, s] = mx.reshape(hq)
             lsum[i, :, s] = p.sum(-1).reshape(hq)
-            acc[i, :, s] = (p @ v[i, :, lo:hi].double()).reshape(hq, d)
+            acc[i, :, s] = (p @ v[i][:, positions].double()).reshape(hq, d)
     return m, lsum, acc
 
 
@@ -99,7 +100,3 @@ def combine_partials(
     used = m > float("-inf")
     num = torch.where(used[..., None], acc, 0).mul(w[..., None]).sum(-2)
     return num / (w * lsum).sum(-1, keepdim=True)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)

@@ -131,9 +131,11 @@ def test_strided_inputs(kernels):
 
 
 def test_partials_and_empty_splits_match_reference(kernels):
-    # batch 2, 4 splits of one 16-wide tile: sequence 1 (length 20) leaves splits 2 and 3 empty
-    lens = [64, 20]
-    q, k, v, _, _, lengths = make_inputs(2, 4, 2, 64, 64, F16, lens, seed=3)
+    # batch 2, 4 splits of 16-wide tiles: sequence 0 (length 100, 7 tiles, the last one partial) gives
+    # split s the tiles s and s + 4 (split 3 only tile 3); sequence 1 (length 20, 2 tiles) leaves
+    # splits 2 and 3 empty
+    lens = [100, 20]
+    q, k, v, _, _, lengths = make_inputs(2, 4, 2, 64, 112, F16, lens, seed=3)
     ws = fd.FlashDecodeWorkspace.allocate(2, 4, 64, 4, DEVICE)
     for t in (ws.m, ws.lsum, ws.acc):
         t.fill_(float("nan"))
