@@ -60,6 +60,46 @@ def decode_tps(session: Session, prompt: list[int], gen: int, rounds: int) -> li
     return out
 
 
+def profile_step(session: Session, prompt: list[int], gen: int, top: int = 25) -> dict:
+    """Where a decode step's time goes: each kernel's device time and launches per token, and the
+    step's wall time minus the sum of its kernels' (the gaps between kernels in the graph)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    session.reset()
+    logits = session.forward(prompt)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        session.greedy_on_device(logits.argmax(), gen)
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6 / gen
+    kernels = sorted(
+        (
+            (e.key, e.device_time_total / gen, e.count / gen)
+            for e in prof.key_averages()
+            if e.device_time_total > 0
+        ),
+        key=lambda k: -k[1],
+    )
+    busy = sum(k[1] for k in kernels)
+    out = {
+        "tokens": gen,
+        "wall_us_per_token": wall_us,
+        "kernel_us_per_token": busy,
+        "launches_per_token": sum(k[2] for k in kernels),
+        "kernels": [
+            {"name": n[:90], "us_per_token": t, "launches_per_token": c} for n, t, c in kernels[:top]
+        ],
+    }
+    print(
+        f"profile: {wall_us:.0f} us per token, kernels busy {busy:.0f} us ({out['launches_per_token']:.0f} launches)",
+        file=sys.stderr,
+    )
+    for k in out["kernels"]:
+        print(f"  {k['us_per_token']:8.1f} us  x{k['launches_per_token']:6.1f}  {k['name']}", file=sys.stderr)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="qwen3-8b")
@@ -67,11 +107,16 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out")
+    ap.add_argument(
+        "--profile", action="store_true", help="per-kernel device time of a compiled, graphed decode step"
+    )
     args = ap.parse_args()
     bw = copy_bandwidth()
     lm = load_random(args.shape, "cuda", max_pos=args.ctx + args.gen + 1)
     cfg = lm.cfg
-    prompt = torch.randint(0, cfg.vocab_size, (args.ctx,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(
+        0, cfg.vocab_size, (args.ctx,), generator=torch.Generator().manual_seed(0)
+    ).tolist()
     w_bytes = weight_bytes(cfg, lm.dtype)
     # the KV cache read per token at the mean context of the timed window
     mean_ctx = args.ctx + args.gen / 2
@@ -87,26 +132,48 @@ def main() -> None:
         if mode.startswith("compiled"):
             print(f"torch.compile + capture took {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         tps = decode_tps(session, prompt, args.gen, args.rounds)
-        rows[mode] = {"decode_tps": statistics.median(tps), "runs": tps,
-                      "pct_roofline": 100 * statistics.median(tps) / roofline}
+        rows[mode] = {
+            "decode_tps": statistics.median(tps),
+            "runs": tps,
+            "pct_roofline": 100 * statistics.median(tps) / roofline,
+        }
         attn = ops.decode_config(cfg.n_head, session.cache)
+        if args.profile and mode.startswith("compiled"):
+            rows[mode]["profile"] = profile_step(session, prompt, args.gen)
         del session
         torch.cuda.empty_cache()
     result = {
-        "date": str(date.today()), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "shape": args.shape, "ctx": args.ctx, "gen": args.gen, "batch": 1, "dtype": "bfloat16",
-        "random_weights": True, "copy_bandwidth_GBps": bw / 1e9, "weight_bytes": w_bytes, "kv_bytes_per_token": kv_bytes,
-        "roofline_tps": roofline, "decode_attention": attn, "modes": rows,
+        "date": str(date.today()),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "shape": args.shape,
+        "ctx": args.ctx,
+        "gen": args.gen,
+        "batch": 1,
+        "dtype": "bfloat16",
+        "random_weights": True,
+        "copy_bandwidth_GBps": bw / 1e9,
+        "weight_bytes": w_bytes,
+        "kv_bytes_per_token": kv_bytes,
+        "roofline_tps": roofline,
+        "decode_attention": attn,
+        "modes": rows,
     }
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"{result['device']}, torch {torch.__version__}, {date.today()}; copy bandwidth {bw / 1e9:.0f} GB/s (read+write)")
-    print(f"{args.shape} random weights, bf16, batch 1, ctx {args.ctx}, {args.gen} greedy tokens; "
-          f"weights {w_bytes / 1e9:.2f} GB + KV {kv_bytes / 1e6:.0f} MB per token -> roofline {roofline:.1f} tok/s")
+    print(
+        f"{result['device']}, torch {torch.__version__}, {date.today()}; copy bandwidth {bw / 1e9:.0f} GB/s (read+write)"
+    )
+    print(
+        f"{args.shape} random weights, bf16, batch 1, ctx {args.ctx}, {args.gen} greedy tokens; "
+        f"weights {w_bytes / 1e9:.2f} GB + KV {kv_bytes / 1e6:.0f} MB per token -> roofline {roofline:.1f} tok/s"
+    )
     print("\n| mode | decode tok/s (median) | % of roofline | runs |")
     print("|---|---|---|---|")
     for mode, r in rows.items():
-        print(f"| {mode} | {r['decode_tps']:.1f} | {r['pct_roofline']:.1f}% | {', '.join(f'{x:.1f}' for x in r['runs'])} |")
+        print(
+            f"| {mode} | {r['decode_tps']:.1f} | {r['pct_roofline']:.1f}% | {', '.join(f'{x:.1f}' for x in r['runs'])} |"
+        )
 
 
 if __name__ == "__main__":

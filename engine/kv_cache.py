@@ -23,16 +23,6 @@ class KVCache:
         vc.index_copy_(2, pos, v.to(vc.dtype))
         return kc, vc
 
-    def write_each(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store one new key/value per sequence ([B, Hkv, 1, D]) at that sequence's position pos[b]."""
-        kc, vc = self.k[layer], self.v[layer]
-        if rows is None:
-            rows = torch.arange(k.shape[0], device=k.device)
-        kc[rows, :, pos] = k[:, :, 0].to(kc.dtype)  # [B, Hkv, D] scattered to [b, :, pos[b]]
-        vc[rows, :, pos] = v[:, :, 0].to(vc.dtype)
-        return kc, vc
-
     def truncate(self, length: int) -> None:
         """Roll back to the first `length` positions (later ones are overwritten when reached again)."""
         if not 0 <= length <= self.max_seq:

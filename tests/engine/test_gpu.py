@@ -51,6 +51,28 @@ def test_graph_replay_equals_eager_decode():
     assert outs[0] == outs[1]
 
 
+def test_compiled_graph_decode_writes_the_cache_like_prefill():
+    # the compiled, graphed step stores each step's key and value inside its fused RoPE/norm kernel;
+    # prefilling the same tokens must leave the same cache and predict the same tokens
+    lm = load_random("qwen3-1.7b", "cuda", max_pos=1024)
+    lm.transformer.compile()
+    prompt = torch.randint(0, lm.cfg.vocab_size, (300,), generator=torch.Generator().manual_seed(4)).tolist()
+    s = Session(lm, 512, cuda_graph=True)
+    first = int(s.forward(prompt).argmax())
+    tokens = [first] + s.greedy_on_device(torch.tensor(first, device="cuda"), 24).tolist()
+    ref = Session(lm, 512, cuda_graph=False)
+    logits = ref.forward(prompt + tokens[:-1], all_logits=True)
+    n = s.length
+    assert n == ref.length == 300 + 24
+    errs = {
+        name: ((a[:, :, :, :n].float() - b[:, :, :, :n].float()).norm() / b[:, :, :, :n].float().norm()).item()
+        for name, a, b in (("k", s.cache.k, ref.cache.k), ("v", s.cache.v, ref.cache.v))
+    }
+    decoded = (s.cache.k[:, :, :, 300:n].float().abs().amax(-1) > 0).float().mean().item()
+    agree = (logits[299:].argmax(-1).cpu() == torch.tensor(tokens)).float().mean().item()
+    assert decoded == 1.0 and max(errs.values()) < 2e-2 and agree >= 0.9, (errs, decoded, agree)
+
+
 def test_decode_path_matches_prefill_logits_on_cuda():
     lm = load_random("qwen2.5-0.5b", "cuda", max_pos=512)
     ids = torch.randint(0, lm.cfg.vocab_size, (80,), generator=torch.Generator().manual_seed(1)).tolist()

@@ -1,0 +1,58 @@
+"""The one-token decode step (the path CUDA graphs capture), on the CPU: it must write this step's key
+and value into the cache exactly where prefill would, eager and under torch.compile alike."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.generate import Session, load
+from engine.synthetic import SyntheticSpec, write
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    path = write(
+        tmp_path_factory.mktemp("step") / "q3.gguf",
+        SyntheticSpec(arch="qwen3", d_model=128, n_head=4, n_kv_head=2, head_dim=64, seed=5),
+    )
+    return load(path, "cpu")
+
+
+def decode_then_prefill(lm, n_prompt: int = 24, n_new: int = 6):
+    """Greedy tokens and cache of the decode path, and the cache of prefilling the same tokens."""
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, lm.cfg.vocab_size, (n_prompt,), generator=g).tolist()
+    s = Session(lm, 64)
+    first = s.forward(prompt).argmax()
+    # the decode step: one token per call, its key and value written into the cache inside the step
+    new = s.greedy_on_device(first, n_new).tolist()
+    ref = Session(lm, 64)
+    logits = ref.forward(prompt + [int(first)] + new[:-1], all_logits=True)
+    return s, ref, [int(first)] + new, logits.argmax(-1)[n_prompt - 1 :].tolist()
+
+
+def test_decode_step_writes_the_cache_where_prefill_does(lm):
+    s, ref, tokens, prefill_tokens = decode_then_prefill(lm)
+    n = s.length
+    assert n == ref.length == 24 + 6  # each decode step fed one token and stored its key and value
+    assert tokens == prefill_tokens
+    torch.testing.assert_close(s.cache.k[:, :, :, :n], ref.cache.k[:, :, :, :n], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s.cache.v[:, :, :, :n], ref.cache.v[:, :, :, :n], atol=1e-5, rtol=1e-5)
+    assert s.cache.k[:, :, :, :n].abs().amin(-1).gt(0).all()  # every decoded position was written
+    assert s.cache.k[:, :, :, n:].abs().sum() == 0  # and nothing past the last one
+    assert s.cache.v[:, :, :, n:].abs().sum() == 0
+
+
+def test_compiled_decode_step_matches_eager(tmp_path_factory):
+    path = write(
+        tmp_path_factory.mktemp("step_compiled") / "q3.gguf",
+        SyntheticSpec(arch="qwen3", d_model=128, n_head=4, n_kv_head=2, head_dim=64, seed=5),
+    )
+    eager, compiled = load(path, "cpu"), load(path, "cpu")
+    compiled.transformer.compile()  # one compiled graph for every layer: the caches are views of one buffer
+    a, _, tokens_a, _ = decode_then_prefill(eager)
+    b, _, tokens_b, _ = decode_then_prefill(compiled)
+    assert tokens_a == tokens_b
+    torch.testing.assert_close(a.cache.k, b.cache.k, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(a.cache.v, b.cache.v, atol=1e-4, rtol=1e-4)
