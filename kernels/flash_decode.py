@@ -1,9 +1,9 @@
 """Split-KV flash-decode: one new query token per sequence against a [B, Hkv, S_max, D] KV cache.
 
 A partial kernel gives each (split, sequence, KV head) program every S-th tile of the sequence's
-valid positions, starting at tile `split` (S splits); it loads the whole GQA group of query heads for its KV head (padded
-to 16 rows for ``tl.dot``), so each K/V tile is read once for the group, and writes the running
-(max, sum, unnormalised output) to fp32 scratch. A combine kernel merges the splits of every query
+valid positions, starting at tile `split` (S splits); it loads the whole GQA group of query heads for
+its KV head (padded to 16 rows for ``tl.dot``), so each K/V tile is read once for the group, and
+writes the running (max, sum, unnormalised output) to fp32 scratch. A combine kernel merges the splits of every query
 head with the log-sum-exp rescale (on Hopper it is launched early and waits on the partial kernel:
 programmatic dependent launch); with a single split the partial kernel writes the output itself.
 Lengths are read on the device and the grid depends only on host ints (batch, heads, splits), so
