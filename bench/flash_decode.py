@@ -183,8 +183,9 @@ def time_ours(
 def trace_timeline(torch, fd, sets, outs, lengths, scale, ws, cfg) -> dict:  # noqa: ANN001
     """Global-timer trace of the last two calls of a graph replay over the input copies.
 
-    Every program of both kernels writes its start, the time its loads begin (partial) or its PDL wait
-    returns (combine), its end, and its SM. Times are µs from the first partial program's start of the
+    Every program of both kernels writes its start, its end and its SM; a partial program also when its
+    PDL wait returned, when its length arrived and when its loop began, a combine program when its PDL
+    wait returned (``kernels.flash_decode.TRACE_FIELDS``). Times are µs from the first partial program's start of the
     traced call; ``gap_from_previous_call_us`` is that start minus the previous call's last combine end.
     """
     b, hq, d = sets[0][0].shape
@@ -192,7 +193,8 @@ def trace_timeline(torch, fd, sets, outs, lengths, scale, ws, cfg) -> dict:  # n
     rows = cfg["num_splits"] * b * hkv + (
         b * hq * (d // cfg["combine_block_d"]) if cfg["num_splits"] > 1 else 0
     )
-    traces = [torch.zeros(rows, 6, dtype=torch.int64, device=sets[0][0].device) for _ in range(2)]
+    fields = fd.TRACE_FIELDS.value
+    traces = [torch.zeros(rows, fields, dtype=torch.int64, device=sets[0][0].device) for _ in range(2)]
     order = list(range(len(sets))) if len(sets) >= 2 else [0, 0]  # the last two calls are traced
     tags = [None] * (len(order) - 2) + traces
     calls = [

@@ -3,9 +3,10 @@
 A partial kernel gives each (split, sequence, KV head) program every S-th tile of the sequence's
 valid positions, starting at tile `split` (S splits); it loads the whole GQA group of query heads for
 its KV head (padded to 16 rows for ``tl.dot``), so each K/V tile is read once for the group, and
-writes the running (max, sum, unnormalised output) to fp32 scratch. A combine kernel merges the splits of every query
-head with the log-sum-exp rescale (on Hopper it is launched early and waits on the partial kernel:
-programmatic dependent launch); with a single split the partial kernel writes the output itself.
+writes the running (max, sum, unnormalised output) to fp32 scratch. A combine kernel merges the
+splits of every query head with the log-sum-exp rescale (on Hopper it is launched early and waits on
+the partial kernel: programmatic dependent launch); with a single split the partial kernel writes
+the output itself.
 Lengths are read on the device and the grid depends only on host ints (batch, heads, splits), so
 with a preallocated ``FlashDecodeWorkspace`` a launch allocates nothing and can be graph-captured.
 The kernels are wrapped with ``triton.jit`` on first call, not at import, and keyed on Triton's
@@ -48,6 +49,11 @@ _COMBINE_WARPS = {256: 1}
 # context and head dim, so on by default where supported. (A fused variant, the last program of each
 # KV head merging the splits itself, measured 0.5-6 us slower and was removed: docs/benchmarks.md.)
 PDL_WAIT_DEFAULT = True
+
+# int64 fields per program in a timeline trace (bench --timeline): the partial kernel writes global-timer
+# stamps at its start, loop start and end, its SM id, and stamps after its PDL wait and once its length
+# has arrived; the combine writes its start, the end of its wait, its end and its SM id (the rest stay 0).
+TRACE_FIELDS = tl.constexpr(6)
 
 
 @dataclass(frozen=True)
@@ -333,8 +339,7 @@ def _partial(
     Lsum,  # [B, Hq, S] fp32 out: sum of exp(score - M) per split, 0 when empty
     Acc,  # [B, Hq, S, D] fp32 out: sum of exp(score - M) * v per split, 0 when empty
     Out,  # [B, Hq, D] output in q's dtype, written here only when DIRECT; strides (stride_ob, stride_oh, 1)
-    Trace,  # int64 [programs, 6] when TRACE: global timer at start, at loop start, at the end; SM id;
-    # after the PDL wait; once the length has arrived
+    Trace,  # int64 [programs, TRACE_FIELDS] when TRACE (see TRACE_FIELDS)
     qk_scale,  # softmax scale * log2(e): scores are kept in base 2 inside the loop
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_kn,
@@ -422,7 +427,7 @@ def _partial(
         a_ptrs = Acc + b64 * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :]
         tl.store(a_ptrs, acc, mask=in_group[:, None])
     if TRACE:
-        row = Trace + (bh * num_splits + split).to(tl.int64) * 6
+        row = Trace + (bh * num_splits + split).to(tl.int64) * TRACE_FIELDS
         tl.store(row, t_start)
         tl.store(row + 1, t_loop)
         tl.store(row + 2, tl.extra.cuda.globaltimer())
@@ -436,7 +441,7 @@ def _combine(
     Lsum,  # [B, Hq, S] fp32 per-split sum of exp(score - M), 0 for an empty split
     Acc,  # [B, Hq, S, D] fp32 per-split unnormalised output, 0 for an empty split
     Out,  # [B, Hq, D] output in q's dtype; strides (stride_ob, stride_oh, 1)
-    Trace,  # int64 when TRACE: after the partial kernel's rows, [programs, 6]: start, after the wait, end, SM id
+    Trace,  # int64 [programs, TRACE_FIELDS] after the partial kernel's rows, when TRACE (see TRACE_FIELDS)
     stride_mb, stride_mh, stride_ms,
     stride_ab, stride_ah, stride_as,
     stride_ob, stride_oh,
@@ -481,7 +486,7 @@ def _combine(
     out = tl.sum(w[:, None] * acc_run, 0) / tl.sum(w * l_run, 0)
     tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
     if TRACE:
-        row = Trace + (bh * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * 6
+        row = Trace + (bh * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * TRACE_FIELDS
         tl.store(row, t_start)
         tl.store(row + 1, t_wait)
         tl.store(row + 2, tl.extra.cuda.globaltimer())
