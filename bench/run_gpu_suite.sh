@@ -10,7 +10,7 @@ python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py tests/kernels/
 python3 bench/flash_decode.py --batch 1 8 --ceiling --profile --timeline --out "$OUT/flash_decode.json" \
   > "$OUT/flash_decode.md" 2> "$OUT/flash_decode.err"
 cat "$OUT/flash_decode.md"
-python3 bench/e2e_decode.py --shape qwen3-8b --ctx 4096 --gen 128 --rounds 5 --out "$OUT/e2e_decode.json" 2>&1 | tee "$OUT/e2e_decode.md"
+python3 bench/e2e_decode.py --shape qwen3-8b --ctx 4096 --gen 128 --rounds 5 --profile --out "$OUT/e2e_decode.json" 2>&1 | tee "$OUT/e2e_decode.md"
 python3 -m engine bench --device cuda --random-weights --shape qwen3-8b --ctx 4096 --gen 64 --runs 3 > "$OUT/bench_qwen3_8b.json" 2> "$OUT/bench_qwen3_8b.err"
 tail -3 "$OUT/bench_qwen3_8b.err"
 for shape in qwen3-1.7b qwen3-8b; do

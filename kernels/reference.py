@@ -76,9 +76,9 @@ def decode_partials(
     lsum = torch.zeros(b, hq, num_splits, dtype=torch.float64)
     acc = torch.zeros(b, hq, num_splits, d, dtype=torch.float64)
     for i, n in enumerate(lengths.tolist()):
+        split_of = (torch.arange(n) // block_n) % num_splits  # the split each position's tile belongs to
         for s in range(num_splits):
-            positions = torch.arange(n)
-            positions = positions[(positions // block_n) % num_splits == s]
+            positions = (split_of == s).nonzero()[:, 0]
             if not len(positions):
                 continue
             scores = qg[i] @ k[i][:, positions].double().transpose(-1, -2) * scale  # [Hkv, G, P]

@@ -11,12 +11,9 @@ from engine.synthetic import SyntheticSpec, write
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    path = write(
-        tmp_path_factory.mktemp("step") / "q3.gguf",
-        SyntheticSpec(arch="qwen3", d_model=128, n_head=4, n_kv_head=2, head_dim=64, seed=5),
-    )
-    return load(path, "cpu")
+def gguf(tmp_path_factory):
+    spec = SyntheticSpec(arch="qwen3", d_model=128, n_head=4, n_kv_head=2, head_dim=64, n_layer=3, seed=5)
+    return write(tmp_path_factory.mktemp("step") / "q3.gguf", spec)
 
 
 def decode_then_prefill(lm, n_prompt: int = 24, n_new: int = 6):
@@ -32,8 +29,8 @@ def decode_then_prefill(lm, n_prompt: int = 24, n_new: int = 6):
     return s, ref, [int(first)] + new, logits.argmax(-1)[n_prompt - 1 :].tolist()
 
 
-def test_decode_step_writes_the_cache_where_prefill_does(lm):
-    s, ref, tokens, prefill_tokens = decode_then_prefill(lm)
+def test_decode_step_writes_the_cache_where_prefill_does(gguf):
+    s, ref, tokens, prefill_tokens = decode_then_prefill(load(gguf, "cpu"))
     n = s.length
     assert n == ref.length == 24 + 6  # each decode step fed one token and stored its key and value
     assert tokens == prefill_tokens
@@ -44,15 +41,17 @@ def test_decode_step_writes_the_cache_where_prefill_does(lm):
     assert s.cache.v[:, :, :, n:].abs().sum() == 0
 
 
-def test_compiled_decode_step_matches_eager(tmp_path_factory):
-    path = write(
-        tmp_path_factory.mktemp("step_compiled") / "q3.gguf",
-        SyntheticSpec(arch="qwen3", d_model=128, n_head=4, n_kv_head=2, head_dim=64, seed=5),
-    )
-    eager, compiled = load(path, "cpu"), load(path, "cpu")
-    compiled.transformer.compile()  # one compiled graph for every layer: the caches are views of one buffer
+def test_compiled_decode_step_matches_eager(gguf):
+    from torch._dynamo.utils import counters
+
+    eager, compiled = load(gguf, "cpu"), load(gguf, "cpu")
+    compiled.transformer.compile()
     a, _, tokens_a, _ = decode_then_prefill(eager)
+    graphs = counters["stats"]["unique_graphs"]
     b, _, tokens_b, _ = decode_then_prefill(compiled)
     assert tokens_a == tokens_b
     torch.testing.assert_close(a.cache.k, b.cache.k, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(a.cache.v, b.cache.v, atol=1e-4, rtol=1e-4)
+    # compiled once for all 3 layers (their cache views differ only in offset): the decode step's two
+    # halves, and each prefill length's two halves (24 and 30 tokens), never a graph per layer
+    assert counters["stats"]["unique_graphs"] - graphs == 2 + 2 * 2
