@@ -63,6 +63,9 @@ class FlashDecodeWorkspace:
     m: torch.Tensor  # [B_max, Hq, S] fp32 max of the scaled scores per split (natural log units)
     lsum: torch.Tensor  # [B_max, Hq, S] fp32 sum of exp(score - m) per split
     acc: torch.Tensor  # [B_max, Hq, S, D] fp32 sum of exp(score - m) * v per split (not normalised)
+    # [B_max, Hq] int32 arrival counts, entry [b, kv head] used (flags): zero between calls, each call
+    # leaves them at zero
+    count: torch.Tensor
 
     @classmethod
     def allocate(
@@ -71,7 +74,8 @@ class FlashDecodeWorkspace:
         """Scratch for up to `batch` sequences and `num_splits` splits."""
         m = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=device)
         acc = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=device)
-        return cls(m, torch.empty_like(m), acc)
+        count = torch.zeros(batch, num_q_heads, dtype=torch.int32, device=device)
+        return cls(m, torch.empty_like(m), acc, count)
 
     @property
     def num_splits(self) -> int:
@@ -129,6 +133,8 @@ def _resolve(
     combine_block_d: int | None = None,
     pdl_wait: bool | None = None,
     combine_warps: int | None = None,
+    prefetch: int | None = None,
+    flags: bool | None = None,
 ) -> dict:
     b, hq, d = q.shape
     hkv, s_max = k_cache.shape[1], k_cache.shape[2]
@@ -154,6 +160,8 @@ def _resolve(
         "pdl_wait": (PDL_WAIT_DEFAULT and pdl_supported(q.device))
         if pdl_wait is None
         else bool(pdl_wait) and q.is_cuda,
+        "prefetch": (prefetch or 0) if _bulk_prefetch_ok(q.device, k_cache) else 0,
+        "flags": bool(flags),
         "gqa_rows": max(_GROUP_ROWS, triton.next_power_of_2(hq // hkv)),
         "num_sms": num_sms,
     }
@@ -187,6 +195,15 @@ def pdl_supported(device: torch.device) -> bool:
     except ImportError:
         return False
     return hasattr(tl_cuda, "gdc_wait") and "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def _bulk_prefetch_ok(device: torch.device, k_cache: torch.Tensor) -> bool:
+    """Hopper bulk L2 prefetch of whole tiles: sm_90+, and a tile's positions contiguous in the cache."""
+    return (
+        device.type == "cuda"
+        and torch.cuda.get_device_capability(device) >= (9, 0)
+        and k_cache.stride(2) == k_cache.shape[3]
+    )
 
 
 def _interpreting() -> bool:
@@ -276,7 +293,9 @@ def _launch(q, k_cache, v_cache, lengths, scale, out, workspace, cfg, trace=None
     if cfg["num_splits"] == 1:  # nothing to merge: the partial kernel wrote the output itself
         return partial, None
     rows = cfg["num_splits"] * q.shape[0] * k_cache.shape[1]  # the partial kernel's trace rows come first
-    return partial, _launch_combine(q, out, workspace, cfg, None if trace is None else trace[rows:])
+    return partial, _launch_combine(
+        q, out, workspace, cfg, k_cache.shape[1], None if trace is None else trace[rows:]
+    )
 
 
 def _launch_partial(q, k_cache, v_cache, lengths, scale, out, ws, cfg, trace=None):  # noqa: ANN001, ANN202
@@ -288,37 +307,37 @@ def _launch_partial(q, k_cache, v_cache, lengths, scale, out, ws, cfg, trace=Non
     partial_kernel, _ = _kernels(interpret)
     direct = splits == 1  # nothing to merge: the partial kernel writes the output itself
     return partial_kernel[(splits, b * hkv)](
-        q, k_cache, v_cache, lengths, ws.m, ws.lsum, ws.acc, out, ws.m if trace is None else trace,
+        q, k_cache, v_cache, lengths, ws.m, ws.lsum, ws.acc, out, ws.m if trace is None else trace, ws.count,
         scale * math.log2(math.e),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         ws.m.stride(0), ws.m.stride(1), ws.m.stride(2),
         ws.acc.stride(0), ws.acc.stride(1), ws.acc.stride(2),
-        out.stride(0), out.stride(1),
+        out.stride(0), out.stride(1), ws.count.stride(0),
         hkv, k_cache.shape[2], splits,
         G=group, G_PAD=max(_GROUP_ROWS, triton.next_power_of_2(group)), D=d, BLOCK_N=cfg["block_n"],
         DOT_F32=interpret, PDL=cfg["pdl"] and not direct, DIRECT=direct, PDL_WAIT=cfg["pdl_wait"],
-        TRACE=trace is not None,
+        TRACE=trace is not None, PREFETCH=cfg["prefetch"], ARRIVE=cfg["flags"] and not direct,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"launch_pdl": True} if cfg["pdl_wait"] else {}),
     )  # fmt: skip
 
 
-def _launch_combine(q, out, ws, cfg, trace=None):  # noqa: ANN001, ANN202
+def _launch_combine(q, out, ws, cfg, hkv, trace=None):  # noqa: ANN001, ANN202
     b, hq, d = q.shape
     splits = cfg["num_splits"]
     _, combine_kernel = _kernels(_interpreting())
     block_d = cfg["combine_block_d"]  # a slice of D per program: more programs hide the L2 latency
     block_s = _combine_block_s(splits)
     return combine_kernel[(b * hq, d // block_d)](
-        ws.m, ws.lsum, ws.acc, out, ws.m if trace is None else trace,
+        ws.m, ws.lsum, ws.acc, out, ws.m if trace is None else trace, ws.count,
         ws.m.stride(0), ws.m.stride(1), ws.m.stride(2),
         ws.acc.stride(0), ws.acc.stride(1), ws.acc.stride(2),
-        out.stride(0), out.stride(1),
-        hq, splits,
+        out.stride(0), out.stride(1), ws.count.stride(0),
+        hq, splits, hq // hkv,
         BLOCK_D=block_d, BLOCK_S=block_s,
-        PDL=cfg["pdl"], TRACE=trace is not None,
+        PDL=cfg["pdl"], TRACE=trace is not None, FLAGS=cfg["flags"],
         num_warps=cfg["combine_warps"],
         **({"launch_pdl": True} if cfg["pdl"] else {}),
     )  # fmt: skip
@@ -340,13 +359,14 @@ def _partial(
     Acc,  # [B, Hq, S, D] fp32 out: sum of exp(score - M) * v per split, 0 when empty
     Out,  # [B, Hq, D] output in q's dtype, written here only when DIRECT; strides (stride_ob, stride_oh, 1)
     Trace,  # int64 [programs, TRACE_FIELDS] when TRACE (see TRACE_FIELDS)
+    Count,  # int32 [B, >= Hkv] arrivals per (sequence, KV head), when ARRIVE
     qk_scale,  # softmax scale * log2(e): scores are kept in base 2 inside the loop
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_mb, stride_mh, stride_ms,
     stride_ab, stride_ah, stride_as,
-    stride_ob, stride_oh,
+    stride_ob, stride_oh, stride_cb,
     num_kv_heads, s_max, num_splits,
     G: tl.constexpr,  # query heads per KV head
     G_PAD: tl.constexpr,  # G rounded up to a power of two >= 16 (tl.dot's smallest M)
@@ -357,6 +377,8 @@ def _partial(
     DIRECT: tl.constexpr,  # one split: normalise and write Out, no partials
     PDL_WAIT: tl.constexpr,  # launched early: wait for the previous kernel's writes before reading
     TRACE: tl.constexpr,  # write this program's timeline to Trace (bench --timeline)
+    PREFETCH: tl.constexpr,  # tiles to bulk-prefetch into L2 before the length is known (sm_90+)
+    ARRIVE: tl.constexpr,  # count this program's arrival for the combine (flags)
 ):  # fmt: skip
     if TRACE:
         t_start = tl.extra.cuda.globaltimer()
@@ -378,6 +400,23 @@ def _partial(
     in_group = offs_g < G
     b64 = b.to(tl.int64)
     h64 = h.to(tl.int64)
+    for t in tl.static_range(PREFETCH):  # K and V of this split's first tiles, inside the cache
+        n_pf = (split + t * num_splits) * BLOCK_N
+        if n_pf + BLOCK_N <= s_max:  # one thread issues both bulk prefetches
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;"
+                " @p cp.async.bulk.prefetch.L2.global [$1], $3; @p cp.async.bulk.prefetch.L2.global [$2], $3;"
+                " mov.u32 $0, 0; }",
+                "=r,l,l,r",
+                [
+                    K + b64 * stride_kb + h64 * stride_kh + n_pf * stride_kn,
+                    V + b64 * stride_vb + h64 * stride_vh + n_pf * stride_vn,
+                    tl.full([], BLOCK_N * D * K.dtype.element_ty.primitive_bitwidth // 8, tl.int32),
+                ],
+                dtype=tl.int32,
+                is_pure=False,
+                pack=1,
+            )
 
     # Split s takes the tiles s, s + S, s + 2S, ... of this sequence's own length, so a short sequence
     # in a batch captured for a long one still spreads over all its programs (splits past its last
@@ -426,6 +465,9 @@ def _partial(
         tl.store(Lsum + ml_off, l_i, mask=in_group)
         a_ptrs = Acc + b64 * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :]
         tl.store(a_ptrs, acc, mask=in_group[:, None])
+        if ARRIVE:  # every thread's stores before one release: the combine may read them once it counts S
+            tl.debug_barrier()
+            tl.atomic_add(Count + b64 * stride_cb + h64, 1, sem="release", scope="gpu")
     if TRACE:
         row = Trace + (bh * num_splits + split).to(tl.int64) * TRACE_FIELDS
         tl.store(row, t_start)
@@ -442,14 +484,16 @@ def _combine(
     Acc,  # [B, Hq, S, D] fp32 per-split unnormalised output, 0 for an empty split
     Out,  # [B, Hq, D] output in q's dtype; strides (stride_ob, stride_oh, 1)
     Trace,  # int64 [programs, TRACE_FIELDS] after the partial kernel's rows, when TRACE (see TRACE_FIELDS)
+    Count,  # int32 [B, >= Hkv] arrivals per (sequence, KV head), when FLAGS
     stride_mb, stride_mh, stride_ms,
     stride_ab, stride_ah, stride_as,
-    stride_ob, stride_oh,
-    num_heads, num_splits,
+    stride_ob, stride_oh, stride_cb,
+    num_heads, num_splits, group,
     BLOCK_D: tl.constexpr,  # head-dim slice per program: more programs to hide the L2 latency
     BLOCK_S: tl.constexpr,  # splits merged per step; one step (all loads in flight at once) when S <= BLOCK_S
     PDL: tl.constexpr,  # launched early: wait for the partial kernel's writes before reading them
     TRACE: tl.constexpr,  # write this program's timeline to Trace (bench --timeline)
+    FLAGS: tl.constexpr,  # wait for this KV head's S arrivals, not for the whole partial grid
 ):  # fmt: skip
     if TRACE:
         t_start = tl.extra.cuda.globaltimer()
@@ -461,7 +505,14 @@ def _combine(
     m_ptrs = M + b * stride_mb + h * stride_mh + offs_s * stride_ms
     l_ptrs = Lsum + b * stride_mb + h * stride_mh + offs_s * stride_ms
     a_ptrs = Acc + b * stride_ab + h * stride_ah + offs_s[:, None] * stride_as + offs_d[None, :]
-    if PDL:
+    if FLAGS:
+        count = Count + b * stride_cb + h // group
+        seen = tl.atomic_add(count, 0, sem="acquire", scope="gpu")
+        while seen < num_splits:
+            seen = tl.atomic_add(count, 0, sem="acquire", scope="gpu")
+        # departures count on past S: the last of the head's G * programs(1) combine programs resets it
+        departed = tl.atomic_add(count, 1, sem="relaxed", scope="gpu")
+    elif PDL:
         tl.extra.cuda.gdc_wait()
     if TRACE:
         t_wait = tl.extra.cuda.globaltimer()
@@ -485,6 +536,9 @@ def _combine(
     w = tl.exp(m_run - tl.max(m_run, 0))  # lanes that only saw empty splits weigh 0
     out = tl.sum(w[:, None] * acc_run, 0) / tl.sum(w * l_run, 0)
     tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+    if FLAGS:
+        if departed == num_splits + group * tl.num_programs(1) - 1:
+            tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
     if TRACE:
         row = Trace + (bh * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * TRACE_FIELDS
         tl.store(row, t_start)

@@ -277,7 +277,7 @@ GPU_SHAPES = [(32, 8, 128), (24, 4, 256)]
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("ctx", [4096, 16384, 32768])
 @pytest.mark.parametrize("hq,hkv,d", GPU_SHAPES)
-@pytest.mark.parametrize("variant", ["default", "pdl-both"])
+@pytest.mark.parametrize("variant", ["default", "pdl-both", "prefetch-flags"])
 def test_gpu_real_sizes(hq, hkv, d, ctx, batch, variant):
     tuning = LAUNCH_VARIANTS.get(variant, {})
     g = torch.Generator(device="cuda").manual_seed(ctx + batch)
@@ -298,6 +298,8 @@ LAUNCH_VARIANTS = {
     "plain": {"pdl": False, "pdl_wait": False},
     "pdl": {"pdl": True, "pdl_wait": False},
     "pdl-both": {"pdl": True, "pdl_wait": True},
+    "flags": {"flags": True},
+    "prefetch-flags": {"prefetch": 1, "flags": True},
 }
 
 
@@ -327,3 +329,4 @@ def test_gpu_cuda_graph_replay_follows_lengths(hq, hkv, d, variant):
         out.fill_(float("nan"))
         graph.replay()
         check(out, q, k, v, lengths, d**-0.5)
+        assert not ws.count.any()  # a call leaves the arrival counts at zero for the next
