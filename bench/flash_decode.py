@@ -39,8 +39,6 @@ TILE_KEYS = (
     "combine_block_d",
     "pdl_wait",
     "combine_warps",
-    "prefetch",
-    "flags",
 )
 SHAPES = {
     "q32-kv8-d128": (32, 8, 128),  # qwen3-8b's attention (GQA ratio 4)
@@ -68,15 +66,6 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument(
         "--pdl-wait", nargs="+", default=["auto"], help="'auto', 0 and/or 1: launch the partial kernel early"
-    )
-    p.add_argument(
-        "--prefetch",
-        nargs="+",
-        default=["auto"],
-        help="'auto' and/or ints: first tiles bulk-prefetched to L2",
-    )
-    p.add_argument(
-        "--flags", nargs="+", default=["auto"], help="'auto', 0 and/or 1: combine waits on per-head arrivals"
     )
     p.add_argument(
         "--valid",
@@ -242,6 +231,7 @@ def trace_timeline(torch, fd, sets, outs, lengths, scale, ws, cfg) -> dict:  # n
         out |= {
             "combine_start_us": {p: q([r[0] for r in comb], p) for p in (0.0, 0.5, 1.0)},
             "combine_waited_us": {p: q([r[1] for r in comb], p) for p in (0.0, 0.5, 1.0)},
+            "combine_loaded_us": {p: q([r[4] for r in comb], p) for p in (0.0, 0.5, 1.0)},
             "combine_end_us": {p: q([r[2] for r in comb], p) for p in (0.5, 1.0)},
         }
         out["gap_from_previous_call_us"] = (t0 - int(prev[np_:, 2].max())) / 1e3
@@ -423,7 +413,7 @@ def main() -> None:
         base = fd.decode_config(q, k, v, lengths)
 
         variants = []
-        for splits, block_n, warps, stages, pdl, cbd, pdl_wait, cwarps, pf, flg in itertools.product(
+        for splits, block_n, warps, stages, pdl, cbd, pdl_wait, cwarps in itertools.product(
             args.splits,
             args.block_n,
             args.warps,
@@ -432,8 +422,6 @@ def main() -> None:
             args.combine_block_d,
             args.pdl_wait,
             args.combine_warps,
-            args.prefetch,
-            args.flags,
         ):
             tile = {
                 "num_splits": base["num_splits"] if splits == "auto" else int(splits),
@@ -444,8 +432,6 @@ def main() -> None:
                 "combine_block_d": cbd or base["combine_block_d"],
                 "pdl_wait": base["pdl_wait"] if pdl_wait == "auto" else bool(int(pdl_wait)),
                 "combine_warps": cwarps or base["combine_warps"],
-                "prefetch": base["prefetch"] if pf == "auto" else int(pf),
-                "flags": base["flags"] if flg == "auto" else bool(int(flg)),
             }
             if tile not in variants:
                 variants.append(tile)
@@ -578,8 +564,8 @@ def tuning_table(rows: list[dict]) -> str:
     """Every timed variant (graph replay), best first within each problem; variants that failed last."""
     lines = [
         "| shape | ctx | B | splits | block_n | warps | stages | pdl | combine block_d | combine warps | pdl wait "
-        "| prefetch | flags | graph µs | % copy | partial alone µs |",
-        "|---" * 16 + "|",
+        "| graph µs | % copy | partial alone µs |",
+        "|---" * 14 + "|",
     ]
     for r in sorted(rows, key=lambda r: (r["shape"], r["ctx"], r["batch"], r.get("graph_us", math.inf))):
         c = r["config"]
@@ -587,7 +573,7 @@ def tuning_table(rows: list[dict]) -> str:
         timing = f"{r['graph_us']:.1f}" if "graph_us" in r else r["error"][:40]
         lines.append(
             f"| {r['shape']} | {r['ctx']} | {r['batch']} | {c['num_splits']}{mark} | {c['block_n']} | {c['num_warps']} "
-            f"| {c['num_stages']} | {int(c['pdl'])} | {c['combine_block_d']} | {c.get('combine_warps') or '-'} | {int(c['pdl_wait'])} | {c.get('prefetch', 0)} | {int(c.get('flags', 0))} | {timing} | {_fmt(r, 'graph_pct_copy', '.0f')} "
+            f"| {c['num_stages']} | {int(c['pdl'])} | {c['combine_block_d']} | {c.get('combine_warps') or '-'} | {int(c['pdl_wait'])} | {timing} | {_fmt(r, 'graph_pct_copy', '.0f')} "
             f"| {_fmt(r, 'partial_only_graph_us', '.1f')} |"
         )
     return "\n".join(lines)

@@ -37,10 +37,15 @@ MIN_BLOCKS_PER_SPLIT = 4
 # deep stages keep 96-128 KiB of loads in flight per SM. Picked from an H200 sweep (bench script).
 _TILES = {64: (128, 4, 4), 128: (64, 4, 4), 256: (64, 4, 3)}
 
-# Warps of a combine program that merges at most 2048 values per step, per head dim (4 otherwise).
-# At d256 one warp measured 0.3-1.1 us faster than four at every size on the H200 (4k-32k, batch 1
-# and 8: its reductions stay in the warp); at d128 it was no faster (bench/results, 2026-11-30c/d).
-_COMBINE_WARPS = {256: 1}
+# Combine programs: one warp each (its reductions over the splits stay inside the warp), over a 32-wide
+# slice of the head dim, or a 16-wide one once 16 or more splits are merged at once (twice the programs
+# to hide the L2 latency, 8 values a lane). Measured on the H200 against 4 warps and the other width at
+# 4k-32k, batch 1 and 8, for GQA-4 and GQA-8 d128 and GQA-6 d256: the fastest of the four in 16 of the
+# 18 cases and within 0.1 us in the other two (d256 at 16k-32k, batch 1); against the earlier rule (32
+# wide, 4 warps at d128) 0.1-0.6 us faster at d128, batch 1, and 0.3-0.8 us at batch 8
+# (bench/results/flash_decode_combine_h200_2026-11-30f.json).
+_COMBINE_WARPS = 1
+_COMBINE_WIDE_SPLITS = 16
 
 # PDL wait: the partial kernel itself is launched early (programmatic dependent launch) and waits on
 # the device (griddepcontrol.wait) for its predecessor's writes before it reads anything, so its launch
@@ -52,7 +57,8 @@ PDL_WAIT_DEFAULT = True
 
 # int64 fields per program in a timeline trace (bench --timeline): the partial kernel writes global-timer
 # stamps at its start, loop start and end, its SM id, and stamps after its PDL wait and once its length
-# has arrived; the combine writes its start, the end of its wait, its end and its SM id (the rest stay 0).
+# has arrived; the combine writes its start, the end of its wait, its end, its SM id and a stamp once its
+# loads have arrived (the last field stays 0).
 TRACE_FIELDS = tl.constexpr(6)
 
 
@@ -63,9 +69,6 @@ class FlashDecodeWorkspace:
     m: torch.Tensor  # [B_max, Hq, S] fp32 max of the scaled scores per split (natural log units)
     lsum: torch.Tensor  # [B_max, Hq, S] fp32 sum of exp(score - m) per split
     acc: torch.Tensor  # [B_max, Hq, S, D] fp32 sum of exp(score - m) * v per split (not normalised)
-    # [B_max, Hq] int32 arrival counts, entry [b, kv head] used (flags): zero between calls, each call
-    # leaves them at zero
-    count: torch.Tensor
 
     @classmethod
     def allocate(
@@ -74,8 +77,7 @@ class FlashDecodeWorkspace:
         """Scratch for up to `batch` sequences and `num_splits` splits."""
         m = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=device)
         acc = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=device)
-        count = torch.zeros(batch, num_q_heads, dtype=torch.int32, device=device)
-        return cls(m, torch.empty_like(m), acc, count)
+        return cls(m, torch.empty_like(m), acc)
 
     @property
     def num_splits(self) -> int:
@@ -133,8 +135,6 @@ def _resolve(
     combine_block_d: int | None = None,
     pdl_wait: bool | None = None,
     combine_warps: int | None = None,
-    prefetch: int | None = None,
-    flags: bool | None = None,
 ) -> dict:
     b, hq, d = q.shape
     hkv, s_max = k_cache.shape[1], k_cache.shape[2]
@@ -154,14 +154,13 @@ def _resolve(
         "block_n": block_n,
         "num_warps": num_warps or tile["num_warps"],
         "num_stages": num_stages or tile["num_stages"],
-        "combine_block_d": combine_block_d or min(d, 32),
-        "combine_warps": combine_warps or _combine_warps(d, num_splits, combine_block_d or min(d, 32)),
+        "combine_block_d": combine_block_d or _combine_block_d(d, num_splits),
+        "combine_warps": combine_warps
+        or _combine_warps(num_splits, combine_block_d or _combine_block_d(d, num_splits)),
         "pdl": pdl_supported(q.device) if pdl is None else bool(pdl) and q.is_cuda,
         "pdl_wait": (PDL_WAIT_DEFAULT and pdl_supported(q.device))
         if pdl_wait is None
         else bool(pdl_wait) and q.is_cuda,
-        "prefetch": (prefetch or 0) if _bulk_prefetch_ok(q.device, k_cache) else 0,
-        "flags": bool(flags),
         "gqa_rows": max(_GROUP_ROWS, triton.next_power_of_2(hq // hkv)),
         "num_sms": num_sms,
     }
@@ -172,8 +171,14 @@ def _combine_block_s(splits: int) -> int:
     return min(triton.next_power_of_2(splits), 64)
 
 
-def _combine_warps(head_dim: int, splits: int, block_d: int) -> int:
-    return _COMBINE_WARPS.get(head_dim, 4) if _combine_block_s(splits) * block_d <= 2048 else 8
+def _combine_block_d(head_dim: int, splits: int) -> int:
+    """Head-dim slice of a combine program: 16 wide when it merges 16 or more splits a step, else 32."""
+    return min(head_dim, 16 if _combine_block_s(splits) >= _COMBINE_WIDE_SPLITS else 32)
+
+
+def _combine_warps(splits: int, block_d: int) -> int:
+    """One warp, or 8 for an overridden slice that merges more than 2048 values a step."""
+    return _COMBINE_WARPS if _combine_block_s(splits) * block_d <= 2048 else 8
 
 
 @functools.cache
@@ -195,15 +200,6 @@ def pdl_supported(device: torch.device) -> bool:
     except ImportError:
         return False
     return hasattr(tl_cuda, "gdc_wait") and "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
-
-
-def _bulk_prefetch_ok(device: torch.device, k_cache: torch.Tensor) -> bool:
-    """Hopper bulk L2 prefetch of whole tiles: sm_90+, and a tile's positions contiguous in the cache."""
-    return (
-        device.type == "cuda"
-        and torch.cuda.get_device_capability(device) >= (9, 0)
-        and k_cache.stride(2) == k_cache.shape[3]
-    )
 
 
 def _interpreting() -> bool:
@@ -293,9 +289,7 @@ def _launch(q, k_cache, v_cache, lengths, scale, out, workspace, cfg, trace=None
     if cfg["num_splits"] == 1:  # nothing to merge: the partial kernel wrote the output itself
         return partial, None
     rows = cfg["num_splits"] * q.shape[0] * k_cache.shape[1]  # the partial kernel's trace rows come first
-    return partial, _launch_combine(
-        q, out, workspace, cfg, k_cache.shape[1], None if trace is None else trace[rows:]
-    )
+    return partial, _launch_combine(q, out, workspace, cfg, None if trace is None else trace[rows:])
 
 
 def _launch_partial(q, k_cache, v_cache, lengths, scale, out, ws, cfg, trace=None):  # noqa: ANN001, ANN202
@@ -307,37 +301,37 @@ def _launch_partial(q, k_cache, v_cache, lengths, scale, out, ws, cfg, trace=Non
     partial_kernel, _ = _kernels(interpret)
     direct = splits == 1  # nothing to merge: the partial kernel writes the output itself
     return partial_kernel[(splits, b * hkv)](
-        q, k_cache, v_cache, lengths, ws.m, ws.lsum, ws.acc, out, ws.m if trace is None else trace, ws.count,
+        q, k_cache, v_cache, lengths, ws.m, ws.lsum, ws.acc, out, ws.m if trace is None else trace,
         scale * math.log2(math.e),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         ws.m.stride(0), ws.m.stride(1), ws.m.stride(2),
         ws.acc.stride(0), ws.acc.stride(1), ws.acc.stride(2),
-        out.stride(0), out.stride(1), ws.count.stride(0),
+        out.stride(0), out.stride(1),
         hkv, k_cache.shape[2], splits,
         G=group, G_PAD=max(_GROUP_ROWS, triton.next_power_of_2(group)), D=d, BLOCK_N=cfg["block_n"],
         DOT_F32=interpret, PDL=cfg["pdl"] and not direct, DIRECT=direct, PDL_WAIT=cfg["pdl_wait"],
-        TRACE=trace is not None, PREFETCH=cfg["prefetch"], ARRIVE=cfg["flags"] and not direct,
+        TRACE=trace is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"launch_pdl": True} if cfg["pdl_wait"] else {}),
     )  # fmt: skip
 
 
-def _launch_combine(q, out, ws, cfg, hkv, trace=None):  # noqa: ANN001, ANN202
+def _launch_combine(q, out, ws, cfg, trace=None):  # noqa: ANN001, ANN202
     b, hq, d = q.shape
     splits = cfg["num_splits"]
     _, combine_kernel = _kernels(_interpreting())
     block_d = cfg["combine_block_d"]  # a slice of D per program: more programs hide the L2 latency
     block_s = _combine_block_s(splits)
     return combine_kernel[(b * hq, d // block_d)](
-        ws.m, ws.lsum, ws.acc, out, ws.m if trace is None else trace, ws.count,
+        ws.m, ws.lsum, ws.acc, out, ws.m if trace is None else trace,
         ws.m.stride(0), ws.m.stride(1), ws.m.stride(2),
         ws.acc.stride(0), ws.acc.stride(1), ws.acc.stride(2),
-        out.stride(0), out.stride(1), ws.count.stride(0),
-        hq, splits, hq // hkv,
+        out.stride(0), out.stride(1),
+        hq, splits,
         BLOCK_D=block_d, BLOCK_S=block_s,
-        PDL=cfg["pdl"], TRACE=trace is not None, FLAGS=cfg["flags"],
+        PDL=cfg["pdl"], TRACE=trace is not None,
         num_warps=cfg["combine_warps"],
         **({"launch_pdl": True} if cfg["pdl"] else {}),
     )  # fmt: skip
@@ -359,14 +353,13 @@ def _partial(
     Acc,  # [B, Hq, S, D] fp32 out: sum of exp(score - M) * v per split, 0 when empty
     Out,  # [B, Hq, D] output in q's dtype, written here only when DIRECT; strides (stride_ob, stride_oh, 1)
     Trace,  # int64 [programs, TRACE_FIELDS] when TRACE (see TRACE_FIELDS)
-    Count,  # int32 [B, >= Hkv] arrivals per (sequence, KV head), when ARRIVE
     qk_scale,  # softmax scale * log2(e): scores are kept in base 2 inside the loop
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_mb, stride_mh, stride_ms,
     stride_ab, stride_ah, stride_as,
-    stride_ob, stride_oh, stride_cb,
+    stride_ob, stride_oh,
     num_kv_heads, s_max, num_splits,
     G: tl.constexpr,  # query heads per KV head
     G_PAD: tl.constexpr,  # G rounded up to a power of two >= 16 (tl.dot's smallest M)
@@ -377,8 +370,6 @@ def _partial(
     DIRECT: tl.constexpr,  # one split: normalise and write Out, no partials
     PDL_WAIT: tl.constexpr,  # launched early: wait for the previous kernel's writes before reading
     TRACE: tl.constexpr,  # write this program's timeline to Trace (bench --timeline)
-    PREFETCH: tl.constexpr,  # tiles to bulk-prefetch into L2 before the length is known (sm_90+)
-    ARRIVE: tl.constexpr,  # count this program's arrival for the combine (flags)
 ):  # fmt: skip
     if TRACE:
         t_start = tl.extra.cuda.globaltimer()
@@ -400,23 +391,6 @@ def _partial(
     in_group = offs_g < G
     b64 = b.to(tl.int64)
     h64 = h.to(tl.int64)
-    for t in tl.static_range(PREFETCH):  # K and V of this split's first tiles, inside the cache
-        n_pf = (split + t * num_splits) * BLOCK_N
-        if n_pf + BLOCK_N <= s_max:  # one thread issues both bulk prefetches
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;"
-                " @p cp.async.bulk.prefetch.L2.global [$1], $3; @p cp.async.bulk.prefetch.L2.global [$2], $3;"
-                " mov.u32 $0, 0; }",
-                "=r,l,l,r",
-                [
-                    K + b64 * stride_kb + h64 * stride_kh + n_pf * stride_kn,
-                    V + b64 * stride_vb + h64 * stride_vh + n_pf * stride_vn,
-                    tl.full([], BLOCK_N * D * K.dtype.element_ty.primitive_bitwidth // 8, tl.int32),
-                ],
-                dtype=tl.int32,
-                is_pure=False,
-                pack=1,
-            )
 
     # Split s takes the tiles s, s + S, s + 2S, ... of this sequence's own length, so a short sequence
     # in a batch captured for a long one still spreads over all its programs (splits past its last
@@ -465,9 +439,6 @@ def _partial(
         tl.store(Lsum + ml_off, l_i, mask=in_group)
         a_ptrs = Acc + b64 * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :]
         tl.store(a_ptrs, acc, mask=in_group[:, None])
-        if ARRIVE:  # every thread's stores before one release: the combine may read them once it counts S
-            tl.debug_barrier()
-            tl.atomic_add(Count + b64 * stride_cb + h64, 1, sem="release", scope="gpu")
     if TRACE:
         row = Trace + (bh * num_splits + split).to(tl.int64) * TRACE_FIELDS
         tl.store(row, t_start)
@@ -484,16 +455,14 @@ def _combine(
     Acc,  # [B, Hq, S, D] fp32 per-split unnormalised output, 0 for an empty split
     Out,  # [B, Hq, D] output in q's dtype; strides (stride_ob, stride_oh, 1)
     Trace,  # int64 [programs, TRACE_FIELDS] after the partial kernel's rows, when TRACE (see TRACE_FIELDS)
-    Count,  # int32 [B, >= Hkv] arrivals per (sequence, KV head), when FLAGS
     stride_mb, stride_mh, stride_ms,
     stride_ab, stride_ah, stride_as,
-    stride_ob, stride_oh, stride_cb,
-    num_heads, num_splits, group,
+    stride_ob, stride_oh,
+    num_heads, num_splits,
     BLOCK_D: tl.constexpr,  # head-dim slice per program: more programs to hide the L2 latency
     BLOCK_S: tl.constexpr,  # splits merged per step; one step (all loads in flight at once) when S <= BLOCK_S
     PDL: tl.constexpr,  # launched early: wait for the partial kernel's writes before reading them
     TRACE: tl.constexpr,  # write this program's timeline to Trace (bench --timeline)
-    FLAGS: tl.constexpr,  # wait for this KV head's S arrivals, not for the whole partial grid
 ):  # fmt: skip
     if TRACE:
         t_start = tl.extra.cuda.globaltimer()
@@ -505,14 +474,7 @@ def _combine(
     m_ptrs = M + b * stride_mb + h * stride_mh + offs_s * stride_ms
     l_ptrs = Lsum + b * stride_mb + h * stride_mh + offs_s * stride_ms
     a_ptrs = Acc + b * stride_ab + h * stride_ah + offs_s[:, None] * stride_as + offs_d[None, :]
-    if FLAGS:
-        count = Count + b * stride_cb + h // group
-        seen = tl.atomic_add(count, 0, sem="acquire", scope="gpu")
-        while seen < num_splits:
-            seen = tl.atomic_add(count, 0, sem="acquire", scope="gpu")
-        # departures count on past S: the last of the head's G * programs(1) combine programs resets it
-        departed = tl.atomic_add(count, 1, sem="relaxed", scope="gpu")
-    elif PDL:
+    if PDL:
         tl.extra.cuda.gdc_wait()
     if TRACE:
         t_wait = tl.extra.cuda.globaltimer()
@@ -533,15 +495,18 @@ def _combine(
         l_run = l_run * alpha + beta * lsum
         acc_run = acc_run * alpha[:, None] + beta[:, None] * a
         m_run = m_new
-    w = tl.exp(m_run - tl.max(m_run, 0))  # lanes that only saw empty splits weigh 0
+    m_max = tl.max(m_run, 0)
+    if TRACE:  # the timer read waits for the maxima (the partials' first loads, reduced)
+        t_loaded = tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l,f", [m_max], dtype=tl.int64, is_pure=False, pack=1
+        )
+    w = tl.exp(m_run - m_max)  # lanes that only saw empty splits weigh 0
     out = tl.sum(w[:, None] * acc_run, 0) / tl.sum(w * l_run, 0)
     tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
-    if FLAGS:
-        if departed == num_splits + group * tl.num_programs(1) - 1:
-            tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
     if TRACE:
         row = Trace + (bh * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * TRACE_FIELDS
         tl.store(row, t_start)
         tl.store(row + 1, t_wait)
         tl.store(row + 2, tl.extra.cuda.globaltimer())
         tl.store(row + 3, tl.extra.cuda.smid().to(tl.int64))
+        tl.store(row + 4, t_loaded)
