@@ -363,6 +363,10 @@ def main() -> None:
     from kernels import flash_decode as fd
     from kernels.reference import decode_attention
 
+    if args.valid < 0 or (args.valid and not args.interpret and args.valid > min(args.ctx)):
+        raise SystemExit(
+            f"--valid {args.valid} must be 0 (all of ctx) or 1..{min(args.ctx)} (the shortest --ctx)"
+        )
     cuda = torch.cuda.is_available() and not args.interpret
     if not cuda and not args.interpret:
         raise SystemExit("needs a CUDA device (or --interpret for a CPU smoke run)")
