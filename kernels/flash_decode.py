@@ -147,6 +147,7 @@ def _resolve(
         num_splits, source = workspace.num_splits, "workspace"
     else:
         num_splits, source = _split_heuristic(num_sms, b, hkv, s_max, block_n), "heuristic"
+    combine_block_d = combine_block_d or _combine_block_d(d, num_splits)
     return {
         "kernel": "triton-flash-decode",
         "num_splits": num_splits,
@@ -154,9 +155,8 @@ def _resolve(
         "block_n": block_n,
         "num_warps": num_warps or tile["num_warps"],
         "num_stages": num_stages or tile["num_stages"],
-        "combine_block_d": combine_block_d or _combine_block_d(d, num_splits),
-        "combine_warps": combine_warps
-        or _combine_warps(num_splits, combine_block_d or _combine_block_d(d, num_splits)),
+        "combine_block_d": combine_block_d,
+        "combine_warps": combine_warps or _combine_warps(num_splits, combine_block_d),
         "pdl": pdl_supported(q.device) if pdl is None else bool(pdl) and q.is_cuda,
         "pdl_wait": (PDL_WAIT_DEFAULT and pdl_supported(q.device))
         if pdl_wait is None
