@@ -191,7 +191,7 @@ def trace_timeline(torch, fd, sets, outs, lengths, scale, ws, cfg) -> dict:  # n
 
     Every program of both kernels writes its start, its end and its SM; a partial program also when its
     PDL wait returned, when its length arrived and when its loop began, a combine program when its PDL
-    wait returned (``kernels.flash_decode.TRACE_FIELDS``). Times are µs from the first partial program's start of the
+    wait returned and when its loads arrived (``kernels.flash_decode.TRACE_FIELDS``). Times are µs from the first partial program's start of the
     traced call; ``gap_from_previous_call_us`` is that start minus the previous call's last combine end.
     """
     b, hq, d = sets[0][0].shape
@@ -363,10 +363,6 @@ def main() -> None:
     from kernels import flash_decode as fd
     from kernels.reference import decode_attention
 
-    if args.valid < 0 or (args.valid and not args.interpret and args.valid > min(args.ctx)):
-        raise SystemExit(
-            f"--valid {args.valid} must be 0 (all of ctx) or 1..{min(args.ctx)} (the shortest --ctx)"
-        )
     cuda = torch.cuda.is_available() and not args.interpret
     if not cuda and not args.interpret:
         raise SystemExit("needs a CUDA device (or --interpret for a CPU smoke run)")
@@ -375,6 +371,11 @@ def main() -> None:
         configs = [("q8-kv2-d64", (8, 2, 64), 520, 2)]
     else:
         configs = [(s, SHAPES[s], c, b) for s in args.shapes for c in args.ctx for b in args.batch]
+    shortest = min(ctx for _, _, ctx, _ in configs)
+    if not 0 <= args.valid <= shortest:
+        raise SystemExit(
+            f"--valid {args.valid} must be 0 (all of ctx) or 1..{shortest} (the shortest context run)"
+        )
 
     record = {
         "schema": "bench.flash_decode/1",
