@@ -7,10 +7,6 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 DEMO_MODEL ?= qwen2.5-coder-0.5b
-# llama-cpp-python (the reference) ships only an sdist: build it on every core, skip the multimodal
-# library, and let pip's wheel cache keep the result so that only a fresh machine pays for it.
-export CMAKE_BUILD_PARALLEL_LEVEL ?= $(NPROC)
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
 .PHONY: demo test setup setup-dev models lint clean sandbox browser
@@ -42,9 +38,11 @@ $(VENV)/.setup-base: pyproject.toml | $(BIN)/python
 	$(PIP) install -e '.[engine,bot]'
 	touch $@
 
-$(VENV)/.setup-dev: $(VENV)/.setup-base pyproject.toml
-	@echo "installing the reference (llama-cpp-python builds from source once, then comes from pip's cache)"
-	$(PIP) install -e '.[engine,bot,reference,dev]'
+# The reference (llama-cpp-python) builds from its sdist once, on every core, with the pinned portable
+# flags of engine/reference_build.py (the one place they live), into a wheel cached beside pip's cache.
+$(VENV)/.setup-dev: $(VENV)/.setup-base pyproject.toml engine/reference_build.py
+	$(PIP) install -e '.[engine,bot,dev]'
+	$(BIN)/python -m engine.reference_build install
 	touch $@
 
 setup: $(VENV)/.setup-base sandbox

@@ -4,7 +4,9 @@ Each command mirrors ``python -m engine`` and prints one JSON record (engine.pro
 ``engine.compare`` can set the two side by side. Text is tokenized with the engine's own tokenizer, never
 llama.cpp's, so both sides see the same token ids; flash attention is pinned off and recorded. Score results
 are deterministic and cached under ``$EVALBOT_CACHE/reference`` (else ``~/.cache/evalbot/reference``), keyed
-by the model's sha256, the llama-cpp-python version, the flash-attention setting and the token ids.
+by the model's sha256, the reference build's identity (version, pinned flags, sha256 of its libraries:
+``engine.reference_build``), the flash-attention setting and the token ids. A llama.cpp that is not the
+pinned portable build (a native one, with AVX-512 or AMX compiled in) is refused with the reason.
 
     python -m engine.reference score --model qwen2.5-coder-0.5b --text-file engine/data/corpus.txt --positions 256 --out ref.npy
     python -m engine.reference generate --model qwen2.5-coder-0.5b --prompt "def fib(n):" --max-new 32
@@ -14,6 +16,7 @@ by the model's sha256, the llama-cpp-python version, the flash-attention setting
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -27,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from engine import reference_build
 from engine.models import FetchError, cache_dir, model_sha256, resolve
 from engine.protocol import emit, make_record
 
@@ -34,11 +38,10 @@ ENGINE_NAME = "llama.cpp"
 FLASH_ATTN = False  # llama-cpp-python's default; the CLI's "auto" differs by ~4e-4 nats, so it is pinned
 CTX_ALIGN = 256  # the C side rounds n_ctx up to this; the Python buffers do not, so ask for a multiple
 _ROW_CHUNK = 16  # rows per float64 block when normalizing: 16 x 151936 x 8 B is about 19 MB
-_KEY_SCHEMA = "evalbot.reference.score/1"
+_KEY_SCHEMA = "evalbot.reference.score/2"
 _INSTALL_HINT = (
-    "llama-cpp-python is not installed; install the reference extra: "
-    "CMAKE_ARGS=-DLLAVA_BUILD=OFF CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) pip install -e '.[reference]' "
-    "(it builds from source: about 25 minutes on 2 cores)"
+    "llama-cpp-python is not installed; build and install the pinned portable reference with: "
+    "python -m engine.reference_build install (from source: 5-25 minutes on 2 cores, cached after)"
 )
 
 
@@ -68,6 +71,19 @@ def llama_cpp_module() -> Any:
     return llama_cpp
 
 
+@functools.cache
+def build_identity() -> dict[str, Any]:
+    """The installed reference's identity; ReferenceFailure when it is not the pinned portable build."""
+    ident = reference_build.identity(llama_cpp_module())
+    problems = reference_build.portability_problems(ident)
+    if problems:
+        raise ReferenceFailure(
+            "the installed llama.cpp is not the pinned portable reference build: " + "; ".join(problems)
+            + ". Rebuild it with: python -m engine.reference_build install"
+        )
+    return ident
+
+
 def default_threads() -> int:
     """The cores this process may run on."""
     try:
@@ -86,13 +102,15 @@ def reference_cache_dir() -> Path:
     return cache_dir().parent / "reference"
 
 
-def cache_key(model_sha: str, llama_version: str, flash_attn: bool, ids: list[int]) -> str:
-    """The sha256 naming a cached score: everything that changes the log-probs."""
+def cache_key(model_sha: str, build: dict[str, Any], flash_attn: bool, ids: list[int]) -> str:
+    """The sha256 naming a cached score: everything that changes the log-probs, the build's identity too."""
     blob = json.dumps(
         {
             "schema": _KEY_SCHEMA,
             "model_sha256": model_sha,
-            "llama_cpp": llama_version,
+            "llama_cpp": build.get("llama_cpp_python"),
+            "cmake_args": build.get("cmake_args"),
+            "lib_sha256": build.get("lib_sha256"),
             "flash_attn": flash_attn,
             "ids": [int(i) for i in ids],
         },
@@ -147,6 +165,7 @@ def open_llama(
         "n_threads": n_threads,
         "llama_cpp": llama_cpp.__version__,
         "tokenizer": "engine.tokenizer",
+        "reference_build": build_identity(),
     }
     return llm, config
 
@@ -207,10 +226,9 @@ def score_ids(
     """Teacher-forced log-probs (len(ids)-1, n_vocab) from llama.cpp, from the cache when possible."""
     if len(ids) < 2:
         raise ReferenceFailure(f"scoring needs at least 2 token ids, got {len(ids)}")
-    llama_cpp = llama_cpp_module()
     ids = [int(i) for i in ids]
     sha = model_sha or model_sha256(model_path)
-    key = cache_key(sha, llama_cpp.__version__, FLASH_ATTN, ids)
+    key = cache_key(sha, build_identity(), FLASH_ATTN, ids)
     if use_cache:
         t0 = time.perf_counter()
         hit = _read_cache(key, ids)
@@ -550,7 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        llama_cpp_module()
+        build_identity()  # a missing or non-portable reference fails here, before any model is loaded
         emit(args.func(args))
     except (ReferenceFailure, FetchError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

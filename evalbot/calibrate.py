@@ -63,13 +63,13 @@ class CalibrationSummary:
 
 
 def is_false_verdict(v: Verdict) -> bool:
-    """On equal code the only true verdict is PASS without a tier."""
-    return not (v.status == Status.PASS and v.tier is None)
+    """On equal code the true verdicts are PASS without a tier, and INCONCLUSIVE on a box too noisy to tell."""
+    return not ((v.status == Status.PASS and v.tier is None) or v.status == Status.INCONCLUSIVE)
 
 
 def completed(v: Verdict) -> bool:
-    """Whether a run reached a verdict about the code (not an infra error or a skip)."""
-    return v.status in (Status.PASS, Status.REJECT)
+    """Whether a run measured the code to a verdict (not an infra error or a skip)."""
+    return v.status in (Status.PASS, Status.REJECT, Status.INCONCLUSIVE)
 
 
 def noise_cv(pair_sets: Sequence[Sequence[tuple[float, float]]]) -> float:

@@ -35,11 +35,12 @@ MAX_FOREST_ROWS = 40
 PAGE_LIMIT_BYTES = 1_000_000
 MANIFEST = ".evalbot-dashboard"  # what the last build wrote, so a rebuild removes only its own files
 
-STATUSES = ("PASS", "REJECT", "INFRA_ERROR", "SKIPPED", "GAVE_UP")
+STATUSES = ("PASS", "REJECT", "INFRA_ERROR", "INCONCLUSIVE", "SKIPPED", "GAVE_UP")
 _STATUS_COLORS = {
     "PASS": "#2e7d32",
     "REJECT": "#c62828",
     "INFRA_ERROR": "#ef6c00",
+    "INCONCLUSIVE": "#f9a825",
     "SKIPPED": "#78909c",
     "GAVE_UP": "#6a1b9a",
 }

@@ -23,6 +23,8 @@ class Status(enum.StrEnum):
     REJECT = "REJECT"
     INFRA_ERROR = "INFRA_ERROR"  # never the contributor's fault, never counts against them
     SKIPPED = "SKIPPED"
+    # the box could not resolve the smallest tier (MDE above its floor): infra-class, measured again
+    INCONCLUSIVE = "INCONCLUSIVE"
 
 
 class Side(enum.StrEnum):
@@ -99,6 +101,8 @@ class Provenance:
     model_sha256s: dict[str, str] = field(default_factory=dict)
     engine_build: dict[str, Any] = field(default_factory=dict)
     box: dict[str, Any] = field(default_factory=dict)
+    # per model: the llama.cpp reference's identity (version, pinned build flags, sha256 of its libraries)
+    reference: dict[str, Any] = field(default_factory=dict)
     prompt_seed: int | None = None
     corpus_sha256: str | None = None
     started_at: str = ""
@@ -120,8 +124,9 @@ class Measurements:
     failures: tuple[Failure, ...] = ()
     skipped_reason: str | None = None
     reproduce: str = ""  # the exact command that reproduces the run locally
-    # the box's state sampled before every A/B pair: time, model, context, pair, CPU load, and GPU
-    # clocks and temperature when nvidia-smi answers, so a noisy or throttled run can be told apart
+    # the box's state at every A/B pair: time, model, context, pair, CPU load, the cores other processes
+    # used before and during the pair (and their names), the seconds waited for a quiet box, and the
+    # GPU's clocks, temperature and utilization when nvidia-smi answers
     box_samples: tuple[dict[str, Any], ...] = ()
 
 

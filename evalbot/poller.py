@@ -23,6 +23,7 @@ from evalbot.model import MergeOutcome, PullRequest, Status, Verdict
 from evalbot.policy import IntakeContext, claim_gap, intake, parse_body
 from evalbot.publish import Publisher
 from evalbot.rules import Rules
+from evalbot.store import DEFAULT_MAX_ATTEMPTS as MAX_ATTEMPTS
 from evalbot.store import EvalKey, EvaluationRecord, Store
 from evalbot.verdict import verdict_labels
 
@@ -32,7 +33,8 @@ Evaluator = Callable[[PullRequest, Path, str, str], Judgement]
 # (a PR's facts) -> labels, comment lines, close, or None; the copycat hook
 Screen = Callable[[PullRequest], "ScreenResult | None"]
 
-_STATUS_STATE = {Status.PASS: "success", Status.REJECT: "failure", Status.INFRA_ERROR: "error"}
+_STATUS_STATE = {Status.PASS: "success", Status.REJECT: "failure", Status.INFRA_ERROR: "error",
+                 Status.INCONCLUSIVE: "pending"}
 
 
 @dataclass(frozen=True)
@@ -318,9 +320,17 @@ class Bot:
                 f"#{key.pr}: evaluating {key.head_sha[:12]} (as {target[:12]}) against main {key.base_sha[:12]}"
             )
             judged = self.evaluator(pr, self.mirror.path, key.base_sha, target)
-            self.store.finish_evaluation(key, self.settings.worker, judged.verdict, judged.measurements,
-                                         judged.receipt)  # fmt: skip
-            report.evaluated.append(key.pr)  # published by the round, with its place in it
+            self._finish(key, judged, report)
+
+    def _finish(self, key: EvalKey, judged: Judgement, report: PollReport) -> None:
+        """Record a measured evaluation (the round publishes it); an INCONCLUSIVE one is queued again,
+        within the store's attempt limit, since the box, not the PR, failed to resolve it."""
+        self.store.finish_evaluation(key, self.settings.worker, judged.verdict, judged.measurements, judged.receipt)
+        report.evaluated.append(key.pr)
+        rec = self.store.evaluation(key)
+        if judged.verdict.status is Status.INCONCLUSIVE and rec is not None and rec.attempts < MAX_ATTEMPTS:
+            self.store.requeue_evaluation(key, keep_attempts=True)
+            report.notes.append(f"#{key.pr}: inconclusive (attempt {rec.attempts}); queued again")
 
     # ------------------------------------------------------------------ the runner pool (actions mode)
 
@@ -354,9 +364,7 @@ class Bot:
             if isinstance(out, dispatch.Pending) or rec is None or rec.state != "claimed":
                 continue
             if isinstance(out, dispatch.Finished):  # verified; the round publishes it
-                j = out.judgement
-                self.store.finish_evaluation(key, self.settings.worker, j.verdict, j.measurements, j.receipt)
-                report.evaluated.append(r.pr)
+                self._finish(key, out.judgement, report)
             elif out.retried_as is None:
                 self._infra(key, facts.get(r.pr) or self.gh.get_pull(r.pr), out.reason, out.alert, report)
 

@@ -154,6 +154,7 @@ def build_receipt(
     started_at: datetime | str,
     finished_at: datetime | str,
     extra: Mapping[str, Any] | None = None,
+    reference: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A validated receipt body as plain JSON data, with ``schema`` set; ReceiptError on a bad field.
 
@@ -179,6 +180,8 @@ def build_receipt(
         raise ReceiptError(f"finished_at {_utc_text(finish)} is before started_at {_utc_text(start)}")
     if extra is not None:
         _require("extra", extra, Mapping, "a mapping or None")
+    if reference is not None:
+        _require("reference", reference, Mapping, "a mapping of model name to the reference's identity")
 
     body: dict[str, Any] = {
         "schema": SCHEMA,
@@ -195,6 +198,8 @@ def build_receipt(
         "started_at": _utc_text(start),
         "finished_at": _utc_text(finish),
     }
+    if reference:
+        body["reference"] = reference  # llama.cpp's version, build flags and library sha256, per model
     if extra is not None:
         body["extra"] = extra
     return to_json_data(body, "body")

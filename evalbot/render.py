@@ -56,6 +56,7 @@ _STATUS_ICON = {
     Status.PASS: "✅",
     Status.REJECT: "❌",
     Status.INFRA_ERROR: "⚠️",
+    Status.INCONCLUSIVE: "🔁",
     Status.SKIPPED: "⏭️",
 }
 _METRIC_NAMES = {"decode_tps": "decode tok/s", "prefill_tps": "prefill tok/s"}
@@ -326,12 +327,17 @@ def _context(verdict: Verdict, measurements: Measurements, signature_status: str
 
 
 def box_summary(samples: tuple[dict[str, Any], ...]) -> str:
-    """One line on the box's state across the A/B pairs: CPU load range, GPU clock and temperature ranges."""
+    """One line on the box's state across the A/B pairs: CPU load, cores other processes used before and
+    during the pairs, seconds waited for quiet, GPU utilization, clock and temperature (ranges)."""
     if not samples:
         return ""
     parts = [f"{len(samples)} samples"]
     for key, label, unit in (
         ("load1", "load", ""),
+        ("other_cores", "others' CPU before pairs", " cores"),
+        ("during_other_cores", "during pairs", " cores"),
+        ("waited_s", "waited for quiet", " s"),
+        ("gpu_util", "GPU busy before pairs", "%"),
         ("gpu_clock_sm", "GPU SM clock", ""),
         ("gpu_temp", "GPU", " °C"),
     ):

@@ -132,6 +132,16 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Quiet:
+    """When the box counts as quiet (nothing but this evaluation using it), and how long to wait for it."""
+
+    max_other_cores: float = 0.3  # CPU used by other processes, in cores, over one sample
+    max_gpu_util: float = 10.0  # % GPU utilization while our engines do not run (gpu profile)
+    sample_s: float = 2.0
+    max_wait_s: float = 300.0  # past it, INFRA_ERROR "box busy"
+
+
+@dataclass(frozen=True)
 class ModelRef:
     """A registry model pinned by sha256, or a named shape with random weights (sha256 None)."""
 
@@ -149,6 +159,7 @@ class Profile:
     contexts: tuple[Context, ...]
     measurement: Measurement
     models: tuple[ModelRef, ...]
+    quiet: Quiet = Quiet()
 
     @property
     def guarded_contexts(self) -> tuple[int, ...]:
@@ -251,6 +262,7 @@ class Labels:
     exhausted: str
     merge_first: str
     re_evaluate: str
+    inconclusive: str
 
 
 @dataclass(frozen=True)
@@ -668,7 +680,8 @@ def _profiles(f: _File, root: yaml.Node) -> list[Profile]:
         field = _join("profiles", name)
         if not _NAME.fullmatch(name):
             f.fail(key_node, field, f"expected a profile name (letters, digits, '.', '_', '-'), got {name!r}")
-        m = f.mapping(node, field, ("device", "contexts", "measurement"))
+        present = {key for key, _, _ in f.items(node, field)}
+        m = f.mapping(node, field, ("device", "contexts", "measurement", *(("quiet",) if "quiet" in present else ())))
         out.append(
             Profile(
                 name=name,
@@ -676,6 +689,7 @@ def _profiles(f: _File, root: yaml.Node) -> list[Profile]:
                 contexts=_contexts(f, m["contexts"], f"{field}.contexts"),
                 measurement=_measurement(f, m["measurement"], f"{field}.measurement"),
                 models=(),
+                quiet=_quiet(f, m["quiet"], f"{field}.quiet") if "quiet" in m else Quiet(),
             )
         )
     if not out:
@@ -707,6 +721,16 @@ def _contexts(f: _File, node: yaml.Node, field: str) -> tuple[Context, ...]:
         # With nothing scored no PR could ever earn a tier.
         f.fail(node, field, "expected at least one context with scored: true, got none")
     return tuple(out)
+
+
+def _quiet(f: _File, node: yaml.Node, field: str) -> Quiet:
+    m = f.mapping(node, field, [fl.name for fl in fields(Quiet)])
+    return Quiet(
+        max_other_cores=f.number(m["max_other_cores"], f"{field}.max_other_cores", 0, None, lo_open=True),
+        max_gpu_util=f.number(m["max_gpu_util"], f"{field}.max_gpu_util", 0, 100),
+        sample_s=f.number(m["sample_s"], f"{field}.sample_s", 0, 60, lo_open=True),
+        max_wait_s=f.number(m["max_wait_s"], f"{field}.max_wait_s", 0, 86400),
+    )
 
 
 _OPTIONAL_MEASUREMENT = ("run_timeout_s", "max_output_mb")

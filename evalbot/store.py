@@ -600,18 +600,20 @@ class Store:
             )
         return [EvalKey(*r) for r in rows]
 
-    def requeue_evaluation(self, key: EvalKey, now: datetime | None = None) -> bool:
-        """Queue a known evaluation again (a maintainer's rerun); False if it is claimed right now.
+    def requeue_evaluation(self, key: EvalKey, now: datetime | None = None, *, keep_attempts: bool = False) -> bool:
+        """Queue a known evaluation again; False if it is claimed right now.
 
-        Its last verdict stays readable until the new run replaces it; the attempt count starts over.
+        Its last verdict stays readable until the new run replaces it. A maintainer's rerun starts the
+        attempt count over; the bot's own retry (an INCONCLUSIVE run) keeps it, so retries stay bounded.
         """
         _check_key(key)
         with self._write() as conn:
             cur = conn.execute(
-                "UPDATE evaluations SET state = 'queued', claimed_by = NULL, lease_until = NULL, attempts = 0, "
+                "UPDATE evaluations SET state = 'queued', claimed_by = NULL, lease_until = NULL, "
+                "attempts = CASE WHEN ? THEN attempts ELSE 0 END, "
                 "queued_at = ? WHERE pr = ? AND head_sha = ? AND base_sha = ? AND rules_hash = ? "
                 "AND state != 'claimed'",
-                (iso(now), key.pr, key.head_sha, key.base_sha, key.rules_hash),
+                (keep_attempts, iso(now), key.pr, key.head_sha, key.base_sha, key.rules_hash),
             )
             return cur.rowcount == 1
 

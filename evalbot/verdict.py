@@ -2,9 +2,12 @@
 
 Order of precedence: a skipped evaluation is SKIPPED; a failure that is not the head's own fault
 (the harness, the box, a toolchain, or main failing too) is INFRA_ERROR and never counts against the
-contributor; otherwise every gate is evaluated and any failure is a REJECT. Tiers come from the lower
-bound of the gain's 95% CI at the strongest scored context; a regression needs the CI's upper bound
-below the tolerance at a guarded context.
+contributor; otherwise every gate is evaluated and a failed correctness gate (accuracy, speculative
+decoding, timing honesty) is a REJECT. Then the A/B pairs must have resolved the smallest tier: with
+an MDE above its floor at any scored context, the outcome is INCONCLUSIVE (infra-class, measured
+again), never a tier, a "PASS, no tier" or a regression. Tiers come from the lower bound of the gain's
+95% CI at the strongest scored context; a regression needs the CI's upper bound below the tolerance at
+a guarded context.
 """
 
 from __future__ import annotations
@@ -57,19 +60,19 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
     scored = [e for e in estimates if e.scored and e.metric == "decode_tps"]
     best = max(scored, key=lambda e: (_tier_rank(rules, e.tier), e.ci_low), default=None)
     mde = max((e.mde for e in scored), default=None)
+    # correctness gates decide whatever the noise; the throughput gate only on a resolving measurement
+    if any(g.name != "no regression" for g in failed):
+        return _reject(rules, gates, failed, estimates, best, mde)
+    floor = rules.tiers[0]
+    unresolved = [e for e in scored if e.mde > floor.lower_bound]
+    if unresolved:
+        reasons = tuple(f"inconclusive: at ctx {e.context} the A/B pairs resolve only gains of {e.mde:.1%} "
+                        f"(MDE, {e.n} pairs), above {floor.name}'s floor of {floor.lower_bound:.1%}; the PR will "
+                        f"be measured again" for e in unresolved)
+        return _verdict(rules, Status.INCONCLUSIVE, gates=tuple(gates), reasons=reasons,
+                        add=(rules.labels.inconclusive,), estimates=estimates, mde=mde)
     if failed:
-        add = []
-        if any(g.name == "no regression" for g in failed):
-            add.append(rules.labels.regression)
-        if any(g.name.startswith("accuracy") for g in failed):
-            add.append(rules.labels.accuracy_fail)
-        if any(g.name.startswith("spec") for g in failed):
-            add.append(rules.labels.spec_fail)
-        if any(g.name == "timing honesty" for g in failed):
-            add.append(rules.labels.gaming)
-        reasons = tuple(_failed_reason(g) for g in failed)
-        return _verdict(rules, Status.REJECT, gates=tuple(gates), reasons=reasons, add=tuple(add),
-                        estimates=estimates, best=best, mde=mde, keep_tier=False)
+        return _reject(rules, gates, failed, estimates, best, mde)
     tier = best.tier if best else None
     add = [rules.labels.verified]
     if tier:
@@ -83,6 +86,22 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
         reason = "no scored context"
     return _verdict(rules, Status.PASS, gates=tuple(gates), reasons=(reason,), add=tuple(add), estimates=estimates,
                     best=best if tier else None, mde=mde)
+
+
+def _reject(rules: Rules, gates: list[Gate], failed: list[Gate], estimates: tuple[ContextEstimate, ...],
+            best: ContextEstimate | None, mde: float | None) -> Verdict:
+    add = []
+    if any(g.name == "no regression" for g in failed):
+        add.append(rules.labels.regression)
+    if any(g.name.startswith("accuracy") for g in failed):
+        add.append(rules.labels.accuracy_fail)
+    if any(g.name.startswith("spec") for g in failed):
+        add.append(rules.labels.spec_fail)
+    if any(g.name == "timing honesty" for g in failed):
+        add.append(rules.labels.gaming)
+    reasons = tuple(_failed_reason(g) for g in failed)
+    return _verdict(rules, Status.REJECT, gates=tuple(gates), reasons=reasons, add=tuple(add),
+                    estimates=estimates, best=best, mde=mde, keep_tier=False)
 
 
 def _is_infra(f: Failure) -> bool:
@@ -194,7 +213,7 @@ def verdict_labels(rules: Rules) -> frozenset[str]:
     """The labels a verdict owns (tiers and outcome labels; area and intake labels belong to policy)."""
     lab = rules.labels
     return frozenset([*(t.label for t in rules.tiers), lab.verified, lab.regression, lab.infra_error,
-                      lab.accuracy_fail, lab.spec_fail, lab.gaming])
+                      lab.inconclusive, lab.accuracy_fail, lab.spec_fail, lab.gaming])
 
 
 def _verdict(rules: Rules, status: Status, *, reasons: tuple[str, ...], gates: tuple[Gate, ...] = (),

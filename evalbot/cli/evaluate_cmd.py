@@ -1,6 +1,7 @@
 """`evalbot evaluate`: the main job, offline. Writes report.md, result.json and receipt.json into --out.
 
-Exit status: 0 PASS, 1 REJECT, 3 INFRA_ERROR, 4 SKIPPED.
+Exit status: 0 PASS, 1 REJECT, 3 INFRA_ERROR, 4 SKIPPED, 5 INCONCLUSIVE (the box could not resolve the
+smallest tier: measure again, on a quieter box or with more pairs).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
 from evalbot.evaluate import judge, runner
 from evalbot.model import Status, to_dict
 
-EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED: 4}
+EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED: 4, Status.INCONCLUSIVE: 5}
 
 
 def _logger(as_json: bool):  # noqa: ANN202

@@ -52,6 +52,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from evalbot.evaluate.exits import describe_exit
+
 SCHEMA = "evalbot.build/1"
 MARKER = "build.json"
 LOG_TAIL_LINES = 60
@@ -513,7 +515,7 @@ class _Runner:
                 f.seek(start)
                 output = f.read().decode(errors="replace")
             stage = TOOLCHAIN if blame == TOOLCHAIN else classify_failure(step, rc, output)
-            raise _StageFailed(stage, f"{step} step failed (exit {rc})")
+            raise _StageFailed(stage, f"{step} step failed: it {describe_exit(rc)}")
 
     def capture(self, step: str, cmd: list[str]) -> str:
         """Run a toolchain query and return its stdout, stripped."""

@@ -10,20 +10,19 @@ decides the outcome class: the head alone (REJECT) or the base/box too (INFRA_ER
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from evalbot import stats
-from evalbot.evaluate import builds, prompts, sandbox, schema
+from evalbot.evaluate import box, builds, prompts, sandbox, schema
+from evalbot.evaluate.exits import describe_exit
 from evalbot.model import (
     AccuracyResult,
     Failure,
@@ -34,9 +33,10 @@ from evalbot.model import (
     ThroughputPairs,
 )
 from evalbot.policy.sensitive_paths import sensitive_hits
-from evalbot.rules import Profile, Rules
+from evalbot.rules import Profile, Quiet, Rules
 
 Log = Callable[[str], None]
+T = TypeVar("T")
 
 
 class SideFailed(Exception):
@@ -90,25 +90,32 @@ class _Ctx:
     max_output_bytes: int = 64 << 20
     box_samples: list[dict[str, Any]] = field(default_factory=list)
     runs: int = 0  # engine processes started, for fresh scratch names
+    quiet: Quiet = field(default_factory=Quiet)
 
 
 def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
-    """Run the whole evaluation; every failure ends up in Measurements.failures, never as an exception."""
-    started = _now()
+    """Run the whole evaluation; every failure ends up in Measurements.failures, never as an exception.
+
+    The harness's own steps come first and fail fast with their cause: main's build, the models, and
+    the llama.cpp reference (computed or loaded from its cache). Only then is the PR built, and only on
+    a quiet box are the A/B pairs run.
+    """
+    started = box.now()
     profile = cfg.rules.profile(cfg.profile)
     seed = cfg.seed if cfg.seed is not None else prompts.fresh_seed()
     corpus = prompts.default_corpus_dir()
     prov = Provenance(repo=str(cfg.repo), base_sha="", head_sha="", harness_sha="", rules_hash=cfg.rules.rules_hash,
                       profile=cfg.profile, prompt_seed=seed, corpus_sha256=prompts.corpus_sha256(corpus),
                       started_at=started, pr=cfg.pr, title=cfg.title, author=cfg.author, branch=cfg.branch,
-                      box=box_identity())
+                      box=box.identity())
     reproduce = (f"evalbot evaluate --repo {cfg.repo} --base {cfg.base} --head {cfg.head} --profile {cfg.profile} "
                  f"--seed {seed}" + ("" if cfg.spec else " --no-spec") +
                  (f" --max-pairs {cfg.max_pairs}" if cfg.max_pairs else ""))
+    samples: list[dict[str, Any]] = []
 
     def done(**kw: Any) -> Measurements:
-        p = dataclasses.replace(prov, finished_at=_now(), **kw.pop("prov", {}))
-        return Measurements(provenance=p, reproduce=reproduce, **kw)
+        p = dataclasses.replace(prov, finished_at=box.now(), **kw.pop("prov", {}))
+        return Measurements(provenance=p, reproduce=reproduce, box_samples=tuple(samples), **kw)
 
     cfg.work_root.mkdir(parents=True, exist_ok=True)
     try:
@@ -116,7 +123,7 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
         head_wt = builds.prepare_worktree(cfg.repo, cfg.head, cfg.work_root / "worktrees")
     except builds.BuildError as exc:
         return done(failures=(Failure(Side.HARNESS, "git", str(exc)),))
-    shas = {"base_sha": base_wt.sha, "head_sha": head_wt.sha, "harness_sha": base_wt.sha}
+    shas: dict[str, Any] = {"base_sha": base_wt.sha, "head_sha": head_wt.sha, "harness_sha": base_wt.sha}
     hits = sensitive_hits(builds.changed_paths(cfg.repo, base_wt.sha, head_wt.sha), cfg.rules.policy.sensitive_paths)
     if hits:
         shown = ", ".join(hits[:8]) + (" …" if len(hits) > 8 else "")
@@ -128,39 +135,50 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
     with tempfile.TemporaryDirectory(prefix="evalbot-run-") as tmp:
         ctx = _Ctx(cfg, log, Path(tmp), profile_device=profile.device,
                    run_timeout_s=profile.measurement.run_timeout_s,
-                   max_output_bytes=profile.measurement.max_output_mb << 20)
-        failures: list[Failure] = []
-        for side, wt in ((Side.BASE, base_wt), (Side.HEAD, head_wt)):
-            log(f"building {side.value} {wt.sha[:12]}")
-            b = builds.build_env(wt, cfg.work_root / "venvs", python=cfg.python, log_dir=cfg.work_root / "logs",
-                                 timeout_s=1800, confine=None if cfg.no_sandbox else _confine_build)
-            if not b.ok:
-                stage = b.failure_stage or "build"
-                failures.append(Failure(side, stage, b.message, b.log_tail))
-            ctx.sides[side] = _Side(side, wt, b)
-        if failures:
-            return done(prov=shas, failures=tuple(failures))
-        engine_build = {s.value: builds.engine_identity(x.worktree, x.build) for s, x in ctx.sides.items()}
+                   max_output_bytes=profile.measurement.max_output_mb << 20, quiet=profile.quiet)
+        ctx.box_samples = samples
+        # 1. the harness: main's build, the models and the reference, each failing fast with its cause
+        failure = _build_side(ctx, Side.BASE, base_wt)
+        if failure:
+            return done(prov=shas, failures=(failure,))
         try:
             models = _fetch_models(ctx, profile)
         except SideFailed as exc:
-            return done(prov={**shas, "engine_build": engine_build}, failures=(exc.failure,))
+            return done(prov=shas, failures=(exc.failure,))
         ctx.ro_binds = _ro_binds([p.parent for p in models.values()])
-        prompt_dir = ctx.scratch / "prompts"
         draws = prompts.draw(corpus, seed, n_chars=8 * max(c.ctx for c in profile.contexts) + 4000, k=2)
-        prompt_files = prompts.write_prompt_files(draws, prompt_dir)
+        prompt_files = prompts.write_prompt_files(draws, ctx.scratch / "prompts")
         model_shas = {name: _sha_of(ctx, path) for name, path in models.items()}
-        prov_kw = {**shas, "engine_build": engine_build, "model_sha256s": model_shas}
+        shas |= {"model_sha256s": model_shas}
+        references: dict[str, Path] = {}
+        identities: dict[str, Any] = {}
+        if cfg.accuracy:
+            try:
+                for ref in profile.models:
+                    if ref.source == "registry":
+                        references[ref.name], identities[ref.name] = _reference(ctx, models[ref.name],
+                                                                                 prompt_files[1])
+            except SideFailed as exc:
+                return done(prov=shas | {"reference": identities}, failures=(exc.failure,))
+        shas |= {"reference": identities}
+        # 2. the PR's build
+        failure = _build_side(ctx, Side.HEAD, head_wt)
+        engine_build = {s.value: builds.engine_identity(x.worktree, x.build) for s, x in ctx.sides.items()}
+        shas |= {"engine_build": engine_build}
+        if failure:
+            return done(prov=shas, failures=(failure,))
+        # 3. the A/B pairs, on a quiet box, then the gates
         throughput: list[ThroughputPairs] = []
         accuracy: list[AccuracyResult] = []
         spec_results: list[SpecResult] = []
+        failures: list[Failure] = []
         try:
             for ref in profile.models:
                 if ref.source == "registry":
                     path = models[ref.name]
                     throughput += _measure_contexts(ctx, profile, ref.name, ["--model", str(path)], prompt_files[0])
                     if cfg.accuracy:
-                        accuracy.append(_accuracy(ctx, ref.name, path, prompt_files[1]))
+                        accuracy.append(_accuracy(ctx, ref.name, path, prompt_files[1], references[ref.name]))
                 else:  # a real model's shape with random weights: timing only, where the file cannot travel
                     throughput += _measure_contexts(ctx, profile, ref.name,
                                                     ["--random-weights", "--shape", ref.name], prompt_files[0])
@@ -170,8 +188,21 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
                 log(f"speculative gates skipped: they run on the '{cfg.rules.spec_pair.profile}' profile")
         except SideFailed as exc:
             failures.append(exc.failure)
-        return done(prov=prov_kw, throughput=tuple(throughput), accuracy=tuple(accuracy), spec=tuple(spec_results),
-                    failures=tuple(failures), box_samples=tuple(ctx.box_samples))
+        except box.BoxBusy as exc:
+            failures.append(Failure(Side.HARNESS, "box", str(exc)))
+        return done(prov=shas, throughput=tuple(throughput), accuracy=tuple(accuracy), spec=tuple(spec_results),
+                    failures=tuple(failures))
+
+
+def _build_side(ctx: _Ctx, side: Side, wt: builds.Worktree) -> Failure | None:
+    """Build one revision into its venv; the Failure to record when it does not build."""
+    ctx.log(f"building {side.value} {wt.sha[:12]}")
+    b = builds.build_env(wt, ctx.cfg.work_root / "venvs", python=ctx.cfg.python, log_dir=ctx.cfg.work_root / "logs",
+                         timeout_s=1800, confine=None if ctx.cfg.no_sandbox else _confine_build)
+    ctx.sides[side] = _Side(side, wt, b)
+    if b.ok:
+        return None
+    return Failure(side, b.failure_stage or "build", b.message, b.log_tail)
 
 
 # --- engine runs ----------------------------------------------------------------------------------
@@ -265,8 +296,8 @@ def _measure_contexts(ctx: _Ctx, profile: Profile, name: str, model_args: list[s
                     "--runs", "1", "--warmup", str(m.warmup_runs), "--prompt-file", str(prompt),
                     "--device", profile.device]
             order = (Side.BASE, Side.HEAD) if count % 2 == 0 else (Side.HEAD, Side.BASE)  # ABBA
-            ctx.box_samples.append({"model": name, "context": c.ctx, "pair": count + 1, **box_state()})
-            timed = {s: _run_engine_timed(ctx, s, argv, "bench") for s in order}
+            timed, sample = _quiet_pair(ctx, lambda: {s: _run_engine_timed(ctx, s, argv, "bench") for s in order})
+            ctx.box_samples.append({"model": name, "context": c.ctx, "pair": count + 1, **sample})
             recs = {s: rec for s, (rec, _) in timed.items()}
             walls.append((timed[Side.BASE][1], timed[Side.HEAD][1]))
             reported.append((reported_seconds(recs[Side.BASE]), reported_seconds(recs[Side.HEAD])))
@@ -285,6 +316,28 @@ def _measure_contexts(ctx: _Ctx, profile: Profile, name: str, model_args: list[s
         # prefill is guarded like decode (no regression) but earns no tier, as in the seeds' guards
         out.append(ThroughputPairs(name, c.ctx, "prefill_tps", tuple(prefill), guarded=c.guarded, scored=False))
     return out
+
+
+CONTAMINATED_RETRIES = 3
+
+
+def _quiet_pair(ctx: _Ctx, run_pair: Callable[[], T]) -> tuple[T, dict[str, Any]]:
+    """Run one A/B pair on a quiet box: wait for quiet first, and measure the pair again when other
+    processes used the CPU while it ran. BoxBusy when the box will not stay quiet."""
+    gpu = ctx.profile_device == "cuda"
+    for _attempt in range(CONTAMINATED_RETRIES):
+        before, waited = box.wait_until_quiet(ctx.quiet, with_gpu=gpu, log=ctx.log)
+        start = box.cpu_snapshot()
+        result = run_pair()
+        during = box.usage(start, box.cpu_snapshot(), os.getpid())
+        sample = {**box.state(), "waited_s": round(waited, 1), **before.as_record(),
+                  "during_other_cores": round(during.other_cores, 3),
+                  "during_others_top": [f"{n} {c:.2f}" for n, c in during.top]}
+        reason = box.busy_reason(during, ctx.quiet)
+        if reason is None:
+            return result, sample
+        ctx.log(f"pair measured again: while it ran, {reason}")
+    raise box.BoxBusy(f"box busy: {reason}, during {CONTAMINATED_RETRIES} attempts at one pair")
 
 
 def _sandboxed_python(ctx: _Ctx, venv: Path, scratch: Path, argv: list[str], extra_binds: list[Path],
@@ -316,25 +369,54 @@ def _confine_build(argv: list[str], writable: Path) -> list[str]:
     return sandbox.bwrap_argv(spec, argv)
 
 
-def _accuracy(ctx: _Ctx, name: str, path: Path, text: Path) -> AccuracyResult:
-    """Head (and base) `score` against llama.cpp's logits on the same GGUF and the same token ids."""
+def _reference(ctx: _Ctx, path: Path, text: Path) -> tuple[Path, dict[str, Any]]:
+    """llama.cpp's log-probs for the accuracy text (computed, or loaded from its cache), and its identity.
+
+    The reference is harness code (main's llama.cpp wrapper and tokenizer), run as trusted so that its
+    cache (keyed by model sha256, the reference build's identity and the token ids) persists across
+    evaluations. It runs before the PR is built or any pair is timed: a reference that cannot run ends
+    the evaluation at once, saying how it died.
+    """
     p = ctx.cfg.positions
-    results = ctx.scratch / "results"
-    outs = {Side.BASE: results / "base.npy", Side.HEAD: results / "head.npy"}
-    ref = ctx.scratch / "reference" / "ref.npy"
+    ref = ctx.scratch / "reference" / f"{path.stem}.npy"
     ref.parent.mkdir(exist_ok=True)
-    ctx.log(f"{name}: accuracy vs llama.cpp over {p} positions")
-    # the reference is harness code (main's llama.cpp wrapper and tokenizer), run as trusted so that its
-    # cache (keyed by model sha256, llama-cpp-python version and token ids) persists across evaluations
+    ctx.log(f"{path.stem}: llama.cpp reference over {p} positions")
     venv = ctx.sides[Side.BASE].build.venv
     assert venv is not None
     # -I and a neutral cwd: `-m` would otherwise put the bot's working directory (which may hold an
     # `engine/` of its own) ahead of main's venv on sys.path
     res = sandbox.run_trusted([str(venv / "bin" / "python"), "-I", "-m", "engine.reference", "score", "--model",
                                str(path), "--text-file", str(text), "--positions", str(p), "--out", str(ref)],
-                              timeout_s=1800, cwd=ref.parent)
-    if res.returncode != 0:
-        raise SideFailed(Failure(Side.HARNESS, "reference", "llama.cpp reference failed", res.stderr[-2000:]))
+                              timeout_s=REFERENCE_TIMEOUT_S, cwd=ref.parent, max_output_bytes=1 << 20)
+    if not res.ok:
+        raise SideFailed(Failure(Side.HARNESS, "reference", "the llama.cpp reference "
+                                 + describe_exit(res.returncode, timed_out=res.timed_out, timeout_s=REFERENCE_TIMEOUT_S),
+                                 _tail(res.stderr)))
+    try:
+        record = json.loads(res.stdout.strip().splitlines()[-1])
+        config = record["config"]
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        raise SideFailed(Failure(Side.HARNESS, "reference", f"the llama.cpp reference printed no record: {exc}",
+                                 _tail(res.stdout + res.stderr))) from exc
+    identity = {"engine": record.get("engine"), "cached": bool(record.get("cached")),
+                **(config.get("reference_build") or {"version": config.get("llama_cpp")})}
+    return ref, identity
+
+
+REFERENCE_TIMEOUT_S = 1800
+TAIL_CHARS = 2000
+
+
+def _tail(text: str) -> str:
+    return text[-TAIL_CHARS:]
+
+
+def _accuracy(ctx: _Ctx, name: str, path: Path, text: Path, ref: Path) -> AccuracyResult:
+    """Head (and base) `score` against llama.cpp's logits (already computed) on the same GGUF and token ids."""
+    p = ctx.cfg.positions
+    results = ctx.scratch / "results"
+    outs = {Side.BASE: results / "base.npy", Side.HEAD: results / "head.npy"}
+    ctx.log(f"{name}: accuracy vs llama.cpp over {p} positions")
     for side, out in outs.items():
         _run_engine(ctx, side, ["engine", "score", "--model", str(path), "--text-file", str(text),
                                 "--positions", str(p), "--out", "{scratch}/" + out.name], "score", keep=results)
@@ -400,9 +482,15 @@ def _fetch_models(ctx: _Ctx, profile: Profile) -> dict[str, Path]:
         ctx.log(f"fetching {name}")
         res = sandbox.run_trusted([str(venv / "bin" / "python"), "-I", "-m", "engine.models", "fetch", name],
                                   timeout_s=3600, cwd=ctx.scratch)  # -I, neutral cwd: main's fetcher, no other
-        if res.returncode != 0:
-            raise SideFailed(Failure(Side.HARNESS, "models", f"cannot fetch {name}", res.stderr[-2000:]))
-        out[name] = Path(res.stdout.strip().splitlines()[-1])
+        if not res.ok:
+            raise SideFailed(Failure(Side.HARNESS, "models", f"cannot fetch {name}: main's fetcher "
+                                     + describe_exit(res.returncode, timed_out=res.timed_out, timeout_s=3600),
+                                     _tail(res.stderr)))
+        lines = res.stdout.strip().splitlines()
+        if not lines or not Path(lines[-1]).is_file():
+            raise SideFailed(Failure(Side.HARNESS, "models", f"main's fetcher named no file for {name}",
+                                     _tail(res.stdout + res.stderr)))
+        out[name] = Path(lines[-1])
     pinned = {m.name: m.sha256 for m in profile.models if m.sha256}
     for ref in (ctx.cfg.rules.spec_pair.target, ctx.cfg.rules.spec_pair.draft):
         if ref.sha256:
@@ -432,45 +520,3 @@ def _ro_binds(model_dirs: list[Path]) -> list[Path]:
     """What sandboxed code may read: system dirs, the interpreters, the models. Never the bot's state."""
     interpreters = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
     return list(dict.fromkeys([*sandbox.system_ro_binds(), *sorted(interpreters), *model_dirs]))
-
-
-def box_identity() -> dict[str, Any]:
-    """The machine the numbers came from."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "os": f"{platform.system()} {platform.release()}",
-            "python": platform.python_version(), "gpu": _gpu_identity()}
-
-
-def box_state() -> dict[str, Any]:
-    """The box right now: time, 1-minute load, and the GPU's clocks and temperature when there is one."""
-    state: dict[str, Any] = {"at": _now()}
-    try:
-        state["load1"] = round(os.getloadavg()[0], 2)
-    except OSError:
-        state["load1"] = None
-    gpu = _gpu_identity()
-    if gpu:
-        state |= {"gpu_clock_sm": gpu["clock_sm"], "gpu_clock_mem": gpu["clock_mem"], "gpu_temp": gpu["temperature"]}
-    return state
-
-
-def _gpu_identity() -> dict[str, str] | None:
-    res = sandbox.run_trusted(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu",
-                               "--format=csv,noheader"], timeout_s=20)
-    if res.returncode != 0 or not res.stdout.strip():
-        return None
-    name, driver, sm, mem, temp = (x.strip() for x in res.stdout.splitlines()[0].split(",")[:5])
-    return {"name": name, "driver": driver, "clock_sm": sm, "clock_mem": mem, "temperature": temp}
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-

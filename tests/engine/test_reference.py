@@ -63,7 +63,7 @@ def test_missing_llama_cpp_is_a_clear_error():
     argv = ["bench", "--model", "x.gguf", "--ctx", "8"]
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert "pip install -e '.[reference]'" in proc.stderr
+    assert "python -m engine.reference_build install" in proc.stderr
 
 
 @needs_llama
@@ -96,15 +96,18 @@ def test_second_score_is_a_cache_hit_with_identical_output(scored):
 
 
 def test_cache_key_depends_on_every_input():
-    base = reference.cache_key("a" * 64, "0.3.36", False, [1, 2, 3])
-    assert base == reference.cache_key("a" * 64, "0.3.36", False, [1, 2, 3])
+    build = {"llama_cpp_python": "0.3.36", "cmake_args": "-DGGML_NATIVE=OFF", "lib_sha256": "c" * 64}
+    base = reference.cache_key("a" * 64, build, False, [1, 2, 3])
+    assert base == reference.cache_key("a" * 64, dict(build), False, [1, 2, 3])
     others = [
-        reference.cache_key("b" * 64, "0.3.36", False, [1, 2, 3]),
-        reference.cache_key("a" * 64, "0.3.37", False, [1, 2, 3]),
-        reference.cache_key("a" * 64, "0.3.36", True, [1, 2, 3]),
-        reference.cache_key("a" * 64, "0.3.36", False, [1, 2, 4]),
+        reference.cache_key("b" * 64, build, False, [1, 2, 3]),
+        reference.cache_key("a" * 64, build | {"llama_cpp_python": "0.3.37"}, False, [1, 2, 3]),
+        reference.cache_key("a" * 64, build | {"cmake_args": "-DGGML_NATIVE=ON"}, False, [1, 2, 3]),
+        reference.cache_key("a" * 64, build | {"lib_sha256": "d" * 64}, False, [1, 2, 3]),
+        reference.cache_key("a" * 64, build, True, [1, 2, 3]),
+        reference.cache_key("a" * 64, build, False, [1, 2, 4]),
     ]
-    assert base not in others and len(set(others)) == 4
+    assert base not in others and len(set(others)) == 6
 
 
 @needs_llama

@@ -323,7 +323,39 @@ def case_pass_injection():
     return v, m, SIGNED
 
 
+NOISY_128 = [(40.1, 44.9), (43.2, 41.0), (39.8, 42.6), (44.0, 42.2), (41.5, 44.8), (42.9, 41.7)]
+NOISY_512 = [(36.0, 37.9), (37.5, 36.2), (35.1, 37.4), (37.9, 36.8), (36.2, 38.8), (37.0, 36.1)]
+REFERENCE = {"engine": "llama.cpp", "cached": False, "llama_cpp_python": "0.3.36", "pinned_version": "0.3.36",
+             "cmake_args": "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF",
+             "build_key": "0123456789ab", "libs": {"libggml-cpu.so": "e" * 64}, "lib_sha256": "e" * 64,
+             "features": ["AVX", "AVX2", "F16C", "FMA"]}
+
+
+def case_inconclusive_noisy_box():
+    """A/B pairs too noisy to resolve the +2% tier floor: INCONCLUSIVE (measured again), with the box's
+    state across the pairs and the reference's identity in the provenance block."""
+    from evalbot.rules import default_rules_dir, load_rules
+    from evalbot.verdict import decide
+
+    samples = tuple({"model": MODEL, "context": ctx, "pair": i + 1, "at": "2025-03-01T12:0%d:00Z" % i,
+                     "load1": 1.1 + 0.1 * i, "other_cores": 0.02 * i, "during_other_cores": 0.05 + 0.01 * i,
+                     "waited_s": 0.0 if i else 31.5, "others_top": ["kworker/0:1 0.01"]}
+                    for ctx in (128, 512) for i in range(6))
+    m = Measurements(
+        provenance=_provenance(pr=73, title="Unroll the dequant loop", author="dave", branch="unroll",
+                               reference={MODEL: REFERENCE}),
+        throughput=(_throughput(128, NOISY_128), _throughput(512, NOISY_512)),
+        accuracy=(AccuracyResult(MODEL, 128, 0.984, 0.0021, 1.004, 0.984, 0.0021),),
+        reproduce=_reproduce(73),
+        box_samples=samples,
+    )
+    v = decide(m, load_rules(default_rules_dir()))
+    assert v.status is Status.INCONCLUSIVE
+    return v, m, "unsigned"
+
+
 CASES = {
+    "inconclusive_noisy_box": case_inconclusive_noisy_box,
     "reject_guarded_regression": case_guarded_regression,
     "reject_spec_not_lossless": case_spec_not_lossless,
     "infra_error_toolchain": case_infra_error,
