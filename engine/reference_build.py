@@ -153,8 +153,14 @@ def _sha256(path: Path) -> str:
 
 
 def lib_digests(folder: Path) -> dict[str, str]:
-    """sha256 of every llama.cpp and ggml shared library in folder, by file name."""
-    return {p.name: _sha256(p) for p in _libs(folder)}
+    """sha256 of every llama.cpp and ggml shared library in folder, by its shortest name (a wheel holds
+    libggml.so, libggml.so.0 and libggml.so.0.25.3 as three copies of one file)."""
+    by_digest: dict[str, str] = {}
+    for p in _libs(folder):
+        digest = _sha256(p)
+        name = by_digest.get(digest)
+        by_digest[digest] = p.name if name is None or len(p.name) < len(name) else name
+    return {name: digest for digest, name in sorted(by_digest.items(), key=lambda kv: kv[1])}
 
 
 def combined_digest(digests: dict[str, str]) -> str:
@@ -173,7 +179,8 @@ def installed_matches(wheel: Path) -> bool:
             base = name.rsplit("/", 1)[-1]
             if name.startswith("llama_cpp/lib/") and any(Path(base).match(g) for g in _LIB_GLOB):
                 want[base] = hashlib.sha256(zf.read(name)).hexdigest()
-    return bool(want) and lib_digests(lib) == want
+    have = {_sha256(p) for p in _libs(lib)}
+    return bool(want) and have == set(want.values())
 
 
 def compiled_features(system_info: str) -> dict[str, bool]:

@@ -152,7 +152,11 @@ def bwrap_argv(
     spec: SandboxSpec, argv: Sequence[str], *, bwrap: str = "bwrap", prlimit: str = "prlimit"
 ) -> list[str]:
     """The full command line that runs argv inside the sandbox that spec describes."""
-    out = [bwrap, "--die-with-parent", "--new-session", "--unshare-all"]
+    # --as-pid-1: the command itself is the namespace's pid 1, a child that bwrap waits for. With bwrap's
+    # own init in between, that init outlived the command, was reparented to the host's init and took
+    # the command's CPU time with it, so the quiet-box check counted our own engine as another process.
+    # When the command exits the kernel kills whatever is left in its namespace, as before.
+    out = [bwrap, "--die-with-parent", "--new-session", "--unshare-all", "--as-pid-1"]
     if spec.network:
         out.append("--share-net")
     out += "--cap-drop ALL --hostname sandbox --dev /dev --proc /proc".split()

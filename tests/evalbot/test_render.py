@@ -337,7 +337,7 @@ def case_inconclusive_noisy_box():
     from evalbot.rules import default_rules_dir, load_rules
     from evalbot.verdict import decide
 
-    samples = tuple({"model": MODEL, "context": ctx, "pair": i + 1, "at": "2025-03-01T12:0%d:00Z" % i,
+    samples = tuple({"model": MODEL, "context": ctx, "pair": i + 1, "at": f"2025-03-01T12:0{i}:00Z",
                      "load1": 1.1 + 0.1 * i, "other_cores": 0.02 * i, "during_other_cores": 0.05 + 0.01 * i,
                      "waited_s": 0.0 if i else 31.5, "others_top": ["kworker/0:1 0.01"]}
                     for ctx in (128, 512) for i in range(6))
