@@ -5,7 +5,8 @@ Order of precedence: a skipped evaluation is SKIPPED; a failure that is not the 
 contributor; otherwise every gate is evaluated and a failed correctness gate (accuracy, speculative
 decoding, timing honesty) is a REJECT. Then the A/B pairs must have resolved the smallest tier: with
 an MDE above its floor at any scored context, the outcome is INCONCLUSIVE (infra-class, measured
-again), never a tier, a "PASS, no tier" or a regression. Tiers come from the lower bound of the gain's
+again), never a tier, a "PASS, no tier" or a regression. The one exception is a verdict no further
+pair could change: the top tier earned, and no guarded context anywhere near a regression. Tiers come from the lower bound of the gain's
 95% CI at the strongest scored context; a regression needs the CI's upper bound below the tolerance at
 a guarded context.
 """
@@ -65,7 +66,7 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
         return _reject(rules, gates, failed, estimates, best, mde)
     floor = rules.tiers[0]
     unresolved = [e for e in scored if e.mde > floor.lower_bound]
-    if unresolved:
+    if unresolved and not _settled(estimates, best, rules):
         reasons = tuple(f"inconclusive: at ctx {e.context} the A/B pairs resolve only gains of {e.mde:.1%} "
                         f"(MDE, {e.n} pairs), above {floor.name}'s floor of {floor.lower_bound:.1%}; the PR will "
                         f"be measured again" for e in unresolved)
@@ -86,6 +87,15 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
         reason = "no scored context"
     return _verdict(rules, Status.PASS, gates=tuple(gates), reasons=(reason,), add=tuple(add), estimates=estimates,
                     best=best if tier else None, mde=mde)
+
+
+def _settled(estimates: tuple[ContextEstimate, ...], best: ContextEstimate | None, rules: Rules) -> bool:
+    """Whether no number of further pairs could change the verdict, however noisy these were: the top
+    tier is earned (its floor is below the CI's lower bound, and tiers never go higher), and every
+    guarded context is clearly not slower (its CI's lower bound clears the regression tolerance)."""
+    top = rules.tiers[-1].name
+    bar = rules.gates.no_regression.min_ratio
+    return best is not None and best.tier == top and all(e.ci_low >= bar for e in estimates if e.guarded)
 
 
 def _reject(rules: Rules, gates: list[Gate], failed: list[Gate], estimates: tuple[ContextEstimate, ...],
