@@ -17,6 +17,10 @@ llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.reference
 
 N = 200
+# Two correct implementations can order a near-tie differently (llama.cpp's portable x86-64-v3 build
+# flipped one of 200 positions, at a top-2 gap of 0.0009 on logits of about 20): a disagreement counts
+# only where the reference's top two are further apart than this.
+NEAR_TIE = 0.01
 
 
 def llama_logits(path, ids):
@@ -39,7 +43,11 @@ def test_same_top1_as_llama_at_every_position(request, fixture):
     ours = session.forward(ids, all_logits=True).numpy()
     assert ours.shape == ref.shape == (N, lm.cfg.vocab_size)
     agree = ours.argmax(-1) == ref.argmax(-1)
-    assert agree.all(), f"top-1 differs at positions {np.flatnonzero(~agree).tolist()}"
+    top2 = np.sort(ref, -1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    real = np.flatnonzero(~agree & (margin >= NEAR_TIE))
+    assert real.size == 0, f"top-1 differs at positions {real.tolist()} (reference margins {margin[real].tolist()})"
+    assert (~agree).sum() <= 2, f"too many near-tie flips: {np.flatnonzero(~agree).tolist()}"
     lp_ref = torch.log_softmax(torch.from_numpy(ref).double(), -1)
     lp_ours = torch.log_softmax(torch.from_numpy(ours).double(), -1)
     kl = (lp_ref.exp() * (lp_ref - lp_ours)).sum(-1)
