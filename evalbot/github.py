@@ -190,8 +190,28 @@ def file_from_json(data: Mapping[str, Any]) -> FileChange:
     )
 
 
+_NOREPLY = re.compile(r"(?:\d+\+)?([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))@users\.noreply\.github\.com")
+
+
+def co_authors(message: str) -> tuple[str, ...]:
+    """Who a commit message's `Co-authored-by: Name <email>` trailers name: the login of a GitHub
+    noreply email, else the name. Read line by line with string operations (linear in the message)."""
+    out: list[str] = []
+    for line in message.splitlines():
+        if not line[:15].lower() == "co-authored-by:":
+            continue
+        name, _, rest = line[15:].partition("<")
+        email = rest.split(">", 1)[0].strip()
+        m = _NOREPLY.fullmatch(email)
+        who = m.group(1) if m else name.strip()
+        if who and who not in out:
+            out.append(who[:100])
+    return tuple(out[:50])
+
+
 def commit_from_json(data: Mapping[str, Any]) -> Commit:
-    """One entry of pulls/{n}/commits: GitHub accounts when the emails map to one, and git's names."""
+    """One entry of pulls/{n}/commits: GitHub accounts when the emails map to one, git's names, and the
+    co-authors its message names."""
     git = data["commit"]
     return Commit(
         sha=data["sha"],
@@ -199,6 +219,7 @@ def commit_from_json(data: Mapping[str, Any]) -> Commit:
         committer=_login(data.get("committer")),
         author_name=(git.get("author") or {}).get("name", ""),
         committer_name=(git.get("committer") or {}).get("name", ""),
+        co_authors=co_authors(str(git.get("message") or "")),
     )
 
 

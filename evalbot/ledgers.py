@@ -13,9 +13,11 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from evalbot.rules import is_login
 
 FLAGGED_PATH = ".github/FLAGGED.md"
 BLOCKED_PATH = ".github/blocked-contributors.txt"
@@ -33,7 +35,6 @@ _BLOCKED_HEADER = """\
 # GitHub logins whose pull requests evalbot closes unevaluated (written by evalbot; maintainers may edit).
 # One login per line; text after '#' is the reason. Remove a line, or run `evalbot unblock LOGIN`, to lift it.
 """
-_LOGIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?$")
 
 
 class LedgerError(ValueError):
@@ -121,16 +122,19 @@ def render_blocked(entries: Iterable[BlockedEntry]) -> str:
     return _BLOCKED_HEADER + "".join(f"{line}\n" for line in sorted(lines, key=str.lower))
 
 
-def parse_blocked(text: str) -> list[BlockedEntry]:
-    """The logins of a blocked-contributors.txt; LedgerError names a line that is not a GitHub login."""
+def parse_blocked(text: str, report: Callable[[str], None] | None = None) -> list[BlockedEntry]:
+    """The logins of a blocked-contributors.txt. A line that is not a GitHub login is skipped and
+    reported (file:line and why), never fatal: one bad hand edit must not stop every poll."""
     out = []
     for number, raw in enumerate(text.splitlines(), 1):
         login, _, reason = raw.partition("#")
         login = login.strip()
         if not login:
             continue
-        if not _LOGIN.match(login):
-            raise LedgerError(f"{BLOCKED_PATH}:{number}: {login!r} is not a GitHub login")
+        if not is_login(login):
+            if report is not None:
+                report(f"{BLOCKED_PATH}:{number}: {login[:60]!r} is not a GitHub login; line skipped")
+            continue
         out.append(BlockedEntry(login, reason.strip()))
     return _unique_logins(out)
 

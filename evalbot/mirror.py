@@ -6,10 +6,11 @@ by its pull ref or branch so that evaluate can extract both revisions. Only git 
 
 from __future__ import annotations
 
-import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from evalbot.evaluate import builds
 
 # GitHub serves every PR's head as refs/pull/N/head (forks included); same-repo branches come too,
 # for remotes that have no pull refs (a plain bare repository).
@@ -29,7 +30,8 @@ class Mirror:
 
     def _git(self, *args: str, timeout: float = 600) -> str:
         proc = subprocess.run(
-            ["git", "-C", str(self.path), *args], capture_output=True, text=True, timeout=timeout
+            ["git", "-C", str(self.path), *args], capture_output=True, text=True, errors="surrogateescape",
+            timeout=timeout
         )
         if proc.returncode != 0:
             raise MirrorError(f"git {' '.join(args[:2])} in {self.path}: {proc.stderr.strip()[-500:]}")
@@ -53,35 +55,11 @@ class Mirror:
         return proc.returncode == 0
 
     def merge_commit(self, main_sha: str, head_sha: str) -> str | None:
-        """The commit to measure for a PR: its head merged into main (what would land), or None on conflict.
-
-        A head that already contains main is measured as it is. Otherwise the merge is made in the
-        mirror (`git merge-tree`), so a PR opened on an older main is measured against the current one
-        and credited only for what it adds to it. The commit is deterministic for (main, head).
-        """
-        ancestor = subprocess.run(["git", "-C", str(self.path), "merge-base", "--is-ancestor", main_sha, head_sha],
-                                  capture_output=True, timeout=120)  # fmt: skip
-        if ancestor.returncode == 0:
-            return head_sha
-        merged = subprocess.run(["git", "-C", str(self.path), "merge-tree", "--write-tree", main_sha, head_sha],
-                                capture_output=True, text=True, timeout=600)  # fmt: skip
-        if merged.returncode == 1:
-            return None  # conflicts
-        if merged.returncode != 0:
-            raise MirrorError(
-                f"git merge-tree {main_sha[:12]} {head_sha[:12]}: {merged.stderr.strip()[-500:]}"
-            )
-        tree = merged.stdout.split("\n", 1)[0].strip()
-        stamp = "1970-01-01T00:00:00+0000"
-        env = {"GIT_AUTHOR_NAME": "evalbot", "GIT_AUTHOR_EMAIL": "evalbot@localhost", "GIT_AUTHOR_DATE": stamp,
-               "GIT_COMMITTER_NAME": "evalbot", "GIT_COMMITTER_EMAIL": "evalbot@localhost",
-               "GIT_COMMITTER_DATE": stamp, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}  # fmt: skip
-        made = subprocess.run(["git", "-C", str(self.path), "commit-tree", tree, "-p", main_sha, "-p", head_sha,
-                               "-m", f"evalbot: {head_sha[:12]} merged into main {main_sha[:12]}"],
-                              capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
-        if made.returncode != 0:
-            raise MirrorError(f"git commit-tree: {made.stderr.strip()[-500:]}")
-        return made.stdout.strip()
+        """The commit to measure for a PR, its head merged into main (builds.merge_commit); None on conflict."""
+        try:
+            return builds.merge_commit(self.path, main_sha, head_sha)
+        except builds.BuildError as exc:
+            raise MirrorError(str(exc)) from exc
 
     def fetch_commit(self, sha: str, ref_hint: str | None = None) -> None:
         """Make sure a PR head is present: fetch everything again, then the hint ref, then the bare sha."""

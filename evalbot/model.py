@@ -33,14 +33,33 @@ class Side(enum.StrEnum):
     HARNESS = "harness"  # the trusted bot/harness itself, or the box
 
 
+MAX_MESSAGE_CHARS = 2000
+MAX_LOG_TAIL_CHARS = 8000
+
+
+def cap_text(text: str, limit: int, *, keep_end: bool = False) -> str:
+    """text cut to at most limit characters, saying how much was cut (the start, or the end kept)."""
+    if len(text) <= limit:
+        return text
+    note = f" […{len(text) - limit} characters cut]"
+    room = max(limit - len(note), 0)
+    return (note.strip() + " " + text[-room:]) if keep_end else text[:room] + note
+
+
 @dataclass(frozen=True)
 class Failure:
-    """Something that went wrong while measuring, and on which side."""
+    """Something that went wrong while measuring, and on which side. Message and log tail are capped
+    here, once for every producer: whatever a PR prints, a failure stays a few kilobytes."""
 
     side: Side
     stage: str  # "build", "toolchain", "run", "parse", "schema", "gpu", "timeout", ...
     message: str
     log_tail: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stage", cap_text(str(self.stage), 80))
+        object.__setattr__(self, "message", cap_text(str(self.message), MAX_MESSAGE_CHARS))
+        object.__setattr__(self, "log_tail", cap_text(str(self.log_tail), MAX_LOG_TAIL_CHARS, keep_end=True))
 
 
 @dataclass(frozen=True)
@@ -93,14 +112,15 @@ class Provenance:
     """Where the numbers came from: revisions, policy, models, engine builds, box, prompts, times."""
 
     repo: str
-    base_sha: str
-    head_sha: str
+    base_sha: str  # main, as measured against
+    head_sha: str  # the PR's head
     harness_sha: str
     rules_hash: str
     profile: str
     model_sha256s: dict[str, str] = field(default_factory=dict)
     engine_build: dict[str, Any] = field(default_factory=dict)
     box: dict[str, Any] = field(default_factory=dict)
+    measured_sha: str = ""  # what was built and timed: the head merged into main (the head when it holds main)
     # per model: the llama.cpp reference's identity (version, pinned build flags, sha256 of its libraries)
     reference: dict[str, Any] = field(default_factory=dict)
     prompt_seed: int | None = None
@@ -191,6 +211,8 @@ class Commit:
     committer: str | None
     author_name: str = ""  # git's recorded names, for blocklists keyed on them
     committer_name: str = ""
+    # `Co-authored-by:` trailers: the GitHub login when the email is a users.noreply one, else the name
+    co_authors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

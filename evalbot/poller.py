@@ -19,12 +19,12 @@ from evalbot.evaluate import judge, runner
 from evalbot.evaluate.judge import Judgement
 from evalbot.github import GitHubPort
 from evalbot.mirror import Mirror
-from evalbot.model import MergeOutcome, PullRequest, Status, Verdict
-from evalbot.policy import IntakeContext, claim_gap, intake, parse_body
+from evalbot.model import MergeOutcome, PullRequest, Status, Verdict, WorkflowRun, cap_text
+from evalbot.policy import ClaimGap, IntakeContext, TemplateFacts, claim_gap, intake, parse_body
 from evalbot.publish import Publisher
-from evalbot.rules import Rules
+from evalbot.rules import Rules, is_login
 from evalbot.store import DEFAULT_MAX_ATTEMPTS as MAX_ATTEMPTS
-from evalbot.store import EvalKey, EvaluationRecord, Store
+from evalbot.store import BlockEvent, EvalKey, EvaluationRecord, Store
 from evalbot.verdict import verdict_labels
 
 Log = Callable[[str], None]
@@ -55,7 +55,7 @@ class BotSettings:
 
     main_branch: str = "main"
     bot_login: str | None = None
-    worker: str = "local"
+    worker: str = "local"  # `evalbot poll` gives each process its own: host:pid:random
     automerge_env: bool = False  # the operator's EVALBOT_AUTOMERGE=1
     merge_method: str = "squash"
     ledger_remote: str | None = None  # where FLAGGED.md and blocked-contributors.txt are committed
@@ -96,11 +96,15 @@ class Bot:
         """One pass: reconcile, list, intake every open PR, evaluate what is queued, rank and merge."""
         report = PollReport()
         self._labels: dict[int, set[str]] = {}  # each PR's labels as this poll left them
+        self._claims: dict[int, TemplateFacts] = {}  # each PR's description, parsed once a poll
+        self._protected: dict[int, set[str]] = {}  # blocking labels present when the poll began
         self._ledger_texts: dict[str, str] | None = None  # the ledger files, read at most once a poll
         if not self.dry_run:
             self.publisher.reconcile()
-            self.store.requeue_claims(except_worker=self.settings.worker)
             if self._polls == 0:
+                # one poller per state file (`evalbot poll` holds its lock), so a claim another worker id
+                # holds when this one starts belongs to a process that is gone; a live one is never taken
+                self.store.requeue_claims(except_worker=self.settings.worker)
                 self._requeue_own_claims()
         listing = self.gh.list_open_pulls(force=self._polls % self.settings.force_listing_every == 0)
         self._polls += 1
@@ -121,14 +125,32 @@ class Bot:
         for summary in sorted(self._listing, key=lambda p: p.number):
             if summary.base_ref != self.settings.main_branch:
                 continue
-            pr = self.gh.get_pull(summary.number)
-            facts[pr.number] = pr
-            report.seen.append(pr.number)
-            self._intake(pr, main_sha, blocked, report)
+
+            def intake_one(number: int = summary.number) -> None:
+                pr = self.gh.get_pull(number)
+                facts[pr.number] = pr
+                report.seen.append(pr.number)
+                self._intake(pr, main_sha, blocked, report)
+
+            self._contained(summary.number, "intake", intake_one, report)
         self._work_queue(facts, main_sha, report)
         self._round(facts, main_sha, report)
-        self._sync_blocked_ledger()
+        self._contained(None, "blocked ledger", self._sync_blocked_ledger, report)
         return report
+
+    def _contained(self, pr: int | None, step: str, call: Callable[[], object],
+                   report: PollReport) -> Exception | None:
+        """Run one PR's step; whatever it raises is logged and noted for that PR (and returned), and the
+        poll goes on with the others."""
+        try:
+            call()
+            return None
+        except Exception as exc:  # noqa: BLE001 - one PR, however hostile, never stops the poll
+            where = f"#{pr}" if pr is not None else "poll"
+            note = f"{where}: {step} failed: {type(exc).__name__}: {cap_text(str(exc), 500)}"
+            self.log(note)
+            report.notes.append(note)
+            return exc
 
     def _requeue_own_claims(self) -> None:
         """A process that just started holds no live claim: whatever this worker claimed before it died
@@ -150,8 +172,8 @@ class Bot:
         remote = self.settings.ledger_remote
         if not remote or self.dry_run:
             return
-        stored = {e.login.lower(): e for e in self.store.blocklist()}
-        listed = ledgers.parse_blocked(self._ledgers()[ledgers.BLOCKED_PATH])
+        stored = {e.login.lower(): e for e in self._store_blocklist()}
+        listed = ledgers.parse_blocked(self._ledgers()[ledgers.BLOCKED_PATH])  # bad lines reported in _blocked
         missing = [ledgers.BlockedEntry(e.login, e.reason) for k, e in stored.items()
                    if k not in {x.login.lower() for x in listed}]  # fmt: skip
         if missing:
@@ -178,9 +200,20 @@ class Bot:
 
     # ------------------------------------------------------------------ intake
 
+    def _store_blocklist(self) -> list[BlockEvent]:
+        """The store's blocked logins; a malformed one (written before logins were checked) is reported
+        and skipped, never fatal."""
+        out = []
+        for e in self.store.blocklist():
+            if is_login(e.login):
+                out.append(e)
+            else:
+                self.log(f"state: blocked login {e.login[:60]!r} is not a GitHub login; skipped")
+        return out
+
     def _blocked(self) -> frozenset[str]:
-        people = {e.login for e in self.store.blocklist()}
-        people |= {e.login for e in ledgers.parse_blocked(self._ledgers()[ledgers.BLOCKED_PATH])}
+        people = {e.login for e in self._store_blocklist()}
+        people |= {e.login for e in ledgers.parse_blocked(self._ledgers()[ledgers.BLOCKED_PATH], self.log)}
         return frozenset(people)
 
     def _since_clear(self, pr: int) -> tuple[Verdict, ...]:
@@ -201,14 +234,19 @@ class Bot:
         return max(seen, pr.created_at)
 
     def _intake(self, pr: PullRequest, main_sha: str, blocked: frozenset[str], report: PollReport) -> None:
-        if self.store.hold_for(pr.number) is not None:
+        lab = self.rules.labels
+        # a maintainer's blocking labels, as GitHub shows them at the start of the poll: no screen of this
+        # poll removes them (only `evalbot clear` does), and they block the merge
+        self._protected[pr.number] = set(pr.labels) & {lab.copycat, lab.copycat_warn, lab.gaming, lab.hold}
+        if self.store.hold_for(pr.number) is not None or lab.hold in pr.labels:
             report.notes.append(f"#{pr.number}: on hold")
             return
-        if self.store.clears(pr.number):
-            blocked = frozenset()  # a maintainer looked at this PR's people and cleared it
+        if self.store.cleared(pr.number, pr.head_sha):
+            blocked = frozenset()  # a maintainer looked at this head's people and cleared it
         ctx = IntakeContext(now=self.now(), blocked=blocked, open_prs=self._listing,
                             verdicts=self._since_clear(pr.number), last_push_at=self._last_push(pr))  # fmt: skip
         decision = intake(pr, self.rules, ctx)
+        self._claims[pr.number] = decision.claim  # the body, parsed once this poll
         if decision.stopped_by == "drafts":
             return
         self._relabel(pr, decision.labels_add, {*decision.labels_remove, *decision.labels_add})
@@ -246,7 +284,8 @@ class Bot:
         bot's own changes, so no decision needs another read of the PR.
         """
         current = self._labels.setdefault(pr.number, set(pr.labels))
-        desired = (current - set(owned)) | set(want)
+        owned = set(owned) - self._protected.get(pr.number, set())
+        desired = (current - owned) | set(want)
         self.publisher.labels(pr.number, pr.head_sha, current, desired, set(owned) | set(want))
         self._labels[pr.number] = desired
 
@@ -292,7 +331,8 @@ class Bot:
             return
         actions = self.rules.dispatch.mode == "actions"
         if actions:
-            self._collect_dispatched(facts, report)
+            self._contained(None, "collecting dispatched runs", lambda: self._collect_dispatched(facts, report),
+                            report)
         d = self.rules.dispatch
         # in actions mode a claim is held while its run is in flight, through every retry
         lease = d.timeout_minutes * 60 * d.max_attempts + 3600 if actions else None
@@ -300,27 +340,44 @@ class Bot:
             rec := self.store.claim_next(self.settings.worker, **({"lease_s": lease} if lease else {}))
         ) is not None:
             key, pr = rec.key, facts.get(rec.key.pr)
-            if pr is None or pr.head_sha != key.head_sha or key.base_sha != main_sha or pr.state != "open":
-                # superseded while queued (a push, a merge to main, a close): record it, measure nothing
-                why = "superseded: the PR or main moved before it was measured"
-                self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
-                continue
-            if actions:
-                self._dispatch(key, pr, report)
-                continue
-            self.mirror.fetch_commit(key.head_sha, f"refs/pull/{key.pr}/head")
-            target = self.mirror.merge_commit(key.base_sha, key.head_sha)
-            if target is None:
-                why = f"conflicts with main {key.base_sha[:12]}: rebase it and push"
-                self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
-                self._needs_rebase(pr, why)
-                report.notes.append(f"#{pr.number}: {why}")
-                continue
-            self.log(
-                f"#{key.pr}: evaluating {key.head_sha[:12]} (as {target[:12]}) against main {key.base_sha[:12]}"
-            )
-            judged = self.evaluator(pr, self.mirror.path, key.base_sha, target)
-            self._finish(key, judged, report)
+            failed = self._contained(key.pr, "evaluation", lambda k=key, p=pr: self._evaluate(k, p, main_sha, actions,
+                                                                                            report), report)
+            if failed is not None:
+                why = f"{type(failed).__name__}: {cap_text(str(failed), 500)}"
+                self._contained(key.pr, "recording the infra error",
+                                lambda k=key, p=pr, w=why: self._evaluation_crashed(k, p, w, report), report)
+
+    def _evaluate(self, key: EvalKey, pr: PullRequest | None, main_sha: str, actions: bool,
+                  report: PollReport) -> None:
+        """Measure (or dispatch) one claimed evaluation."""
+        if pr is None or pr.head_sha != key.head_sha or key.base_sha != main_sha or pr.state != "open":
+            # superseded while queued (a push, a merge to main, a close): record it, measure nothing
+            why = "superseded: the PR or main moved before it was measured"
+            self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
+            return
+        if actions:
+            self._dispatch(key, pr, report)
+            return
+        self.mirror.fetch_commit(key.head_sha, f"refs/pull/{key.pr}/head")
+        target = self.mirror.merge_commit(key.base_sha, key.head_sha)
+        if target is None:
+            why = f"conflicts with main {key.base_sha[:12]}: rebase it and push"
+            self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
+            self._needs_rebase(pr, why)
+            report.notes.append(f"#{pr.number}: {why}")
+            return
+        self.log(f"#{key.pr}: evaluating {key.head_sha[:12]} (as {target[:12]}) against main {key.base_sha[:12]}")
+        # evaluate measures the same deterministic merge of the head into main
+        judged = self.evaluator(pr, self.mirror.path, key.base_sha, key.head_sha)
+        self._finish(key, judged, report)
+
+    def _evaluation_crashed(self, key: EvalKey, pr: PullRequest | None, why: str, report: PollReport) -> None:
+        """An evaluation that raised (an unfetchable head, a git fault, an evaluator crash): the PR's
+        INFRA_ERROR, never its fault, with the cause in the note."""
+        rec = self.store.evaluation(key)
+        if rec is None or rec.state != "claimed" or rec.claimed_by != self.settings.worker:
+            return
+        self._infra(key, pr or self.gh.get_pull(key.pr), why, False, report)
 
     def _finish(self, key: EvalKey, judged: Judgement, report: PollReport) -> None:
         """Record a measured evaluation (the round publishes it); an INCONCLUSIVE one is queued again,
@@ -397,35 +454,49 @@ class Bot:
         if v is None or m is None:
             return
         signature = receipts.signature_status(rec.receipt) if rec.receipt else "unsigned"
+        gap = self._claim_gap(pr, v)
         body = render.render_comment(v, m, signature_status=signature)
-        body += self._claim_note(pr, v) + extra
+        if gap is not None:
+            flag = " — **worth a maintainer's look**" if gap.flagged else ""
+            body += f"\n**Claimed vs measured:** {render.escape_md(gap.reason)}{flag}\n"
+        approval = rounds.approval_needed(pr.paths, pr.labels, self.rules) if v.status is Status.PASS else None
+        if approval:
+            body += f"\n**Needs a maintainer before it merges:** {render.escape_md(approval, 600)}\n"
+        body += extra
         self.publisher.comment(pr.number, pr.head_sha, body)
-        self._relabel(pr, v.labels_add, verdict_labels(self.rules))
+        # claim-gap is applied, not only written: the rules decide whether it blocks auto-merge, and a
+        # maintainer's `evalbot clear` of this head lifts it
+        cleared = self.store.cleared(pr.number, pr.head_sha)
+        claim_label = {self.rules.labels.claim_gap} if gap is not None and gap.flagged and not cleared else set()
+        self._relabel(pr, {*v.labels_add, *claim_label}, verdict_labels(self.rules) | {self.rules.labels.claim_gap})
         state = _STATUS_STATE.get(v.status)
         if state:
             self.publisher.status(
                 pr.head_sha, state, f"{v.status.value}{' ' + v.tier if v.tier else ''}", pr.number
             )
 
-    def _claim_note(self, pr: PullRequest, v: Verdict) -> str:
-        claim = parse_body(pr.body)
+    def _claim_gap(self, pr: PullRequest, v: Verdict) -> ClaimGap | None:
+        """The contributor's claim against the measurement at the scored context; None without a claim."""
+        claim = self._claims.get(pr.number)
+        if claim is None:  # a PR intake did not read this poll (on hold): parse it now, once
+            claim = self._claims[pr.number] = parse_body(pr.body)
         best = next(
             (e for e in v.estimates if e.context == v.scored_context and e.metric == "decode_tps"), None
         )
         claimed = claim.claimed_gain_at(v.scored_context)
+        if claimed is None:
+            return None
         measured = (best.ratio - 1.0) if best else None
         lower = (best.ci_low - 1.0) if best else None
-        if claimed is None:
-            return ""
-        gap = claim_gap(claimed, lower, measured, self.rules)
-        flag = " — **worth a maintainer's look**" if gap.flagged else ""
-        return f"\n**Claimed vs measured:** {render.escape_md(gap.reason)}{flag}\n"
+        return claim_gap(claimed, lower, measured, self.rules)
 
     # ------------------------------------------------------------------ rounds and merging
 
     def _round(self, facts: dict[int, PullRequest], main_sha: str, report: PollReport) -> None:
         contenders, records = [], {}
         for pr in facts.values():
+            if pr.draft:  # a draft never reaches a round, whatever was measured before it became one
+                continue
             done = [r for r in self.store.evaluations(pr=pr.number, state="done")
                     if r.key.head_sha == pr.head_sha and r.verdict is not None
                     and r.verdict.status != Status.SKIPPED and r.key.rules_hash == self.rules.rules_hash]  # fmt: skip
@@ -441,13 +512,24 @@ class Bot:
         for d in ranking.decisions:
             # every verdict is published here, once a poll with its place in the round: a no-op when
             # GitHub shows it already, and the repair when a crash came between measuring and publishing
-            pr = facts[d.pr]
-            self._relabel(pr, d.labels_add, owned)
-            note = f"\n**Round:** {render.escape_md(d.comment)}\n" if d.comment else ""
-            self._publish_verdict(pr, records[d.pr], note)
-        winner = ranking.merge_first
-        if winner is not None:
-            self._maybe_merge(facts[winner], records[winner], report)
+            def publish(d: rounds.RoundDecision = d) -> None:
+                pr = facts[d.pr]
+                self._relabel(pr, d.labels_add, owned)
+                note = f"\n**Round:** {render.escape_md(d.comment)}\n" if d.comment else ""
+                self._publish_verdict(pr, records[d.pr], note)
+
+            self._contained(d.pr, "publishing", publish, report)
+        # the best PASS merges; when GitHub refuses it (a conflict, a failing required check), the next
+        # one takes its place and the refused PR is told to rebase
+        for place, number in enumerate(ranking.order):
+            if place:  # the one before was refused: this PASS takes its place in the round
+                self._contained(number, "promoting", lambda n=number: self._relabel(
+                    facts[n], {self.rules.labels.merge_first}, owned), report)
+            outcome: list[str] = []
+            self._contained(number, "merging",
+                            lambda n=number, o=outcome: o.append(self._maybe_merge(facts[n], records[n], report)), report)
+            if outcome != ["refused"]:
+                break
 
     def _record_round(self, ranking: rounds.RoundRanking, facts: dict[int, PullRequest]) -> None:
         """The round against this main, in the store: its ranked PRs and their lower-bound gains."""
@@ -459,9 +541,35 @@ class Bot:
             if d.pr in ranking.order:
                 self.store.set_round_member(round_id, d.pr, facts[d.pr].head_sha, d.lower_bound_gain)
 
-    def _maybe_merge(self, pr: PullRequest, rec: EvaluationRecord, report: PollReport) -> None:
+    def _ci_runs(self, head_sha: str) -> tuple[WorkflowRun, ...]:
+        workflow = self.rules.automerge.required_ci_workflow
+        if workflow is None:
+            return ()
+        return self.gh.list_workflow_runs(workflow, head_sha=head_sha, limit=20)
+
+    def _maybe_merge(self, pr: PullRequest, rec: EvaluationRecord, report: PollReport) -> str:
+        """Merge a round's winner if everything still holds; 'merged', 'refused' (GitHub said no) or 'no'.
+
+        Only what was measured merges, where it was measured: the PR and main are read again first, and
+        the merge goes ahead only with the PR's base still the main branch, its head the measured head and
+        main the measured base. Otherwise the evaluation is queued again.
+        """
         assert rec.verdict is not None
         fresh = self.gh.get_pull(pr.number) if not self.dry_run else pr
+        if fresh.base_ref != self.settings.main_branch:
+            report.notes.append(f"#{pr.number}: not merged: it now targets {fresh.base_ref!r}, not "
+                                f"{self.settings.main_branch!r}")
+            return "no"
+        main_now = rec.key.base_sha
+        if not self.dry_run:
+            self.mirror.fetch()
+            main_now = self.mirror.sha(self.settings.main_branch)
+        if main_now != rec.key.base_sha or fresh.head_sha != rec.key.head_sha:
+            moved = "main" if main_now != rec.key.base_sha else "the head"
+            report.notes.append(f"#{pr.number}: not merged: {moved} moved since it was measured; measuring again")
+            if not self.dry_run:
+                self.store.enqueue_evaluation(EvalKey(pr.number, fresh.head_sha, main_now, self.rules.rules_hash))
+            return "no"
         ok, why = rounds.may_automerge(
             rec.verdict,
             fresh.labels,
@@ -471,14 +579,20 @@ class Bot:
             fresh.head_sha,
             self.store.hold_for(pr.number) is not None,
         )
+        if ok:
+            # a speed verdict is no licence to weaken the tests: CI must pass on the measured head, and
+            # a change to tests or CI waits for a maintainer
+            why = rounds.approval_needed(fresh.paths, fresh.labels, self.rules) or rounds.ci_verdict(
+                self._ci_runs(rec.key.head_sha), self.rules)
+            ok = why is None
         if not ok:
             report.notes.append(f"#{pr.number}: not merged: {why}")
-            return
+            return "no"
         title = f"{pr.title} (#{pr.number})"
         message = f"Merged by evalbot at the measured head {rec.key.head_sha}: {rec.verdict.status.value} {rec.verdict.tier}"
         result = self.publisher.merge(pr.number, rec.key.head_sha, self.settings.merge_method, title, message)
         if result is None:
-            return
+            return "no"
         if result.outcome is MergeOutcome.MERGED:
             gain = rounds.lower_bound_gain(rec.verdict)
             self.store.record_ledger("merge", pr.number, rec.key.head_sha, pr.author, gain, gain)
@@ -487,12 +601,15 @@ class Bot:
             if mark_merged is not None:
                 mark_merged(pr.number, self.now().strftime("%Y-%m-%dT%H:%M:%SZ"))
             report.merged.append(pr.number)
-        elif result.outcome is MergeOutcome.HEAD_MOVED:
+            return "merged"
+        if result.outcome is MergeOutcome.HEAD_MOVED:
             # never force: the new head is measured like any push
             self._relabel(pr, {self.rules.labels.re_evaluate}, rounds.round_labels(self.rules))
             report.notes.append(f"#{pr.number}: head moved before the merge; re-evaluating")
-        else:
-            report.notes.append(f"#{pr.number}: not mergeable: {result.message}")
+            return "no"
+        report.notes.append(f"#{pr.number}: not mergeable: {result.message}")
+        self._needs_rebase(fresh, f"GitHub refused to merge it: {cap_text(result.message, 300)}")
+        return "refused"
 
 
 def _skipped(rules: Rules, why: str) -> Verdict:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from evalbot.github import GitHubPort
 from evalbot.model import Comment, MergeOutcome, MergeResult
-from evalbot.render import MARKER
+from evalbot.render import MARKER, fit_comment
 from evalbot.store import ActionRecord, Store, action_key
 
 Log = Callable[[str], None]
@@ -57,7 +57,9 @@ class Publisher:
     # --- actions ---
 
     def comment(self, pr: int, head_sha: str, body: str) -> bool:
-        """Create or edit the PR's one bot comment to `body`; True if GitHub was changed."""
+        """Create or edit the PR's one bot comment to `body` (trimmed to GitHub's limit, saying so);
+        True if GitHub was changed."""
+        body = fit_comment(body)
         existing = bot_comment(self.gh.list_comments(pr), self.bot_login)
         if existing is not None and existing.body.strip() == body.strip():
             return False
@@ -71,7 +73,9 @@ class Publisher:
         if self.dry_run:
             self.log(f"#{pr}: would {'edit' if existing else 'post'} the bot comment")
             return True
-        if not self.store.begin_action(key, {"pr": pr, "body_digest": _digest(body)}):
+        # planned from the live comment: a deleted or edited bot comment is put back, even if this very
+        # transition was done before
+        if not self.store.begin_action(key, {"pr": pr, "body_digest": _digest(body)}, redo=True):
             return False
         if existing is None:
             made = self.gh.create_comment(pr, body)
@@ -95,7 +99,8 @@ class Publisher:
         key = action_key(
             "labels", pr, head_sha, {"now": sorted(set(current)), "add": change.add, "remove": change.remove}
         )
-        if not self.store.begin_action(key, {"pr": pr, "add": change.add, "remove": change.remove}):
+        # planned from the live labels: one the bot set and a human removed is restored, key or no key
+        if not self.store.begin_action(key, {"pr": pr, "add": change.add, "remove": change.remove}, redo=True):
             return LabelChange((), ())
         if change.add:
             self.gh.add_labels(pr, change.add)
@@ -106,11 +111,11 @@ class Publisher:
         return change
 
     def close(self, pr: int, head_sha: str, reason: str) -> bool:
-        """Close the PR once for this head and reason."""
+        """Close an open PR (the caller saw it open); a reopened PR that must stay closed is closed again."""
         return self._state_change("close", pr, head_sha, reason, self.gh.close)
 
     def reopen(self, pr: int, head_sha: str, reason: str) -> bool:
-        """Reopen the PR once for this head and reason."""
+        """Reopen a closed PR (the caller saw it closed)."""
         return self._state_change("reopen", pr, head_sha, reason, self.gh.reopen)
 
     def _state_change(
@@ -120,7 +125,7 @@ class Publisher:
             self.log(f"#{pr}: would {kind} ({reason})")
             return True
         key = action_key(kind, pr, head_sha, reason)
-        if not self.store.begin_action(key, {"pr": pr, "reason": reason}):
+        if not self.store.begin_action(key, {"pr": pr, "reason": reason}, redo=True):
             return False
         call(pr)
         self.store.finish_action(key, {"reason": reason})

@@ -155,6 +155,7 @@ def build_receipt(
     finished_at: datetime | str,
     extra: Mapping[str, Any] | None = None,
     reference: Mapping[str, Any] | None = None,
+    measured_sha: str | None = None,
 ) -> dict[str, Any]:
     """A validated receipt body as plain JSON data, with ``schema`` set; ReceiptError on a bad field.
 
@@ -163,7 +164,8 @@ def build_receipt(
     # None: an offline evaluation of two revisions, not tied to a pull request
     if pr is not None and (isinstance(pr, bool) or not isinstance(pr, int) or pr <= 0):
         raise ReceiptError(f"pr must be a positive int or None, got {pr!r}")
-    for name, sha in (("head_sha", head_sha), ("base_sha", base_sha), ("harness_sha", harness_sha)):
+    for name, sha in (("head_sha", head_sha), ("base_sha", base_sha), ("harness_sha", harness_sha),
+                      *((("measured_sha", measured_sha),) if measured_sha is not None else ())):
         _check_hex(name, sha, _GIT_SHA, "a 40-character git sha")
     _check_hex("rules_hash", rules_hash, _SHA256, "a 64-character sha256")
     _require("model_sha256s", model_sha256s, Mapping, "a mapping of model name to sha256")
@@ -188,6 +190,7 @@ def build_receipt(
         "pr": pr,
         "head_sha": head_sha,
         "base_sha": base_sha,
+        **({"measured_sha": measured_sha} if measured_sha is not None else {}),
         "harness_sha": harness_sha,
         "rules_hash": rules_hash,
         "model_sha256s": model_sha256s,

@@ -21,11 +21,14 @@ from typing import Any
 
 import jinja2
 
-from evalbot.model import ContextEstimate, Gate, Measurements, Status, Verdict, from_dict, to_dict
+from evalbot.model import ContextEstimate, Gate, Measurements, Status, Verdict, from_dict
 from evalbot.stats import MDE_POWER
 
 MARKER = "<!-- evalbot:result -->"
-STATE_SCHEMA = 1
+STATE_SCHEMA = 2
+COMMENT_MAX_CHARS = 65536  # GitHub refuses (422) a longer issue comment
+_TRIMMED_NOTE = ("\n\n> **Trimmed:** this comment was cut to fit GitHub's {limit:,}-character limit; "
+                 "`result.json` and the signed receipt hold everything.\n")
 
 # Base64 has no '-' or '>', so no value in the state can close the HTML comment early.
 _STATE_RE = re.compile(r"<!-- evalbot:state ([A-Za-z0-9+/=]*) -->")
@@ -193,18 +196,22 @@ def _geomean_ratio(pairs: Iterable[tuple[float, float]]) -> float | None:
 
 
 def comment_state(verdict: Verdict, measurements: Measurements, *, signature_status: str) -> dict[str, Any]:
-    """The JSON state embedded in the comment: which revisions were judged, and the verdict."""
+    """The JSON state embedded in the comment: only what the bot needs to find its own verdict again
+    (revisions, keys, status, tier), never the verdict's text, which a PR can make arbitrarily long."""
     p = measurements.provenance
     return {
         "schema": STATE_SCHEMA,
-        "repo": p.repo,
+        "repo": p.repo[:200],
         "pr": p.pr,
         "base_sha": p.base_sha,
         "head_sha": p.head_sha,
+        "measured_sha": p.measured_sha,
         "harness_sha": p.harness_sha,
         "rules_hash": p.rules_hash,
-        "signature_status": signature_status,
-        "verdict": to_dict(verdict),
+        "signature_status": signature_status[:120],
+        "status": verdict.status.value,
+        "tier": verdict.tier,
+        "scored_context": verdict.scored_context,
     }
 
 
@@ -359,6 +366,30 @@ def _leading_number(value: Any) -> float | None:
         except ValueError:
             return None
     return None
+
+
+def fit_comment(body: str, limit: int = COMMENT_MAX_CHARS) -> str:
+    """body, or its longest line-aligned prefix that fits limit with a note saying it was trimmed.
+    Code fences and <details> left open by the cut are closed, so the rest still renders."""
+    if len(body) <= limit:
+        return body
+    note = _TRIMMED_NOTE.format(limit=limit)
+    budget = limit - len(note) - 64  # room for the closers
+    cut = body.rfind("\n", 0, budget)
+    head = body[: cut if cut > 0 else budget]
+    closers = []
+    fence = None
+    for line in head.split("\n"):
+        stripped = line.strip()
+        if fence is None and stripped.startswith(("```", "~~~")):
+            fence = stripped[: len(stripped) - len(stripped.lstrip(stripped[0]))]
+        elif fence is not None and stripped.startswith(fence) and stripped.strip(fence[0]) == "":
+            fence = None
+    if fence is not None:
+        closers.append(fence)
+    open_details = head.count("<details>") - head.count("</details>")
+    closers += ["</details>"] * max(open_details, 0)
+    return head + ("\n" + "\n".join(closers) if closers else "") + note
 
 
 def render_comment(verdict: Verdict, measurements: Measurements, *, signature_status: str) -> str:

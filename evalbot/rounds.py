@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from evalbot.model import Status, Verdict
+from evalbot.model import Status, Verdict, WorkflowRun
 from evalbot.rules import Rules, tier_for_gain
 
 MERGE_FIRST = "merge_first"
@@ -188,6 +188,36 @@ def marginal_credit(
     return Credit(
         first.pr, gain, marginal, tier, False, f"credit {_pct(marginal)} ({tier or 'no tier'}), {source}"
     )
+
+
+def approval_needed(paths: Iterable[str], labels: Iterable[str], rules: Rules) -> str | None:
+    """Why a PR that changes tests, CI or build files waits for a maintainer (None when it need not)."""
+    am = rules.automerge
+    if not am.approval_paths or am.approval_label in set(labels):
+        return None
+    hits = [p for p in paths if any(p == a or (a.endswith("/") and p.startswith(a)) or p.endswith("/" + a)
+                                   for a in am.approval_paths)]
+    if not hits:
+        return None
+    shown = ", ".join(hits[:5]) + (" …" if len(hits) > 5 else "")
+    return (f"it changes files that are not benchmark code ({shown}): it merges on a speed verdict only once a "
+            f"maintainer adds the {am.approval_label!r} label")
+
+
+def ci_verdict(runs: Iterable[WorkflowRun], rules: Rules) -> str | None:
+    """Why the measured head's CI does not allow a merge (None when its newest run of the required
+    workflow succeeded, or no workflow is required). `runs` are that workflow's runs on the head."""
+    workflow = rules.automerge.required_ci_workflow
+    if workflow is None:
+        return None
+    newest = max(runs, key=lambda r: (r.created_at, r.id), default=None)
+    if newest is None:
+        return f"CI ({workflow}) has not run on the measured head"
+    if newest.status != "completed":
+        return f"CI ({workflow}) is still {newest.status} on the measured head"
+    if newest.conclusion != "success":
+        return f"CI ({workflow}) ended {newest.conclusion} on the measured head"
+    return None
 
 
 def may_automerge(

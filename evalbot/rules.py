@@ -45,7 +45,16 @@ DEVICES = ("cuda", "cpu")
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_LOGIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})")
+# the one pattern a GitHub login must match, wherever one is accepted (rules, the CLI, the ledgers, the
+# store): letters, digits and hyphens, at most 39, not starting with a hyphen; an app's "name[bot]" too
+LOGIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?")
+_LOGIN = LOGIN
+
+
+def is_login(text: object) -> bool:
+    """Whether text is a well-formed GitHub login (LOGIN, matched whole)."""
+    return isinstance(text, str) and LOGIN.fullmatch(text) is not None
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 _MAX_LABEL = 50  # GitHub refuses longer label names
 
 
@@ -241,6 +250,9 @@ class Policy:
     blocklist: tuple[str, ...]
     stale: Stale
     template: Template
+    # the harness as Python imports it: a PR adding any file that would be imported as one of these
+    # (engine/cli/__init__.py, engine/cli.cpython-311-x86_64-linux-gnu.so, ...) is skipped like a path
+    harness_modules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -263,6 +275,7 @@ class Labels:
     merge_first: str
     re_evaluate: str
     inconclusive: str
+    hold: str
 
 
 @dataclass(frozen=True)
@@ -271,6 +284,12 @@ class Automerge:
     min_tier: str
     required_labels: tuple[str, ...]
     blocking_labels: tuple[str, ...]
+    # a successful run of this workflow (this repository's CI) on the measured head, or no auto-merge
+    required_ci_workflow: str | None = None
+    # a PR that touches these (tests, CI, build files: not benchmark code) also needs approval_label,
+    # set by a maintainer, before it merges on a speed verdict
+    approval_paths: tuple[str, ...] = ()
+    approval_label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -562,6 +581,23 @@ class _File:
         return value
 
 
+_MAX_RULES_CHARS = 1_000_000
+_MAX_DEPTH = 32
+
+
+def _check_depth(f: _File, text: str) -> None:
+    """RulesError at the first collection nested deeper than _MAX_DEPTH (the parser is iterative)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > _MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark else None
+                raise RulesError(f.name, line, f.stem, f"nested deeper than {_MAX_DEPTH} levels; rules are flat")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
 def _compose(path: Path) -> tuple[_File, yaml.Node]:
     """A file's node tree; syntax errors carry YAML's own line and column."""
     f = _File(path)
@@ -569,7 +605,10 @@ def _compose(path: Path) -> tuple[_File, yaml.Node]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         f.fail(None, f.stem, f"expected UTF-8 text ({exc.reason} at byte {exc.start})")
+    if len(text) > _MAX_RULES_CHARS:
+        f.fail(None, f.stem, f"expected a rules file under {_MAX_RULES_CHARS:,} characters, got {len(text):,}")
     try:
+        _check_depth(f, text)  # yaml.compose recurses: 5,000-deep YAML would blow Python's stack
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -844,7 +883,9 @@ def _copycat(f: _File, root: yaml.Node) -> Copycat:
 
 
 def _policy(f: _File, root: yaml.Node, labels_in_use: dict[str, str]) -> Policy:
-    keys = ("open_pr_cap", "areas", "sensitive_paths", "blocklist", "stale", "template")
+    present = {key for key, _, _ in f.items(root, "policy")}
+    keys = ("open_pr_cap", "areas", "sensitive_paths", "blocklist", "stale", "template",
+            *(("harness_modules",) if "harness_modules" in present else ()))
     m = f.mapping(root, "policy", keys)
     areas = []
     for label, key_node, node in f.items(m["areas"], "policy.areas"):
@@ -885,6 +926,10 @@ def _policy(f: _File, root: yaml.Node, labels_in_use: dict[str, str]) -> Policy:
             f.path_pattern(p, _join("policy.sensitive_paths", i)) for i, p in enumerate(sensitive)
         ),
         blocklist=tuple(logins),
+        harness_modules=tuple(
+            f.text(n, _join("policy.harness_modules", i), _MODULE, "a dotted module name such as engine.cli")
+            for i, n in enumerate(f.sequence(m["harness_modules"], "policy.harness_modules"))
+        ) if "harness_modules" in m else (),
         stale=Stale(
             days_without_push=f.integer(st["days_without_push"], "policy.stale.days_without_push"),
             max_fruitless_verdicts=f.integer(
@@ -900,7 +945,9 @@ def _policy(f: _File, root: yaml.Node, labels_in_use: dict[str, str]) -> Policy:
 
 
 def _automerge(f: _File, root: yaml.Node, tiers: tuple[Tier, ...], known_labels: dict[str, str]) -> Automerge:
-    m = f.mapping(root, "automerge", ("enabled", "min_tier", "required_labels", "blocking_labels"))
+    present = {key for key, _, _ in f.items(root, "automerge")}
+    optional = [k for k in ("required_ci_workflow", "approval_paths", "approval_label") if k in present]
+    m = f.mapping(root, "automerge", ("enabled", "min_tier", "required_labels", "blocking_labels", *optional))
     names = sorted(known_labels)
 
     def refs(key: str) -> tuple[str, ...]:
@@ -919,11 +966,25 @@ def _automerge(f: _File, root: yaml.Node, tiers: tuple[Tier, ...], known_labels:
                 _join("automerge.blocking_labels", i),
                 f"expected a label not in required_labels, got {name!r}",
             )
+    approval_paths = tuple(
+        f.path_pattern(n, _join("automerge.approval_paths", i))
+        for i, n in enumerate(f.sequence(m["approval_paths"], "automerge.approval_paths"))
+    ) if "approval_paths" in m else ()
+    approval_label = f.label(m["approval_label"], "automerge.approval_label") if "approval_label" in m else None
+    if approval_paths and approval_label is None:
+        f.fail(m["approval_paths"], "automerge.approval_label", "missing; approval_paths needs the label that approves")
+    workflow = None
+    if "required_ci_workflow" in m:
+        workflow = f.text(m["required_ci_workflow"], "automerge.required_ci_workflow", _WORKFLOW_FILE,
+                          "a workflow file name such as ci.yml")
     return Automerge(
         enabled=f.boolean(m["enabled"], "automerge.enabled"),
         min_tier=f.choice(m["min_tier"], "automerge.min_tier", [t.name for t in tiers], "a tier"),
         required_labels=required,
         blocking_labels=blocking,
+        required_ci_workflow=workflow,
+        approval_paths=approval_paths,
+        approval_label=approval_label,
     )
 
 

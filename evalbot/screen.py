@@ -28,12 +28,15 @@ _WARN = "copycat-warn:"
 
 def main_kgrams(mirror: Path, sha: str, k: int) -> frozenset[int]:
     """Every k-gram of main's code files at `sha` (base code: copying main is not copying a PR)."""
-    names = subprocess.run(["git", "-C", str(mirror), "ls-tree", "-r", "--name-only", sha], capture_output=True,
-                           text=True, check=True, timeout=120).stdout.split("\n")  # fmt: skip
+    # -z and surrogateescape: a file name that is not UTF-8 is still a name, never a crash of every poll
+    listing = subprocess.run(["git", "-C", str(mirror), "ls-tree", "-r", "-z", "--name-only", sha],
+                             capture_output=True, check=True, timeout=120).stdout  # fmt: skip
+    names = [n for n in listing.decode("utf-8", errors="surrogateescape").split("\0") if n]
     out: set[int] = set()
     for name in names:
         if not name.endswith(CODE_SUFFIXES):
             continue
+        # subprocess encodes the name back to its bytes (os.fsencode), surrogates included
         shown = subprocess.run(["git", "-C", str(mirror), "show", f"{sha}:{name}"], capture_output=True,
                                timeout=120)  # fmt: skip
         if shown.returncode == 0 and len(shown.stdout) < 2_000_000:
@@ -72,8 +75,8 @@ class CopycatScreen:
     def __call__(self, pr: PullRequest) -> ScreenResult | None:
         lab, now = self.rules.labels, self.now()
         owned = (lab.copycat, lab.copycat_warn)
-        if self.store.clears(pr.number):
-            return ScreenResult((), owned, True)  # a maintainer looked and cleared it
+        if self.store.cleared(pr.number, pr.head_sha):
+            return ScreenResult((), owned, True)  # a maintainer looked at this head and cleared it
         frozen = copycat_strikes.standing(self._times(pr.author, _STRIKE), now, self.rules.copycat)
         if frozen.frozen(now):
             until = frozen.frozen_until.strftime("%Y-%m-%d") if frozen.frozen_until else "?"

@@ -43,6 +43,9 @@ StopReason = Literal["precision", "max_pairs", "time_budget", "continue"]
 # ln(head) - ln(base) carries ~1e-13 absolute rounding error even for huge values; spreads below
 # this are rounding, not noise, and would otherwise turn exact ties into arbitrary p-values.
 _LOG_RESOLUTION = 1e-12
+# A pair whose head/base ratio is beyond 1e6 either way is garbage, not a speedup (and exp() of such
+# log-ratios overflows).
+_MAX_LOG_RATIO = math.log(1e6)
 # Power of the minimum-detectable-effect report; 80% is the conventional choice.
 MDE_POWER = 0.8
 # Above this many degrees of freedom the Cornish-Fisher series is good to ~1e-14, while
@@ -265,10 +268,11 @@ def _log_ratios(pairs: Sequence[tuple[float, float]]) -> list[float]:
         except (TypeError, ValueError):
             raise StatsError(f"pair {i} is {pair!r}, not a (base, head) pair") from None
         # log(h) - log(b), not log(h / b): swapping the pair then negates it exactly.
-        out.append(
-            math.log(_checked_value(head, f"pair {i} head"))
-            - math.log(_checked_value(base, f"pair {i} base"))
-        )
+        d = math.log(_checked_value(head, f"pair {i} head")) - math.log(_checked_value(base, f"pair {i} base"))
+        if abs(d) > _MAX_LOG_RATIO:
+            raise StatsError(f"pair {i}: head/base is {math.exp(min(d, 700)):.3g}, beyond the 1e6x either way "
+                             "a throughput comparison can mean")
+        out.append(d)
     return out
 
 

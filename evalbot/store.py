@@ -48,8 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from evalbot.model import Measurements, Status, Verdict, from_dict, to_dict
+from evalbot.rules import is_login
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 10_000
 DEFAULT_LEASE_S = 3 * 3600  # longer than any profile's time budget plus builds
 DEFAULT_MAX_ATTEMPTS = 3
@@ -130,6 +131,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         ) STRICT""",
         """CREATE INDEX calibrations_by_profile ON calibrations (profile, at)""",
     ),
+    # a clear exempts one head: a later push is screened again (NULL: a clear recorded before heads were)
+    3: ("""ALTER TABLE clears ADD COLUMN head_sha TEXT""",),
 }
 _TABLES = frozenset(
     "meta evaluations actions strikes penalties blocklist_events rounds round_members ledger holds clears "
@@ -276,6 +279,7 @@ class Clear:
     by: str
     reason: str
     at: str
+    head_sha: str | None = None  # the head the maintainer looked at; None: recorded before heads were
 
 
 @dataclass(frozen=True)
@@ -697,8 +701,9 @@ class Store:
 
     # ---------------------------------------------------------------- actions
 
-    def begin_action(self, key: str, payload: Any, now: datetime | None = None) -> bool:
-        """Record the intent to act; False if the action is already done.
+    def begin_action(self, key: str, payload: Any, now: datetime | None = None, *, redo: bool = False) -> bool:
+        """Record the intent to act; False if the action is already done, unless `redo`: a caller that
+        planned from GitHub's live state (a label a human removed, a comment deleted) acts again.
 
         ActionPendingError if an earlier intent has no recorded outcome: reconcile it first.
         """
@@ -713,7 +718,7 @@ class Store:
                     (key, kind, pr, blob, iso(now)),
                 )
                 return True
-            if row[0] == "done":
+            if row[0] == "done" and not redo:
                 return False
             if row[0] == "intent":
                 raise ActionPendingError(
@@ -849,7 +854,8 @@ class Store:
         return self._block_event(login, "unblock", reason, by, now)
 
     def _block_event(self, login: str, event: str, reason: str, by: str, now: datetime | None) -> bool:
-        _check_text(login, "login")
+        if not is_login(login):
+            raise ValueError(f"login: expected a GitHub login (letters, digits, hyphens; at most 39), got {login[:60]!r}")
         _check_text(reason, "reason")
         _check_text(by, "by")
         with self._write() as conn:
@@ -1027,22 +1033,30 @@ class Store:
         )
         return [_hold(r) for r in rows]
 
-    def add_clear(self, pr: int, by: str, reason: str, now: datetime | None = None) -> Clear:
-        """Record a maintainer's ``clear PR --reason``; the reason is required."""
+    def add_clear(self, pr: int, by: str, reason: str, now: datetime | None = None, *,
+                  head_sha: str | None = None) -> Clear:
+        """Record a maintainer's ``clear PR --reason`` of one head; the reason is required."""
         _check_pr(pr)
         _check_text(by, "by")
         _check_text(reason, "reason")
+        if head_sha is not None and not re.fullmatch(r"[0-9a-f]{40}", head_sha):
+            raise ValueError(f"head_sha: expected a 40-hex commit sha, got {head_sha!r}")
         at = iso(now)
         with self._write() as conn:
-            conn.execute("INSERT INTO clears (pr, by, reason, at) VALUES (?, ?, ?, ?)", (pr, by, reason, at))
-        return Clear(pr, by, reason, at)
+            conn.execute("INSERT INTO clears (pr, by, reason, at, head_sha) VALUES (?, ?, ?, ?, ?)",
+                         (pr, by, reason, at, head_sha))
+        return Clear(pr, by, reason, at, head_sha)
 
     def clears(self, pr: int | None = None) -> list[Clear]:
         """Clears, oldest first, optionally of one PR."""
         rows = self._read(
-            "SELECT pr, by, reason, at FROM clears WHERE (? IS NULL OR pr = ?) ORDER BY id", (pr, pr)
+            "SELECT pr, by, reason, at, head_sha FROM clears WHERE (? IS NULL OR pr = ?) ORDER BY id", (pr, pr)
         )
         return [Clear(**dict(r)) for r in rows]
+
+    def cleared(self, pr: int, head_sha: str) -> bool:
+        """Whether a maintainer cleared this PR at this head (a later push is screened again)."""
+        return any(c.head_sha == head_sha for c in self.clears(pr))
 
     # ---------------------------------------------------------------- polling
 
@@ -1112,22 +1126,35 @@ class Store:
 
 
 def _check_file(path: Path) -> None:
-    """Refuse, before SQLite touches it, anything that is not a SQLite file (or an empty/new one)."""
+    """Refuse, before SQLite touches it, anything that is not a whole SQLite file. A new store is made
+    only where no file exists: SQLite would take a zero-byte file (a failed copy, a full disk) for a new
+    empty database, and the bot would silently start over without its state."""
     if path.is_dir():
         raise StoreError(f"{path}: is a directory; expected a store file")
     if not path.parent.is_dir():
         raise StoreError(f"{path}: its folder {path.parent} does not exist")
     try:
         with path.open("rb") as fh:
-            head = fh.read(len(_HEADER))
+            header = fh.read(100)
+            size = fh.seek(0, os.SEEK_END)
     except FileNotFoundError:
         return
     except OSError as exc:
         raise StoreError(f"{path}: cannot read the store: {exc.strerror}") from None
-    if head and head != _HEADER:
+    if size == 0:
+        raise CorruptStoreError(f"{path}: the state file is empty (0 bytes), not a new store; refusing to open "
+                                "it (restore it from a backup, or delete it to start a new one)")
+    if header[: len(_HEADER)] != _HEADER:
         raise CorruptStoreError(
-            f"{path}: not a SQLite database (it starts with {head[:16]!r}); refusing to open or overwrite it"
+            f"{path}: not a SQLite database (it starts with {header[:16]!r}); refusing to open or overwrite it"
         )
+    page = int.from_bytes(header[16:18], "big") if len(header) >= 18 else 0
+    page = 65536 if page == 1 else page
+    pages = int.from_bytes(header[28:32], "big") if len(header) >= 100 else 0
+    valid = len(header) >= 100 and header[24:28] == header[92:96]  # the in-header size is trustworthy
+    if len(header) < 100 or page < 512 or size % page or (valid and size < page * pages):
+        raise CorruptStoreError(f"{path}: the state file is truncated ({size} bytes; its header says "
+                                f"{pages} pages of {page}); refusing to open it")
 
 
 def _show_key(key: EvalKey) -> str:

@@ -8,11 +8,36 @@ from __future__ import annotations
 
 import click
 
-from evalbot.cli import bot_cmd, dashboard_cmd, evaluate_cmd, receipt_cmd, render_cmd, rules_cmd, stats_cmd
+from evalbot.cli import (
+    bot_cmd,
+    copycat_cmd,
+    dashboard_cmd,
+    evaluate_cmd,
+    receipt_cmd,
+    render_cmd,
+    rules_cmd,
+    stats_cmd,
+)
 from evalbot.cli.calibrate_cmd import calibrate
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The command group: whatever a command raises becomes one line and a non-zero exit, never a
+    traceback (a maintainer's typo, a hostile file, a GitHub outage all read as errors, not crashes)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except RecursionError as exc:
+            raise click.ClickException("the input is nested too deeply to read") from exc
+        except Exception as exc:  # noqa: BLE001 - the last line of defence against a traceback
+            text = " ".join(str(exc).split())[:500] or "no details"
+            raise click.ClickException(f"{type(exc).__name__}: {text}") from exc
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """evalbot: a trustworthy judge for inference-engine speed contests."""
 
@@ -24,5 +49,6 @@ main.add_command(render_cmd.render)
 main.add_command(evaluate_cmd.evaluate)
 main.add_command(calibrate)
 main.add_command(dashboard_cmd.dashboard)
+main.add_command(copycat_cmd.copycat)
 for _command in bot_cmd.COMMANDS:
     main.add_command(_command)

@@ -9,8 +9,12 @@ token, the receipt signing key) are read here from the environment and passed do
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
+import secrets
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -23,7 +27,7 @@ import click
 from evalbot import ledgers
 from evalbot.cli.options import load_rules_or_exit, resolve_state, rules_option, state_option
 from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
-from evalbot.rules import Rules
+from evalbot.rules import Rules, is_login
 from evalbot.store import EvalKey, Store, StoreError
 
 TOKEN_ENV = "GITHUB_TOKEN"
@@ -104,7 +108,65 @@ def _say(ctx: Ctx, message: str) -> None:
     click.echo(("[dry run] would: " if ctx.dry_run else "") + message)
 
 
+def _login(value: str) -> str:
+    """A GitHub login, checked with the one pattern before anything changes."""
+    if not is_login(value):
+        raise click.ClickException(f"{value[:80]!r} is not a GitHub login (letters, digits and hyphens, at most 39 "
+                                   "characters, not starting with a hyphen); nothing changed")
+    return value
+
+
+def _reason(value: str) -> str:
+    """A maintainer's reason: one line of text, never empty."""
+    text = " ".join(value.split())
+    if not text:
+        raise click.ClickException("--reason must say why (it goes into the ledgers); nothing changed")
+    return text[:500]
+
+
+def _existing_pull(ctx: Ctx, pr: int) -> tuple[Any, Any]:
+    """The PR's facts from GitHub; a clear error when it does not exist (checked before anything changes)."""
+    from evalbot.github import GitHubError
+
+    if pr <= 0:
+        raise click.ClickException(f"{pr} is not a PR number; nothing changed")
+    gh = ctx.github()
+    try:
+        return gh, gh.get_pull(pr)
+    except GitHubError as exc:
+        status = getattr(exc, "status", None)
+        if status == 404:
+            raise click.ClickException(f"#{pr}: no such pull request in {ctx.repo}; nothing changed") from exc
+        raise click.ClickException(f"#{pr}: GitHub: {exc}; nothing changed") from exc
+
+
 # ---------------------------------------------------------------- poll
+
+
+def worker_id() -> str:
+    """This process's worker id (host, pid, a random part): a claim names the very process that holds it."""
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@contextlib.contextmanager
+def _poller_lock(state: Path):  # noqa: ANN202
+    """An exclusive lock beside the state file for as long as this poller runs; a second poller on the
+    same state refuses to start instead of fighting the first over claims and comments."""
+    state.parent.mkdir(parents=True, exist_ok=True)
+    path = state.with_name(state.name + ".lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            raise click.ClickException(f"another evalbot poll ({holder}) is running on {state}; refusing to "
+                                       "start a second one on the same state file") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 @click.command()
@@ -118,6 +180,11 @@ def poll(
     ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | None, max_pairs: int | None
 ) -> None:
     """Poll GitHub: intake every open PR, evaluate what is new, publish, rank the round, merge the winner."""
+    with _poller_lock(ctx.state):  # first: a second poller on this state refuses before doing anything
+        _poll(ctx, once, interval, profile, work_dir, max_pairs)
+
+
+def _poll(ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | None, max_pairs: int | None) -> None:
     from evalbot import receipts
     from evalbot.github import GitHubError, GitHubUnavailable
     from evalbot.mirror import Mirror
@@ -134,7 +201,7 @@ def poll(
     except GitHubError as exc:
         raise click.ClickException(f"GitHub: {exc}; nothing was done (or pass --bot-login)") from exc
     settings = BotSettings(bot_login=bot_login, automerge_env=os.environ.get(AUTOMERGE_ENV) == "1",
-                           ledger_remote=ctx.remote())  # fmt: skip
+                           ledger_remote=ctx.remote(), worker=worker_id())  # fmt: skip
     with ctx.store() as store:
         from evalbot.screen import CopycatScreen
 
@@ -194,8 +261,7 @@ def status(ctx: Ctx, pr: int | None) -> None:
 @click.argument("pr", type=int)
 def rerun(ctx: Ctx, pr: int) -> None:
     """Measure a PR again at its current head against the current main (a new evaluation, the old kept)."""
-    gh = ctx.github()
-    facts = gh.get_pull(pr)
+    _, facts = _existing_pull(ctx, pr)
     from evalbot.mirror import Mirror
 
     with ctx.store() as store:
@@ -217,7 +283,10 @@ def rerun(ctx: Ctx, pr: int) -> None:
 @click.option("--release", is_flag=True, help="lift the hold instead")
 def hold(ctx: Ctx, pr: int, reason: str, release: bool) -> None:
     """Keep the bot's hands off a PR (no evaluation, no merge) until released."""
+    reason = _reason(reason)
     by = os.environ.get("USER", "maintainer")
+    if not release:
+        _existing_pull(ctx, pr)  # a hold of a PR that does not exist would wait forever
     with ctx.store() as store:
         current = store.hold_for(pr)
         if release:
@@ -244,12 +313,13 @@ def hold(ctx: Ctx, pr: int, reason: str, release: bool) -> None:
 @click.option("--reason", required=True, help="why the flag was a false positive (goes into the ledger)")
 def clear(ctx: Ctx, pr: int, reason: str) -> None:
     """Clear a false positive: swap the flag labels, reopen, reset the PR's counts, and log it in the ledgers."""
+    reason = _reason(reason)
     rules = ctx.rules
-    gh = ctx.github()
-    facts = gh.get_pull(pr)
+    gh, facts = _existing_pull(ctx, pr)
     flags = {rules.labels.gaming, rules.labels.copycat, rules.labels.copycat_warn, rules.labels.exhausted}
     present = sorted(set(facts.labels) & flags)
     by = os.environ.get("USER", "maintainer")
+    _say(ctx, f"clear #{pr} at its head {facts.head_sha[:12]} (a later push is screened again)")
     _say(ctx, f"remove {present or 'no flag labels'} from #{pr}")
     if facts.state == "closed" and not facts.merged:
         _say(ctx, f"reopen #{pr}")
@@ -260,7 +330,7 @@ def clear(ctx: Ctx, pr: int, reason: str) -> None:
     if ctx.dry_run:
         return
     with ctx.store() as store:
-        store.add_clear(pr, by, reason)
+        store.add_clear(pr, by, reason, head_sha=facts.head_sha)
     for label in present:
         gh.remove_label(pr, label)
     if facts.state == "closed" and not facts.merged:
@@ -289,6 +359,7 @@ def unblock(ctx: Ctx, user: str, reason: str) -> None:
 
 
 def _block(ctx: Ctx, user: str, reason: str, *, add: bool) -> None:
+    user, reason = _login(user), _reason(reason)
     by = os.environ.get("USER", "maintainer")
     remote = ctx.remote()
     texts = ledgers.read_ledgers(remote)

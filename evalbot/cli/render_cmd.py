@@ -16,5 +16,7 @@ def render(verdict_file: Path) -> None:
     """Print the markdown comment the bot would post for this result."""
     try:
         click.echo(render_mod.render_verdict_file(verdict_file))
-    except (ValueError, OSError) as exc:
-        raise click.ClickException(f"{verdict_file}: {exc}") from exc
+    except (ValueError, TypeError, OSError) as exc:
+        raise click.ClickException(f"{verdict_file}: {' '.join(str(exc).split())[:500]}") from exc
+    except RecursionError as exc:
+        raise click.ClickException(f"{verdict_file}: nested too deeply to be a result.json") from exc

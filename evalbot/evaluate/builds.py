@@ -132,6 +132,7 @@ def _git_run(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
             ["git", "-C", str(repo), *args],
             capture_output=True,
             text=True,
+            errors="surrogateescape",  # a path that is not UTF-8 is still a path
             env=_git_environ(os.environ),
             stdin=subprocess.DEVNULL,
         )
@@ -169,6 +170,38 @@ def changed_paths(repo: Path, base: str, head: str) -> list[str]:
     # --no-renames: a file moved out of a sensitive path must show up under its old name too.
     out = _git(repo, "diff", "--name-only", "-z", "--no-renames", f"{base_sha}...{head_sha}", "--")
     return sorted(p for p in out.split("\0") if p)
+
+
+_MERGE_STAMP = "1970-01-01T00:00:00+0000"
+
+
+def merge_commit(repo: Path, main_sha: str, head_sha: str) -> str | None:
+    """The commit to measure for a PR: its head merged into main (what would land), or None on conflict.
+
+    A head that already contains main is measured as it is. Otherwise the merge is made with `git
+    merge-tree` and `git commit-tree` (an object in the repository, no ref, no work tree), fixed author
+    and dates, so the commit is the same for the same (main, head) on every box.
+    """
+    if _git_run(repo, "merge-base", "--is-ancestor", main_sha, head_sha).returncode == 0:
+        return head_sha
+    merged = _git_run(repo, "merge-tree", "--write-tree", main_sha, head_sha)
+    if merged.returncode == 1:
+        return None  # conflicts
+    if merged.returncode != 0:
+        raise BuildError(f"git merge-tree {main_sha[:12]} {head_sha[:12]} failed in {repo}: "
+                         f"{merged.stderr.strip()[-500:] or 'no output'}")
+    tree = merged.stdout.split("\n", 1)[0].strip()
+    env = _git_environ(os.environ) | {
+        "GIT_AUTHOR_NAME": "evalbot", "GIT_AUTHOR_EMAIL": "evalbot@localhost", "GIT_AUTHOR_DATE": _MERGE_STAMP,
+        "GIT_COMMITTER_NAME": "evalbot", "GIT_COMMITTER_EMAIL": "evalbot@localhost",
+        "GIT_COMMITTER_DATE": _MERGE_STAMP,
+    }  # fmt: skip
+    made = subprocess.run(["git", "-C", str(repo), "commit-tree", tree, "-p", main_sha, "-p", head_sha, "-m",
+                           f"evalbot: {head_sha[:12]} merged into main {main_sha[:12]}"],
+                          capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+    if made.returncode != 0 or not _SHA.fullmatch(made.stdout.strip()):
+        raise BuildError(f"git commit-tree failed in {repo}: {made.stderr.strip()[-500:] or 'no output'}")
+    return made.stdout.strip()
 
 
 # ---------------------------------------------------------------- checkouts
@@ -368,6 +401,79 @@ def engine_identity(worktree: Worktree, build: BuildResult) -> dict[str, Any]:
         "cached": build.cached,
         "build_key": build.key_sha256,
     }
+
+
+# Runs under a built venv's interpreter with -I -S: no site, so no .pth file (the revision's code) runs.
+# It resolves each module the way the venv's site would set sys.path (its site directories, plus the
+# plain directories its .pth files add), without importing anything, and lists every file that runs at
+# start-up (.pth, sitecustomize, usercustomize) with its sha256.
+_HARNESS_PROBE = """\
+import hashlib, importlib.machinery as mach, json, os, sys, sysconfig
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+site = []
+for key in ("purelib", "platlib"):
+    p = sysconfig.get_paths()[key]
+    if p not in site and os.path.isdir(p):
+        site.append(p)
+startup, search = {}, list(site)
+for d in site:
+    for name in sorted(os.listdir(d)):
+        full = os.path.join(d, name)
+        if name.endswith(".pth") or name.split(".")[0] in ("sitecustomize", "usercustomize"):
+            startup[name] = digest(full) if os.path.isfile(full) else "not a file"
+        if name.endswith(".pth") and os.path.isfile(full):
+            for line in open(full, encoding="utf-8", errors="replace"):
+                line = line.strip()
+                extra = os.path.join(d, line)
+                if line and not line.startswith(("#", "import ", "import\t")) and os.path.isdir(extra):
+                    search.append(extra)
+found = {}
+for module in sys.argv[1:]:
+    name = module[: -len(".__init__")] if module.endswith(".__init__") else module
+    parts, where, spec = name.split("."), search, None
+    for i in range(len(parts)):
+        spec = mach.PathFinder.find_spec(".".join(parts[: i + 1]), where)
+        if spec is None:
+            break
+        where = list(spec.submodule_search_locations or [])
+    origin = spec.origin if spec is not None and spec.has_location else None
+    base = next((d for d in search if origin and origin.startswith(d + os.sep)), None)
+    found[module] = None if spec is None else {
+        "loader": type(spec.loader).__name__,
+        "file": os.path.relpath(origin, base) if base else origin,
+        "sha256": digest(origin) if origin and os.path.isfile(origin) else None,
+    }
+print(json.dumps({"modules": found, "startup": startup}, sort_keys=True))
+"""
+
+
+def harness_fingerprint(venv: Path, modules: Iterable[str], timeout_s: float = 60) -> dict[str, Any]:
+    """How a built venv resolves each harness module (loader, file, sha256) and which start-up files
+    (.pth, sitecustomize) it holds; BuildError if the probe cannot run."""
+    try:
+        proc = subprocess.run([str(venv / "bin" / "python"), "-I", "-S", "-c", _HARNESS_PROBE, *modules],
+                              capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})  # fmt: skip
+        return json.loads(proc.stdout)
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        raise BuildError(f"cannot inspect the harness modules of {venv}: {exc}") from exc
+
+
+def harness_drift(base: dict[str, Any], head: dict[str, Any]) -> list[str]:
+    """How the head's built harness differs from main's (empty when byte-identical). Pure."""
+    out = []
+    for module, want in sorted(base.get("modules", {}).items()):
+        got = head.get("modules", {}).get(module)
+        if got != want:
+            shown = "missing" if got is None else f"{got.get('file')} ({got.get('loader')})"
+            out.append(f"{module} resolves to {shown}, not main's {want and want.get('file')}")
+    b, h = base.get("startup", {}), head.get("startup", {})
+    for name in sorted(set(b) | set(h)):
+        if b.get(name) != h.get(name):
+            out.append(f"start-up file {name} {'is new' if name not in b else 'differs from main' if name in h else 'is gone'}")
+    return out
 
 
 def _probe(python: str | Path, log: IO[str], deadline: float) -> dict[str, Any]:

@@ -42,6 +42,7 @@ def receipt(m: Measurements, v: Verdict, key: Ed25519PrivateKey | None) -> dict[
     try:
         body = receipts.build_receipt(
             pr=p.pr, head_sha=p.head_sha, base_sha=p.base_sha, harness_sha=p.harness_sha, rules_hash=p.rules_hash,
+            measured_sha=p.measured_sha or None,
             model_sha256s=p.model_sha256s, engine_build=p.engine_build, box=p.box, measurements=to_dict(m),
             verdict=to_dict(v), started_at=p.started_at, finished_at=p.finished_at,
             reference=p.reference)  # fmt: skip

@@ -32,7 +32,7 @@ from evalbot.model import (
     SpecResult,
     ThroughputPairs,
 )
-from evalbot.policy.sensitive_paths import sensitive_hits
+from evalbot.policy.sensitive_paths import harness_hits
 from evalbot.rules import Profile, Quiet, Rules
 
 Log = Callable[[str], None]
@@ -118,15 +118,24 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
         return Measurements(provenance=p, reproduce=reproduce, box_samples=tuple(samples), **kw)
 
     cfg.work_root.mkdir(parents=True, exist_ok=True)
+    # what is measured is what would merge: the head merged into main (the head itself when it holds main)
     try:
-        base_wt = builds.prepare_worktree(cfg.repo, cfg.base, cfg.work_root / "worktrees")
-        head_wt = builds.prepare_worktree(cfg.repo, cfg.head, cfg.work_root / "worktrees")
+        base_sha, _ = builds.resolve(cfg.repo, cfg.base)
+        head_sha, _ = builds.resolve(cfg.repo, cfg.head)
+        measured = builds.merge_commit(cfg.repo, base_sha, head_sha)
+        shas: dict[str, Any] = {"base_sha": base_sha, "head_sha": head_sha, "measured_sha": measured or "",
+                                "harness_sha": base_sha}
+        if measured is None:
+            return done(prov=shas, skipped_reason=f"the PR conflicts with main {base_sha[:12]}: rebase it and push")
+        base_wt = builds.prepare_worktree(cfg.repo, base_sha, cfg.work_root / "worktrees")
+        head_wt = builds.prepare_worktree(cfg.repo, measured, cfg.work_root / "worktrees")
     except builds.BuildError as exc:
         return done(failures=(Failure(Side.HARNESS, "git", str(exc)),))
-    shas: dict[str, Any] = {"base_sha": base_wt.sha, "head_sha": head_wt.sha, "harness_sha": base_wt.sha}
-    hits = sensitive_hits(builds.changed_paths(cfg.repo, base_wt.sha, head_wt.sha), cfg.rules.policy.sensitive_paths)
+    hits = harness_hits(builds.changed_paths(cfg.repo, base_sha, head_sha), cfg.rules)
     if hits:
-        shown = ", ".join(hits[:8]) + (" …" if len(hits) > 8 else "")
+        # names come from git with surrogateescape: show undecodable bytes as U+FFFD, never crash on them
+        shown = ", ".join(h.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for h in hits[:8])
+        shown += " …" if len(hits) > 8 else ""
         return done(prov=shas, skipped_reason=f"the PR changes sensitive paths, which the bot never runs: {shown}")
     if not cfg.no_sandbox and not sandbox.sandbox_available():
         return done(prov=shas, failures=(Failure(Side.HARNESS, "sandbox",
@@ -167,6 +176,19 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
         shas |= {"engine_build": engine_build}
         if failure:
             return done(prov=shas, failures=(failure,))
+        # the harness, as the head's venv will import it, must be main's byte for byte: packaging
+        # (pyproject.toml, setup.py, package data, a .pth file) can put other bytes in place of a file
+        # the PR never touched
+        modules = cfg.rules.policy.harness_modules
+        if modules:
+            try:
+                drift = builds.harness_drift(*(builds.harness_fingerprint(ctx.sides[s].build.venv, modules)  # type: ignore[arg-type]
+                                               for s in (Side.BASE, Side.HEAD)))
+            except builds.BuildError as exc:
+                return done(prov=shas, failures=(Failure(Side.HARNESS, "harness", str(exc)),))
+            if drift:
+                return done(prov=shas, skipped_reason="the built PR does not import main's harness, so the bot "
+                            "never runs it: " + "; ".join(drift[:5]))
         # 3. the A/B pairs, on a quiet box, then the gates
         throughput: list[ThroughputPairs] = []
         accuracy: list[AccuracyResult] = []

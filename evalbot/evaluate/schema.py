@@ -24,6 +24,9 @@ _REL_TOL = 1e-6
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+MAX_PROBLEMS_SHOWN = 10  # a record with 5,000 bad fields must not make a 500k-character message
+
+
 class RecordError(ValueError):
     """An engine record could not be parsed or is invalid; problems lists every reason."""
 
@@ -82,7 +85,9 @@ def parse_and_validate(stdout: str, command: str) -> dict[str, Any]:
     record = parse_record(stdout, command)
     problems = validate(record, command)
     if problems:
-        raise RecordError("; ".join(problems), tuple(problems))
+        shown = [p if len(p) <= 300 else p[:299] + "…" for p in problems[:MAX_PROBLEMS_SHOWN]]
+        more = len(problems) - len(shown)
+        raise RecordError("; ".join(shown) + (f"; and {more} more problems" if more > 0 else ""), tuple(problems))
     return record
 
 

@@ -3,12 +3,14 @@
 ``intake`` applies the rules in a fixed order, one module each:
 
 1. drafts          a draft (or a PR no longer open) is ignored: no labels, no comment;
-2. blocklist       anyone behind the PR blocked: flagged and closed, never evaluated;
-3. sensitive_paths the PR could change the judge: skipped (maintainers exempt);
-4. cap             beyond the author's open-PR cap: skipped until an older one closes;
-5. stale           exhausted (too many fruitless verdicts) or stale (no recent push): skipped;
-6. template        no ticked Tested box and gaining before/after table: needs-benchmark;
-7. areas           area labels from the paths.
+2. blocklist       anyone behind the PR (opener, authors, co-authors, committers) blocked: flagged and
+                   closed, never evaluated;
+3. complete        GitHub listed the PR's commits or files only in part: skipped, asked to squash;
+4. sensitive_paths the PR could change the judge: skipped (maintainers exempt);
+5. cap             beyond the author's open-PR cap: skipped until an older one closes;
+6. stale           exhausted (too many fruitless verdicts) or stale (no recent push): skipped;
+7. template        no ticked Tested box and gaining before/after table: needs-benchmark;
+8. areas           area labels from the paths.
 
 The first rule that stops evaluation ends the chain, so a PR gets one reason, the most fundamental.
 Areas are labelled on every PR that is neither ignored nor closed. The decision carries the full label
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from evalbot.model import PullRequest, Verdict
-from evalbot.policy import areas, blocklist, cap, drafts, sensitive_paths, stale, template
+from evalbot.policy import areas, blocklist, cap, complete, drafts, sensitive_paths, stale, template
 from evalbot.policy.decision import Action, PolicyDecision, is_maintainer
 from evalbot.policy.template import ClaimGap, TemplateFacts, claim_gap, parse_body
 from evalbot.rules import Rules
@@ -87,17 +89,18 @@ def intake_labels(rules: Rules) -> frozenset[str]:
 
 def intake(pr: PullRequest, rules: Rules, context: IntakeContext) -> IntakeDecision:
     """Decide what to do with one PR on intake (see the module docstring for the order)."""
-    claim = parse_body(pr.body)
+    claim = template.parse_body(pr.body)  # once: every rule and the report use these facts
     draft = drafts.check(pr, rules)
     if draft is not None:
         return IntakeDecision(False, False, (), (), None, (draft,), (), claim)
 
     chain = (
         lambda: blocklist.check(pr, rules, context.blocked),
+        lambda: complete.check(pr, rules),
         lambda: sensitive_paths.check(pr, rules),
         lambda: cap.check(pr, rules, context.open_prs),
         lambda: stale.check(pr, rules, context.verdicts, context.now, context.last_push_at),
-        lambda: template.check(pr, rules),
+        lambda: template.check(pr, rules, claim),
     )
     fired: list[PolicyDecision] = []
     for rule in chain:

@@ -1,4 +1,4 @@
-"""Blocklist: a PR opened, authored or committed by a blocked person is flagged and closed unevaluated.
+"""Blocklist: a PR opened, authored, co-authored or committed by a blocked person is flagged and closed unevaluated.
 
 The blocklist is the rules' ``policy.blocklist`` joined with the store's (maintainers' ``block`` commands),
 passed in as data. Logins compare case-insensitively, as GitHub's do. A commit whose email maps to no
@@ -33,6 +33,8 @@ def blocked_people(pr: PullRequest, blocked: Iterable[str]) -> tuple[tuple[str, 
             see(f"git author name of {c.sha[:12]}", c.author_name.strip())
         if c.committer is None:
             see(f"git committer name of {c.sha[:12]}", c.committer_name.strip())
+        for who in c.co_authors:
+            see(f"co-author of {c.sha[:12]}", who)
     return tuple(found)
 
 

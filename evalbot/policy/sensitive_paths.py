@@ -30,9 +30,37 @@ def sensitive_hits(paths: Iterable[str], sensitive: Iterable[str]) -> tuple[str,
     return tuple(hits)
 
 
+def shadows(path: str, module: str) -> bool:
+    """Whether a file at path could be imported as module (dotted; `pkg.__init__` names a package's
+    own code): the module's file under any suffix (.py, .pyc, an extension module's .so), a package
+    directory of that name (which wins over the file), or its bytecode in __pycache__."""
+    parts = module.split(".")
+    stem = "/".join(parts)
+    folder, leaf = "/".join(parts[:-1]), parts[-1]
+    if path == stem or path.startswith(stem + "/"):
+        return True
+    where, _, name = path.rpartition("/")
+    if name.split(".", 1)[0] != leaf or "." not in name:
+        return False
+    return where == folder or where == (f"{folder}/__pycache__" if folder else "__pycache__")
+
+
+def module_hits(paths: Iterable[str], modules: Iterable[str]) -> tuple[str, ...]:
+    """The paths (in order, each once) that could be imported as one of the harness modules."""
+    mods = tuple(modules)
+    return tuple(dict.fromkeys(p for p in paths if any(shadows(p, m) for m in mods)))
+
+
+def harness_hits(paths: Iterable[str], rules: Rules) -> tuple[str, ...]:
+    """Sensitive paths and harness-module shadows among paths, in order, each once."""
+    paths = tuple(paths)
+    return tuple(dict.fromkeys((*sensitive_hits(paths, rules.policy.sensitive_paths),
+                                *module_hits(paths, rules.policy.harness_modules))))
+
+
 def check(pr: PullRequest, rules: Rules) -> PolicyDecision | None:
-    """SKIP a non-maintainer's PR that touches a sensitive path; None otherwise."""
-    hits = sensitive_hits(pr.paths, rules.policy.sensitive_paths)
+    """SKIP a non-maintainer's PR that touches a sensitive path or shadows a harness module; None otherwise."""
+    hits = harness_hits(pr.paths, rules)
     if not hits or is_maintainer(pr):
         return None
     listed = "\n".join(f"- {escape_md(p, limit=200)}" for p in hits[:_LISTED])

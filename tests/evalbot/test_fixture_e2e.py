@@ -339,6 +339,17 @@ def test_a_reference_that_dies_by_a_signal_is_infra_within_a_minute_naming_the_s
     assert run.measurements["throughput"] == [] and "head" not in run.measurements["provenance"]["engine_build"]
 
 
+def test_a_pr_that_repoints_packaging_at_another_harness_is_never_run(lab: Lab):
+    """No harness file changes, but pyproject.toml builds engine/ from a copy whose cli.py is rigged:
+    the built venv's engine.cli differs from main's byte for byte, so the bot never runs it."""
+    fb.add_branch(lab.repo, fb.package_dir_branch())
+    run = evaluate(lab, "package-dir", "--no-spec", "--no-accuracy")
+    assert run.code == 4 and run.verdict["status"] == "SKIPPED", run.verdict
+    reason = run.verdict["reasons"][0]
+    assert "does not import main's harness" in reason and "engine.cli" in reason
+    assert run.measurements["throughput"] == []
+
+
 HOG = "import sys, time; open('/proc/self/comm', 'w').write('evalbot-hog')\nwhile True: pass"
 
 

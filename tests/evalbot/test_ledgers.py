@@ -59,8 +59,10 @@ def test_blocked_round_trips_dedups_and_rejects_non_logins():
     assert parse_blocked("# only comments\n\n  octo-cat  # hand added\n") == [
         BlockedEntry("octo-cat", "hand added")
     ]
-    with pytest.raises(LedgerError, match="blocked-contributors.txt:2"):
-        parse_blocked("ok\nnot a login!\n")
+    problems: list[str] = []
+    hostile = "ok\nnot a login!\n../x\n-x\n" + "a" * 200 + "\nalice#x\nbob alice\n"
+    assert parse_blocked(hostile, problems.append) == [BlockedEntry("ok"), BlockedEntry("alice", "x")]
+    assert [p.split(":")[1] for p in problems] == ["2", "3", "4", "5", "7"]  # reported by line, skipped
 
 
 def test_commit_and_read_back_through_a_bare_remote(tmp_path: Path):

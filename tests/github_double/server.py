@@ -211,11 +211,21 @@ def _comments(s: GitHubState, r: Request) -> Answer:
     return _page(s, comments, r[1], f"/repos/{s.owner}/{s.name}/issues/{p.number}/comments")
 
 
+COMMENT_MAX_CHARS = 65536  # GitHub's limit on an issue comment's body
+
+
+def _check_comment_body(body: Any) -> str:
+    if not isinstance(body, dict) or not isinstance(body.get("body"), str) or not body["body"]:
+        raise Refusal(422, "Invalid request: body is missing or empty.")
+    if len(body["body"]) > COMMENT_MAX_CHARS:
+        raise Refusal(422, f"Validation Failed: body is too long (maximum is {COMMENT_MAX_CHARS} characters)")
+    return body["body"]
+
+
 @route("comments.create", "POST", REPO + r"/issues/(?P<number>\d+)/comments")
 def _comment_create(s: GitHubState, r: Request) -> Answer:
     p, body = _pull(s, r[0]), r[2] or {}
-    if not isinstance(body.get("body"), str) or not body["body"]:
-        raise Refusal(422, "Invalid request: body is missing or empty.")
+    _check_comment_body(body)
     now = s.tick()
     c = CommentState(s.new_id(), p.number, s.bot, body["body"], now, now)
     s.comments[c.id] = c
@@ -227,8 +237,7 @@ def _comment_edit(s: GitHubState, r: Request) -> Answer:
     c, body = s.comments.get(int(r[0]["comment"])), r[2] or {}
     if c is None:
         raise Refusal(404, "Not Found")
-    if not isinstance(body.get("body"), str) or not body["body"]:
-        raise Refusal(422, "Invalid request: body is missing or empty.")
+    _check_comment_body(body)
     c.body, c.updated_at = body["body"], s.tick()
     return Answer(200, shapes.comment(s, c))
 
