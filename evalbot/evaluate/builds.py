@@ -412,9 +412,13 @@ import hashlib, importlib.machinery as mach, json, os, sys, sysconfig
 def digest(path):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
+# without site, sys.prefix is the base interpreter's: the venv is the folder above bin/python
+venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+if not os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
+    raise SystemExit("not a venv: " + venv)
 site = []
 for key in ("purelib", "platlib"):
-    p = sysconfig.get_paths()[key]
+    p = sysconfig.get_paths(vars={"base": venv, "platbase": venv})[key]
     if p not in site and os.path.isdir(p):
         site.append(p)
 startup, search = {}, list(site)
@@ -456,6 +460,9 @@ def harness_fingerprint(venv: Path, modules: Iterable[str], timeout_s: float = 6
         proc = subprocess.run([str(venv / "bin" / "python"), "-I", "-S", "-c", _HARNESS_PROBE, *modules],
                               capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})  # fmt: skip
+        if proc.returncode != 0:
+            raise BuildError(f"cannot inspect the harness modules of {venv}: the probe {describe_exit(proc.returncode)}: "
+                             f"{proc.stderr.strip()[-500:]}")
         return json.loads(proc.stdout)
     except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
         raise BuildError(f"cannot inspect the harness modules of {venv}: {exc}") from exc
