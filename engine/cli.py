@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from engine import generate as gen
-from engine import ops
+from engine import ops, serve
 from engine import speculative as spec
 from engine.gguf import GGUFError
 from engine.models import FetchError
@@ -306,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--top-p", type=float, default=1.0)
     sp.add_argument("--seed", type=int, default=0)
     sp.set_defaults(func=cmd_spec)
+    serve.add_parser(sub)
     return parser
 
 
@@ -314,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        if getattr(args, "serve", False):
+            return serve.serve(args)
         emit(args.func(args))
     except (FetchError, GGUFError, TokenizerError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

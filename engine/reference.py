@@ -316,6 +316,73 @@ def greedy_generate(
     }
 
 
+_AUDIT_SCHEMA = "evalbot.reference.audit/1"
+
+
+def _audit_key(model_sha: str, build: dict[str, Any], prompt: list[int], tokens: list[int]) -> str:
+    blob = json.dumps({"schema": _AUDIT_SCHEMA, "model_sha256": model_sha, "lib_sha256": build.get("lib_sha256"),
+                       "cmake_args": build.get("cmake_args"), "llama_cpp": build.get("llama_cpp_python"),
+                       "flash_attn": FLASH_ATTN, "prompt": prompt, "tokens": tokens}, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _row_summary(logits: np.ndarray) -> tuple[int, float]:
+    """(argmax, top-1 minus top-2 log-probability) of one row of raw logits."""
+    top2 = np.partition(logits, -2)[-2:]
+    return int(logits.argmax()), float(top2[1] - top2[0])  # a logit gap is the log-probability gap
+
+
+def audit_sequences(
+    model_path: Path, items: list[dict[str, Any]], *, model_sha: str | None = None, n_threads: int | None = None
+) -> list[dict[str, Any]]:
+    """For each {key, prompt, tokens}: llama.cpp's argmax and top-2 margin at every position that
+    predicts one of the tokens, teacher-forced on those tokens. Sequences sharing a prompt evaluate it
+    once (the state after it is saved and restored); each result is cached by the sequence's hash."""
+    sha = model_sha or model_sha256(model_path)
+    build = build_identity()
+    out: dict[str, dict[str, Any]] = {}
+    todo: dict[tuple[int, ...], list[tuple[dict[str, Any], str]]] = {}
+    root = reference_cache_dir() / "audit"
+    for item in items:
+        prompt, tokens = [int(t) for t in item["prompt"]], [int(t) for t in item["tokens"]]
+        key = _audit_key(sha, build, prompt, tokens)
+        try:
+            out[item["key"]] = {"key": item["key"], **json.loads((root / f"{key}.json").read_text()), "cached": True}
+        except (OSError, ValueError):
+            todo.setdefault(tuple(prompt), []).append((item, key))
+    if todo:
+        longest = max(len(p) + max(len(i["tokens"]) for i, _ in group) for p, group in todo.items())
+        llm, _ = open_llama(model_path, aligned_ctx(longest + 1), logits_all=False,
+                            n_threads=n_threads or default_threads())
+        try:
+            for prompt, group in todo.items():
+                llm.reset()
+                llm.eval(list(prompt))
+                first_row = _last_logits(llm)
+                state = llm.save_state()
+                for item, key in group:
+                    llm.load_state(state)
+                    argmax, margin, row = [], [], first_row
+                    for t in item["tokens"]:
+                        a, m = _row_summary(row)
+                        argmax.append(a)
+                        margin.append(m)
+                        llm.eval([int(t)])
+                        row = _last_logits(llm)
+                    result = {"argmax": argmax, "margin": margin}
+                    out[item["key"]] = {"key": item["key"], **result, "cached": False}
+                    try:
+                        root.mkdir(parents=True, exist_ok=True)
+                        tmp = root / f".{key}.{os.getpid()}.partial"
+                        tmp.write_text(json.dumps(result))
+                        os.replace(tmp, root / f"{key}.json")
+                    except OSError as exc:
+                        print(f"warning: cannot write the audit cache: {exc}", file=sys.stderr)
+        finally:
+            _close(llm)
+    return [out[item["key"]] for item in items]
+
+
 def _bench_once(llm: Any, prompt: list[int], n_gen: int) -> tuple[float, float]:
     """(prefill seconds for the prompt, decode seconds for n_gen single-token greedy steps after it)."""
     llm.reset()
@@ -520,6 +587,33 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def cmd_audit(args: argparse.Namespace) -> dict[str, Any]:
+    path = resolve(args.model)
+    sha = model_sha256(path)
+    items = []
+    for number, line in enumerate(Path(args.requests).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            ok = isinstance(item, dict) and isinstance(item.get("key"), str) and all(
+                isinstance(item.get(f), list) and item[f] and all(isinstance(t, int) for t in item[f])
+                for f in ("prompt", "tokens"))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ReferenceFailure(f"{args.requests}:{number}: expected {{key, prompt: [ids], tokens: [ids]}}")
+        items.append(item)
+    t0 = time.perf_counter()
+    results = audit_sequences(path, items, model_sha=sha, n_threads=args.threads)
+    Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in results))
+    return make_record("audit", engine=ENGINE_NAME, model_sha256=sha, device="cpu",
+                       config={"flash_attn": FLASH_ATTN, "reference_build": build_identity()},
+                       timings={"audit_s": time.perf_counter() - t0},
+                       counts={"sequences": len(items), "cached": sum(r["cached"] for r in results)},
+                       path=str(args.out))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine.reference", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -554,6 +648,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new", type=int, default=64)
     g.add_argument("--no-stop", dest="stop", action="store_false", help="do not stop at end-of-turn tokens")
     g.set_defaults(func=cmd_generate)
+
+    a = sub.add_parser("audit", help="argmax and top-2 margin at every generated position, teacher-forced")
+    common(a)
+    a.add_argument("--requests", required=True, help="JSON lines {key, prompt: [ids], tokens: [ids]}")
+    a.add_argument("--out", required=True, help="JSON lines {key, argmax, margin, cached}")
+    a.set_defaults(func=cmd_audit)
 
     b = sub.add_parser("bench", help="prefill and decode throughput at a context length")
     common(b)

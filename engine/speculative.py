@@ -183,8 +183,10 @@ class SpecGeneration:
 
 def speculative_generate(target: Session, drafter: Drafter, prompt: Sequence[int], max_new: int,
                          block_size: int = DEFAULT_BLOCK, params: SamplingParams | None = None,
-                         stop_ids: frozenset[int] = frozenset(), verifier: Verifier = default_verifier) -> SpecGeneration:
-    """Generate max_new tokens with the target, B-1 drafted tokens checked per target forward pass."""
+                         stop_ids: frozenset[int] = frozenset(), verifier: Verifier = default_verifier,
+                         on_step: Callable[[list[int]], None] | None = None) -> SpecGeneration:
+    """Generate max_new tokens with the target, B-1 drafted tokens checked per target forward pass.
+    `on_step` receives the tokens each step commits, the prefill's first token as a step of its own."""
     if block_size < 1:
         raise ValueError(f"block size must be >= 1, got {block_size}")
     if len(prompt) + max_new > target.cache.max_seq:
@@ -203,6 +205,8 @@ def speculative_generate(target: Session, drafter: Drafter, prompt: Sequence[int
     out.prefill_s = t1 - t0
     committed = [*prompt, first]
     new = [first]
+    if on_step:
+        on_step([first])
     while len(new) < max_new and new[-1] not in stop_ids:
         k = min(block_size - 1, max_new - len(new) - 1)  # never draft past the requested length
         drafts, q = drafter.propose(committed, k, params, gen)
@@ -217,8 +221,12 @@ def speculative_generate(target: Session, drafter: Drafter, prompt: Sequence[int
         drafter.commit(committed)
         if stop_ids and any(t in stop_ids for t in step):
             cut = next(i for i, t in enumerate(new) if t in stop_ids)
+            if on_step:
+                on_step(step[: len(step) - (len(new) - cut - 1)])
             new = new[: cut + 1]
             break
+        if on_step:
+            on_step(step)
     target._sync()
     out.decode_s = time.perf_counter() - t1
     out.token_ids = new[:max_new]

@@ -76,6 +76,9 @@ class ThroughputPairs:
     # own timings report (load + warm-up + timed runs); the difference is time nobody accounted for
     walls: tuple[tuple[float, float], ...] = ()
     reported: tuple[tuple[float, float], ...] = ()
+    # per pair, the process block it was measured in: pairs of one block share their processes, so the
+    # CI treats blocks as clusters (stats.estimate_blocked); empty for fresh-process pairs
+    blocks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,27 @@ class AccuracyResult:
 
 
 @dataclass(frozen=True)
+class DecodeAudit:
+    """The timed tokens of one side at one context, checked against a reference (teacher-forced on them)."""
+
+    model: str
+    context: int
+    side: Side
+    reference: str  # "llama.cpp", or "main" where the weights are random (no file for llama.cpp)
+    requests: int
+    tokens: int
+    agreeing: int  # generated tokens that are the reference's top-1
+    near_ties: int  # disagreements where the reference's top two are closer than the rules' bound
+    violations: int  # disagreements that are not near-ties
+    worst: tuple[dict[str, Any], ...] = ()  # the largest-margin violations: request, position, margin
+
+    @property
+    def share(self) -> float:
+        """Share of generated tokens that agree with the reference's top-1."""
+        return self.agreeing / self.tokens if self.tokens else 0.0
+
+
+@dataclass(frozen=True)
 class SpecResult:
     """Speculative decoding, base vs head, same prompts and drafter."""
 
@@ -105,6 +129,9 @@ class SpecResult:
     head_tau: float
     ar_pairs: tuple[tuple[float, float], ...] = ()  # (base, head) AR tok/s
     spec_pairs: tuple[tuple[float, float], ...] = ()  # (base, head) speculative tok/s
+    context: int | None = None  # prompt tokens (served runs measure spec at every scored context)
+    base_tau_runs: tuple[float, ...] = ()  # per run: tokens committed per verify step, as streamed
+    head_tau_runs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,6 +171,10 @@ class Measurements:
     failures: tuple[Failure, ...] = ()
     skipped_reason: str | None = None
     reproduce: str = ""  # the exact command that reproduces the run locally
+    audits: tuple[DecodeAudit, ...] = ()  # the timed tokens, checked against the reference
+    # what the harness noticed that decides nothing: the engine's own timings far from the harness's
+    # clock, the engine's own token count disagreeing with what it streamed, a tau that moved
+    diagnostics: tuple[str, ...] = ()
     # the box's state at every A/B pair: time, model, context, pair, CPU load, the cores other processes
     # used before and during the pair (and their names), the seconds waited for a quiet box, and the
     # GPU's clocks, temperature and utilization when nvidia-smi answers

@@ -322,6 +322,7 @@ def _context(verdict: Verdict, measurements: Measurements, signature_status: str
         "failed_gates": [g for g in gates if not g.passed],
         "accuracy": accuracy,
         "spec": spec,
+        "audits": measurements.audits,
         "failures": measurements.failures[:_MAX_FAILURES],
         "failures_omitted": max(len(measurements.failures) - _MAX_FAILURES, 0),
         "log_lines": _LOG_LINES,

@@ -107,10 +107,19 @@ class SpecGate:
 
 @dataclass(frozen=True)
 class TimingGate:
-    # An engine process's wall time (seen from outside) less what its own timings report is its
-    # untimed time (start-up, imports, exit). A PR's may exceed main's by at most this share of main's
-    # wall time: a PR that slows or fakes the clock it is timed by leaves its real time unexplained.
-    max_untimed_growth: float = 0.2
+    # The harness times every token itself; an engine's own timings are diagnostics. When they differ
+    # from the harness's clock by more than this share, the report says so (it decides nothing).
+    max_self_report_gap: float = 0.2
+
+
+@dataclass(frozen=True)
+class DecodeAuditGate:
+    # The timed tokens, teacher-forced through the reference: this share must be its top-1, and every
+    # other one a near-tie (the reference's top two closer than near_tie, in log-probability).
+    top1_min: float = 0.95
+    near_tie: float = 1.0
+    share: float = 0.25  # of each side's timed requests, at every context...
+    min_requests: int = 4  # ...and never fewer than this
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,7 @@ class Gates:
     accuracy: AccuracyGate
     spec: SpecGate
     timing: TimingGate = TimingGate()
+    decode_audit: DecodeAuditGate = DecodeAuditGate()
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,8 @@ class Measurement:
     time_budget_s: int
     run_timeout_s: int = 600  # wall limit of one engine process; past it the run is killed
     max_output_mb: int = 64  # stdout or stderr of one run beyond this stops it
+    pairs_per_block: int = 4  # pairs per context in each block of fresh serving processes
+    min_blocks: int = 3  # the CI treats blocks as clusters: at least this many
 
 
 @dataclass(frozen=True)
@@ -678,11 +690,21 @@ def _label_owners(tiers: tuple[Tier, ...], labels: Labels) -> dict[str, str]:
 
 def _gates(f: _File, root: yaml.Node) -> Gates:
     present = {key for key, _, _ in f.items(root, "gates")}
-    m = f.mapping(root, "gates", ("no_regression", "accuracy", "spec", *(("timing",) if "timing" in present else ())))
+    optional = [k for k in ("timing", "decode_audit") if k in present]
+    m = f.mapping(root, "gates", ("no_regression", "accuracy", "spec", *optional))
     timing = TimingGate()
     if "timing" in m:
-        tm = f.mapping(m["timing"], "gates.timing", ("max_untimed_growth",))
-        timing = TimingGate(f.fraction(tm["max_untimed_growth"], "gates.timing.max_untimed_growth"))
+        tm = f.mapping(m["timing"], "gates.timing", ("max_self_report_gap",))
+        timing = TimingGate(f.fraction(tm["max_self_report_gap"], "gates.timing.max_self_report_gap"))
+    audit = DecodeAuditGate()
+    if "decode_audit" in m:
+        da = f.mapping(m["decode_audit"], "gates.decode_audit", ("top1_min", "near_tie", "share", "min_requests"))
+        audit = DecodeAuditGate(
+            top1_min=f.fraction(da["top1_min"], "gates.decode_audit.top1_min"),
+            near_tie=f.number(da["near_tie"], "gates.decode_audit.near_tie", 0, None),
+            share=f.ratio(da["share"], "gates.decode_audit.share"),
+            min_requests=f.integer(da["min_requests"], "gates.decode_audit.min_requests"),
+        )
     nr = f.mapping(m["no_regression"], "gates.no_regression", ("min_ratio",))
     acc = f.mapping(m["accuracy"], "gates.accuracy", ("top1_min", "mean_kl_max"))
     sp_keys = ("runs", "lossless_runs_min", "tau_min_ratio", "ar_speed_min_ratio")
@@ -710,6 +732,7 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
             ),
         ),
         timing=timing,
+        decode_audit=audit,
     )
 
 
@@ -772,7 +795,7 @@ def _quiet(f: _File, node: yaml.Node, field: str) -> Quiet:
     )
 
 
-_OPTIONAL_MEASUREMENT = ("run_timeout_s", "max_output_mb")
+_OPTIONAL_MEASUREMENT = ("run_timeout_s", "max_output_mb", "pairs_per_block", "min_blocks")
 
 
 def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:

@@ -329,6 +329,36 @@ def estimate(pairs: Sequence[tuple[float, float]], confidence: float = 0.95) -> 
     )
 
 
+def estimate_blocked(pairs: Sequence[tuple[float, float]], blocks: Sequence[int],
+                     confidence: float = 0.95) -> PairedEstimate:
+    """The paired estimate with process blocks as clusters: pairs measured in the same pair of serving
+    processes share those processes' offsets, so the interval is a t-interval over the blocks' mean
+    log-ratios (J blocks, J - 1 degrees of freedom), and so is the MDE. With one block (or no blocks
+    given) it is `estimate` over the pairs."""
+    if len(blocks) != len(pairs):
+        raise StatsError(f"{len(pairs)} pairs but {len(blocks)} block labels")
+    groups: dict[int, list[float]] = {}
+    for b, d in zip(blocks, _log_ratios(pairs), strict=True):
+        groups.setdefault(b, []).append(d)
+    if len(groups) < 2:
+        return estimate(pairs, confidence)
+    _check_confidence(confidence)
+    means = [math.fsum(v) / len(v) for _, v in sorted(groups.items())]
+    j = len(means)
+    mean, sd = _mean_sd(means)
+    hw = _half_width(sd, j, confidence)
+    if sd == 0.0:
+        p_value = 0.5 if abs(mean) <= _LOG_RESOLUTION else (0.0 if mean > 0 else 1.0)
+    else:
+        t_stat = mean / (sd / math.sqrt(j))
+        p_value = _t_upper_tail(t_stat, j - 1) if t_stat >= 0 else 1.0 - _t_upper_tail(-t_stat, j - 1)
+    return PairedEstimate(
+        n=len(pairs), ratio=math.exp(mean), ci_low=math.exp(mean - hw), ci_high=math.exp(mean + hw),
+        half_width=hw, sd_log=sd, mde=minimum_detectable_effect(sd, j, alpha=(1.0 - confidence) / 2.0),
+        p_value=p_value, confidence=confidence,
+    )
+
+
 # --- Adaptive stopping -------------------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@
 Order of precedence: a skipped evaluation is SKIPPED; a failure that is not the head's own fault
 (the harness, the box, a toolchain, or main failing too) is INFRA_ERROR and never counts against the
 contributor; otherwise every gate is evaluated and a failed correctness gate (accuracy, speculative
-decoding, timing honesty) is a REJECT. Then the A/B pairs must have resolved the smallest tier: with
+decoding, the decode audit) is a REJECT; main failing the decode audit too is INFRA_ERROR. Then the A/B pairs must have resolved the smallest tier: with
 an MDE above its floor at any scored context, the outcome is INCONCLUSIVE (infra-class, measured
 again), never a tier, a "PASS, no tier" or a regression. The one exception is a verdict no further
 pair could change: the top tier earned, and no guarded context anywhere near a regression. Tiers come from the lower bound of the gain's
@@ -19,6 +19,7 @@ from evalbot import stats
 from evalbot.model import (
     AccuracyResult,
     ContextEstimate,
+    DecodeAudit,
     Failure,
     Gate,
     Measurements,
@@ -55,7 +56,12 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
         return _verdict(rules, Status.INFRA_ERROR, reasons=("no throughput was measured",),
                         add=(rules.labels.infra_error,))
 
-    gates = [*_throughput_gates(estimates, rules), *_timing_gates(m.throughput, rules),
+    main_audit = [a for a in m.audits if a.side is Side.BASE and not _audit_passes(a, rules)]
+    if main_audit:  # main's own decode disagrees with the reference: the reference or the harness is off
+        return _verdict(rules, Status.INFRA_ERROR, add=(rules.labels.infra_error,), reasons=tuple(
+            f"main fails the decode audit too at ctx {a.context} ({a.share:.1%} agree, {a.violations} beyond a "
+            f"near-tie): a reference or harness problem, not the PR's" for a in main_audit))
+    gates = [*_throughput_gates(estimates, rules), *_audit_gates(m.audits, rules),
              *_accuracy_gates(m.accuracy, rules), *_spec_gates(m.spec, rules)]
     failed = [g for g in gates if not g.passed]
     scored = [e for e in estimates if e.scored and e.metric == "decode_tps"]
@@ -107,8 +113,8 @@ def _reject(rules: Rules, gates: list[Gate], failed: list[Gate], estimates: tupl
         add.append(rules.labels.accuracy_fail)
     if any(g.name.startswith("spec") for g in failed):
         add.append(rules.labels.spec_fail)
-    if any(g.name == "timing honesty" for g in failed):
-        add.append(rules.labels.gaming)
+    if any(g.name == "decode agreement" for g in failed):
+        add.append(rules.labels.accuracy_fail)
     reasons = tuple(_failed_reason(g) for g in failed)
     return _verdict(rules, Status.REJECT, gates=tuple(gates), reasons=reasons, add=tuple(add),
                     estimates=estimates, best=best, mde=mde, keep_tier=False)
@@ -124,7 +130,7 @@ def _describe(f: Failure) -> str:
 
 
 def _estimate(tp: ThroughputPairs, rules: Rules) -> ContextEstimate:
-    est = stats.estimate(tp.pairs)
+    est = stats.estimate_blocked(tp.pairs, tp.blocks) if tp.blocks else stats.estimate(tp.pairs)
     cls = stats.classify(est, [(t.name, t.lower_bound) for t in rules.tiers], rules.gates.no_regression.min_ratio)
     bases = sorted(b for b, _ in tp.pairs)
     heads = sorted(h for _, h in tp.pairs)
@@ -150,29 +156,24 @@ def _throughput_gates(estimates: Iterable[ContextEstimate], rules: Rules) -> lis
     ]
 
 
-def untimed_growth(walls: Iterable[tuple[float, float]], reported: Iterable[tuple[float, float]]) -> tuple[float, float, float]:
-    """(mean growth of the PR's untimed seconds over main's, its standard error, main's mean wall seconds)."""
-    w, r = list(walls), list(reported)
-    diffs = [(wh - rh) - (wb - rb) for (wb, wh), (rb, rh) in zip(w, r, strict=True)]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    se = (sum((d - mean) ** 2 for d in diffs) / (n - 1)) ** 0.5 / n**0.5 if n > 1 else float("inf")
-    return mean, se, sum(wb for wb, _ in w) / n
+def _audit_passes(a: DecodeAudit, rules: Rules) -> bool:
+    return a.share >= rules.gates.decode_audit.top1_min and a.violations == 0
 
 
-def _timing_gates(throughput: Iterable[ThroughputPairs], rules: Rules) -> list[Gate]:
-    share = rules.gates.timing.max_untimed_growth
+def _audit_gates(audits: Iterable[DecodeAudit], rules: Rules) -> list[Gate]:
+    g = rules.gates.decode_audit
     out = []
-    for tp in throughput:
-        if tp.metric != "decode_tps" or len(tp.walls) < 2 or len(tp.reported) != len(tp.walls):
+    for a in audits:
+        if a.side is not Side.HEAD:
             continue
-        growth, se, wall = untimed_growth(tp.walls, tp.reported)
-        # both: large against main's run time, and not noise (2 standard errors)
-        ok = not (growth > share * wall and growth > 2 * se)
-        out.append(Gate("timing honesty", growth / wall if wall > 0 else 0.0,
-                        f"untimed time grows <= {share:.0%} of main's wall time", ok,
-                        f"the PR's runs spend {growth:+.2f} s (±{se:.2f}) more outside their own timings than "
-                        f"main's ({wall:.2f} s wall)", tp.context, tp.model))
+        worst = a.worst[0] if a.worst else None
+        detail = (f"{a.agreeing} of {a.tokens} generated tokens in {a.requests} requests are {a.reference}'s top-1"
+                  f", {a.near_ties} near-ties")
+        if worst:
+            detail += (f"; {a.violations} not near-ties, the worst at {worst['request']} position {worst['position']}"
+                       f" (margin {worst['margin']:.2f} >= {g.near_tie:g})")
+        out.append(Gate("decode agreement", a.share, f">= {g.top1_min:.2f} top-1, the rest near-ties",
+                        _audit_passes(a, rules), detail, a.context, a.model))
     return out
 
 

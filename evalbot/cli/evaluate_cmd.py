@@ -15,20 +15,12 @@ import click
 
 from evalbot import receipts, render
 from evalbot.cli.options import load_rules_or_exit, rules_option
+from evalbot.cli.progress import reporter
 from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
 from evalbot.evaluate import judge, runner
 from evalbot.model import Status, to_dict
 
 EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED: 4, Status.INCONCLUSIVE: 5}
-
-
-def _logger(as_json: bool):  # noqa: ANN202
-    if sys.stderr.isatty():
-        from rich.console import Console
-
-        console = Console(stderr=True)
-        return lambda msg: console.log(msg)
-    return lambda msg: print(f"evalbot: {msg}", file=sys.stderr, flush=True)
 
 
 @click.command()
@@ -63,10 +55,11 @@ def evaluate(repo: Path, base: str, head: str, rules_dir: Path | None, profile: 
     except receipts.ReceiptError as exc:
         raise click.ClickException(f"signing key: {exc}") from exc
     work = work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work"
-    cfg = runner.EvalConfig(repo=repo.resolve(), base=base, head=head, rules=rules, profile=profile, work_root=work,
-                            no_sandbox=no_sandbox, seed=seed, spec=spec, spec_drafter=spec_drafter,
-                            accuracy=accuracy, max_pairs=max_pairs, pr=pr)
-    judged = judge.judge(cfg, _logger(as_json), key)
+    with reporter() as (log, progress):
+        cfg = runner.EvalConfig(repo=repo.resolve(), base=base, head=head, rules=rules, profile=profile,
+                                work_root=work, no_sandbox=no_sandbox, seed=seed, spec=spec, spec_drafter=spec_drafter,
+                                accuracy=accuracy, max_pairs=max_pairs, pr=pr, progress=progress)
+        judged = judge.judge(cfg, log, key)
     m, v, receipt = judged.measurements, judged.verdict, judged.receipt
     status = judged.signature_status
     out.mkdir(parents=True, exist_ok=True)

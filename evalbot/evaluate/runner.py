@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from evalbot import stats
-from evalbot.evaluate import box, builds, prompts, sandbox, schema
+from evalbot.evaluate import abtest, audit, box, builds, prompts, sandbox, schema, served
 from evalbot.evaluate.exits import describe_exit
 from evalbot.model import (
     AccuracyResult,
+    DecodeAudit,
     Failure,
     Measurements,
     Provenance,
@@ -69,6 +69,8 @@ class EvalConfig:
     author: str = ""
     branch: str = ""
     python: str = sys.executable
+    # structured progress (stage, pairs per context, running ratio and CI, ETA) for a live display
+    progress: Callable[[dict[str, Any]], None] | None = None
 
 
 @dataclass
@@ -91,6 +93,7 @@ class _Ctx:
     box_samples: list[dict[str, Any]] = field(default_factory=list)
     runs: int = 0  # engine processes started, for fresh scratch names
     quiet: Quiet = field(default_factory=Quiet)
+    model_paths: dict[str, Path] = field(default_factory=dict)
 
 
 def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
@@ -155,6 +158,7 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
         except SideFailed as exc:
             return done(prov=shas, failures=(exc.failure,))
         ctx.ro_binds = _ro_binds([p.parent for p in models.values()])
+        ctx.model_paths = dict(models)
         draws = prompts.draw(corpus, seed, n_chars=8 * max(c.ctx for c in profile.contexts) + 4000, k=2)
         prompt_files = prompts.write_prompt_files(draws, ctx.scratch / "prompts")
         model_shas = {name: _sha_of(ctx, path) for name, path in models.items()}
@@ -189,31 +193,31 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
             if drift:
                 return done(prov=shas, skipped_reason="the built PR does not import main's harness, so the bot "
                             "never runs it: " + "; ".join(drift[:5]))
-        # 3. the A/B pairs, on a quiet box, then the gates
+        # 3. the A/B pairs (warm serving processes, the harness's clock, a quiet box), the audit, the gates
         throughput: list[ThroughputPairs] = []
         accuracy: list[AccuracyResult] = []
         spec_results: list[SpecResult] = []
+        audits: list[DecodeAudit] = []
+        notes: list[str] = []
         failures: list[Failure] = []
         try:
             for ref in profile.models:
-                if ref.source == "registry":
-                    path = models[ref.name]
-                    throughput += _measure_contexts(ctx, profile, ref.name, ["--model", str(path)], prompt_files[0])
-                    if cfg.accuracy:
-                        accuracy.append(_accuracy(ctx, ref.name, path, prompt_files[1], references[ref.name]))
-                else:  # a real model's shape with random weights: timing only, where the file cannot travel
-                    throughput += _measure_contexts(ctx, profile, ref.name,
-                                                    ["--random-weights", "--shape", ref.name], prompt_files[0])
-            if cfg.spec and models and cfg.rules.spec_pair.profile == cfg.profile:
-                spec_results.append(_spec(ctx, models, prompt_files[0], cfg.spec_drafter))
-            elif cfg.spec:  # the spec gates belong to the spec pair's profile (models.yaml)
-                log(f"speculative gates skipped: they run on the '{cfg.rules.spec_pair.profile}' profile")
+                registry = ref.source == "registry"
+                model_args = ["--model", str(models[ref.name])] if registry else ["--random-weights", "--shape",
+                                                                                  ref.name]
+                served = _measure_served(ctx, profile, ref.name, model_args, corpus, seed, registry)
+                throughput += served.throughput
+                audits += served.audits
+                spec_results += served.spec
+                notes += served.notes
+                if registry and cfg.accuracy:
+                    accuracy.append(_accuracy(ctx, ref.name, models[ref.name], prompt_files[1], references[ref.name]))
         except SideFailed as exc:
             failures.append(exc.failure)
         except box.BoxBusy as exc:
             failures.append(Failure(Side.HARNESS, "box", str(exc)))
         return done(prov=shas, throughput=tuple(throughput), accuracy=tuple(accuracy), spec=tuple(spec_results),
-                    failures=tuple(failures))
+                    audits=tuple(audits), diagnostics=tuple(notes), failures=tuple(failures))
 
 
 def _build_side(ctx: _Ctx, side: Side, wt: builds.Worktree) -> Failure | None:
@@ -293,90 +297,211 @@ def _run_engine_once(ctx: _Ctx, side: Side, argv: list[str], command: str, timeo
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def reported_seconds(record: dict[str, Any]) -> float:
-    """The seconds a bench record's own timings account for: load, warm-up, and the timed prefill and decode."""
-    t = record.get("timings") or {}
-    keys = ("load_s", "warmup_s", "prefill_s", "decode_s")
-    return float(sum(v for k, v in t.items() if k in keys and isinstance(v, (int, float)) and v >= 0))
+@dataclass
+class _Served:
+    """What the served measurement of one model produced."""
+
+    throughput: list[ThroughputPairs]
+    audits: list[DecodeAudit]
+    spec: list[SpecResult]
+    notes: list[str]
 
 
-def _measure_contexts(ctx: _Ctx, profile: Profile, name: str, model_args: list[str],
-                      prompt: Path) -> list[ThroughputPairs]:
+SIDE_LABEL = {Side.BASE: "main", Side.HEAD: "the PR"}
+
+
+def _launcher(ctx: _Ctx, model_args: list[str], max_seq: int, warmup: int) -> abtest.Launch:
+    """Start one side's `engine serve`, sandboxed, in a fresh scratch dir, with the profile's device."""
+
+    def launch(side: Side) -> served.ServedProcess:
+        venv = ctx.sides[side].build.venv
+        assert venv is not None
+        scratch = _fresh_scratch(ctx, f"{side.value}-serve")
+        spec = _sandbox_spec(ctx, venv, scratch, [ctx.scratch / "prompts"], ctx.cfg.rules.profile(ctx.cfg.profile)
+                             .measurement.time_budget_s + ctx.run_timeout_s)
+        argv = [str(venv / "bin" / "python"), "-m", "engine", "serve", *model_args, "--max-seq", str(max_seq),
+                "--device", ctx.profile_device, "--warmup", str(max(1, warmup))]
+        return served.ServedProcess.start(SIDE_LABEL[side], spec, argv, no_sandbox=ctx.cfg.no_sandbox)
+
+    return launch
+
+
+def _measure_served(ctx: _Ctx, profile: Profile, name: str, model_args: list[str], corpus: Path, seed: int,
+                    registry: bool) -> _Served:
+    """A/B pairs in blocks of warm serving processes, then the decode audit and speculative decoding, all on
+    the harness's clock; each side's failure is the side's (main's: an infra error)."""
     m = profile.measurement
-    max_pairs = ctx.cfg.max_pairs or m.max_pairs
-    budget = m.time_budget_s / max(1, len(profile.contexts))
-    out: list[ThroughputPairs] = []
+    block = ctx.cfg.rules.spec_pair.block
+    gen_spec = 64
+    max_seq = max(c.ctx for c in profile.contexts) + max(m.decode_tokens, gen_spec) + block + 8
+    launch = _launcher(ctx, model_args, max_seq, m.warmup_runs)
+    texts = prompts.load_corpus(corpus)
+    procs: dict[Side, served.ServedProcess] = {}
+
+    def tokenized(ctx_len: int, serial: int) -> list[int]:
+        text = prompts.draw_from(texts, (seed * 1_000_003 + serial) % 2**53, 8 * ctx_len + 64, 1)[0].text
+        main = procs[Side.BASE]
+        got = served.run_alone(main, [p for s, p in procs.items() if s is not Side.BASE], lambda: main.request(
+            {"op": "tokenize", "text": text, "max_tokens": ctx_len}, ctx.run_timeout_s))
+        ids = list(got.summary.get("ids") or [])
+        if len(ids) < ctx_len or not all(isinstance(t, int) and 0 <= t < main.vocab for t in ids):
+            raise SideFailed(Failure(Side.BASE, "serve", f"main's tokenizer gave {len(ids)} valid ids for a prompt "
+                                     f"of {ctx_len} tokens"))
+        return ids[:ctx_len]
+
+    def launch_tracked(side: Side) -> served.ServedProcess:
+        procs[side] = launch(side)
+        return procs[side]
+
+    source = tokenized if registry else None
+    pool = abtest.Prompts(source or (lambda c, i: abtest.random_prompts(procs[Side.BASE].vocab, seed)(c, i)))
+    try:
+        run, procs = abtest.measure(profile, launch_tracked, pool, ctx.log, max_pairs=ctx.cfg.max_pairs,
+                                    request_timeout_s=ctx.run_timeout_s, ready_timeout_s=ctx.run_timeout_s,
+                                    progress=ctx.cfg.progress)
+        ctx.box_samples.extend(run.box_samples)
+        gate = ctx.cfg.rules.gates.decode_audit
+        chosen = audit.choose(run.samples, share=gate.share, minimum=gate.min_requests)
+        answers, reference = _audit_answers(ctx, chosen, procs, registry, name)
+        audits = audit.judge(name, reference, chosen, answers, gate.near_tie)
+        spec = []
+        if ctx.cfg.spec and ctx.cfg.rules.spec_pair.profile == ctx.cfg.profile:
+            spec = _spec_served(ctx, profile, name, procs, pool, block, gen_spec)
+        return _Served(abtest.throughput(run.samples, profile, name), audits, spec,
+                       _diagnostics(run.samples, ctx.cfg.rules.gates.timing.max_self_report_gap))
+    except abtest.SideError as exc:
+        raise SideFailed(Failure(exc.side, exc.stage, str(exc), exc.tail)) from exc
+    except served.ServeError as exc:  # main's process, serving the harness (tokenizing, auditing)
+        raise SideFailed(Failure(Side.BASE, exc.stage, str(exc), exc.tail)) from exc
+    finally:
+        for p in procs.values():
+            p.close()
+
+
+def _audit_answers(ctx: _Ctx, chosen: list[abtest.Sample], procs: dict[Side, served.ServedProcess],
+                   registry: bool, name: str) -> tuple[dict[str, dict[str, Any]], str]:
+    """The reference's argmax and margins for each audited request: llama.cpp on the model file, or main's
+    own serving engine where the weights are random (teacher-forced on the side's tokens either way)."""
+    if not chosen:
+        return {}, "none"
+    if registry:
+        venv = ctx.sides[Side.BASE].build.venv
+        assert venv is not None
+        folder = ctx.scratch / "audit"
+        folder.mkdir(exist_ok=True)
+        requests, answers = folder / "requests.jsonl", folder / "answers.jsonl"
+        requests.write_text(audit.requests_file(chosen))
+        model = ctx.model_paths[name]
+        ctx.log(f"{name}: auditing {len(chosen)} timed requests against the reference")
+        res = sandbox.run_trusted([str(venv / "bin" / "python"), "-I", "-m", "engine.reference", "audit", "--model",
+                                   str(model), "--requests", str(requests), "--out", str(answers)],
+                                  timeout_s=REFERENCE_TIMEOUT_S, cwd=folder, max_output_bytes=1 << 20)
+        if not res.ok:
+            raise SideFailed(Failure(Side.HARNESS, "reference", "the reference's audit "
+                                     + describe_exit(res.returncode, timed_out=res.timed_out,
+                                                     timeout_s=REFERENCE_TIMEOUT_S), _tail(res.stderr)))
+        out = {}
+        for line in answers.read_text().splitlines():
+            item = json.loads(line)
+            out[item["key"]] = item
+        try:
+            engine = json.loads(res.stdout.strip().splitlines()[-1]).get("engine") or "reference"
+        except (ValueError, IndexError, AttributeError):
+            engine = "reference"
+        return out, str(engine)
+    main = procs[Side.BASE]
+    head = [p for s, p in procs.items() if s is not Side.BASE]
+    out = {}
+    for s in chosen:
+        req = {"op": "score", "ids": [*s.prompt, *s.tokens], "from": len(s.prompt)}
+        got = served.run_alone(main, head, lambda req=req: main.request(req, ctx.run_timeout_s))
+        out[audit.key(s)] = got.summary
+    return out, "main"
+
+
+def _spec_served(ctx: _Ctx, profile: Profile, name: str, procs: dict[Side, served.ServedProcess],
+                 pool: abtest.Prompts, block: int, gen: int) -> list[SpecResult]:
+    """Speculative decoding on the harness's clock at every scored context: per run and side, a plain
+    generation and a speculative one of the same fresh prompt; lossless means the same tokens."""
+    g = ctx.cfg.rules.gates.spec
+    drafter = {"drafter": "ngram", "ngram": 3}
+    out = []
     for c in profile.contexts:
-        prefill: list[tuple[float, float]] = []
-        walls: list[tuple[float, float]] = []
-        reported: list[tuple[float, float]] = []
-        count = 0
-
-        def one_pair(c=c, prefill=prefill, walls=walls, reported=reported) -> tuple[float, float]:
-            nonlocal count
-            argv = ["engine", "bench", *model_args, "--ctx", str(c.ctx), "--gen", str(m.decode_tokens),
-                    "--runs", "1", "--warmup", str(m.warmup_runs), "--prompt-file", str(prompt),
-                    "--device", profile.device]
-            order = (Side.BASE, Side.HEAD) if count % 2 == 0 else (Side.HEAD, Side.BASE)  # ABBA
-            timed, sample = _quiet_pair(ctx, lambda: {s: _run_engine_timed(ctx, s, argv, "bench") for s in order})
-            ctx.box_samples.append({"model": name, "context": c.ctx, "pair": count + 1, **sample})
-            recs = {s: rec for s, (rec, _) in timed.items()}
-            walls.append((timed[Side.BASE][1], timed[Side.HEAD][1]))
-            reported.append((reported_seconds(recs[Side.BASE]), reported_seconds(recs[Side.HEAD])))
-            count += 1
-            prefill.append((recs[Side.BASE]["prefill_tps"], recs[Side.HEAD]["prefill_tps"]))
-            b, h = recs[Side.BASE]["decode_tps"], recs[Side.HEAD]["decode_tps"]
-            ctx.log(f"{name} ctx {c.ctx} pair {count}: main {b:.2f} tok/s, PR {h:.2f} tok/s ({h / b - 1:+.1%})")
-            return b, h
-
-        run = stats.run_adaptive(one_pair, target_half_width=m.ci_half_width, min_pairs=min(m.min_pairs, max_pairs),
-                                 max_pairs=max_pairs, budget_s=budget)
-        ctx.log(f"{name} ctx {c.ctx}: {run.estimate.ratio:.4f}x [{run.estimate.ci_low:.4f}, "
-                f"{run.estimate.ci_high:.4f}] after {run.estimate.n} pairs ({run.reason})")
-        out.append(ThroughputPairs(name, c.ctx, "decode_tps", run.pairs, guarded=c.guarded, scored=c.scored,
-                                   walls=tuple(walls[: len(run.pairs)]), reported=tuple(reported[: len(run.pairs)])))
-        # prefill is guarded like decode (no regression) but earns no tier, as in the seeds' guards
-        out.append(ThroughputPairs(name, c.ctx, "prefill_tps", tuple(prefill), guarded=c.guarded, scored=False))
+        if not c.scored:
+            continue
+        ar: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
+        sp: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
+        taus: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
+        lossless, first_div = 0, None
+        for r in range(g.runs):
+            prompt = pool.next(c.ctx)
+            for side in ((Side.BASE, Side.HEAD) if r % 2 == 0 else (Side.HEAD, Side.BASE)):
+                p, others = procs[side], [q for s, q in procs.items() if s is not side]
+                try:
+                    a = served.run_alone(p, others, lambda p=p, prompt=prompt: p.request(
+                        {"op": "generate", "prompt_ids": prompt, "max_new": gen}, ctx.run_timeout_s))
+                    b = served.run_alone(p, others, lambda p=p, prompt=prompt: p.request(
+                        {"op": "spec", "prompt_ids": prompt, "max_new": gen, "block": block, **drafter},
+                        ctx.run_timeout_s))
+                except served.ServeError as exc:
+                    raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
+                ar[side].append(a.decode_tps)
+                sp[side].append(b.decode_tps)
+                taus[side].append((len(b.tokens) - 1) / max(len(b.steps) - 1, 1))
+                if side is Side.HEAD:
+                    if list(b.tokens) == list(a.tokens):
+                        lossless += 1
+                    else:
+                        at = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y),
+                                  min(len(a.tokens), len(b.tokens)))
+                        first_div = at if first_div is None else min(first_div, at)
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        out.append(SpecResult(
+            target=name, drafter="ngram-3", block_size=block, runs=g.runs, lossless_runs=lossless,
+            first_divergence=first_div, base_tau=mean(taus[Side.BASE]), head_tau=mean(taus[Side.HEAD]),
+            ar_pairs=tuple(zip(ar[Side.BASE], ar[Side.HEAD], strict=True)),
+            spec_pairs=tuple(zip(sp[Side.BASE], sp[Side.HEAD], strict=True)), context=c.ctx,
+            base_tau_runs=tuple(taus[Side.BASE]), head_tau_runs=tuple(taus[Side.HEAD])))
+        ctx.log(f"speculative, ctx {c.ctx}: lossless {lossless}/{g.runs}, tau {out[-1].base_tau:.2f} -> "
+                f"{out[-1].head_tau:.2f}")
     return out
 
 
-CONTAMINATED_RETRIES = 3
+def _diagnostics(samples: list[abtest.Sample], max_gap: float) -> list[str]:
+    """What the harness noticed that decides nothing: engines whose own clocks disagree with it."""
+    notes = []
+    for side in (Side.BASE, Side.HEAD):
+        gaps = sorted(g for s in samples if s.side is side and (g := s.self_report_gap) is not None)
+        if gaps and gaps[len(gaps) // 2] > max_gap:
+            notes.append(f"{SIDE_LABEL[side]}'s engine reports decode times {gaps[len(gaps) // 2]:.0%} away from the "
+                         f"harness's clock (median over {len(gaps)} requests); only the harness's times count")
+        wrong_n = sum(1 for s in samples if s.side is side and s.reported_n not in (None, len(s.tokens)))
+        if wrong_n:
+            notes.append(f"{SIDE_LABEL[side]}'s engine reported a token count other than it streamed in {wrong_n} "
+                         "requests; only the streamed tokens count")
+    return notes
 
 
-def _quiet_pair(ctx: _Ctx, run_pair: Callable[[], T]) -> tuple[T, dict[str, Any]]:
-    """Run one A/B pair on a quiet box: wait for quiet first, and measure the pair again when other
-    processes used the CPU while it ran. BoxBusy when the box will not stay quiet."""
-    gpu = ctx.profile_device == "cuda"
-    for _attempt in range(CONTAMINATED_RETRIES):
-        before, waited = box.wait_until_quiet(ctx.quiet, with_gpu=gpu, log=ctx.log)
-        start = box.cpu_snapshot()
-        result = run_pair()
-        during = box.usage(start, box.cpu_snapshot(), os.getpid())
-        sample = {**box.state(), "waited_s": round(waited, 1), **before.as_record(),
-                  "during_other_cores": round(during.other_cores, 3),
-                  "during_others_top": [f"{n} {c:.2f}" for n, c in during.top]}
-        reason = box.busy_reason(during, ctx.quiet)
-        if reason is None:
-            return result, sample
-        ctx.log(f"pair measured again: while it ran, {reason}")
-    raise box.BoxBusy(f"box busy: {reason}, during {CONTAMINATED_RETRIES} attempts at one pair")
-
-
-def _sandboxed_python(ctx: _Ctx, venv: Path, scratch: Path, argv: list[str], extra_binds: list[Path],
-                      timeout_s: float) -> sandbox.RunResult:
-    """`python -m argv` from a venv under bubblewrap: scratch is the only writable place, the env is scrubbed."""
+def _sandbox_spec(ctx: _Ctx, venv: Path, scratch: Path, extra_binds: list[Path], timeout_s: float) -> sandbox.SandboxSpec:
+    """The sandbox of one engine process: scratch is the only writable place, the env is scrubbed."""
     scratch.mkdir(exist_ok=True)
     env = sandbox.scrub_env(os.environ)
     cores = str(os.cpu_count() or 1)
     env.update({"HOME": str(scratch), "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(scratch / ".cache"),
                 "OMP_NUM_THREADS": cores, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
                 "TRITON_CACHE_DIR": str(scratch / ".triton"), "TORCHINDUCTOR_CACHE_DIR": str(scratch / ".inductor")})
-    spec = sandbox.SandboxSpec(
+    return sandbox.SandboxSpec(
         ro_binds=tuple(dict.fromkeys([*ctx.ro_binds, venv, *extra_binds])), scratch=scratch, workdir=scratch, env=env,
         limits=sandbox.Limits(cpu_seconds=int(timeout_s * (os.cpu_count() or 1)), memory_bytes=48 << 30,
                               max_output_bytes=ctx.max_output_bytes, timeout_s=timeout_s),
         devices=sandbox.gpu_devices() if ctx.profile_device == "cuda" else (),
     )
+
+
+def _sandboxed_python(ctx: _Ctx, venv: Path, scratch: Path, argv: list[str], extra_binds: list[Path],
+                      timeout_s: float) -> sandbox.RunResult:
+    """`python -m argv` from a venv under bubblewrap: scratch is the only writable place, the env is scrubbed."""
+    spec = _sandbox_spec(ctx, venv, scratch, extra_binds, timeout_s)
     return sandbox.run(spec, [str(venv / "bin" / "python"), "-m", *argv], no_sandbox=ctx.cfg.no_sandbox)
 
 
@@ -416,8 +541,8 @@ def _reference(ctx: _Ctx, path: Path, text: Path) -> tuple[Path, dict[str, Any]]
                                  _tail(res.stderr)))
     try:
         record = json.loads(res.stdout.strip().splitlines()[-1])
-        config = record["config"]
-    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        config = record.get("config") or {}
+    except (ValueError, IndexError, AttributeError, TypeError) as exc:
         raise SideFailed(Failure(Side.HARNESS, "reference", f"the llama.cpp reference printed no record: {exc}",
                                  _tail(res.stdout + res.stderr))) from exc
     identity = {"engine": record.get("engine"), "cached": bool(record.get("cached")),
@@ -463,30 +588,6 @@ def _compare(ctx: _Ctx, ref: Path, test: Path, side: Side) -> dict[str, Any]:
         # different token ids mean the side changed tokenization: that side's fault
         raise SideFailed(Failure(side, "accuracy", "cannot compare with llama.cpp: " + res.stderr.strip()[-500:]))
     return json.loads(res.stdout)
-
-
-def _spec(ctx: _Ctx, models: dict[str, Path], prompt: Path, drafter: str) -> SpecResult:
-    pair = ctx.cfg.rules.spec_pair
-    g = ctx.cfg.rules.gates.spec
-    if drafter == "ngram":
-        # the quick form: n-gram prompt lookup on the profile's own model (no second model to load)
-        target = next(iter(models))
-        draft_args, label = ["--ngram", "3"], "ngram-3"
-    else:
-        target = pair.target.name
-        draft_args, label = ["--draft", str(models[pair.draft.name])], f"draft:{pair.draft.name}"
-    argv = ["engine", "spec", "--model", str(models[target]), *draft_args, "--ctx", "128", "--gen", "64",
-            "--block", str(pair.block), "--runs", str(g.runs), "--prompt-file", str(prompt)]
-    ctx.log(f"speculative decoding: {label} for {target}, {g.runs} runs per side")
-    recs = {s: _run_engine(ctx, s, argv, "spec") for s in (Side.BASE, Side.HEAD)}
-    b, h = recs[Side.BASE], recs[Side.HEAD]
-    return SpecResult(
-        target=target, drafter=label, block_size=pair.block, runs=int(h["counts"]["runs"]),
-        lossless_runs=int(h["lossless_runs"] or 0), first_divergence=h.get("first_divergence"),
-        base_tau=float(b["mean_accept"]), head_tau=float(h["mean_accept"]),
-        ar_pairs=tuple(zip(b["ar_tps_runs"], h["ar_tps_runs"], strict=False)),
-        spec_pairs=tuple(zip(b["spec_tps_runs"], h["spec_tps_runs"], strict=False)),
-    )
 
 
 # --- trusted helpers --------------------------------------------------------------------------------

@@ -221,6 +221,33 @@ def _require(tool: str) -> str:
     return path
 
 
+def confined_argv(spec: SandboxSpec, argv: Sequence[str], *, no_sandbox: bool = False) -> list[str]:
+    """The command line that runs argv under spec: bubblewrap and prlimit, or prlimit alone (no_sandbox)."""
+    if no_sandbox:
+        return [*limit_argv(spec.limits, _require("prlimit")), *argv]
+    if not sandbox_available():
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap) is missing or cannot create namespaces here, so untrusted code will not run; "
+            "install bubblewrap (and allow unprivileged user namespaces), or pass --no-sandbox explicitly "
+            "to run the PR's code unconfined"
+        )
+    return bwrap_argv(spec, argv, bwrap=_require("bwrap"), prlimit=_require("prlimit"))
+
+
+def spawn(spec: SandboxSpec, argv: Sequence[str], *, no_sandbox: bool = False) -> subprocess.Popen[bytes]:
+    """Start argv confined as run() does, but long-lived: stdin, stdout and stderr are pipes, and the
+    process leads its own session (kill_tree ends it and everything it started)."""
+    full = confined_argv(spec, argv, no_sandbox=no_sandbox)
+    return subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(spec.env), cwd=spec.workdir if no_sandbox else spec.scratch,
+                            start_new_session=True)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a spawned process's group (under bubblewrap that ends the whole sandbox)."""
+    _kill_group(pid)
+
+
 def run(spec: SandboxSpec, argv: Sequence[str], *, no_sandbox: bool = False) -> RunResult:
     """Run argv in the sandbox (or, only when no_sandbox is set, directly) under spec's env and limits."""
     if no_sandbox:

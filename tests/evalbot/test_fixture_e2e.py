@@ -95,11 +95,13 @@ cpu:
     - {{ctx: 128, guarded: true, scored: true}}
     - {{ctx: 512, guarded: true, scored: true}}
   measurement:
-    decode_tokens: 16
+    decode_tokens: 48
     warmup_runs: 1
     ci_half_width: 0.005
     min_pairs: 5
-    max_pairs: 6
+    max_pairs: 24
+    pairs_per_block: 4
+    min_blocks: 4
     time_budget_s: 600
     run_timeout_s: {run_timeout_s}
     max_output_mb: {max_output_mb}
@@ -314,8 +316,8 @@ def test_a_harness_crash_on_main_and_the_pr_is_infra_not_the_prs_fault(lab: Lab)
     )
     assert run.code == 3 and run.verdict["status"] == "INFRA_ERROR", run.verdict
     failures = run.measurements["failures"]
-    assert failures and failures[0]["side"] == "base" and failures[0]["stage"] == "run"
-    assert "cannot feed 1 tokens" in failures[0]["log_tail"]
+    assert failures and failures[0]["side"] == "base" and failures[0]["stage"] == "serve"
+    assert "cannot feed 1 tokens" in failures[0]["message"]
     labels = run.verdict["labels_add"]
     assert "infra-error" in labels and "regression" not in labels and run.verdict["tier"] is None
 
@@ -533,11 +535,11 @@ def test_a_pr_that_edits_the_harness_is_skipped_before_anything_runs(
     assert not (work / "venvs").exists() and run.measurements["throughput"] == []
 
 
-def test_a_fabricated_record_with_impossible_numbers_is_rejected_on_the_schema(lab: Lab):
-    run = evaluate(lab, "fake-json", "--no-spec", "--no-accuracy", "--max-pairs", "2")
-    assert run.code == 1 and run.verdict["status"] == "REJECT"
-    failure = _head_failure(run, "schema")
-    assert "impossibly high" in failure["message"] and "decode_tps" in failure["message"]
+def test_a_fabricated_record_printed_on_stdout_never_reaches_the_protocol(lab: Lab):
+    """The head prints a record with an impossible decode rate on stdout at load: the serving harness
+    keeps stdout for protocol lines only (anything else goes to stderr), so it changes nothing."""
+    run = evaluate(lab, "fake-json", "--no-spec", "--no-accuracy", "--max-pairs", "4")
+    _assert_measured_honestly(run)
 
 
 def test_a_fast_path_for_the_default_benchmark_prompt_gains_nothing_on_fresh_prompts(
@@ -568,7 +570,7 @@ def test_a_fast_path_for_the_default_benchmark_prompt_gains_nothing_on_fresh_pro
     assert decode_tps() > 2 * decode_tps("--prompt-file", str(other_prompt))
     # Then evaluate it: evalbot draws fresh prompts, so the fast path never triggers.
     run = evaluate(lab, "prompt-tuned", "--no-spec", "--no-accuracy")
-    assert run.verdict["status"] in ("PASS", "REJECT") and run.verdict["tier"] is None, run.verdict
+    assert run.verdict["status"] in ("PASS", "REJECT", "INCONCLUSIVE") and run.verdict["tier"] is None, run.verdict
     for ctx, e in run.decode_estimates().items():
         assert e["n"] >= 5 and e["ratio"] < 1.25, f"ctx {ctx}: {e['ratio']:.3f}x"
 
@@ -632,14 +634,50 @@ def test_the_trusted_harness_comes_from_main_whatever_the_bots_working_directory
     assert run.verdict["status"] == "PASS", run.verdict["reasons"]
 
 
-def test_a_head_that_slows_the_clock_it_is_timed_by_is_rejected(lab: Lab):
-    """The head's own timings claim ~3x; the wall time the bot sees from outside did not move."""
-    run = evaluate(lab, "clock", "--no-spec", "--no-accuracy")
-    assert run.code == 1 and run.verdict["status"] == "REJECT" and run.verdict["tier"] is None
+@pytest.mark.parametrize("branch", ["clock", "clock-shift", "inflated-record"])
+def test_an_engine_that_lies_about_its_own_speed_is_measured_as_it_is(lab: Lab, branch: str):
+    """A clock that runs slow, a clock that moves decode seconds into load, records that inflate the
+    rate: the engine's own numbers are diagnostics; the harness's clock measures the real (equal) speed."""
+    run = evaluate(lab, branch, "--no-spec", "--no-accuracy")
+    _assert_measured_honestly(run)
+    if branch != "inflated-record":  # its serve summaries are honest: only a record it never prints lies
+        assert any("away from the harness's clock" in d for d in run.measurements["diagnostics"]), \
+            run.measurements["diagnostics"]
+
+
+@pytest.mark.parametrize("branch", ["layer-skip", "layer-skip-long", "harness-detect"])
+def test_a_decode_shortcut_fails_the_audit_of_its_timed_tokens(lab: Lab, branch: str):
+    """Decode steps that skip a layer (always, past 256 positions only, or only when the engine thinks it
+    is measured): prefill and `score` stay exact, the timed tokens do not, and the audit says where."""
+    run = evaluate(lab, branch, "--no-spec")
+    assert run.code == 1 and run.verdict["status"] == "REJECT", run.verdict
     failed = {(g["name"], g["context"]) for g in run.failed_gates()}
-    # at ctx 512 the timed decode is most of the process; at 128 start-up dominates and the lie is small
-    assert ("timing honesty", 512) in failed, failed
-    assert "flagged:gaming" in run.verdict["labels_add"]
+    assert ("decode agreement", 512) in failed, failed
+    if branch == "layer-skip-long":
+        assert ("decode agreement", 128) not in failed  # short contexts are exact: the audit sees ctx 512
+    gate = next(g for g in run.failed_gates() if g["name"] == "decode agreement" and g["context"] == 512)
+    assert "position" in gate["detail"] and "margin" in gate["detail"]
+    assert run.verdict["tier"] is None and "accuracy-fail" in run.verdict["labels_add"]
+
+
+def test_tokens_computed_up_front_and_streamed_in_a_burst_gain_nothing(lab: Lab):
+    """The continuation computed with the prompt, then handed out at once: the harness sees a slow
+    prefill and a burst, not a fast decode."""
+    run = evaluate(lab, "burst", "--no-spec", "--no-accuracy")
+    assert run.code == 1 and run.verdict["status"] == "REJECT", run.verdict
+    reasons = " ".join(run.verdict["reasons"])
+    assert "burst" in reasons or any(g["name"] == "no regression" and not g["passed"] for g in run.verdict["gates"])
+    assert run.verdict["tier"] is None
+
+
+def test_a_busy_thread_in_the_head_cannot_slow_main(lab: Lab):
+    """Threads that spin whenever the head is idle are frozen with it while main is timed."""
+    control = evaluate(lab, "speedup", "--no-spec", "--no-accuracy", "--max-pairs", "8")
+    run = evaluate(lab, "busy-thread", "--no-spec", "--no-accuracy", "--max-pairs", "8")
+    assert run.measurements["failures"] == [], run.measurements["failures"]
+    for ctx, e in run.decode_estimates().items():
+        assert e["base_median"] > 0.8 * control.decode_estimates()[ctx]["base_median"], ctx
+    assert run.verdict["tier"] is None
 
 
 def test_a_head_cannot_carry_state_from_one_run_to_the_next(lab: Lab):

@@ -598,5 +598,5 @@ def test_notice_carries_the_marker_and_state_and_escapes_contributor_text():
                          lines=["touches `rules/gates.yaml` <img src=x onerror=alert(1)>"], kind="skip",
                          author="eve_[bot]")  # fmt: skip
     assert body.startswith(render.MARKER)
-    assert render.find_state(body) == {"schema": 1, "pr": 5, "head_sha": "c" * 40, "notice": "skip"}
+    assert render.find_state(body) == {"schema": 2, "pr": 5, "head_sha": "c" * 40, "notice": "skip"}
     assert "<img" not in body and "&lt;img" in body and "eve\\_" in body

@@ -8,6 +8,7 @@ import pytest
 
 from evalbot.model import (
     AccuracyResult,
+    DecodeAudit,
     Failure,
     Measurements,
     Provenance,
@@ -147,31 +148,36 @@ def test_decided_verdicts_render(rules, case):
     v = decide(m, rules)
     text = render_comment(v, m, signature_status="unsigned")
     assert text.startswith(MARKER) and "unsigned" in text
-    assert find_state(text)["verdict"]["status"] == v.status.value
+    assert find_state(text)["status"] == v.status.value
     assert "+0.0%" not in text
     assert "@here" not in text  # mentions are neutralized
     if case == "regression":
         assert "REJECT" in text and ("-4." in text or "-5." in text)
 
 
-def test_timing_honesty_rejects_a_head_whose_real_time_its_timings_do_not_explain(rules):
-    """Wall seconds seen from outside vs seconds the engine's own clock reports, per pair."""
-    n = 6
-    rng = random.Random(3)
-    # an honest 2x speedup: the head's timed seconds halve and so does its wall time; start-up ~1 s both
-    honest_w = tuple((11.0 + rng.gauss(0, 0.1), 6.0 + rng.gauss(0, 0.1)) for _ in range(n))
-    honest_r = tuple((10.0, 5.0) for _ in range(n))
-    honest = ThroughputPairs("m", 512, "decode_tps", pairs(2.0, n), walls=honest_w, reported=honest_r)
-    v = decide(meas(honest), rules)
-    gate = next(g for g in v.gates if g.name == "timing honesty")
-    assert v.status == Status.PASS and gate.passed
-    # the same "2x" reported by a head that slowed its clock: its wall time did not move
-    faked_w = tuple((11.0 + rng.gauss(0, 0.1), 11.0 + rng.gauss(0, 0.1)) for _ in range(n))
-    faked = ThroughputPairs("m", 512, "decode_tps", pairs(2.0, n), walls=faked_w, reported=honest_r)
-    v = decide(meas(faked), rules)
-    assert v.status == Status.REJECT and rules.labels.gaming in v.labels_add
-    assert any("timing honesty at ctx 512" in r for r in v.reasons)
-    # a head that adds a little untimed start-up (a new import) is not accused
-    slow_import = ThroughputPairs("m", 512, "decode_tps", pairs(2.0, n),
-                                  walls=tuple((wb, wh + 0.5) for wb, wh in honest_w), reported=honest_r)
-    assert decide(meas(slow_import), rules).status == Status.PASS
+def _audit(side, ctx, tokens=64, agree=64, ties=0, violations=0, worst=()):
+    return DecodeAudit("qwen2.5-coder-0.5b", ctx, side, "llama.cpp", 4, tokens, agree, ties, violations, worst)
+
+
+def test_the_decode_audit_rejects_tokens_the_reference_does_not_produce(rules):
+    honest = (_audit(Side.BASE, 512), _audit(Side.HEAD, 512, agree=62, ties=2))
+    v = decide(Measurements(PROV, throughput=(tp(128, 1.05), tp(512, 1.05)), accuracy=(GOOD_ACC,), audits=honest),
+               rules)
+    assert v.status == Status.PASS and any(g.name == "decode agreement" and g.passed for g in v.gates)
+    worst = ({"request": "head-ctx512-b2-p3", "position": 7, "token": 5, "reference": 9, "margin": 4.2},)
+    shortcut = (_audit(Side.BASE, 512), _audit(Side.HEAD, 512, agree=40, ties=1, violations=23, worst=worst))
+    v = decide(Measurements(PROV, throughput=(tp(128, 1.30), tp(512, 1.30)), accuracy=(GOOD_ACC,),
+                            audits=shortcut), rules)
+    assert v.status == Status.REJECT and v.tier is None and rules.labels.accuracy_fail in v.labels_add
+    gate = next(g for g in v.gates if g.name == "decode agreement")
+    assert gate.context == 512 and "head-ctx512-b2-p3 position 7" in gate.detail and "margin 4.20" in gate.detail
+    one_bad = (_audit(Side.BASE, 512), _audit(Side.HEAD, 512, agree=63, violations=1, worst=worst))
+    assert decide(Measurements(PROV, throughput=(tp(512, 1.05),), audits=one_bad), rules).status == Status.REJECT
+
+
+def test_main_failing_the_decode_audit_is_an_infra_error(rules):
+    audits = (_audit(Side.BASE, 512, agree=30, violations=34), _audit(Side.HEAD, 512, agree=30, violations=34))
+    v = decide(Measurements(PROV, throughput=(tp(512, 1.05),), audits=audits), rules)
+    assert v.status == Status.INFRA_ERROR and "main fails the decode audit too" in v.reasons[0]
+
+

@@ -1,0 +1,277 @@
+"""The A/B measurement: warm serving processes in blocks, requests interleaved, the harness's clock.
+
+An evaluation runs a few process blocks. Each block starts a fresh serving process per side (loaded and
+warmed once), then times pairs of requests at every context, alternating which side goes first (A B, B
+A, ...). Every request gets a prompt no process has seen before (no prefix caching on the benchmark).
+While one side is timed the other is frozen. Between blocks the processes are replaced, so process-level
+variance (memory layout, allocator state) is in the data, and the CI treats blocks as clusters
+(`stats.estimate_blocked`).
+
+The box must stay quiet: before every block the harness waits for it, and a pair during which another
+process used the CPU is measured again.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from evalbot import stats
+from evalbot.evaluate import box
+from evalbot.evaluate.served import ServedProcess, ServeError, Timed, run_alone
+from evalbot.model import Side, ThroughputPairs
+from evalbot.rules import Profile, Quiet
+
+Launch = Callable[[Side], ServedProcess]
+Log = Callable[[str], None]
+CONTAMINATED_RETRIES = 3
+
+
+class SideError(RuntimeError):
+    """One side's serving process failed; carries which side, the stage and the stderr tail."""
+
+    def __init__(self, side: Side, stage: str, message: str, tail: str = ""):
+        super().__init__(message)
+        self.side, self.stage, self.tail = side, stage, tail
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed request: what was asked, what came back, and how long it took by the harness's clock."""
+
+    side: Side
+    context: int
+    block: int
+    pair: int
+    prompt: tuple[int, ...]
+    tokens: tuple[int, ...]
+    prefill_tps: float
+    decode_tps: float
+    reported: dict[str, Any]  # the engine's own timings (diagnostics only)
+    reported_n: Any = None
+
+    @property
+    def self_report_gap(self) -> float | None:
+        """How far the engine's own decode time is from the harness's (a fraction; None if not given)."""
+        d = self.reported.get("decode_s")
+        if not isinstance(d, (int, float)) or d <= 0 or self.decode_tps <= 0:
+            return None
+        harness_decode_s = (len(self.tokens) - 1) / self.decode_tps
+        return abs(d - harness_decode_s) / harness_decode_s if harness_decode_s > 0 else None
+
+
+@dataclass
+class Prompts:
+    """Fresh prompts, one per pair: token ids of exactly `ctx` tokens, never handed out twice."""
+
+    source: Callable[[int, int], list[int]]  # (ctx, serial) -> ids
+    served: int = 0
+
+    def next(self, ctx: int) -> list[int]:
+        self.served += 1
+        return self.source(ctx, self.served)
+
+
+@dataclass
+class Run:
+    """Everything the A/B runs produced."""
+
+    samples: list[Sample] = field(default_factory=list)
+    blocks: int = 0
+    ready: dict[str, dict[str, Any]] = field(default_factory=dict)  # side -> the last ready line
+    box_samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _estimates(samples: list[Sample], ctx: int) -> stats.PairedEstimate | None:
+    pairs, blocks = pairs_at(samples, ctx, "decode")
+    if len(set(blocks)) < 2:
+        return None
+    return stats.estimate_blocked(pairs, blocks)
+
+
+def pairs_at(samples: list[Sample], ctx: int, metric: str) -> tuple[list[tuple[float, float]], list[int]]:
+    """(base, head) throughput pairs at one context, with each pair's block."""
+    by_key: dict[tuple[int, int], dict[Side, Sample]] = {}
+    for s in samples:
+        if s.context == ctx:
+            by_key.setdefault((s.block, s.pair), {})[s.side] = s
+    pairs, blocks = [], []
+    for (block, _), sides in sorted(by_key.items()):
+        if Side.BASE in sides and Side.HEAD in sides:
+            b, h = sides[Side.BASE], sides[Side.HEAD]
+            pairs.append((b.decode_tps, h.decode_tps) if metric == "decode" else (b.prefill_tps, h.prefill_tps))
+            blocks.append(block)
+    return pairs, blocks
+
+
+def throughput(samples: list[Sample], profile: Profile, model: str) -> list[ThroughputPairs]:
+    """Decode and prefill pairs per context, as the verdict reads them (blocks are the clusters)."""
+    out = []
+    for c in profile.contexts:
+        for metric, name, scored in (("decode", "decode_tps", c.scored), ("prefill", "prefill_tps", False)):
+            pairs, blocks = pairs_at(samples, c.ctx, metric)
+            out.append(ThroughputPairs(model, c.ctx, name, tuple(pairs), guarded=c.guarded, scored=scored,
+                                       blocks=tuple(blocks)))
+    return out
+
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+def measure(profile: Profile, launch: Launch, prompts: Prompts, log: Log, *, max_pairs: int | None = None,
+            request_timeout_s: float = 600.0, ready_timeout_s: float = 900.0,
+            quiet: Quiet | None = None, progress: Progress | None = None) -> tuple[Run, dict[Side, ServedProcess]]:
+    """Run blocks until every scored context's CI is narrow enough, or the pair cap, or the time budget.
+    The last block's processes are returned still running (frozen), for the audit and the spec runs:
+    the caller closes them."""
+    m = profile.measurement
+    quiet = quiet or profile.quiet
+    cap = max_pairs or m.max_pairs
+    per_block = max(1, min(m.pairs_per_block, cap))
+    max_blocks = max(2, math.ceil(cap / per_block))
+    min_blocks = max(2, min(m.min_blocks, max_blocks))
+    gpu = profile.device == "cuda"
+    run = Run()
+    start = time.monotonic()
+    while True:
+        block = run.blocks
+        before, waited = box.wait_until_quiet(quiet, with_gpu=gpu, log=log)
+        run.box_samples.append({"block": block + 1, "waited_s": round(waited, 1), **before.as_record(), **box.state()})
+        procs = _start_block(launch, ready_timeout_s)
+        run.ready = {s.value: p.ready for s, p in procs.items()}
+        try:
+            for c in profile.contexts:
+                for i in range(per_block):
+                    pair = _pair(procs, block, i, c.ctx, prompts.next(c.ctx), m.decode_tokens, request_timeout_s,
+                                 quiet, gpu, log, run)
+                    run.samples += pair
+                    b, h = sorted(pair, key=lambda x: x.side is Side.HEAD)
+                    log(f"block {block + 1} ctx {c.ctx} pair {i + 1}: main {b.decode_tps:.2f} tok/s, "
+                        f"PR {h.decode_tps:.2f} tok/s ({h.decode_tps / b.decode_tps - 1:+.1%})")
+                    if progress is not None:
+                        est = _estimates(run.samples, c.ctx)
+                        n = len(pairs_at(run.samples, c.ctx, "decode")[0])
+                        progress({"stage": "A/B", "block": block + 1, "blocks_max": max_blocks, "context": c.ctx,
+                                  "pairs": n, "pairs_max": max_blocks * per_block,
+                                  "ratio": est.ratio if est else h.decode_tps / b.decode_tps,
+                                  "ci": (est.ci_low, est.ci_high) if est else None,
+                                  "eta_s": max(m.time_budget_s - (time.monotonic() - start), 0.0)})
+        except BaseException:
+            _close(procs)
+            raise
+        run.blocks += 1
+        for c in profile.contexts:
+            est = _estimates(run.samples, c.ctx)
+            if est is not None:
+                log(f"ctx {c.ctx}: {est.ratio:.4f}x [{est.ci_low:.4f}, {est.ci_high:.4f}] over {run.blocks} blocks, "
+                    f"MDE {est.mde:.2%}")
+        elapsed = time.monotonic() - start
+        why = None
+        if run.blocks >= max_blocks:
+            why = f"the pair cap ({cap} per context)"
+        elif run.blocks >= min_blocks and _done(run, profile, m.ci_half_width):
+            why = f"every scored context's CI is within ±{m.ci_half_width:.1%}"
+        elif run.blocks >= min_blocks and elapsed * (run.blocks + 1) / run.blocks > m.time_budget_s:
+            why = f"another block would overrun the {m.time_budget_s} s budget"
+        if why:
+            log(f"A/B done after {run.blocks} blocks ({elapsed:.0f} s): {why}")
+            return run, procs
+        _close(procs)
+
+
+def _done(run: Run, profile: Profile, half_width: float) -> bool:
+    for c in profile.contexts:
+        if not c.scored:
+            continue
+        est = _estimates(run.samples, c.ctx)
+        if est is None or est.half_width > half_width:
+            return False
+    return True
+
+
+def _start_block(launch: Launch, timeout_s: float) -> dict[Side, ServedProcess]:
+    procs: dict[Side, ServedProcess] = {}
+    try:
+        for side in (Side.BASE, Side.HEAD):
+            procs[side] = launch(side)
+        for side, p in procs.items():
+            try:
+                p.wait_ready(timeout_s)
+            except ServeError as exc:
+                raise SideError(side, exc.stage, f"the serving engine did not start: {exc}", exc.tail) from exc
+            p.freeze()
+        return procs
+    except BaseException:
+        _close(procs)
+        raise
+
+
+def _close(procs: dict[Side, ServedProcess]) -> None:
+    for p in procs.values():
+        p.close()
+
+
+def _pair(procs: dict[Side, ServedProcess], block: int, i: int, ctx: int, prompt: list[int], gen: int,
+          timeout_s: float, quiet: Quiet, gpu: bool, log: Log, run: Run) -> list[Sample]:
+    """One interleaved pair (base first on even pairs), measured again if others used the box meanwhile."""
+    order = (Side.BASE, Side.HEAD) if i % 2 == 0 else (Side.HEAD, Side.BASE)
+    for _attempt in range(CONTAMINATED_RETRIES):
+        snap = box.cpu_snapshot()
+        out = []
+        for side in order:
+            other = [p for s, p in procs.items() if s is not side]
+            try:
+                timed = run_alone(procs[side], other, lambda side=side: procs[side].request(
+                    {"op": "generate", "prompt_ids": prompt, "max_new": gen}, timeout_s))
+            except ServeError as exc:
+                raise SideError(side, exc.stage, str(exc), exc.tail) from exc
+            out.append(_sample(side, ctx, block, i, prompt, gen, timed))
+        during = box.usage(snap, box.cpu_snapshot(), os.getpid())
+        reason = box.busy_reason(during, quiet)
+        if reason is None:
+            run.box_samples.append({"block": block + 1, "context": ctx, "pair": i + 1,
+                                    "during_other_cores": round(during.other_cores, 3),
+                                    "during_others_top": [f"{n} {c:.2f}" for n, c in during.top]})
+            return out
+        log(f"pair measured again: while it ran, {reason}")
+        box.wait_until_quiet(quiet, with_gpu=gpu, log=log)
+    raise box.BoxBusy(f"box busy: {reason}, during {CONTAMINATED_RETRIES} attempts at one pair")
+
+
+MAX_DECODE_TPS = 1e5  # faster than any engine: tokens that arrive this fast came in a burst
+
+
+def _sample(side: Side, ctx: int, block: int, i: int, prompt: list[int], gen: int, t: Timed) -> Sample:
+    if len(t.tokens) != gen:
+        raise SideError(side, "serve", f"asked for {gen} tokens, the engine streamed {len(t.tokens)}")
+    if len(t.arrivals_ns) != gen:
+        raise SideError(side, "serve", f"{gen} tokens arrived in {len(t.arrivals_ns)} lines; a generate request "
+                        "streams one line per token")
+    if t.decode_tps > MAX_DECODE_TPS:
+        raise SideError(side, "serve", f"{gen} tokens arrived within {t.decode_s * 1e6:.0f} µs: a burst, not a "
+                        "decode (they were computed before the first was sent)")
+    reported = t.summary.get("timings") if isinstance(t.summary.get("timings"), dict) else {}
+    return Sample(side, ctx, block, i, tuple(prompt), t.tokens, ctx / t.prefill_s if t.prefill_s > 0 else 0.0,
+                  t.decode_tps, {k: v for k, v in reported.items() if isinstance(v, (int, float))},
+                  t.summary.get("n"))
+
+
+def random_prompts(vocab: int, seed: int) -> Callable[[int, int], list[int]]:
+    """Seeded random token ids (random-weight shapes have no tokenizer); each serial its own draw."""
+    import random
+
+    def source(ctx: int, serial: int) -> list[int]:
+        rng = random.Random(f"{seed}:{serial}")
+        return [rng.randrange(vocab) for _ in range(ctx)]
+
+    return source
+
+
+def iter_chunks(items: list[Any], n: int) -> Iterator[list[Any]]:
+    """items in consecutive chunks of n."""
+    for i in range(0, len(items), n):
+        yield items[i : i + n]

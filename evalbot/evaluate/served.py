@@ -1,0 +1,286 @@
+"""Engines measured through `python -m engine serve`: the harness holds the clock.
+
+Each side runs as a warm serving process (loaded and warmed once), sandboxed like every engine run. The
+trusted process timestamps each protocol line as it arrives (a reader thread, `time.monotonic_ns`), so
+prefill is the time from sending a request to its first token and decode is first token to last:
+nothing the engine says about time decides anything. While one side is timed, the other side's whole
+process tree is stopped (SIGSTOP to every process in it, repeated until no new one appears), so a side
+cannot slow the other down between its own requests.
+
+Every line is checked: an unknown id, a token outside the vocabulary, a line over the size cap, or
+output that is not the protocol is the side's failure, with the stderr tail.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from evalbot.evaluate import box, sandbox
+
+PROTOCOL = "evalbot.serve/1"
+MAX_LINE_BYTES = 1 << 20
+STDERR_TAIL_BYTES = 64 << 10
+
+
+class ServeError(RuntimeError):
+    """A serving process broke the protocol, died, flooded its output or ran out of time; `stage` says
+    which (protocol, run, output, timeout, serve) and the message says how."""
+
+    def __init__(self, message: str, tail: str = "", stage: str = "serve"):
+        super().__init__(message)
+        self.tail, self.stage = tail, stage
+
+
+@dataclass(frozen=True)
+class Line:
+    """One protocol line as the harness received it, with the harness's own arrival time."""
+
+    at_ns: int
+    obj: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One request as the harness saw it: when it was sent, each token's arrival, and the summary."""
+
+    request: dict[str, Any]
+    sent_ns: int
+    tokens: tuple[int, ...]
+    arrivals_ns: tuple[int, ...]  # per streamed line: when it arrived
+    steps: tuple[tuple[int, ...], ...]  # tokens per streamed line (one each for generate)
+    summary: dict[str, Any]
+
+    @property
+    def prefill_s(self) -> float:
+        """From sending the request to the first token (a burst of every token at the end lands here)."""
+        return (self.arrivals_ns[0] - self.sent_ns) / 1e9
+
+    @property
+    def decode_s(self) -> float:
+        """From the first token to the last."""
+        return (self.arrivals_ns[-1] - self.arrivals_ns[0]) / 1e9
+
+    @property
+    def decode_tps(self) -> float:
+        """(N - 1) tokens over the first-to-last interval, as the harness clocked it."""
+        return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 else float("inf")
+
+
+@dataclass
+class ServedProcess:
+    """One serving engine process and the threads that read it."""
+
+    label: str
+    proc: Any  # subprocess.Popen[bytes]
+    vocab: int = 0
+    ready: dict[str, Any] = field(default_factory=dict)
+    lines: queue.Queue[Line | ServeError | None] = field(default_factory=queue.Queue)
+    stderr_tail: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=256))
+    frozen: bool = False
+    max_output_bytes: int = 64 << 20
+    _count: int = 0
+
+    @classmethod
+    def start(cls, label: str, spec: sandbox.SandboxSpec, argv: list[str], *, no_sandbox: bool) -> ServedProcess:
+        """Spawn the server and its reader threads (stdout lines timestamped, stderr kept as a tail); a
+        process whose output passes the spec's cap is stopped at once."""
+        sp = cls(label, sandbox.spawn(spec, argv, no_sandbox=no_sandbox),
+                 max_output_bytes=spec.limits.max_output_bytes)
+        threading.Thread(target=sp._read_stdout, daemon=True).start()
+        threading.Thread(target=sp._read_stderr, daemon=True).start()
+        return sp
+
+    # -------------------------------------------------------------- reading (threads)
+
+    def _read_stdout(self) -> None:
+        stream: IO[bytes] = self.proc.stdout
+        total = 0
+        while True:
+            raw = stream.readline(MAX_LINE_BYTES + 1)
+            at = time.monotonic_ns()
+            if not raw:
+                self.lines.put(None)
+                return
+            total += len(raw)
+            if len(raw) > MAX_LINE_BYTES or total > self.max_output_bytes:
+                self._stop(ServeError(f"{self.label}: printed more than the {MAX_LINE_BYTES >> 20} MiB a protocol "
+                                      f"line or the {self.max_output_bytes >> 20} MiB a run may print, and was stopped",
+                                      stage="output"))
+                return
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                self._stop(ServeError(f"{self.label}: printed a line that is not the protocol: {raw[:120]!r}",
+                                      stage="protocol"))
+                return
+            if not isinstance(obj, dict):
+                self._stop(ServeError(f"{self.label}: printed a JSON {type(obj).__name__}, not an object",
+                                      stage="protocol"))
+                return
+            self.lines.put(Line(at, obj))
+
+    def _read_stderr(self) -> None:
+        size = total = 0
+        for raw in iter(lambda: self.proc.stderr.read(65536), b""):
+            self.stderr_tail.append(raw)
+            size += len(raw)
+            total += len(raw)
+            while size > STDERR_TAIL_BYTES and len(self.stderr_tail) > 1:
+                size -= len(self.stderr_tail.popleft())
+            if total > self.max_output_bytes:
+                self._stop(ServeError(f"{self.label}: printed more than {self.max_output_bytes >> 20} MiB on stderr "
+                                      "and was stopped", stage="output"))
+                return
+
+    def _stop(self, error: ServeError) -> None:
+        """Record why the process must end, and end it (a flood is stopped at the cap, not the time limit)."""
+        self.lines.put(error)
+        sandbox.kill_tree(self.proc.pid)
+
+    def tail(self) -> str:
+        """The end of what the process wrote on stderr."""
+        return b"".join(self.stderr_tail).decode("utf-8", errors="replace")[-4000:]
+
+    def _next(self, deadline: float, limit_s: float) -> Line:
+        try:
+            item = self.lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+        except queue.Empty:
+            sandbox.kill_tree(self.proc.pid)
+            raise ServeError(f"{self.label}: no answer within {limit_s:.0f} s (the run time limit); stopped",
+                             self.tail(), stage="timeout") from None
+        if item is None:
+            try:
+                code = self.proc.wait(timeout=5)
+            except Exception:  # noqa: BLE001
+                code = None
+            raise ServeError(f"{self.label}: the serving process ended"
+                             + (f": it {describe(code)}" if code is not None else ""), self.tail(), stage="run")
+        if isinstance(item, ServeError):
+            item.tail = self.tail()
+            raise item
+        return item
+
+    # -------------------------------------------------------------- the protocol
+
+    def wait_ready(self, timeout_s: float) -> dict[str, Any]:
+        """The ready line (identity, config, its own load and warm-up timings)."""
+        line = self._next(time.monotonic() + timeout_s, timeout_s)
+        obj = line.obj
+        if obj.get("event") != "ready" or obj.get("protocol") != PROTOCOL:
+            raise ServeError(f"{self.label}: expected a ready line of {PROTOCOL}, got {str(obj)[:200]}", self.tail())
+        vocab = (obj.get("config") or {}).get("vocab_size")
+        if not isinstance(vocab, int) or vocab <= 0:
+            raise ServeError(f"{self.label}: the ready line names no vocab_size", self.tail())
+        self.ready, self.vocab = obj, vocab
+        return obj
+
+    def request(self, body: dict[str, Any], timeout_s: float) -> Timed:
+        """Send one request and collect its lines until its summary; ServeError on anything else."""
+        self._count += 1
+        rid = f"{body['op'][0]}{self._count}"
+        req = {**body, "id": rid}
+        data = (json.dumps(req, separators=(",", ":")) + "\n").encode()
+        sent = time.monotonic_ns()
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except OSError as exc:
+            raise ServeError(f"{self.label}: cannot send a request: {exc}", self.tail()) from None
+        deadline = time.monotonic() + timeout_s
+        tokens: list[int] = []
+        arrivals: list[int] = []
+        steps: list[tuple[int, ...]] = []
+        while True:
+            line = self._next(deadline, timeout_s)
+            obj = line.obj
+            if obj.get("id") != rid:
+                raise ServeError(f"{self.label}: a line for request {str(obj.get('id'))[:40]!r} while {rid} was "
+                                 "being served", self.tail())
+            if obj.get("event") == "error":
+                raise ServeError(f"{self.label}: refused request {rid}: {str(obj.get('message'))[:500]}", self.tail())
+            if obj.get("event") == "done":
+                return Timed(req, sent, tuple(tokens), tuple(arrivals), tuple(steps), obj)
+            got = [obj["tok"]] if "tok" in obj else obj.get("toks")
+            if not isinstance(got, list) or not got or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab for t in got):
+                raise ServeError(f"{self.label}: request {rid}: not a token line: {str(obj)[:200]}", self.tail())
+            tokens += got
+            arrivals.append(line.at_ns)
+            steps.append(tuple(got))
+            if len(tokens) > body.get("max_new", 0) + 1 and body["op"] != "score":
+                raise ServeError(f"{self.label}: request {rid}: more tokens than asked for", self.tail())
+
+    # -------------------------------------------------------------- freezing and ending
+
+    def _pids(self) -> set[int]:
+        return box.tree(box.cpu_snapshot().procs, self.proc.pid)
+
+    def freeze(self) -> None:
+        """SIGSTOP the whole process tree (again until no new process appears)."""
+        stopped: set[int] = set()
+        for _ in range(8):
+            fresh = self._pids() - stopped
+            if not fresh:
+                break
+            for pid in fresh:
+                _signal(pid, signal.SIGSTOP)
+            stopped |= fresh
+        self.frozen = True
+
+    def thaw(self) -> None:
+        """SIGCONT the whole process tree."""
+        for pid in self._pids():
+            _signal(pid, signal.SIGCONT)
+        self.frozen = False
+
+    def close(self) -> None:
+        """Ask it to stop, then end the whole tree."""
+        if self.frozen:
+            self.thaw()
+        try:
+            self.proc.stdin.write(b'{"op":"shutdown"}\n')
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - it is being killed anyway
+            pass
+        sandbox.kill_tree(self.proc.pid)
+        try:
+            self.proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def describe(code: int) -> str:
+    """How a serving process ended."""
+    from evalbot.evaluate.exits import describe_exit
+
+    return describe_exit(code)
+
+
+def run_alone(timed: ServedProcess, others: list[ServedProcess], call: Callable[[], Timed]) -> Timed:
+    """Run one timed request with every other serving process frozen, and freeze it again after."""
+    for other in others:
+        if not other.frozen:
+            other.freeze()
+    if timed.frozen:
+        timed.thaw()
+    try:
+        return call()
+    finally:
+        timed.freeze()
