@@ -54,7 +54,7 @@ def evaluate(repo: Path, base: str, head: str, rules_dir: Path | None, profile: 
         key = receipts.load_private_key(raw_key) if raw_key else None
     except receipts.ReceiptError as exc:
         raise click.ClickException(f"signing key: {exc}") from exc
-    work = work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work"
+    work = (work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work").resolve()
     with reporter() as (log, progress):
         cfg = runner.EvalConfig(repo=repo.resolve(), base=base, head=head, rules=rules, profile=profile,
                                 work_root=work, no_sandbox=no_sandbox, seed=seed, spec=spec, spec_drafter=spec_drafter,

@@ -104,6 +104,7 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
     a quiet box are the A/B pairs run.
     """
     started = box.now()
+    cfg = dataclasses.replace(cfg, work_root=cfg.work_root.resolve(), repo=cfg.repo.resolve())  # run from anywhere
     profile = cfg.rules.profile(cfg.profile)
     seed = cfg.seed if cfg.seed is not None else prompts.fresh_seed()
     corpus = prompts.default_corpus_dir()

@@ -194,7 +194,8 @@ class ServedProcess:
             self.proc.stdin.write(data)
             self.proc.stdin.flush()
         except OSError as exc:
-            raise ServeError(f"{self.label}: cannot send a request: {exc}", self.tail()) from None
+            self._next(time.monotonic() + 5, 5)  # the reason it stopped reading, when a reader saw one
+            raise ServeError(f"{self.label}: cannot send a request: {exc}", self.tail(), stage="run") from None
         deadline = time.monotonic() + timeout_s
         tokens: list[int] = []
         arrivals: list[int] = []

@@ -75,9 +75,10 @@ def test_main_broken_too_is_infra_not_the_pr(tmp_path):
     assert "infra-error" in result["verdict"]["labels_add"] and "regression" not in result["verdict"]["labels_add"]
 
 
-def test_red_team_head_sees_no_secrets_no_network_and_its_fake_json_is_rejected(tmp_path):
+def test_red_team_head_sees_no_secrets_no_network_and_its_fake_json_goes_nowhere(tmp_path):
     """A head that hunts for tokens, phones home, and prints a fabricated record: the sandbox hides the
-    first two (else it would exit with 'sandbox leak'), the schema check rejects the third."""
+    first two (else it would exit with 'sandbox leak'), and the serving harness keeps stdout for protocol
+    lines, so the third lands on stderr and decides nothing."""
     import os
     import socket
 
@@ -106,10 +107,10 @@ def test_red_team_head_sees_no_secrets_no_network_and_its_fake_json_is_rejected(
                           capture_output=True, text=True, timeout=900, env=env)
     listener.close()
     result = json.loads((out / "result.json").read_text())
-    assert proc.returncode == 1 and result["verdict"]["status"] == "REJECT", proc.stderr[-2000:]
-    failure = result["measurements"]["failures"][0]
-    assert failure["side"] == "head" and failure["stage"] == "schema", failure
-    assert "sandbox leak" not in failure["log_tail"] and "ghp_secret" not in (out / "report.md").read_text()
+    assert result["measurements"]["failures"] == [], proc.stderr[-2000:]  # it ran: no leak, no network
+    assert result["verdict"]["status"] in ("PASS", "INCONCLUSIVE") and result["verdict"]["tier"] is None
+    assert all(e["ratio"] < 1.5 for e in result["verdict"]["estimates"])  # the 1e9 tok/s went nowhere
+    assert "ghp_secret" not in (out / "report.md").read_text()
 
 
 def _evaluate_flags(repo: Path, tmp_path: Path, *flags: str) -> tuple[int, dict]:

@@ -86,8 +86,12 @@ def write_rules(dest: Path, sha256: str, *, run_timeout_s: int = 60, max_output_
     dest.mkdir(parents=True)
     shipped = default_rules_dir()
     for path in shipped.glob("*.yaml"):
-        if path.name not in ("profiles.yaml", "models.yaml"):
+        if path.name not in ("profiles.yaml", "models.yaml", "tiers.yaml"):
             (dest / path.name).write_text(path.read_text())
+    # The fixture decodes a token in milliseconds of numpy, and this box's timings of such short work
+    # vary by 10-15% request to request (the engine's own clock sees the same): tiers scaled to that
+    # noise keep the verdicts decided (the shipped +2% floor would make every fixture run INCONCLUSIVE).
+    (dest / "tiers.yaml").write_text("lower_bounds:\n  XS: 0.25\n  S: 0.4\n  M: 0.6\n  L: 0.8\n  XL: 1.0\n")
     (dest / "profiles.yaml").write_text(f"""\
 cpu:
   device: cpu
@@ -95,12 +99,12 @@ cpu:
     - {{ctx: 128, guarded: true, scored: true}}
     - {{ctx: 512, guarded: true, scored: true}}
   measurement:
-    decode_tokens: 48
+    decode_tokens: 32
     warmup_runs: 1
     ci_half_width: 0.005
     min_pairs: 5
-    max_pairs: 24
-    pairs_per_block: 4
+    max_pairs: 12
+    pairs_per_block: 3
     min_blocks: 4
     time_budget_s: 600
     run_timeout_s: {run_timeout_s}
@@ -373,7 +377,10 @@ def test_a_busy_box_gives_box_busy_and_a_quiet_one_a_verdict(lab: Lab):
     quiet = evaluate(lab, "speedup", "--no-spec", "--no-accuracy", rules_dir=rules_dir)
     assert quiet.measurements["failures"] == [] and quiet.verdict["status"] in ("PASS", "INCONCLUSIVE")
     samples = quiet.measurements["box_samples"]
-    assert samples and all(s["other_cores"] <= 0.4 and s["during_other_cores"] <= 0.4 for s in samples)
+    blocks = [s for s in samples if "other_cores" in s]  # before each block of serving processes
+    pairs = [s for s in samples if "during_other_cores" in s]  # while each pair ran
+    assert blocks and pairs and all(s["other_cores"] <= 0.4 for s in blocks)
+    assert all(s["during_other_cores"] <= 0.4 for s in pairs)
     assert "others' CPU before pairs" in quiet.report
 
 
@@ -630,7 +637,7 @@ def test_a_head_that_floods_stdout_forever_is_stopped_at_the_cap_not_the_time_li
 def test_the_trusted_harness_comes_from_main_whatever_the_bots_working_directory(lab: Lab):
     repo_root = Path(__file__).resolve().parents[2]
     assert (repo_root / "engine" / "__init__.py").is_file()
-    run = evaluate(lab, "speedup", "--no-spec", "--no-accuracy", "--max-pairs", "2", cwd=repo_root)
+    run = evaluate(lab, "speedup", "--no-spec", "--no-accuracy", cwd=repo_root)
     assert run.verdict["status"] == "PASS", run.verdict["reasons"]
 
 

@@ -85,3 +85,9 @@ def test_a_settled_top_tier_is_not_inconclusive_however_few_the_pairs():
     v = decide(_evaluation(rng, 0.04, gain=4.6), RULES)
     assert v.status is Status.PASS and v.tier == RULES.tiers[-1].name
     assert max(e.mde for e in v.estimates) > RULES.tiers[0].lower_bound
+
+
+def test_a_regression_as_large_as_the_top_tier_is_settled_however_noisy():
+    v = decide(_evaluation(random.Random(6), 0.05, gain=-0.6), RULES)
+    assert v.status is Status.REJECT and RULES.labels.regression in v.labels_add
+    assert max(e.mde for e in v.estimates if e.metric == "decode_tps") > RULES.tiers[0].lower_bound

@@ -1,0 +1,165 @@
+"""The served protocol from the harness's side: its own clock, every line checked, the idle side frozen.
+
+Real processes throughout: the fixture engine's `serve`, and small stand-in servers that misbehave the
+ways a PR's engine could (garbage, floods, silence, bursts, busy threads)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from evalbot.evaluate import abtest, box, sandbox, served
+from evalbot.model import Side
+from tests.fixtures import fixture_engine_branches as fb
+
+PY = sys.executable
+
+
+def _spec(tmp: Path, cap: int = 1 << 20) -> sandbox.SandboxSpec:
+    return sandbox.SandboxSpec(ro_binds=(), scratch=tmp, workdir=tmp, env={"PATH": os.environ["PATH"]},
+                               limits=sandbox.Limits(max_output_bytes=cap, timeout_s=60))
+
+
+def _fake(tmp: Path, body: str, cap: int = 1 << 20) -> served.ServedProcess:
+    script = tmp / "fake.py"
+    script.write_text(textwrap.dedent('''
+        import json, sys, threading, time
+        def send(o):
+            sys.stdout.write(json.dumps(o) + "\\n"); sys.stdout.flush()
+        send({"event": "ready", "protocol": "evalbot.serve/1", "config": {"vocab_size": 100}})
+    ''') + textwrap.dedent(body))
+    return served.ServedProcess.start("fake", _spec(tmp, cap), [PY, str(script)], no_sandbox=True)
+
+
+@pytest.fixture(scope="module")
+def fixture_model(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("fx-cache")
+    proc = subprocess.run([PY, "-m", "engine.models", "fetch", fb.MODEL_NAME], cwd=fb.TEMPLATE, capture_output=True,
+                          text=True, check=True, env={**os.environ, "XDG_CACHE_HOME": str(cache)})
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_harness_times_a_real_serving_engine(tmp_path, fixture_model):
+    argv = [PY, "-m", "engine", "serve", "--model", str(fixture_model), "--max-seq", "200"]
+    spec = sandbox.SandboxSpec(ro_binds=(fb.TEMPLATE,), scratch=tmp_path, workdir=fb.TEMPLATE,
+                               env={"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1"},
+                               limits=sandbox.Limits(timeout_s=60))
+    p = served.ServedProcess.start("fixture", spec, argv, no_sandbox=True)
+    try:
+        ready = p.wait_ready(30)
+        assert ready["protocol"] == "evalbot.serve/1" and p.vocab == 256
+        t = p.request({"op": "generate", "prompt_ids": list(range(1, 65)), "max_new": 16}, 30)
+        assert len(t.tokens) == 16 and len(t.arrivals_ns) == 16 and t.summary["n"] == 16
+        assert t.prefill_s > 0 and 0 < t.decode_s and t.decode_tps > 0
+        assert list(t.arrivals_ns) == sorted(t.arrivals_ns)  # the harness's own monotonic clock
+        ids = p.request({"op": "tokenize", "text": "abc"}, 30).summary["ids"]
+        assert ids == [97, 98, 99]
+        scored = p.request({"op": "score", "ids": [*range(1, 65), *t.tokens], "from": 64}, 30).summary
+        assert scored["argmax"][:3] == list(t.tokens[:3])  # greedy tokens are the model's own top-1
+        with pytest.raises(served.ServeError, match="refused request"):
+            p.request({"op": "generate", "prompt_ids": [999], "max_new": 2}, 30)
+        assert p.request({"op": "generate", "prompt_ids": [1, 2], "max_new": 2}, 30).tokens  # it goes on
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize(("body", "stage", "words"), [
+    ('print("plain text, not the protocol", flush=True)\ntime.sleep(30)', "protocol", "not the protocol"),
+    ('send([1, 2])\ntime.sleep(30)', "protocol", "not an object"),
+    ('sys.stderr.write("x" * 4096 * 1024); sys.stderr.flush()\ntime.sleep(30)', "output", "stopped"),
+    ('time.sleep(30)', "timeout", "no answer within"),
+    ('sys.exit(7)', "run", "exited with code 7"),
+    ('line = sys.stdin.readline(); send({"id": "someone-else", "tok": 1})\ntime.sleep(30)', "serve", "a line for"),
+    ('line = sys.stdin.readline(); send({"id": json.loads(line)["id"], "tok": 100})\ntime.sleep(30)', "serve",
+     "not a token line"),
+])
+def test_a_misbehaving_server_is_stopped_with_the_reason(tmp_path, body, stage, words):
+    p = _fake(tmp_path, body)
+    try:
+        p.wait_ready(10)
+        with pytest.raises(served.ServeError) as info:
+            p.request({"op": "generate", "prompt_ids": [1], "max_new": 4}, 2)
+        assert info.value.stage == stage and words in str(info.value)
+    finally:
+        p.close()
+    assert p.proc.poll() is not None
+
+
+BUSY = '''
+def spin():
+    while True:
+        pass
+for _ in range(2):
+    threading.Thread(target=spin, daemon=True).start()
+time.sleep(60)
+'''
+
+
+def test_a_frozen_side_uses_no_cpu_and_resumes_when_thawed(tmp_path):
+    p = _fake(tmp_path, BUSY)
+    try:
+        p.wait_ready(10)
+        time.sleep(0.3)
+        p.freeze()
+        mine = box.measure(p.proc.pid, 1.0, with_gpu=False)
+        assert mine.own_cores < 0.1, mine  # stopped: its spinning threads get no CPU
+        p.thaw()
+        running = box.measure(p.proc.pid, 1.0, with_gpu=False)
+        assert running.own_cores > 0.5, running
+    finally:
+        p.close()
+
+
+def test_run_alone_freezes_every_other_side_while_one_is_timed(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = _fake(tmp_path / "a", BUSY)
+    b = _fake(tmp_path / "b", 'line = sys.stdin.readline(); rid = json.loads(line)["id"]\n'
+                              'send({"id": rid, "tok": 1}); send({"id": rid, "tok": 2})\n'
+                              'send({"id": rid, "event": "done", "n": 2})\ntime.sleep(60)')
+    try:
+        a.wait_ready(10)
+        b.wait_ready(10)
+        seen = {}
+
+        def call():  # noqa: ANN202
+            seen["a_usage"] = box.measure(a.proc.pid, 0.5, with_gpu=False).own_cores
+            return b.request({"op": "generate", "prompt_ids": [1], "max_new": 2}, 10)
+
+        t = served.run_alone(b, [a], call)
+        assert t.tokens == (1, 2) and a.frozen and b.frozen and seen["a_usage"] < 0.1
+    finally:
+        a.close()
+        b.close()
+
+
+def _timed(n: int, gap_ns: int, first_after_ns: int = 1_000_000) -> served.Timed:
+    arrivals = tuple(first_after_ns + i * gap_ns for i in range(n))
+    return served.Timed({"op": "generate"}, 0, tuple(range(n)), arrivals, tuple((i,) for i in range(n)),
+                        {"n": n, "timings": {"decode_s": 0.001}})
+
+
+def test_tokens_streamed_in_a_burst_are_refused_and_burst_time_counts_as_prefill():
+    burst = _timed(32, gap_ns=200)  # 200 ns apart: computed before the first was sent
+    assert burst.decode_tps > abtest.MAX_DECODE_TPS
+    with pytest.raises(abtest.SideError, match="burst"):
+        abtest._sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, burst)
+    honest = _timed(32, gap_ns=20_000_000, first_after_ns=50_000_000)
+    s = abtest._sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, honest)
+    assert s.decode_tps == pytest.approx(31 / (31 * 0.02)) and s.prefill_tps == pytest.approx(128 / 0.05)
+    assert s.self_report_gap == pytest.approx(abs(0.001 - 0.62) / 0.62)
+
+
+def test_a_side_that_streams_fewer_or_grouped_tokens_is_refused():
+    grouped = served.Timed({"op": "generate"}, 0, tuple(range(8)), (1_000_000, 9_000_000), ((0, 1, 2, 3), (4, 5, 6, 7)),
+                           {"n": 8})
+    with pytest.raises(abtest.SideError, match="one line per token"):
+        abtest._sample(Side.HEAD, 128, 0, 0, [1] * 128, 8, grouped)
+    with pytest.raises(abtest.SideError, match="streamed 8"):
+        abtest._sample(Side.HEAD, 128, 0, 0, [1] * 128, 16, grouped)
