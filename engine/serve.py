@@ -20,7 +20,8 @@ Protocol ``evalbot.serve/1`` (one JSON object per line, both ways):
 
     -> {"id": "r3", "op": "score", "ids": [..], "from": 128}
     <- {"id": "r3", "event": "done", "argmax": [..], "margin": [..], "logprob": [..]}
-       (teacher-forced: position i predicts ids[i + 1], for i from `from` - 1 to len(ids) - 2)
+       (teacher-forced: position i predicts ids[i + 1], for i from `from` - 1 to len(ids) - 2; with
+       "save": "head.npy" every position's full log-probabilities are also written there, float32 [P, V])
 
     -> {"op": "shutdown"}
 
@@ -35,10 +36,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from typing import IO, Any
 
+import numpy as np
 import torch
 
 from engine import generate as gen
@@ -48,6 +51,7 @@ from engine.sampling import SamplingParams
 from engine.shapes import SHAPES
 
 PROTOCOL = "evalbot.serve/1"
+SAVE_NAME = re.compile(r"[a-z0-9_-]{1,40}\.npy")
 MAX_REQUEST_BYTES = 4 << 20
 MAX_ID_CHARS = 64
 OPS = ("generate", "spec", "score", "tokenize", "shutdown")
@@ -147,7 +151,14 @@ class Server:
             start = _int(req, "from", 1, 1, len(ids) - 1)
             if len(ids) > self.max_seq:
                 raise RequestError(f"ids: {len(ids)} tokens exceed the engine's {self.max_seq} positions")
-            logprobs = self.session.score(ids)[start - 1 :]  # [len(ids) - start, V], row i predicts ids[start + i]
+            full = self.session.score(ids)  # [len(ids) - 1, V]
+            save = req.get("save")
+            if save is not None:
+                if not isinstance(save, str) or not SAVE_NAME.fullmatch(save):
+                    raise RequestError("save: expected a plain file name such as head.npy")
+                with open(save, "wb") as f:  # in the working directory: the sandbox's scratch
+                    np.save(f, full.cpu().numpy().astype(np.float32))
+            logprobs = full[start - 1 :]  # [len(ids) - start, V], row i predicts ids[start + i]
             top2 = logprobs.topk(2, dim=-1).values
             targets = torch.tensor(ids[start:], device=logprobs.device)
             self.send({"id": rid, "event": "done", "argmax": logprobs.argmax(-1).tolist(),

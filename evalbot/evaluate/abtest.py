@@ -141,7 +141,7 @@ def measure(profile: Profile, launch: Launch, prompts: Prompts, log: Log, *, max
         block = run.blocks
         before, waited = box.wait_until_quiet(quiet, with_gpu=gpu, log=log)
         run.box_samples.append({"block": block + 1, "waited_s": round(waited, 1), **before.as_record(), **box.state()})
-        procs = _start_block(launch, ready_timeout_s)
+        procs = _start_block(launch, ready_timeout_s, log)
         run.ready = {s.value: p.ready for s, p in procs.items()}
         try:
             for c in profile.contexts:
@@ -193,17 +193,20 @@ def _done(run: Run, profile: Profile, half_width: float) -> bool:
     return True
 
 
-def _start_block(launch: Launch, timeout_s: float) -> dict[Side, ServedProcess]:
+def _start_block(launch: Launch, timeout_s: float, log: Log) -> dict[Side, ServedProcess]:
+    """A fresh serving process per side, started one after the other (two loading at once on a small box
+    fight over its cores and memory bandwidth: 90 s instead of 30), each frozen once it is ready."""
     procs: dict[Side, ServedProcess] = {}
     try:
         for side in (Side.BASE, Side.HEAD):
-            procs[side] = launch(side)
-        for side, p in procs.items():
+            t0 = time.monotonic()
+            p = procs[side] = launch(side)
             try:
                 p.wait_ready(timeout_s)
             except ServeError as exc:
                 raise SideError(side, exc.stage, f"the serving engine did not start: {exc}", exc.tail) from exc
             p.freeze()
+            log(f"{p.label}'s serving engine ready in {time.monotonic() - t0:.1f} s")
         return procs
     except BaseException:
         _close(procs)
@@ -229,7 +232,7 @@ def _pair(procs: dict[Side, ServedProcess], block: int, i: int, ctx: int, prompt
                     {"op": "generate", "prompt_ids": prompt, "max_new": gen}, timeout_s))
             except ServeError as exc:
                 raise SideError(side, exc.stage, str(exc), exc.tail) from exc
-            out.append(_sample(side, ctx, block, i, prompt, gen, timed))
+            out.append(sample(side, ctx, block, i, prompt, gen, timed))
         during = box.usage(snap, box.cpu_snapshot(), os.getpid())
         reason = box.busy_reason(during, quiet)
         if reason is None:
@@ -245,7 +248,7 @@ def _pair(procs: dict[Side, ServedProcess], block: int, i: int, ctx: int, prompt
 MAX_DECODE_TPS = 1e5  # faster than any engine: tokens that arrive this fast came in a burst
 
 
-def _sample(side: Side, ctx: int, block: int, i: int, prompt: list[int], gen: int, t: Timed) -> Sample:
+def sample(side: Side, ctx: int, block: int, i: int, prompt: list[int], gen: int, t: Timed) -> Sample:
     if len(t.tokens) != gen:
         raise SideError(side, "serve", f"asked for {gen} tokens, the engine streamed {len(t.tokens)}")
     if len(t.arrivals_ns) != gen:

@@ -18,9 +18,9 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from evalbot.evaluate import abtest, audit, box, builds, prompts, sandbox, schema, served
+from evalbot.evaluate import abtest, audit, box, builds, prompts, sandbox, served
 from evalbot.evaluate.exits import describe_exit
 from evalbot.model import (
     AccuracyResult,
@@ -36,7 +36,6 @@ from evalbot.policy.sensitive_paths import harness_hits
 from evalbot.rules import Profile, Quiet, Rules
 
 Log = Callable[[str], None]
-T = TypeVar("T")
 
 
 class SideFailed(Exception):
@@ -94,6 +93,7 @@ class _Ctx:
     runs: int = 0  # engine processes started, for fresh scratch names
     quiet: Quiet = field(default_factory=Quiet)
     model_paths: dict[str, Path] = field(default_factory=dict)
+    serve_scratch: dict[Side, Path] = field(default_factory=dict)  # each side's latest serving process's
 
 
 def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
@@ -206,13 +206,14 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
                 registry = ref.source == "registry"
                 model_args = ["--model", str(models[ref.name])] if registry else ["--random-weights", "--shape",
                                                                                   ref.name]
-                served = _measure_served(ctx, profile, ref.name, model_args, corpus, seed, registry)
-                throughput += served.throughput
-                audits += served.audits
-                spec_results += served.spec
-                notes += served.notes
-                if registry and cfg.accuracy:
-                    accuracy.append(_accuracy(ctx, ref.name, models[ref.name], prompt_files[1], references[ref.name]))
+                measured = _measure_served(ctx, profile, ref.name, model_args, corpus, seed, registry,
+                                           reference=references.get(ref.name) if registry and cfg.accuracy else None)
+                throughput += measured.throughput
+                audits += measured.audits
+                spec_results += measured.spec
+                notes += measured.notes
+                if measured.accuracy is not None:
+                    accuracy.append(measured.accuracy)
         except SideFailed as exc:
             failures.append(exc.failure)
         except box.BoxBusy as exc:
@@ -235,67 +236,11 @@ def _build_side(ctx: _Ctx, side: Side, wt: builds.Worktree) -> Failure | None:
 # --- engine runs ----------------------------------------------------------------------------------
 
 
-def _run_engine(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float | None = None,
-                keep: Path | None = None) -> dict[str, Any]:
-    """Run `python -m <argv>` from a side's venv in the sandbox; the validated JSON record."""
-    return _run_engine_timed(ctx, side, argv, command, timeout_s, keep)[0]
-
-
-def _run_engine_timed(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float | None = None,
-                      keep: Path | None = None) -> tuple[dict[str, Any], float]:
-    """The validated record and the process's wall time as seen from outside.
-
-    Every run gets a fresh, empty scratch dir (its HOME, TMPDIR and caches), deleted afterwards, so a
-    head cannot carry anything from one run to the next. `{scratch}` in argv names that dir; a file
-    the run must hand back is written there as `{scratch}/<name>` and moved to `keep/<name>`.
-    A failed run is retried once before it counts: a one-off crash of the box must not decide a verdict.
-    A timeout or an output flood is not retried: it would only cost the same again.
-    """
-    timeout_s = timeout_s or ctx.run_timeout_s
-    try:
-        return _run_engine_once(ctx, side, argv, command, timeout_s, keep)
-    except SideFailed as first:
-        if first.failure.stage in ("timeout", "output"):
-            raise
-        ctx.log(f"{side.value}: {first.failure.message}; retrying once")
-        return _run_engine_once(ctx, side, argv, command, timeout_s, keep)
-
-
 def _fresh_scratch(ctx: _Ctx, label: str) -> Path:
     ctx.runs += 1
     path = ctx.scratch / "runs" / f"{ctx.runs:05d}-{label}"
     path.mkdir(parents=True)
     return path
-
-
-def _run_engine_once(ctx: _Ctx, side: Side, argv: list[str], command: str, timeout_s: float,
-                     keep: Path | None) -> tuple[dict[str, Any], float]:
-    venv = ctx.sides[side].build.venv
-    assert venv is not None
-    scratch = _fresh_scratch(ctx, side.value)
-    try:
-        res = _sandboxed_python(ctx, venv, scratch, [a.replace("{scratch}", str(scratch)) for a in argv],
-                                [ctx.scratch / "prompts"], timeout_s)
-        tail = res.stderr[-3000:]
-        if res.output_truncated:
-            raise SideFailed(Failure(side, "output", f"`{' '.join(argv[:2])}` printed more than "
-                                     f"{ctx.max_output_bytes >> 20} MiB on stdout or stderr and was stopped", tail))
-        if res.timed_out:
-            raise SideFailed(Failure(side, "timeout", f"`{' '.join(argv[:2])}` exceeded {timeout_s:.0f} s", tail))
-        if res.returncode != 0:
-            raise SideFailed(Failure(side, "run", f"`{' '.join(argv[:2])}` exited with {res.returncode}", tail))
-        try:
-            record = schema.parse_and_validate(res.stdout, command)
-        except schema.RecordError as exc:
-            raise SideFailed(Failure(side, "schema", f"invalid `{command}` record: {exc}", tail)) from exc
-        if keep is not None:
-            keep.mkdir(parents=True, exist_ok=True)
-            for item in scratch.iterdir():
-                if item.is_file() and not item.is_symlink() and item.suffix in (".npy", ".npz", ".json"):
-                    shutil.move(str(item), keep / item.name)
-        return record, res.duration_s
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @dataclass
@@ -306,6 +251,7 @@ class _Served:
     audits: list[DecodeAudit]
     spec: list[SpecResult]
     notes: list[str]
+    accuracy: AccuracyResult | None = None
 
 
 SIDE_LABEL = {Side.BASE: "main", Side.HEAD: "the PR"}
@@ -318,6 +264,7 @@ def _launcher(ctx: _Ctx, model_args: list[str], max_seq: int, warmup: int) -> ab
         venv = ctx.sides[side].build.venv
         assert venv is not None
         scratch = _fresh_scratch(ctx, f"{side.value}-serve")
+        ctx.serve_scratch[side] = scratch
         spec = _sandbox_spec(ctx, venv, scratch, [ctx.scratch / "prompts"], ctx.cfg.rules.profile(ctx.cfg.profile)
                              .measurement.time_budget_s + ctx.run_timeout_s)
         argv = [str(venv / "bin" / "python"), "-m", "engine", "serve", *model_args, "--max-seq", str(max_seq),
@@ -328,13 +275,12 @@ def _launcher(ctx: _Ctx, model_args: list[str], max_seq: int, warmup: int) -> ab
 
 
 def _measure_served(ctx: _Ctx, profile: Profile, name: str, model_args: list[str], corpus: Path, seed: int,
-                    registry: bool) -> _Served:
+                    registry: bool, reference: Path | None = None, accuracy_text: Path | None = None) -> _Served:
     """A/B pairs in blocks of warm serving processes, then the decode audit and speculative decoding, all on
     the harness's clock; each side's failure is the side's (main's: an infra error)."""
     m = profile.measurement
     block = ctx.cfg.rules.spec_pair.block
-    gen_spec = 64
-    max_seq = max(c.ctx for c in profile.contexts) + max(m.decode_tokens, gen_spec) + block + 8
+    max_seq = max(c.ctx for c in profile.contexts) + m.decode_tokens + block + 8
     launch = _launcher(ctx, model_args, max_seq, m.warmup_runs)
     texts = prompts.load_corpus(corpus)
     procs: dict[Side, served.ServedProcess] = {}
@@ -363,13 +309,15 @@ def _measure_served(ctx: _Ctx, profile: Profile, name: str, model_args: list[str
         ctx.box_samples.extend(run.box_samples)
         gate = ctx.cfg.rules.gates.decode_audit
         chosen = audit.choose(run.samples, share=gate.share, minimum=gate.min_requests)
-        answers, reference = _audit_answers(ctx, chosen, procs, registry, name)
-        audits = audit.judge(name, reference, chosen, answers, gate.near_tie)
-        spec = []
+        answers, judge_name = _audit_answers(ctx, chosen, procs, registry, name)
+        audits = audit.judge(name, judge_name, chosen, answers, gate.near_tie)
+        spec, tau_notes = [], []
         if ctx.cfg.spec and ctx.cfg.rules.spec_pair.profile == ctx.cfg.profile:
-            spec = _spec_served(ctx, profile, name, procs, pool, block, gen_spec)
+            spec, tau_notes = _spec_served(ctx, profile, name, procs, run, block, pool)
+        accuracy = _accuracy_served(ctx, name, procs, reference) if reference is not None else None
         return _Served(abtest.throughput(run.samples, profile, name), audits, spec,
-                       _diagnostics(run.samples, ctx.cfg.rules.gates.timing.max_self_report_gap))
+                       [*_diagnostics(run.samples, ctx.cfg.rules.gates.timing.max_self_report_gap), *tau_notes],
+                       accuracy)
     except abtest.SideError as exc:
         raise SideFailed(Failure(exc.side, exc.stage, str(exc), exc.tail)) from exc
     except served.ServeError as exc:  # main's process, serving the harness (tokenizing, auditing)
@@ -420,52 +368,96 @@ def _audit_answers(ctx: _Ctx, chosen: list[abtest.Sample], procs: dict[Side, ser
     return out, "main"
 
 
+def _plain_pair(ctx: _Ctx, procs: dict[Side, served.ServedProcess], pool: abtest.Prompts, length: int,
+                gen: int) -> dict[Side, abtest.Sample]:
+    """Both sides' plain decode of one fresh prompt, as the reference for a speculative run."""
+    prompt = pool.next(length)
+    out = {}
+    for side, p in procs.items():
+        others = [q for s, q in procs.items() if s is not side]
+        try:
+            t = served.run_alone(p, others, lambda p=p: p.request(
+                {"op": "generate", "prompt_ids": prompt, "max_new": gen}, ctx.run_timeout_s))
+        except served.ServeError as exc:
+            raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
+        out[side] = abtest.sample(side, length, -1, 0, prompt, gen, t)
+    return out
+
+
 def _spec_served(ctx: _Ctx, profile: Profile, name: str, procs: dict[Side, served.ServedProcess],
-                 pool: abtest.Prompts, block: int, gen: int) -> list[SpecResult]:
-    """Speculative decoding on the harness's clock at every scored context: per run and side, a plain
-    generation and a speculative one of the same fresh prompt; lossless means the same tokens."""
+                 run: abtest.Run, block: int, pool: abtest.Prompts) -> tuple[list[SpecResult], list[str]]:
+    """Speculative decoding on the harness's clock at every scored context. Each run takes a prompt an
+    earlier block timed (so these processes never saw it, and nothing can be replayed from a cache),
+    and decodes it speculatively on both sides: lossless means the very tokens that side's plain decode
+    produced; plain speed comes from those timed requests. Also the notes on tau (diagnostics)."""
     g = ctx.cfg.rules.gates.spec
-    drafter = {"drafter": "ngram", "ngram": 3}
-    out = []
+    gen = profile.measurement.decode_tokens
+    last = run.blocks - 1
+    out, notes = [], []
     for c in profile.contexts:
         if not c.scored:
             continue
-        ar: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
+        earlier: dict[tuple[int, int], dict[Side, abtest.Sample]] = {}
+        for smp in run.samples:
+            if smp.context == c.ctx and smp.block != last:
+                earlier.setdefault((smp.block, smp.pair), {})[smp.side] = smp
+        pairs = [v for _, v in sorted(earlier.items()) if len(v) == 2][: g.runs]
+        while len(pairs) < g.runs:  # too few earlier pairs (a small --max-pairs): plain-decode new prompts here
+            pairs.append(_plain_pair(ctx, procs, pool, c.ctx, gen))
         sp: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
         taus: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
         lossless, first_div = 0, None
-        for r in range(g.runs):
-            prompt = pool.next(c.ctx)
+        for r, pair in enumerate(pairs):
             for side in ((Side.BASE, Side.HEAD) if r % 2 == 0 else (Side.HEAD, Side.BASE)):
-                p, others = procs[side], [q for s, q in procs.items() if s is not side]
+                p, others, ar = procs[side], [q for s2, q in procs.items() if s2 is not side], pair[side]
+                req = {"op": "spec", "prompt_ids": list(ar.prompt), "max_new": gen, "block": block,
+                       "drafter": "ngram", "ngram": 3}
                 try:
-                    a = served.run_alone(p, others, lambda p=p, prompt=prompt: p.request(
-                        {"op": "generate", "prompt_ids": prompt, "max_new": gen}, ctx.run_timeout_s))
-                    b = served.run_alone(p, others, lambda p=p, prompt=prompt: p.request(
-                        {"op": "spec", "prompt_ids": prompt, "max_new": gen, "block": block, **drafter},
-                        ctx.run_timeout_s))
+                    t = served.run_alone(p, others, lambda p=p, req=req: p.request(req, ctx.run_timeout_s))
                 except served.ServeError as exc:
                     raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
-                ar[side].append(a.decode_tps)
-                sp[side].append(b.decode_tps)
-                taus[side].append((len(b.tokens) - 1) / max(len(b.steps) - 1, 1))
+                sp[side].append(t.decode_tps)
+                taus[side].append((len(t.tokens) - 1) / max(len(t.steps) - 1, 1))
                 if side is Side.HEAD:
-                    if list(b.tokens) == list(a.tokens):
+                    if list(t.tokens) == list(ar.tokens):
                         lossless += 1
                     else:
-                        at = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y),
-                                  min(len(a.tokens), len(b.tokens)))
+                        at = next((i for i, (x, y) in enumerate(zip(ar.tokens, t.tokens, strict=False)) if x != y),
+                                  min(len(ar.tokens), len(t.tokens)))
                         first_div = at if first_div is None else min(first_div, at)
+        if not pairs:
+            continue
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-        out.append(SpecResult(
-            target=name, drafter="ngram-3", block_size=block, runs=g.runs, lossless_runs=lossless,
+        result = SpecResult(
+            target=name, drafter="ngram-3", block_size=block, runs=len(pairs), lossless_runs=lossless,
             first_divergence=first_div, base_tau=mean(taus[Side.BASE]), head_tau=mean(taus[Side.HEAD]),
-            ar_pairs=tuple(zip(ar[Side.BASE], ar[Side.HEAD], strict=True)),
+            ar_pairs=tuple((pr[Side.BASE].decode_tps, pr[Side.HEAD].decode_tps) for pr in pairs),
             spec_pairs=tuple(zip(sp[Side.BASE], sp[Side.HEAD], strict=True)), context=c.ctx,
-            base_tau_runs=tuple(taus[Side.BASE]), head_tau_runs=tuple(taus[Side.HEAD])))
-        ctx.log(f"speculative, ctx {c.ctx}: lossless {lossless}/{g.runs}, tau {out[-1].base_tau:.2f} -> "
-                f"{out[-1].head_tau:.2f}")
-    return out
+            base_tau_runs=tuple(taus[Side.BASE]), head_tau_runs=tuple(taus[Side.HEAD]))
+        out.append(result)
+        note = tau_note(result)
+        if note:
+            notes.append(note)
+        ctx.log(f"speculative, ctx {c.ctx}: lossless {lossless}/{len(pairs)}, tau {result.base_tau:.2f} -> "
+                f"{result.head_tau:.2f}")
+    return out, notes
+
+
+def tau_note(s: SpecResult) -> str | None:
+    """A tau that moved, either way, beyond the run-to-run noise: shown, since with the same drafter a
+    rising tau means the target model's outputs changed."""
+    runs = [*s.base_tau_runs, *s.head_tau_runs]
+    if len(s.base_tau_runs) < 2 or len(s.head_tau_runs) < 2:
+        return None
+    mean = sum(runs) / len(runs)
+    noise = max((sum((x - mean) ** 2 for x in s.base_tau_runs) / (len(s.base_tau_runs) - 1)) ** 0.5, 0.01)
+    moved = s.head_tau - s.base_tau
+    if abs(moved) <= 2 * noise:
+        return None
+    way = "rose" if moved > 0 else "fell"
+    why = "; with the same drafter, the target model's outputs changed" if moved > 0 else ""
+    return (f"speculative tau {way} from {s.base_tau:.2f} to {s.head_tau:.2f} at ctx {s.context} (run-to-run "
+            f"noise {noise:.2f}){why}")
 
 
 def _diagnostics(samples: list[abtest.Sample], max_gap: float) -> list[str]:
@@ -559,18 +551,32 @@ def _tail(text: str) -> str:
     return text[-TAIL_CHARS:]
 
 
-def _accuracy(ctx: _Ctx, name: str, path: Path, text: Path, ref: Path) -> AccuracyResult:
-    """Head (and base) `score` against llama.cpp's logits (already computed) on the same GGUF and token ids."""
-    p = ctx.cfg.positions
-    results = ctx.scratch / "results"
-    outs = {Side.BASE: results / "base.npy", Side.HEAD: results / "head.npy"}
-    ctx.log(f"{name}: accuracy vs llama.cpp over {p} positions")
-    for side, out in outs.items():
-        _run_engine(ctx, side, ["engine", "score", "--model", str(path), "--text-file", str(text),
-                                "--positions", str(p), "--out", "{scratch}/" + out.name], "score", keep=results)
+def _accuracy_served(ctx: _Ctx, name: str, procs: dict[Side, served.ServedProcess], ref: Path) -> AccuracyResult:
+    """Each side's serving engine scores the reference's token ids (teacher-forced, every position's full
+    log-probabilities written to its scratch); main's `engine.compare` sets each against llama.cpp's."""
+    try:
+        ids = json.loads(Path(f"{ref}.json").read_text())["token_ids"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SideFailed(Failure(Side.HARNESS, "reference", f"the reference left no token ids: {exc}")) from exc
+    ctx.log(f"{name}: accuracy vs llama.cpp over {len(ids) - 1} positions")
+    outs: dict[Side, Path] = {}
+    for side, p in procs.items():
+        others = [q for s, q in procs.items() if s is not side]
+        name_npy = f"{side.value}-score.npy"
+        try:
+            served.run_alone(p, others, lambda p=p, n=name_npy: p.request(
+                {"op": "score", "ids": ids, "from": 1, "save": n}, ctx.run_timeout_s))
+        except served.ServeError as exc:
+            raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
+        made = ctx.serve_scratch[side] / name_npy
+        if not made.is_file() or made.is_symlink():
+            raise SideFailed(Failure(side, "accuracy", f"the engine wrote no {name_npy}"))
+        # the sidecar is the harness's own: the ids the reference scored, never what the engine says
+        Path(f"{made}.json").write_text(json.dumps({"token_ids": ids}))
+        outs[side] = made
     base_stats = _compare(ctx, ref, outs[Side.BASE], Side.BASE)
     head_stats = _compare(ctx, ref, outs[Side.HEAD], Side.HEAD)
-    return AccuracyResult(name, p, float(head_stats["top1_agreement"]), float(head_stats["kl_mean"]),
+    return AccuracyResult(name, len(ids) - 1, float(head_stats["top1_agreement"]), float(head_stats["kl_mean"]),
                           float(head_stats["ppl_ratio"]), base_top1_agreement=float(base_stats["top1_agreement"]),
                           base_kl_mean=float(base_stats["kl_mean"]))
 

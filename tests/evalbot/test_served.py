@@ -149,9 +149,9 @@ def test_tokens_streamed_in_a_burst_are_refused_and_burst_time_counts_as_prefill
     burst = _timed(32, gap_ns=200)  # 200 ns apart: computed before the first was sent
     assert burst.decode_tps > abtest.MAX_DECODE_TPS
     with pytest.raises(abtest.SideError, match="burst"):
-        abtest._sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, burst)
+        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, burst)
     honest = _timed(32, gap_ns=20_000_000, first_after_ns=50_000_000)
-    s = abtest._sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, honest)
+    s = abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, honest)
     assert s.decode_tps == pytest.approx(31 / (31 * 0.02)) and s.prefill_tps == pytest.approx(128 / 0.05)
     assert s.self_report_gap == pytest.approx(abs(0.001 - 0.62) / 0.62)
 
@@ -160,6 +160,6 @@ def test_a_side_that_streams_fewer_or_grouped_tokens_is_refused():
     grouped = served.Timed({"op": "generate"}, 0, tuple(range(8)), (1_000_000, 9_000_000), ((0, 1, 2, 3), (4, 5, 6, 7)),
                            {"n": 8})
     with pytest.raises(abtest.SideError, match="one line per token"):
-        abtest._sample(Side.HEAD, 128, 0, 0, [1] * 128, 8, grouped)
+        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 8, grouped)
     with pytest.raises(abtest.SideError, match="streamed 8"):
-        abtest._sample(Side.HEAD, 128, 0, 0, [1] * 128, 16, grouped)
+        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 16, grouped)
