@@ -570,7 +570,10 @@ def _accuracy_served(ctx: _Ctx, name: str, procs: dict[Side, served.ServedProces
             raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
         made = ctx.serve_scratch[side] / name_npy
         if not made.is_file() or made.is_symlink():
-            raise SideFailed(Failure(side, "accuracy", f"the engine wrote no {name_npy}"))
+            found = sorted(x.name for x in ctx.serve_scratch[side].iterdir())[:20] if ctx.serve_scratch[side].is_dir() \
+                else "no folder"
+            raise SideFailed(Failure(side, "accuracy", f"the engine wrote no {name_npy} in its working directory "
+                                     f"{ctx.serve_scratch[side]} (it holds: {found})"))
         # the sidecar is the harness's own: the ids the reference scored, never what the engine says
         Path(f"{made}.json").write_text(json.dumps({"token_ids": ids}))
         outs[side] = made
