@@ -96,19 +96,16 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
 
 
 def _settled(estimates: tuple[ContextEstimate, ...], best: ContextEstimate | None, rules: Rules) -> bool:
-    """Whether no number of further pairs could change the outcome the MDE rule is about, however noisy
-    these were: the top tier is earned (its floor is below the CI's lower bound, and tiers never go
-    higher) with every guarded context's decode clearly not slower (its CI's lower bound clears the
-    regression tolerance), or a guarded decode regressed by as much as the top tier would gain. Prefill
-    is gated as always, on its own interval."""
+    """Whether no number of further pairs could change the outcome, however noisy these were: the top tier
+    is earned (its floor is below the CI's lower bound, and tiers never go higher) with every guarded
+    measurement clearly not slower (its CI's lower bound clears the regression tolerance), or a guarded
+    measurement regressed by as much as the top tier would gain (upper bound <= 1 / (1 + its floor))."""
     top = rules.tiers[-1]
     bar = rules.gates.no_regression.min_ratio
-    decode = [e for e in estimates if e.guarded and e.metric == "decode_tps"]
-    if best is not None and best.tier == top.name and all(e.ci_low >= bar for e in decode):
+    guarded = [e for e in estimates if e.guarded]
+    if best is not None and best.tier == top.name and all(e.ci_low >= bar for e in guarded):
         return True
-    # the mirror image: a slowdown as large as the top tier's gain (upper bound <= 1 / (1 + its floor))
-    # is a regression that more pairs could only confirm
-    return any(e.regression and e.ci_high <= 1.0 / (1.0 + top.lower_bound) for e in decode)
+    return any(e.regression and e.ci_high <= 1.0 / (1.0 + top.lower_bound) for e in guarded)
 
 
 def _reject(rules: Rules, gates: list[Gate], failed: list[Gate], estimates: tuple[ContextEstimate, ...],

@@ -131,7 +131,7 @@ def measure(profile: Profile, launch: Launch, prompts: Prompts, log: Log, *, max
     m = profile.measurement
     quiet = quiet or profile.quiet
     cap = max_pairs or m.max_pairs
-    per_block = max(1, min(m.pairs_per_block, cap))
+    per_block = max(1, min(m.pairs_per_block, cap // 2))  # a cap still leaves two blocks
     max_blocks = max(2, math.ceil(cap / per_block))
     min_blocks = max(2, min(m.min_blocks, max_blocks))
     gpu = profile.device == "cuda"

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -146,3 +148,68 @@ def test_an_accuracy_break_is_rejected_on_top1_and_kl(tmp_path):
     assert {"accuracy top-1", "accuracy KL"} <= failed and "accuracy-fail" in result["verdict"]["labels_add"]
     acc = result["measurements"]["accuracy"][0]
     assert acc["top1_agreement"] < 0.9 <= acc["base_top1_agreement"]
+
+
+def _random_weight_rules(tmp_path: Path) -> Path:
+    """The shipped rules with a cpu profile that measures a random-weight shape (as the gpu profile does,
+    where no model file can travel): there is no llama.cpp for random weights, so main is the reference."""
+    import shutil
+
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    (rules / "profiles.yaml").write_text("""\
+cpu:
+  device: cpu
+  contexts:
+    - {ctx: 64, guarded: true, scored: true}
+  measurement:
+    decode_tokens: 8
+    warmup_runs: 1
+    ci_half_width: 0.005
+    min_pairs: 2
+    max_pairs: 4
+    pairs_per_block: 2
+    min_blocks: 2
+    time_budget_s: 600
+""")
+    models = (rules / "models.yaml").read_text()
+    models = models.replace("    - registry: qwen2.5-coder-0.5b\n      sha256: "
+                            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32\n  gpu:",
+                            "    - shape: qwen2.5-0.5b\n  gpu:")
+    (rules / "models.yaml").write_text(models.replace("spec:\n  profile: cpu", "spec:\n  profile: gpu"))
+    return rules
+
+
+LAYER_SKIP = ("\n\n_forward = Transformer.forward\n\n\n"
+              "def _skipping(self, ids, start, cache, last_only=False):  # 'early exit' for decode steps\n"
+              "    if ids.shape[1] > 1:\n"
+              "        return _forward(self, ids, start, cache, last_only)\n"
+              "    blocks = self.blocks\n"
+              "    self.blocks = blocks[:-1]\n"
+              "    try:\n"
+              "        return _forward(self, ids, start, cache, last_only)\n"
+              "    finally:\n"
+              "        self.blocks = blocks\n\n\n"
+              "Transformer.forward = _skipping\n")
+
+
+@pytest.mark.parametrize(("edit", "shortcut"), [("\n# a comment: main against itself\n", False), (LAYER_SKIP, True)])
+def test_random_weights_are_audited_by_main_and_a_layer_skip_fails(tmp_path, edit, shortcut):
+    """Where the weights are random (the gpu profile) main's own engine is the reference: it scores the
+    PR's timed tokens teacher-forced. A decode path that skips a layer fails; main against itself passes."""
+    repo = _repo_with_branch(tmp_path, "engine/model.py", edit)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "evalbot", "evaluate", "--repo", str(repo), "--base", "main",
+                           "--head", "pr", "--out", str(out), "--work-dir", str(tmp_path / "work"), "--seed", "3",
+                           "--rules", str(_random_weight_rules(tmp_path)), "--no-accuracy"],
+                          capture_output=True, text=True, timeout=1200)
+    result = json.loads((out / "result.json").read_text())
+    audits = {a["side"]: a for a in result["measurements"]["audits"]}
+    assert audits and all(a["reference"] == "main" for a in audits.values()), proc.stderr[-2000:]
+    assert audits["base"]["violations"] == 0 and audits["base"]["share"] >= 0.95
+    failed = {g["name"] for g in result["verdict"]["gates"] if not g["passed"]}
+    if shortcut:
+        assert result["verdict"]["status"] == "REJECT" and "decode agreement" in failed
+        assert audits["head"]["share"] < 0.95 or audits["head"]["violations"] > 0
+    else:
+        assert "decode agreement" not in failed and audits["head"]["violations"] == 0

@@ -90,8 +90,9 @@ def write_rules(dest: Path, sha256: str, *, run_timeout_s: int = 60, max_output_
             (dest / path.name).write_text(path.read_text())
     # The fixture decodes a token in milliseconds of numpy, and this box's timings of such short work
     # vary by 10-15% request to request (the engine's own clock sees the same): tiers scaled to that
-    # noise keep the verdicts decided (the shipped +2% floor would make every fixture run INCONCLUSIVE).
-    (dest / "tiers.yaml").write_text("lower_bounds:\n  XS: 0.25\n  S: 0.4\n  M: 0.6\n  L: 0.8\n  XL: 1.0\n")
+    # noise keep the verdicts decided (the shipped +2% floor would make every fixture run INCONCLUSIVE;
+    # with 12 pairs in 4 blocks its MDE is 15-45%).
+    (dest / "tiers.yaml").write_text("lower_bounds:\n  XS: 0.5\n  S: 0.6\n  M: 0.7\n  L: 0.8\n  XL: 1.0\n")
     (dest / "profiles.yaml").write_text(f"""\
 cpu:
   device: cpu
