@@ -471,7 +471,7 @@ def ledger_view(files: LedgerFiles) -> LedgerView:
     except ledgers.LedgerError as exc:
         errors.append(str(exc))
     try:
-        blocked = ledgers.parse_blocked(files.blocked or "")
+        blocked = ledgers.parse_blocked(files.blocked or "", errors.append)
     except ledgers.LedgerError as exc:
         errors.append(str(exc))
     flags.sort(key=lambda e: (e.date, e.pr), reverse=True)

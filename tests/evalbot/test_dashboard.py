@@ -42,6 +42,9 @@ ONE_MB = 1_000_000
 # ---------------------------------------------------------------- synthetic stores (through the Store API)
 
 
+_DRAWN = (Status.PASS, Status.REJECT, Status.INFRA_ERROR, Status.SKIPPED)
+
+
 def _sha(*parts: object) -> str:
     import hashlib
 
@@ -102,7 +105,9 @@ def populate(
             continue  # the newest stay queued
         claimed = store.claim_next("box-1", now=t)
         assert claimed is not None and claimed.key == key
-        status = rng.choices(list(Status), weights=(30, 50, 12, 8))[0]
+        status = rng.choices(_DRAWN, weights=(30, 50, 12, 8))[0]
+        if status is Status.REJECT and i % 9 == 4:
+            status = Status.INCONCLUSIVE  # no draw from rng: the rest of the history stays as it was
         gain = rng.uniform(1.01, 1.06) if status is Status.PASS else rng.uniform(0.94, 1.01)
         ests = () if status in (Status.INFRA_ERROR, Status.SKIPPED) else _estimates(rng, main, gain)
         author = authors[pr % len(authors)]
