@@ -114,9 +114,6 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
     rules_dir = write_rules(tmp_path / "rules", hashlib.sha256(model.read_bytes()).hexdigest())
     (rules_dir / "automerge.yaml").write_text((rules_dir / "automerge.yaml").read_text().replace(
         "enabled: false", "enabled: true"))  # fmt: skip
-    profiles = (rules_dir / "profiles.yaml").read_text()
-    (rules_dir / "profiles.yaml").write_text(profiles.replace("min_pairs: 5", "min_pairs: 3")
-                                             .replace("max_pairs: 6", "max_pairs: 3"))  # fmt: skip
     rules = load_rules(rules_dir)
     assert rules.automerge.enabled
 
@@ -124,6 +121,11 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
         st = double.state
         repo = BareRepo.create(tmp_path / "remote.git", template_files(), when=st.now)
         st.clone_url = repo.url
+        st.add_workflow("ci.yml")
+
+        def ci_passes(number):  # this repository's CI ran on the PR's current head and passed
+            run = st.start_run("ci.yml", st.pulls[number].head_ref, {}, event="pull_request")
+            st.complete_run(run.id, "success")
 
         def pr(number, login, name, files, text, **kw):
             person = (name, f"{login}@example.com")
@@ -134,9 +136,9 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
             "alice",
             "Alice",
             branch_files(tmp_path, FAST_SCORES),
-            body("Vectorize the decode scores.", 1.5),
+            body("Vectorize the decode scores.", 0.4),
         )
-        pr(2, "bob", "Bob", branch_files(tmp_path, FAST_OUTPUT), body("Vectorize the decode output.", 0.8))
+        pr(2, "bob", "Bob", branch_files(tmp_path, FAST_OUTPUT), body("Vectorize the decode output.", 0.3))
         pr(
             3,
             "carol",
@@ -160,6 +162,8 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
         pr(8, "grace", "Grace", branch_files(tmp_path, FAST_SCORES), body("Scores, vectorized.", 1.4))
         pr(9, "heidi", "Heidi", branch_files(tmp_path, FAST_OUTPUT), body("WIP", 0.5))
         st.pulls[9].draft = True
+        for n in st.pulls:
+            ci_passes(n)
 
         cli_env = {"GITHUB_TOKEN": TOKEN, "USER": "maintainer"}
         cli_args = ["--repo", double.repo, "--api-url", double.base_url, "--git-remote", repo.url,
@@ -187,6 +191,7 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
                     measured_then_moved[number] = sha
                     text = repo.git("show", f"{sha}:README.md", strip=False) + "\nMeasured with evalbot.\n"
                     push_git_commit(st, repo, number, {"README.md": text}, "Follow-up: README")
+                    ci_passes(number)
                 return real_merge(number, sha, *a, **kw)
 
             gh.merge = merge_after_a_push  # type: ignore[method-assign]
@@ -205,7 +210,9 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
         first = bot.poll_once()
         assert set(first.evaluated) == {1, 2, 3}, (first, log[-20:])
         winner = measured_then_moved and next(iter(measured_then_moved))
-        assert winner in (1, 2) and not first.merged
+        assert winner in (1, 2) and not first.merged, "\n".join(
+            [repr((e.key.pr, e.status, e.verdict and (e.verdict.tier, e.verdict.reasons))) for e in store.evaluations()]
+            + [repr(first)])  # fmt: skip
         assert not st.pulls[winner].merged and "re-evaluate" in gh.get_pull(winner).labels
         other = 3 - winner
 
@@ -243,6 +250,7 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
             "update-ref", "-d", f"refs/heads/{st.pulls[other].head_ref}"
         )  # a rebase: the branch restarts
         push_git_commit(st, repo, other, rebased, "Rebase on main")  # from main
+        ci_passes(other)
         third = bot.poll_once()
         assert other in third.evaluated and 5 in third.evaluated, (third, log[-30:])
 
