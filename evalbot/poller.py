@@ -98,6 +98,7 @@ class Bot:
         self._labels: dict[int, set[str]] = {}  # each PR's labels as this poll left them
         self._claims: dict[int, TemplateFacts] = {}  # each PR's description, parsed once a poll
         self._protected: dict[int, set[str]] = {}  # blocking labels present when the poll began
+        self._stopped: dict[int, str] = {}  # why intake stopped a PR that already has a verdict at its head
         self._ledger_texts: dict[str, str] | None = None  # the ledger files, read at most once a poll
         if not self.dry_run:
             self.publisher.reconcile()
@@ -256,6 +257,13 @@ class Bot:
             self.publisher.comment(pr.number, pr.head_sha, notice)
             self.publisher.close(pr.number, pr.head_sha, decision.stopped_by or "policy")
             report.notes.append(f"#{pr.number}: closed by {decision.stopped_by}")
+            return
+        if not decision.evaluate and self._verdicts_at_head(pr):
+            # the round publishes this head's verdict, with why it is not measured again: one comment
+            # body a poll, never a notice and a verdict taking turns
+            lines = "; ".join(decision.reasons) or str(decision.stopped_by)
+            self._stopped[pr.number] = f"\n**Not evaluated again:** {render.escape_md(lines, 600)}\n"
+            report.notes.append(f"#{pr.number}: not evaluated ({decision.stopped_by})")
             return
         if not decision.evaluate:
             self.publisher.comment(
@@ -492,14 +500,19 @@ class Bot:
 
     # ------------------------------------------------------------------ rounds and merging
 
+    def _verdicts_at_head(self, pr: PullRequest) -> list[EvaluationRecord]:
+        """The finished, judged evaluations of the PR's current head under the current rules: what a
+        round ranks and publishes."""
+        return [r for r in self.store.evaluations(pr=pr.number, state="done")
+                if r.key.head_sha == pr.head_sha and r.verdict is not None
+                and r.verdict.status != Status.SKIPPED and r.key.rules_hash == self.rules.rules_hash]  # fmt: skip
+
     def _round(self, facts: dict[int, PullRequest], main_sha: str, report: PollReport) -> None:
         contenders, records = [], {}
         for pr in facts.values():
             if pr.draft:  # a draft never reaches a round, whatever was measured before it became one
                 continue
-            done = [r for r in self.store.evaluations(pr=pr.number, state="done")
-                    if r.key.head_sha == pr.head_sha and r.verdict is not None
-                    and r.verdict.status != Status.SKIPPED and r.key.rules_hash == self.rules.rules_hash]  # fmt: skip
+            done = self._verdicts_at_head(pr)
             if not done:
                 continue
             latest = max(done, key=lambda r: (r.key.base_sha == main_sha, r.finished_at or ""))
@@ -516,6 +529,7 @@ class Bot:
                 pr = facts[d.pr]
                 self._relabel(pr, d.labels_add, owned)
                 note = f"\n**Round:** {render.escape_md(d.comment)}\n" if d.comment else ""
+                note += self._stopped.get(d.pr, "")
                 self._publish_verdict(pr, records[d.pr], note)
 
             self._contained(d.pr, "publishing", publish, report)

@@ -83,7 +83,11 @@ def run_round(tmp_path, rules, kill_at: int | None) -> tuple[dict, int]:
         for n, login in ((1, "alice"), (2, "bob"), (3, "carol")):
             add_git_pull(st, repo, n, {f"engine/part{n}.py": f"y = {n}\n"}, author_login=login, body=BODY)
         add_git_pull(st, repo, 4, {"rules/gates.yaml": "x\n"}, author_login="dave", body=BODY)  # sensitive
+        st.add_workflow("ci.yml")
+        for n in st.pulls:  # this repository's CI passed on every head (auto-merge requires it)
+            st.complete_run(st.start_run("ci.yml", st.pulls[n].head_ref, {}, event="pull_request").id, "success")
         writes = 0
+        journal: list[str] = []
 
         def make_bot(arm: bool):
             gh = PyGithubAdapter.from_token(double.repo, "ghp_t", base_url=double.base_url, pace=False, timeout=5.0,
@@ -95,6 +99,7 @@ def run_round(tmp_path, rules, kill_at: int | None) -> tuple[dict, int]:
                     nonlocal writes
                     out = _real(*a, **kw)
                     writes += 1
+                    journal.append(f"{_real.__name__}{a}"[:300])
                     if arm and writes == kill_at:
                         raise Killed(f"after write {writes}")
                     return out
@@ -135,7 +140,8 @@ def run_round(tmp_path, rules, kill_at: int | None) -> tuple[dict, int]:
         }  # fmt: skip
         merges = sum(1 for r in st.requests if r.method == "PUT" and r.path.endswith("/merge"))
         store.close()
-        return {"final": final, "merges": merges, "idle_writes": idle_writes}, writes
+        return {"final": final, "merges": merges, "idle_writes": idle_writes,
+                "idle": journal[settled:]}, writes  # fmt: skip
 
 
 def test_a_kill_after_any_write_loses_nothing_and_repeats_nothing(tmp_path, rules):
@@ -145,7 +151,8 @@ def test_a_kill_after_any_write_loses_nothing_and_repeats_nothing(tmp_path, rule
     assert "regression" in final[3][2] and "skipped:sensitive" in final[4][2]
     assert all(len(comments) == 1 for *_, comments in final.values())
     assert reference["merges"] == 2 and total >= 10
-    assert reference["idle_writes"] == 0
+    assert reference["idle_writes"] == 0, reference["idle"]
+    assert "Not evaluated again" in final[3][3][0] and "REJECT" in final[3][3][0]  # exhausted: verdict kept
     for k in range(1, total + 1):
         got, _ = run_round(tmp_path / f"kill-{k}", rules, k)
         assert got["merges"] == 2, f"killed after write {k}: {got['merges']} merges"
