@@ -300,33 +300,38 @@ def minimum_detectable_effect(sd_log: float, n: int, alpha: float = 0.025, power
     return math.expm1(shift)
 
 
-def estimate(pairs: Sequence[tuple[float, float]], confidence: float = 0.95) -> PairedEstimate:
-    """Geometric-mean ratio head/base with a t-interval on the paired log-ratios (see module docstring)."""
-    _check_confidence(confidence)
-    if len(pairs) < 2:
-        raise StatsError(f"need at least 2 pairs to estimate the noise, got {len(pairs)}")
-    d = _log_ratios(pairs)
-    n = len(d)
-    mean, sd = _mean_sd(d)
-    hw = _half_width(sd, n, confidence)
+def _t_estimate(units: Sequence[float], n_pairs: int, confidence: float) -> PairedEstimate:
+    """The ratio estimate from independent log-ratio units (pairs, or blocks' mean log-ratios): a
+    t-interval with len(units) - 1 degrees of freedom, its p-value and MDE on the same units."""
+    k = len(units)
+    mean, sd = _mean_sd(units)
+    hw = _half_width(sd, k, confidence)
     if sd == 0.0:
         # Identical ratios: the sign alone decides; an exact tie is even odds.
         p_value = 0.5 if abs(mean) <= _LOG_RESOLUTION else (0.0 if mean > 0 else 1.0)
     else:
-        t_stat = mean / (sd / math.sqrt(n))
-        p_value = _t_upper_tail(t_stat, n - 1) if t_stat >= 0 else 1.0 - _t_upper_tail(-t_stat, n - 1)
+        t_stat = mean / (sd / math.sqrt(k))
+        p_value = _t_upper_tail(t_stat, k - 1) if t_stat >= 0 else 1.0 - _t_upper_tail(-t_stat, k - 1)
     return PairedEstimate(
-        n=n,
+        n=n_pairs,
         ratio=math.exp(mean),
         ci_low=math.exp(mean - hw),
         ci_high=math.exp(mean + hw),
         half_width=hw,
         sd_log=sd,
         # Same test as the tier rule (lower bound above 1), so "detectable" means what the verdict does.
-        mde=minimum_detectable_effect(sd, n, alpha=(1.0 - confidence) / 2.0),
+        mde=minimum_detectable_effect(sd, k, alpha=(1.0 - confidence) / 2.0),
         p_value=p_value,
         confidence=confidence,
     )
+
+
+def estimate(pairs: Sequence[tuple[float, float]], confidence: float = 0.95) -> PairedEstimate:
+    """Geometric-mean ratio head/base with a t-interval on the paired log-ratios (see module docstring)."""
+    _check_confidence(confidence)
+    if len(pairs) < 2:
+        raise StatsError(f"need at least 2 pairs to estimate the noise, got {len(pairs)}")
+    return _t_estimate(_log_ratios(pairs), len(pairs), confidence)
 
 
 def estimate_blocked(pairs: Sequence[tuple[float, float]], blocks: Sequence[int],
@@ -344,19 +349,7 @@ def estimate_blocked(pairs: Sequence[tuple[float, float]], blocks: Sequence[int]
         return estimate(pairs, confidence)
     _check_confidence(confidence)
     means = [math.fsum(v) / len(v) for _, v in sorted(groups.items())]
-    j = len(means)
-    mean, sd = _mean_sd(means)
-    hw = _half_width(sd, j, confidence)
-    if sd == 0.0:
-        p_value = 0.5 if abs(mean) <= _LOG_RESOLUTION else (0.0 if mean > 0 else 1.0)
-    else:
-        t_stat = mean / (sd / math.sqrt(j))
-        p_value = _t_upper_tail(t_stat, j - 1) if t_stat >= 0 else 1.0 - _t_upper_tail(-t_stat, j - 1)
-    return PairedEstimate(
-        n=len(pairs), ratio=math.exp(mean), ci_low=math.exp(mean - hw), ci_high=math.exp(mean + hw),
-        half_width=hw, sd_log=sd, mde=minimum_detectable_effect(sd, j, alpha=(1.0 - confidence) / 2.0),
-        p_value=p_value, confidence=confidence,
-    )
+    return _t_estimate(means, len(pairs), confidence)
 
 
 # --- Adaptive stopping -------------------------------------------------------------------------
