@@ -1,40 +1,100 @@
 #!/usr/bin/env bash
-# The H200 calibration of docs/benchmarks.md, as run through the device tool (run from the repo root with
-# .whl/ holding the wheels of click, pyyaml, jinja2, markupsafe, cryptography, cffi, pycparser, gguf,
-# tokenizers, rich, pygments, markdown-it-py and mdurl; results go to $OUT).
-set -e
-python3 -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -2 || python3 -m pip install -q --no-index --no-deps --break-system-packages .whl/*.whl 2>&1 | tail -2
-python3 -c "import click, yaml, jinja2, cryptography, gguf, tokenizers, torch; print('deps ok', torch.__version__)"
-git init -q && git add -A && git -c user.name=x -c user.email=x@x commit -qm snapshot && echo "repo $(git rev-parse --short HEAD)"
+# The H200 calibration of the served, harness-timed gpu profile (docs/benchmarks.md), as run through the
+# device tool from the repo root. .whl/ carries the wheels the device image lacks (gguf, cryptography, cffi,
+# pycparser, unidiff) and .whl/debs/ bubblewrap's .deb (unpacked under /tmp, never into /).
+#
+#   MODE=smoke      one A/A `evaluate` on a small shape: does the served path run on CUDA, in the sandbox?
+#   MODE=calibrate  `evalbot calibrate --profile gpu`: RUNS A/A evaluations of SHAPE at CTXS
+#
+# Knobs (env): SHAPE (qwen3-8b), CTXS ("4096 16384"), PAIRS_PER_BLOCK (8), MIN_BLOCKS (4), MAX_PAIRS (32),
+# RUNS (1), DECODE (128), BUDGET (seconds the command may take, default 540). Results go to $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+MODE=${MODE:-calibrate}
+SHAPE=${SHAPE:-qwen3-8b}
+CTXS=${CTXS:-4096 16384}
+PPB=${PAIRS_PER_BLOCK:-8}
+MIN_BLOCKS=${MIN_BLOCKS:-4}
+MAX_PAIRS=${MAX_PAIRS:-32}
+RUNS=${RUNS:-1}
+DECODE=${DECODE:-128}
+BUDGET=${BUDGET:-540}
+T0=$(date +%s)
+
+# into the interpreter's own environment: the builds' venvs see it through --system-site-packages (a
+# PYTHONPATH would not reach them: builds pin their environment)
+python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | tail -2 \
+  || python3 -m pip install -q --no-index --no-deps --no-cache-dir --break-system-packages .whl/*.whl 2>&1 | tail -2
+python3 -c "import click, yaml, jinja2, cryptography, gguf, tokenizers, rich, torch; print('deps ok, torch', torch.__version__)"
+
+# bubblewrap from the carried .deb; the sandbox is used only if it can make its namespaces here
+SANDBOX=--no-sandbox
+mkdir -p /tmp/bw /tmp/bwbin && for f in .whl/debs/*.deb; do dpkg -x "$f" /tmp/bw; done
+# a wrapper: the carried libraries reach bwrap alone, never the other programs of this run
+printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/bw/usr/lib/x86_64-linux-gnu:/tmp/bw/lib/x86_64-linux-gnu exec /tmp/bw/usr/bin/bwrap "$@"\n' \
+  > /tmp/bwbin/bwrap && chmod +x /tmp/bwbin/bwrap
+if /tmp/bwbin/bwrap --ro-bind / / --unshare-all --as-pid-1 --dev /dev true 2> "$OUT/bwrap.txt"; then
+  export PATH=/tmp/bwbin:$PATH
+  SANDBOX= && echo "bubblewrap works here: sandboxed" | tee -a "$OUT/bwrap.txt"
+else
+  echo "bubblewrap cannot make its namespaces here: --no-sandbox (A/A only)" | tee -a "$OUT/bwrap.txt"
+fi
+
+export GIT_AUTHOR_NAME=x GIT_AUTHOR_EMAIL=x@x GIT_COMMITTER_NAME=x GIT_COMMITTER_EMAIL=x@x
+git init -q && git add -A && git commit -qm snapshot && git branch -M main && echo "repo $(git rev-parse --short HEAD)"
 mkdir -p /tmp/rules && cp rules/*.yaml /tmp/rules/
-cat > /tmp/rules/profiles.yaml <<'YAML'
-gpu:
-  device: cuda
-  contexts:
-    - {ctx: 4096, guarded: true, scored: true}
+{
+  echo "gpu:"
+  echo "  device: cuda"
+  echo "  contexts:"
+  for c in $CTXS; do echo "    - {ctx: $c, guarded: true, scored: true}"; done
+  cat <<YAML
   measurement:
-    decode_tokens: 128
+    decode_tokens: $DECODE
     warmup_runs: 2
-    ci_half_width: 0.005
-    min_pairs: 3
-    max_pairs: 3
-    time_budget_s: 1800
+    ci_half_width: 0.0015
+    min_pairs: $((PPB * MIN_BLOCKS < MAX_PAIRS ? PPB * MIN_BLOCKS : MAX_PAIRS))
+    max_pairs: $MAX_PAIRS
+    pairs_per_block: $PPB
+    min_blocks: $MIN_BLOCKS
+    time_budget_s: $((BUDGET - 120))
     run_timeout_s: 300
     max_output_mb: 64
-cpu:
-  device: cpu
-  contexts:
-    - {ctx: 128, guarded: true, scored: true}
-  measurement:
-    decode_tokens: 32
-    warmup_runs: 1
-    ci_half_width: 0.005
-    min_pairs: 5
-    max_pairs: 20
-    time_budget_s: 1800
+  quiet:
+    max_other_cores: 2
+    max_gpu_util: 5
+    sample_s: 1
+    max_wait_s: 60
 YAML
-sed -i 's/^    - shape: qwen3-1.7b$//' /tmp/rules/models.yaml
-python3 -m evalbot rules check /tmp/rules 2>&1 | tail -2 || true
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,driver_version --format=csv > $OUT/gpu.txt
-timeout 540 python3 -m evalbot calibrate --repo . --rev HEAD --runs 2 --profile gpu --rules /tmp/rules --no-spec --no-accuracy --no-sandbox --state $OUT/state.db --work-dir /tmp/work --box h200 --json > $OUT/calib.json 2> $OUT/calib.log || echo "calibrate exit $?"
-tail -5 $OUT/calib.log; cat $OUT/calib.json | head -c 3000
+  sed -n '/^cpu:/,$p' rules/profiles.yaml
+} > /tmp/rules/profiles.yaml
+python3 - "$SHAPE" <<'PY'
+import re, sys
+p = "/tmp/rules/models.yaml"
+s = open(p).read()
+s = re.sub(r"(  gpu:\n)(    - shape: .*\n)+", lambda m: m.group(1) + f"    - shape: {sys.argv[1]}\n", s)
+open(p, "w").write(s)
+PY
+python3 -m evalbot rules check /tmp/rules 2>&1 | tail -2
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu \
+  --format=csv,noheader -lms 1000 > "$OUT/gpu_trace.csv" 2>/dev/null &
+SAMPLER=$!
+LEFT=$((BUDGET - ($(date +%s) - T0) - 15))
+if [ "$MODE" = smoke ]; then
+  git branch pr && git checkout -q pr && git commit -q --allow-empty -m "A/A head" && git checkout -q main
+  timeout "$LEFT" python3 -m evalbot evaluate --repo . --base main --head pr --profile gpu --rules /tmp/rules \
+    $SANDBOX --no-spec --no-accuracy --out /tmp/eval --work-dir /tmp/work --seed 7 > "$OUT/smoke.log" 2>&1
+  echo "evaluate exit $?" | tee -a "$OUT/smoke.log"
+  cp /tmp/eval/*.json "$OUT/" 2>/dev/null; cp /tmp/eval/*.md "$OUT/" 2>/dev/null
+  tail -40 "$OUT/smoke.log"
+else
+  timeout "$LEFT" python3 -m evalbot calibrate --repo . --rev HEAD --runs "$RUNS" --profile gpu --rules /tmp/rules \
+    --no-spec --no-accuracy $SANDBOX --state /tmp/state.db --work-dir /tmp/work --box h200 --json \
+    > "$OUT/calib.json" 2> "$OUT/calib.log"
+  echo "calibrate exit $?"
+  grep -v " pair " "$OUT/calib.log" | tail -30; head -c 4000 "$OUT/calib.json"
+fi
+kill $SAMPLER 2>/dev/null
+echo "wall $(( $(date +%s) - T0 )) s"
