@@ -69,7 +69,9 @@ def test_shipped_defaults(rules):
     assert gpu.device == "cuda" and cpu.device == "cpu"
     assert gpu.guarded_contexts == gpu.scored_contexts == (128, 512, 4096, 16384, 32768)
     assert cpu.guarded_contexts == (128, 512)
-    assert gpu.measurement.ci_half_width == cpu.measurement.ci_half_width == 0.005
+    assert (gpu.measurement.ci_half_width, cpu.measurement.ci_half_width) == (0.0015, 0.004)
+    assert (cpu.measurement.pairs_per_block, cpu.measurement.min_blocks) == (3, 4)
+    assert gpu.measurement.min_blocks >= 2 and cpu.quiet.max_wait_s > 0 and gpu.quiet.max_gpu_util > 0
     for p in (gpu, cpu):
         m = p.measurement
         assert (
@@ -158,12 +160,12 @@ def test_hash_is_stable_and_covers_content_not_text_or_place(rules, rules_dir):
     assert load_rules(default_rules_dir()).rules_hash == rules.rules_hash
     assert load_rules(rules_dir).rules_hash == rules.rules_hash  # another folder, same content
 
-    edit(rules_dir, "gates.yaml", "  top1_min: 0.90", "  # a comment\n  top1_min: 0.9")  # 0.90 == 0.9
+    edit(rules_dir, "gates.yaml", "  top1_min: 0.90 ", "  # a comment\n  top1_min: 0.9 ")  # 0.90 == 0.9
     edit(rules_dir, "tiers.yaml", "  L: 0.10", "  L:     1.0e-1")
     edit(rules_dir, "automerge.yaml", "required_labels: [verified]", "required_labels:\n  - verified")
     assert load_rules(rules_dir).rules_hash == rules.rules_hash
 
-    edit(rules_dir, "gates.yaml", "  top1_min: 0.9", "  top1_min: 0.91")
+    edit(rules_dir, "gates.yaml", "  top1_min: 0.9 ", "  top1_min: 0.91 ")
     assert load_rules(rules_dir).rules_hash != rules.rules_hash
 
 
@@ -190,7 +192,7 @@ MALFORMED = [
     ),
     pytest.param(
         "profiles.yaml",
-        "decode_tokens: 32",
+        "decode_tokens: 24",
         "decode_tokens: 0",
         "profiles.cpu.measurement.decode_tokens",
         "expected a positive integer, got 0",
@@ -198,7 +200,7 @@ MALFORMED = [
     ),
     pytest.param(
         "profiles.yaml",
-        "min_pairs: 5",
+        "min_pairs: 12",
         "min_pairs: 4.5",
         "profiles.cpu.measurement.min_pairs",
         "expected an integer >= 2, got 4.5",
@@ -459,7 +461,7 @@ def test_dispatch_run_settings_are_optional_and_default(rules_dir):
 
 def test_missing_key_points_at_its_mapping(rules_dir):
     edit(rules_dir, "gates.yaml", "  mean_kl_max: 0.10   # mean KL(llama.cpp || ours), nats\n", "")
-    line = edit(rules_dir, "gates.yaml", "  top1_min", "  top1_min")
+    line = edit(rules_dir, "gates.yaml", "  top1_min: 0.90", "  top1_min: 0.90")
     err = load_error(rules_dir)
     assert (Path(err.file).name, err.line, err.field) == ("gates.yaml", line, "gates.accuracy.mean_kl_max")
     assert err.message.startswith("missing; this mapping needs: top1_min, mean_kl_max")

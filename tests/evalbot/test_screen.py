@@ -68,8 +68,9 @@ def test_copies_are_closed_with_strikes_until_the_author_is_blocked(tmp_path):
             assert "#1" in got.lines[0]
         assert [s.pr for s in store.strikes("eve")] == [3, 4, 5]
         assert "eve" in {e.login for e in store.blocklist()}  # strikes.limit (3) reached
-        store.add_clear(6, "maint", "eve's own earlier work, checked by hand")
-        cleared = screen(
-            pr(6, "eve", "2026-11-09T10:00:00Z", added("engine/again.py", disguise(original, "z")))
-        )
-        assert cleared is not None and cleared.evaluate  # a maintainer's clear exempts it
+        store.add_clear(6, "maint", "eve's own earlier work, checked by hand")  # no head: clears nothing
+        again = pr(6, "eve", "2026-11-09T10:00:00Z", added("engine/again.py", disguise(original, "z")))
+        assert not screen(again).evaluate
+        store.add_clear(6, "maint", "eve's own earlier work, checked by hand", head_sha=again.head_sha)
+        cleared = screen(again)
+        assert cleared is not None and cleared.evaluate  # a maintainer's clear of this head exempts it

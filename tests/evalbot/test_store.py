@@ -165,7 +165,7 @@ def test_foreign_sqlite_database_is_refused(db):
         (b"version: 1\nevaluations: []\n", r"not a SQLite database \(it starts with b'version"),
         (
             b"SQLite format 3\x00" + bytes(range(256)) * 20,
-            "not a usable SQLite database|integrity check failed",
+            "not a usable SQLite database|integrity check failed|the state file is truncated",
         ),
     ],
     ids=["text-file", "sqlite-header-then-garbage"],
@@ -539,12 +539,12 @@ def test_a_version_1_store_gains_the_calibrations_table_and_keeps_its_data(db):
         conn.execute("INSERT INTO clears (pr, by, reason, at) VALUES (3, 'm', 'kept', 'then')")
     conn.close()
     with Store(db) as store:
-        assert store.schema_version == SCHEMA_VERSION == 2
+        assert store.schema_version == SCHEMA_VERSION >= 2
         assert [c.reason for c in store.clears()] == ["kept"]
         assert store.calibrations() == []
         assert store.record_calibration(calibration())
     with Store(db) as again:  # reopening a migrated store migrates nothing twice
-        assert again.schema_version == 2 and len(again.calibrations()) == 1
+        assert again.schema_version == SCHEMA_VERSION and len(again.calibrations()) == 1
 
 
 # ---------------------------------------------------------------- crashes and concurrency
