@@ -171,13 +171,21 @@ cpu:
     pairs_per_block: 2
     min_blocks: 2
     time_budget_s: 600
-""")
+""" + _shipped_profile("gpu"))  # the spec pair below runs on the gpu profile: not this run's
     models = (rules / "models.yaml").read_text()
     models = models.replace("    - registry: qwen2.5-coder-0.5b\n      sha256: "
                             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32\n  gpu:",
                             "    - shape: qwen2.5-0.5b\n  gpu:")
     (rules / "models.yaml").write_text(models.replace("spec:\n  profile: cpu", "spec:\n  profile: gpu"))
     return rules
+
+
+def _shipped_profile(name: str) -> str:
+    """One profile's section of the shipped profiles.yaml, verbatim."""
+    text = (ROOT / "rules" / "profiles.yaml").read_text()
+    start = text.index(f"\n{name}:\n") + 1
+    end = text.find("\n\n", start)
+    return text[start:] if end < 0 else text[start:end + 1]
 
 
 LAYER_SKIP = ("\n\n_forward = Transformer.forward\n\n\n"
@@ -204,7 +212,7 @@ def test_random_weights_are_audited_by_main_and_a_layer_skip_fails(tmp_path, edi
                            "--rules", str(_random_weight_rules(tmp_path)), "--no-accuracy"],
                           capture_output=True, text=True, timeout=1200)
     result = json.loads((out / "result.json").read_text())
-    audits = {a["side"]: a for a in result["measurements"]["audits"]}
+    audits = {a["side"]: {**a, "share": a["agreeing"] / a["tokens"]} for a in result["measurements"]["audits"]}
     assert audits and all(a["reference"] == "main" for a in audits.values()), proc.stderr[-2000:]
     assert audits["base"]["violations"] == 0 and audits["base"]["share"] >= 0.95
     failed = {g["name"] for g in result["verdict"]["gates"] if not g["passed"]}
