@@ -120,6 +120,10 @@ class DecodeAuditGate:
     near_tie: float = 1.0
     share: float = 0.25  # of each side's timed requests, at every context...
     min_requests: int = 4  # ...and never fewer than this
+    # Where main is the reference (random weights): main's own tokens set the bar. The head's share may
+    # fall at most self_drop_max below main's, and main below self_top1_min means the harness is off.
+    self_top1_min: float = 0.80
+    self_drop_max: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -698,12 +702,15 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
         timing = TimingGate(f.fraction(tm["max_self_report_gap"], "gates.timing.max_self_report_gap"))
     audit = DecodeAuditGate()
     if "decode_audit" in m:
-        da = f.mapping(m["decode_audit"], "gates.decode_audit", ("top1_min", "near_tie", "share", "min_requests"))
+        da = f.mapping(m["decode_audit"], "gates.decode_audit",
+                       ("top1_min", "near_tie", "share", "min_requests", "self_top1_min", "self_drop_max"))
         audit = DecodeAuditGate(
             top1_min=f.fraction(da["top1_min"], "gates.decode_audit.top1_min"),
             near_tie=f.number(da["near_tie"], "gates.decode_audit.near_tie", 0, None),
             share=f.ratio(da["share"], "gates.decode_audit.share"),
             min_requests=f.integer(da["min_requests"], "gates.decode_audit.min_requests"),
+            self_top1_min=f.fraction(da["self_top1_min"], "gates.decode_audit.self_top1_min"),
+            self_drop_max=f.fraction(da["self_drop_max"], "gates.decode_audit.self_drop_max"),
         )
     nr = f.mapping(m["no_regression"], "gates.no_regression", ("min_ratio",))
     acc = f.mapping(m["accuracy"], "gates.accuracy", ("top1_min", "mean_kl_max"))

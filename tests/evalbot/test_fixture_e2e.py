@@ -232,9 +232,13 @@ def _assert_measured_honestly(run: Run) -> None:
 
 
 def _assert_no_fabricated_gain(run: Run) -> None:
-    """The red-team heads report 3x (or more) when their attack works; honest numbers stay near 1x."""
+    """The red-team heads report 3x (or more) when their attack works; honest numbers stay near 1x.
+
+    (The bound is 2x, not nearer 1x: with the 2 pairs most of these runs take, one pair slowed by a shared
+    CI box moves the geometric mean a long way. CI saw an honest head at 1.60x with 2 pairs at ctx 512.)
+    """
     for ctx, e in run.decode_estimates().items():
-        assert e["ratio"] < 1.5, f"ctx {ctx}: the head measured {e['ratio']:.2f}x main"
+        assert e["ratio"] < 2.0, f"ctx {ctx}: the head measured {e['ratio']:.2f}x main: {e}"
     assert run.verdict["tier"] is None
 
 
@@ -683,9 +687,11 @@ def test_a_busy_thread_in_the_head_cannot_slow_main(lab: Lab):
     control = evaluate(lab, "speedup", "--no-spec", "--no-accuracy", "--max-pairs", "8")
     run = evaluate(lab, "busy-thread", "--no-spec", "--no-accuracy", "--max-pairs", "8")
     assert run.measurements["failures"] == [], run.measurements["failures"]
+    # two spinning threads on a 2-core box halve main when they run; a shared CI box drifts ~10-20%
     for ctx, e in run.decode_estimates().items():
-        assert e["base_median"] > 0.8 * control.decode_estimates()[ctx]["base_median"], ctx
-    assert run.verdict["tier"] is None
+        base = control.decode_estimates()[ctx]["base_median"]
+        assert e["base_median"] > 0.7 * base, f"ctx {ctx}: main at {e['base_median']:.2f} tok/s, {base:.2f} before"
+    _assert_no_fabricated_gain(run)
 
 
 def test_a_head_cannot_carry_state_from_one_run_to_the_next(lab: Lab):

@@ -181,3 +181,35 @@ def test_main_failing_the_decode_audit_is_an_infra_error(rules):
     assert v.status == Status.INFRA_ERROR and "main fails the decode audit too" in v.reasons[0]
 
 
+
+
+def _self_audit(side, agree, ties, violations=0, ctx=4096):
+    return DecodeAudit("qwen3-1.7b", ctx, side, "main", 4, 256, agree, ties, violations, ())
+
+
+def test_where_main_is_the_reference_its_own_share_sets_the_bar(rules):
+    """Random weights in bf16 (the H200 smoke run): main teacher-forced against itself agreed on 236 of 256
+    tokens, every other one a near-tie. That is the harness working, not failing; the head is held to it."""
+    g = rules.gates.decode_audit
+    main = _self_audit(Side.BASE, 236, 20)
+    ok = decide(Measurements(PROV, throughput=(tp(4096, 1.05),), audits=(main, _self_audit(Side.HEAD, 240, 16))),
+                rules)
+    gate = next(x for x in ok.gates if x.name == "decode agreement")
+    assert ok.status == Status.PASS and gate.passed and "main's own share" in gate.bar
+    # a head that skips work: far below main's own share, even with every disagreement a near-tie
+    drop = int(256 * (236 / 256 - g.self_drop_max)) - 2
+    lazy = decide(Measurements(PROV, throughput=(tp(4096, 1.30),),
+                               audits=(main, _self_audit(Side.HEAD, drop, 256 - drop))), rules)
+    assert lazy.status == Status.REJECT and lazy.tier is None
+    # one disagreement beyond a near-tie still fails, whatever the shares
+    assert decide(Measurements(PROV, throughput=(tp(4096, 1.05),), audits=(main, _self_audit(Side.HEAD, 240, 15, 1))),
+                  rules).status == Status.REJECT
+    # main far from itself: the harness is off, nobody's PR
+    broken = _self_audit(Side.BASE, int(256 * g.self_top1_min) - 1, 256 - int(256 * g.self_top1_min) + 1)
+    v = decide(Measurements(PROV, throughput=(tp(4096, 1.05),), audits=(broken, _self_audit(Side.HEAD, 240, 16))),
+               rules)
+    assert v.status == Status.INFRA_ERROR and "main fails the decode audit too" in v.reasons[0]
+    # against llama.cpp the absolute bar stays: 236/256 is too few
+    llama = (_audit(Side.BASE, 512), _audit(Side.HEAD, 512, tokens=256, agree=236, ties=20))
+    assert decide(Measurements(PROV, throughput=(tp(512, 1.05),), accuracy=(GOOD_ACC,), audits=llama),
+                  rules).status == Status.REJECT
