@@ -151,14 +151,16 @@ class Server:
             start = _int(req, "from", 1, 1, len(ids) - 1)
             if len(ids) > self.max_seq:
                 raise RequestError(f"ids: {len(ids)} tokens exceed the engine's {self.max_seq} positions")
-            full = self.session.score(ids)  # [len(ids) - 1, V]
             save = req.get("save")
             if save is not None:
                 if not isinstance(save, str) or not SAVE_NAME.fullmatch(save):
                     raise RequestError("save: expected a plain file name such as head.npy")
+                full = self.session.score(ids)  # [len(ids) - 1, V]
                 with open(save, "wb") as f:  # in the working directory: the sandbox's scratch
                     np.save(f, full.cpu().numpy().astype(np.float32))
-            logprobs = full[start - 1 :]  # [len(ids) - start, V], row i predicts ids[start + i]
+                logprobs = full[start - 1 :]
+            else:
+                logprobs = self.session.score(ids, start)  # [len(ids) - start, V], row i predicts ids[start + i]
             top2 = logprobs.topk(2, dim=-1).values
             targets = torch.tensor(ids[start:], device=logprobs.device)
             self.send({"id": rid, "event": "done", "argmax": logprobs.argmax(-1).tolist(),

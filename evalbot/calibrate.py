@@ -183,4 +183,9 @@ def run(cfg: runner.EvalConfig, runs: int, log: runner.Log, *, judge_fn: Judge =
         out.append(AARun(judged.measurements, judged.verdict))
         v = judged.verdict
         log(f"calibration run {i}/{runs}: {v.status.value}{' ' + v.tier if v.tier else ''}")
+        if not completed(v):  # what the maintainer needs to fix the box: the stage, and the stderr tail
+            for f in judged.measurements.failures:
+                tail = f.log_tail.strip()[-1500:]
+                log(f"calibration run {i}/{runs}: {f.side.value} {f.stage}: {f.message}"
+                    + (f"\n{tail}" if tail else ""))
     return out

@@ -55,3 +55,17 @@ def test_compiled_decode_step_matches_eager(gguf):
     # compiled once for all 3 layers (their cache views differ only in offset): the decode step's two
     # halves, and each prefill length's two halves (24 and 30 tokens), never a graph per layer
     assert counters["stats"]["unique_graphs"] - graphs == 2 + 2 * 2
+
+
+@pytest.mark.parametrize("start", [1, 2, 17, 39])
+def test_scoring_from_a_position_gives_the_full_scores_rows(gguf, start):
+    """An audit scores only the generated tokens after a long prompt: the same rows, none of the rest."""
+    lm = load(gguf, "cpu")
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, lm.cfg.vocab_size, (40,), generator=g).tolist()
+    full = Session(lm, 64, prefill_chunk=8).score(ids)
+    part = Session(lm, 64, prefill_chunk=8).score(ids, start)
+    assert full.shape == (39, lm.cfg.vocab_size) and part.shape == (40 - start, lm.cfg.vocab_size)
+    torch.testing.assert_close(part, full[start - 1 :], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="start"):
+        Session(lm, 64).score(ids, 40)
