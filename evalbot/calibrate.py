@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evalbot.evaluate import builds, judge, prompts, runner
+from evalbot import judge
+from evalbot.evaluate import builds, prompts, runner
 from evalbot.model import ContextEstimate, Measurements, Status, Verdict
 from evalbot.store import Calibration
 

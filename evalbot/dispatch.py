@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from evalbot import receipts, verdict
-from evalbot.evaluate.judge import Judgement
 from evalbot.github import ArtifactRejected, GitHubError, GitHubPort, GitHubUnavailable
+from evalbot.judge import Judgement
 from evalbot.model import Measurements, Status, Verdict, WorkflowRun, from_dict
 from evalbot.rules import Rules
 

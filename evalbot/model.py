@@ -446,3 +446,15 @@ def _build(tp: Any, data: Any, where: str) -> Any:
             raise TypeError(f"{where}: expected {tp.__name__}, got {data!r}")
         return data
     return data
+
+
+@dataclass(frozen=True)
+class ScreenResult:
+    """What a pre-evaluation screen (copycat) decided: labels it owns, a comment, close, a ledger flag."""
+
+    labels: tuple[str, ...]
+    owned: tuple[str, ...]
+    evaluate: bool
+    lines: tuple[str, ...] = ()
+    close: bool = False
+    flag: str | None = None  # a label to write into FLAGGED.md

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from evalbot import dispatch, ledgers, receipts, render, rounds
-from evalbot.evaluate import judge, runner
-from evalbot.evaluate.judge import Judgement
+from evalbot import dispatch, judge, ledgers, receipts, render, rounds
+from evalbot.evaluate import builds, runner
 from evalbot.github import GitHubPort
+from evalbot.judge import Judgement
 from evalbot.mirror import Mirror
-from evalbot.model import MergeOutcome, PullRequest, Status, Verdict, WorkflowRun, cap_text
+from evalbot.model import MergeOutcome, PullRequest, ScreenResult, Status, Verdict, WorkflowRun, cap_text
 from evalbot.policy import ClaimGap, IntakeContext, TemplateFacts, claim_gap, intake, parse_body
 from evalbot.publish import Publisher
 from evalbot.rules import Rules, is_login
@@ -35,18 +35,6 @@ Screen = Callable[[PullRequest], "ScreenResult | None"]
 
 _STATUS_STATE = {Status.PASS: "success", Status.REJECT: "failure", Status.INFRA_ERROR: "error",
                  Status.INCONCLUSIVE: "pending"}
-
-
-@dataclass(frozen=True)
-class ScreenResult:
-    """What a pre-evaluation screen (copycat) decided: labels it owns, a comment, close, a ledger flag."""
-
-    labels: tuple[str, ...]
-    owned: tuple[str, ...]
-    evaluate: bool
-    lines: tuple[str, ...] = ()
-    close: bool = False
-    flag: str | None = None  # a label to write into FLAGGED.md
 
 
 @dataclass(frozen=True)
@@ -640,6 +628,9 @@ def local_evaluator(rules: Rules, profile: str, work_root: Path, log: Log, *, ke
                                 work_root=work_root, no_sandbox=no_sandbox, max_pairs=max_pairs, spec=spec,
                                 accuracy=accuracy, pr=pr.number, title=pr.title, author=pr.author,
                                 branch=pr.head_ref)  # fmt: skip
-        return judge.judge(cfg, log, key)  # type: ignore[arg-type]
+        try:
+            return judge.judge(cfg, log, key)  # type: ignore[arg-type]
+        finally:  # one poller per state (its lock): nothing else uses these checkouts; main's stays for the next PR
+            builds.cleanup_worktrees(work_root / "worktrees", keep=(base_sha,))
 
     return evaluate

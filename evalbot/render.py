@@ -14,13 +14,13 @@ import json
 import math
 import os
 import re
-import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
+from evalbot.markdown import escape_md, visible
 from evalbot.model import ContextEstimate, Gate, Measurements, Status, Verdict, from_dict
 from evalbot.stats import MDE_POWER
 
@@ -39,22 +39,6 @@ _MAX_FAILURES = 8
 _LOG_LINES = 40
 _LOG_CHARS = 3000
 
-_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
-# Bidi overrides and isolates can make escaped text read as something else ("Trojan source").
-_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-# A zero-width space as an entity: it survives editors and diffs, and GitHub decodes it before it
-# looks for @mentions, #refs and bare URLs, which it then no longer finds.
-_ZWSP = "&#8203;"
-_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
-# Inline markdown (emphasis, code, links, tables, strikethrough, math) and '#' (headings, refs).
-_BACKSLASHED = frozenset("\\`*_[]|~$#")
-_TOKEN_RE = re.compile(
-    r"(?P<scheme>(?i:https?|ftp)(?=://))|(?P<www>(?i:www)(?=\.))|(?P<gh>(?i:gh)(?=-\d))|(?P<ch>.)",
-    re.DOTALL,
-)
-# Block syntax that only counts at the start of a line: lists, thematic breaks, setext underlines.
-_LINE_START_RE = re.compile(r"^(?:[-+](?=[ \t]|$)|[-=][-= \t]*$|(\d{1,9})([.)])(?=[ \t]|$))")
-
 _STATUS_ICON = {
     Status.PASS: "✅",
     Status.REJECT: "❌",
@@ -65,51 +49,12 @@ _STATUS_ICON = {
 _METRIC_NAMES = {"decode_tps": "decode tok/s", "prefill_tps": "prefill tok/s"}
 
 
-# --- escaping ------------------------------------------------------------------------------------
-
-
-def _visible(text: str, keep: str = "") -> str:
-    """Text without ANSI colour codes, bidi controls and control characters (other than those in keep)."""
-    text = _ANSI_RE.sub("", text)
-    return "".join(ch for ch in text if ch in keep or (ch not in _BIDI and unicodedata.category(ch) != "Cc"))
-
-
-def escape_md(text: Any, limit: int | None = None) -> str:
-    """Untrusted text as one inert line of GitHub markdown: no markup, HTML, mentions, refs or autolinks.
-
-    Whitespace (newlines too) collapses to single spaces; past `limit` characters the text is cut with "…".
-    """
-    if text is None:
-        return "—"
-    flat = " ".join(_visible(" ".join(str(text).split())).split())
-    if limit is not None and len(flat) > limit:
-        flat = flat[: max(limit - 1, 0)].rstrip() + "…"
-    out = []
-    for m in _TOKEN_RE.finditer(flat):
-        if m.group("scheme") or m.group("www") or m.group("gh"):
-            out.append(m.group(0) + _ZWSP)  # "https&#8203;://", "www&#8203;.", "GH&#8203;-1"
-            continue
-        ch = m.group("ch")
-        if ch in _ENTITIES:
-            out.append(_ENTITIES[ch])
-        elif ch in _BACKSLASHED:
-            out.append("\\" + ch)
-        elif ch == "@":
-            out.append("@" + _ZWSP)
-        else:
-            out.append(ch)
-        if ch == "#" and flat[m.end() : m.end() + 1].isdigit():
-            out.append(_ZWSP)  # "#12" would link, and cross-reference, issue 12
-    escaped = "".join(out)
-    # Only the first character can start a line: a table cell or a mid-line field never does.
-    return _LINE_START_RE.sub(
-        lambda m: f"{m.group(1)}\\{m.group(2)}" if m.group(1) else "\\" + m.group(0), escaped
-    )
+# --- escaping (evalbot.markdown) -----------------------------------------------------------------
 
 
 def fenced(text: str, info: str = "text", max_lines: int | None = None, max_chars: int | None = None) -> str:
     """A fenced code block holding text verbatim; the fence is longer than any backtick run inside."""
-    body = _visible(str(text).replace("\r\n", "\n").replace("\r", "\n"), keep="\n\t").strip("\n")
+    body = visible(str(text).replace("\r\n", "\n").replace("\r", "\n"), keep="\n\t").strip("\n")
     lines = body.split("\n")
     omitted = 0
     if max_lines is not None and len(lines) > max_lines:
@@ -448,7 +393,7 @@ def _site_text(value: Any, limit: int | None = None) -> str:
     """Untrusted text as one visible line (controls, ANSI and bidi overrides dropped), cut past limit."""
     if value is None or value == "":
         return "—"
-    flat = " ".join(_visible(" ".join(str(value).split())).split())
+    flat = " ".join(visible(" ".join(str(value).split())).split())
     if limit is not None and len(flat) > limit:
         flat = flat[: max(limit - 1, 0)].rstrip() + "…"
     return flat

@@ -16,15 +16,13 @@ from evalbot import copycat_strikes
 from evalbot.copycat import Band, PrMeta
 from evalbot.copycat_fingerprint import fingerprint_source
 from evalbot.copycat_index import CopycatIndex, check
-from evalbot.model import PullRequest
-from evalbot.poller import ScreenResult
+from evalbot.model import PullRequest, ScreenResult
 from evalbot.rules import Rules
 from evalbot.store import Store
 
 CODE_SUFFIXES = (".py", ".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".rs", ".go", ".js", ".ts")
 _STRIKE = "copycat:"
 _WARN = "copycat-warn:"
-
 
 def main_kgrams(mirror: Path, sha: str, k: int) -> frozenset[int]:
     """Every k-gram of main's code files at `sha` (base code: copying main is not copying a PR)."""
@@ -42,7 +40,6 @@ def main_kgrams(mirror: Path, sha: str, k: int) -> frozenset[int]:
         if shown.returncode == 0 and len(shown.stdout) < 2_000_000:
             out |= fingerprint_source(name, shown.stdout.decode("utf-8", errors="replace"), k)
     return frozenset(out)
-
 
 class CopycatScreen:
     """Callable as the poller's `screen`: PR -> ScreenResult (its earlier PRs are in the index)."""

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import click
 
-from evalbot import receipts, render
+from evalbot import judge, receipts, render
 from evalbot.cli.options import load_rules_or_exit, rules_option
 from evalbot.cli.progress import reporter
 from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
-from evalbot.evaluate import judge, runner
+from evalbot.evaluate import runner
 from evalbot.model import Status, to_dict
 
 EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED: 4, Status.INCONCLUSIVE: 5}

@@ -243,6 +243,18 @@ def cleanup_worktrees(root: Path, keep: Iterable[str] = ()) -> list[Path]:
     return removed
 
 
+def remove_worktree(root: Path, sha: str) -> bool:
+    """Remove one checkout (and its marker) made by prepare_worktree; whether there was one."""
+    if not _SHA.fullmatch(sha):
+        raise ValueError(f"sha: expected a 40-hex commit sha, got {sha!r}")
+    found = False
+    for entry in (root / sha, root / f"{sha}.json"):
+        if entry.exists() or entry.is_symlink():
+            _remove(entry)
+            found = True
+    return found
+
+
 def _extract(repo: Path, sha: str, dest: Path) -> None:
     proc = subprocess.Popen(
         ["git", "-C", str(repo), "archive", "--format=tar", sha],

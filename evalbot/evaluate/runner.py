@@ -101,8 +101,17 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
 
     The harness's own steps come first and fail fast with their cause: main's build, the models, and
     the llama.cpp reference (computed or loaded from its cache). Only then is the PR built, and only on
-    a quiet box are the A/B pairs run.
+    a quiet box are the A/B pairs run. The PR's checkout is removed afterwards (main's is kept for the
+    next evaluation; the builds' venvs are cached by tree, not by checkout).
     """
+    m = _evaluate(cfg, log)
+    p = m.provenance
+    if p.measured_sha and p.measured_sha != p.base_sha:
+        builds.remove_worktree(cfg.work_root.resolve() / "worktrees", p.measured_sha)
+    return m
+
+
+def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
     started = box.now()
     cfg = dataclasses.replace(cfg, work_root=cfg.work_root.resolve(), repo=cfg.repo.resolve())  # run from anywhere
     profile = cfg.rules.profile(cfg.profile)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from evalbot.markdown import escape_md
 from evalbot.model import PullRequest
 from evalbot.policy.decision import Action, PolicyDecision
-from evalbot.render import escape_md
 from evalbot.rules import Rules
 
 

@@ -7,9 +7,9 @@ PR waits, with a note asking the contributor to squash it.
 
 from __future__ import annotations
 
+from evalbot.markdown import escape_md
 from evalbot.model import PullRequest
 from evalbot.policy.decision import Action, PolicyDecision
-from evalbot.render import escape_md
 from evalbot.rules import Rules
 
 

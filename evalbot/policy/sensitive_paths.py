@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from evalbot.markdown import escape_md
 from evalbot.model import PullRequest
 from evalbot.policy.decision import Action, PolicyDecision, is_maintainer
-from evalbot.render import escape_md
 from evalbot.rules import Rules
 
 _LISTED = 20  # paths named in the comment; the rest are counted

@@ -18,9 +18,9 @@ import math
 import re
 from dataclasses import dataclass
 
+from evalbot.markdown import escape_md
 from evalbot.model import PullRequest
 from evalbot.policy.decision import Action, PolicyDecision
-from evalbot.render import escape_md
 from evalbot.rules import Profile, Rules
 
 BENCH_RUNS = 5  # runs per command: the engine reports their median

@@ -17,8 +17,8 @@ from dataclasses import replace
 
 import pytest
 
-from evalbot.evaluate.judge import Judgement, receipt
 from evalbot.github import PyGithubAdapter
+from evalbot.judge import Judgement, receipt
 from evalbot.mirror import Mirror
 from evalbot.model import Measurements, Provenance, ThroughputPairs
 from evalbot.poller import Bot, BotSettings

@@ -389,3 +389,16 @@ def test_a_confined_build_cannot_write_outside_its_dir_reach_the_network_or_see_
     # writes under /tmp land in the sandbox's private tmpfs (bwrap makes the bind's parents there), so
     # setup.py may believe it wrote them; the host's files are what count
     assert not host_file.exists() and not cache_file.exists() and not (Path.home() / "pwned.txt").exists()
+
+
+def test_remove_worktree_removes_one_checkout_and_its_marker(repo, tmp_path):
+    from evalbot.evaluate.builds import remove_worktree
+
+    root = tmp_path / "wt"
+    base = prepare_worktree(repo, "base", root)
+    head = prepare_worktree(repo, "head", root)
+    assert remove_worktree(root, head.sha) and not head.path.exists()
+    assert not (root / f"{head.sha}.json").exists() and base.path.exists()
+    assert not remove_worktree(root, head.sha)  # already gone
+    with pytest.raises(ValueError, match="sha"):
+        remove_worktree(root, "../../etc")

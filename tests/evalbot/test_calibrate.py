@@ -17,7 +17,7 @@ import pytest
 
 from evalbot import calibrate, stats
 from evalbot.evaluate import runner
-from evalbot.evaluate.judge import Judgement
+from evalbot.judge import Judgement
 from evalbot.model import Failure, Measurements, Provenance, Side, Status, ThroughputPairs, to_dict
 from evalbot.rules import default_rules_dir, load_rules
 from evalbot.store import Store, iso

@@ -20,7 +20,7 @@ import pytest
 import requests
 from cryptography.hazmat.primitives import serialization
 
-from evalbot import dispatch, receipts
+from evalbot import dispatch, judge, receipts
 from evalbot.dispatch import (
     ArtifactProblem,
     DispatchRuns,
@@ -32,7 +32,6 @@ from evalbot.dispatch import (
     new_request,
     start,
 )
-from evalbot.evaluate import judge
 from evalbot.github import PyGithubAdapter
 from evalbot.github_retry import RetryPolicy
 from evalbot.model import (

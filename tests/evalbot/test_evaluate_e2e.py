@@ -213,6 +213,10 @@ def test_random_weights_are_audited_by_main_and_a_layer_skip_fails(tmp_path, edi
                           capture_output=True, text=True, timeout=1200)
     result = json.loads((out / "result.json").read_text())
     audits = {a["side"]: {**a, "share": a["agreeing"] / a["tokens"]} for a in result["measurements"]["audits"]}
+    # the PR's checkout (the head merged into main) is gone; main's stays for the next evaluation
+    prov = result["measurements"]["provenance"]
+    left = {p.name for p in (tmp_path / "work" / "worktrees").iterdir() if p.is_dir()}
+    assert prov["measured_sha"] != prov["base_sha"] and left == {prov["base_sha"]}, left
     assert audits and all(a["reference"] == "main" for a in audits.values()), proc.stderr[-2000:]
     assert audits["base"]["violations"] == 0 and audits["base"]["share"] >= 0.95
     failed = {g["name"] for g in result["verdict"]["gates"] if not g["passed"]}

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import judge
-from evalbot.evaluate.judge import Judgement
+from evalbot import judge
 from evalbot.github import PyGithubAdapter
+from evalbot.judge import Judgement
 from evalbot.mirror import Mirror, MirrorError
 from evalbot.model import (
     AccuracyResult,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
-from evalbot.evaluate.judge import Judgement
 from evalbot.github import PyGithubAdapter
+from evalbot.judge import Judgement
 from evalbot.mirror import Mirror
 from evalbot.model import Measurements, Provenance, Status, ThroughputPairs
 from evalbot.poller import Bot, BotSettings
