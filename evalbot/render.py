@@ -183,30 +183,26 @@ def find_state(comment_body: str) -> dict[str, Any] | None:
 # --- rendering -----------------------------------------------------------------------------------
 
 
-@functools.cache
-def _environment() -> jinja2.Environment:
-    # Markdown, not HTML: autoescape would mangle it. Untrusted fields go through the md filter instead.
+def _make_environment(folder: Path, *, html: bool, **filters: Any) -> jinja2.Environment:
+    """A strict Jinja environment over one template folder, with the shared number filters and `ci`."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(_TEMPLATES),
-        autoescape=False,
+        loader=jinja2.FileSystemLoader(folder),
+        autoescape=html,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
-        keep_trailing_newline=True,
+        keep_trailing_newline=not html,
     )
-    env.filters.update(
-        md=escape_md,
-        fenced=fenced,
-        pct=_pct,
-        delta=_delta,
-        ratio=_ratio,
-        share=_share,
-        num=_num,
-        sha=_sha,
-        metric=lambda name: _METRIC_NAMES.get(name) or escape_md(name),
-    )
+    env.filters.update(pct=_pct, delta=_delta, ratio=_ratio, share=_share, num=_num, **filters)
     env.globals["ci"] = _ci
     return env
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    # Markdown, not HTML: autoescape would mangle it. Untrusted fields go through the md filter instead.
+    return _make_environment(_TEMPLATES, html=False, md=escape_md, fenced=fenced, sha=_sha,
+                             metric=lambda name: _METRIC_NAMES.get(name) or escape_md(name))
 
 
 def _gates_at(gates: Iterable[Gate], model: str, context: int | None) -> list[Gate]:
@@ -422,26 +418,8 @@ def site_time(value: Any) -> str:
 
 @functools.cache
 def _site_environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(_SITE_TEMPLATES),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters.update(
-        text=_site_text,
-        sha=_site_sha,
-        when=site_time,
-        pct=_pct,
-        delta=_delta,
-        ratio=_ratio,
-        share=_share,
-        num=_num,
-        metric=lambda name: _METRIC_NAMES.get(name) or _site_text(name, 30),
-    )
-    env.globals["ci"] = _ci
-    return env
+    return _make_environment(_SITE_TEMPLATES, html=True, text=_site_text, sha=_site_sha, when=site_time,
+                             metric=lambda name: _METRIC_NAMES.get(name) or _site_text(name, 30))
 
 
 def render_site_page(template: str, context: dict[str, Any]) -> str:
