@@ -252,31 +252,18 @@ def run(spec: SandboxSpec, argv: Sequence[str], *, no_sandbox: bool = False) -> 
     """Run argv in the sandbox (or, only when no_sandbox is set, directly) under spec's env and limits."""
     if no_sandbox:
         # Still scrubbed, limited and timed; but the whole filesystem and the network are reachable.
-        full = [*limit_argv(spec.limits, _require("prlimit")), *argv]
-        return _execute(
-            full,
-            env=spec.env,
-            cwd=spec.workdir,
-            timeout_s=spec.limits.timeout_s,
-            max_output_bytes=spec.limits.max_output_bytes,
-            sandboxed=False,
-        )
-    if not sandbox_available():
+        full, cwd = [*limit_argv(spec.limits, _require("prlimit")), *argv], spec.workdir
+    elif not sandbox_available():
         raise SandboxUnavailable(
             "bubblewrap (bwrap) is missing or cannot create namespaces here, so untrusted code will not run; "
             "install bubblewrap (and allow unprivileged user namespaces), or pass --no-sandbox explicitly "
             "to run the PR's code unconfined"
         )
-    full = bwrap_argv(spec, argv, bwrap=_require("bwrap"), prlimit=_require("prlimit"))
-    # bwrap itself gets only the scrubbed env too: --clearenv covers the child, not bwrap.
-    return _execute(
-        full,
-        env=spec.env,
-        cwd=spec.scratch,
-        timeout_s=spec.limits.timeout_s,
-        max_output_bytes=spec.limits.max_output_bytes,
-        sandboxed=True,
-    )
+    else:
+        # bwrap itself gets only the scrubbed env too: --clearenv covers the child, not bwrap.
+        full, cwd = bwrap_argv(spec, argv, bwrap=_require("bwrap"), prlimit=_require("prlimit")), spec.scratch
+    return _execute(full, env=spec.env, cwd=cwd, timeout_s=spec.limits.timeout_s,
+                    max_output_bytes=spec.limits.max_output_bytes, sandboxed=not no_sandbox)
 
 
 def run_trusted(
