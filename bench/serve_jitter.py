@@ -46,7 +46,7 @@ def _request(proc, q: queue.Queue, rid: str, prompt: list[int], n: int) -> dict:
         if "tok" in obj:
             stamps.append(t)
         elif obj.get("event") == "done":
-            gaps = [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:])]
+            gaps = [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:], strict=False)]
             return {"harness_decode_s": (stamps[-1] - stamps[0]) / 1e9, "engine_decode_s": obj["timings"]["decode_s"],
                     "gaps_ms": gaps}
         elif obj.get("event") == "error":
@@ -103,7 +103,7 @@ def main() -> int:
             "harness_cv": round(_cv(h), 5), "engine_cv": round(_cv(e), 5),
             "gap_ms_median": round(med, 3), "gap_ms_p99": round(_pct(gaps, 0.99), 3), "gap_ms_max": round(max(gaps), 3),
             "stall_s_per_request": [round(x, 4) for x in lost],
-            "harness_cv_without_stalls": round(_cv([a - b for a, b in zip(h, lost)]), 5),
+            "harness_cv_without_stalls": round(_cv([a - b for a, b in zip(h, lost, strict=True)]), 5),
             "harness_decode_s": [round(x, 5) for x in h], "engine_decode_s": [round(x, 5) for x in e],
         }
         print(json.dumps({k: v for k, v in result["runs"][str(n)].items() if not isinstance(v, list)}), flush=True)
