@@ -83,7 +83,7 @@ def bot_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The options every bot command takes, folded into one Ctx argument."""
 
     @state_option
-    @click.option("--repo", "repo", default=None, help=f"OWNER/NAME on GitHub (default: ${REPO_ENV})")
+    @click.option("--repo", "repo", default=None, envvar=REPO_ENV, show_envvar=True, help="OWNER/NAME on GitHub")
     @click.option("--api-url", default="https://api.github.com", show_default=True)
     @click.option(
         "--git-remote", default=None, help="git URL to fetch from and push ledgers to (default: GitHub)"
@@ -97,7 +97,7 @@ def bot_options(f: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--dry-run", is_flag=True, help="show what would change and change nothing")
     @functools.wraps(f)
     def wrapper(state, repo, api_url, git_remote, bot_login, rules_dir, dry_run, **kw):  # noqa: ANN001, ANN202
-        ctx = Ctx(resolve_state(state), repo or os.environ.get(REPO_ENV),
+        ctx = Ctx(resolve_state(state), repo or None,
                   api_url, git_remote, bot_login, rules_dir, dry_run)  # fmt: skip
         return f(ctx, **kw)
 

@@ -51,7 +51,7 @@ def _log(message: str) -> None:
 @click.option("--spec/--no-spec", default=True, help="run the speculative-decoding gates in each run")
 @click.option("--accuracy/--no-accuracy", default=True, help="run the llama.cpp accuracy gates in each run")
 @click.option(
-    "--box", default=None, help=f"this box's name in the store (default: ${BOX_ENV} or the host name)"
+    "--box", default=None, envvar=BOX_ENV, show_envvar=True, help="this box's name in the store (default: the host name)"
 )
 @state_option
 @click.option(
@@ -72,7 +72,7 @@ def calibrate(repo: Path, rev: str, runs: int, rules_dir: Path | None, profile: 
     """Judge REV against itself RUNS times on this box: how often equal code gets a tier or a regression
     call, and the smallest gain the box resolves. Run it before trusting a new runner."""
     rules = load_rules_or_exit(rules_dir)
-    box = box or os.environ.get(BOX_ENV) or platform.node() or "unknown"
+    box = box or platform.node() or "unknown"
     state = resolve_state(state)
     work = work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work"
     cfg = runner.EvalConfig(repo=repo.resolve(), base=rev, head=rev, rules=rules, profile=profile, work_root=work,

@@ -29,16 +29,14 @@ def load_rules_or_exit(rules_dir: Path | None) -> Rules:
 STATE_ENV = "EVALBOT_STATE"
 
 state_option = click.option(
-    "--state", "state", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help=f"the bot's SQLite state (default: ${STATE_ENV}, else $XDG_STATE_HOME or ~/.local/state, /evalbot/state.db)",
+    "--state", "state", type=click.Path(dir_okay=False, path_type=Path), default=None, envvar=STATE_ENV,
+    show_envvar=True, help="the bot's SQLite state (default: $XDG_STATE_HOME or ~/.local/state, /evalbot/state.db)",
 )  # fmt: skip
 
 
 def resolve_state(path: Path | None) -> Path:
-    """The state file: the given path, else $EVALBOT_STATE, else evalbot/state.db under the XDG state home."""
-    if path is not None:
+    """The state file: the given path (--state or $EVALBOT_STATE), else evalbot/state.db under the XDG state home."""
+    if path is not None and str(path):
         return path
-    if os.environ.get(STATE_ENV):
-        return Path(os.environ[STATE_ENV])
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "evalbot" / "state.db"

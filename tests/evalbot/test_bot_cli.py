@@ -81,3 +81,20 @@ def test_poll_reports_a_github_outage_clearly_and_changes_nothing(bot, github_do
                                        "--state", str(state)], env={"GITHUB_TOKEN": "ghp_t"})  # fmt: skip
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
     assert "GitHub unavailable, poll given up" in result.output and "HTTP 503" in result.output
+
+
+def test_environment_variables_are_declared_on_their_options(github_double, tmp_path):
+    """EVALBOT_REPO and EVALBOT_STATE are click envvars: shown in --help, honoured, and a flag wins."""
+    help_text = CliRunner().invoke(main, ["status", "--help"]).output
+    assert "EVALBOT_REPO" in help_text and "EVALBOT_STATE" in help_text
+    state = tmp_path / "from-env" / "state.db"
+    env = {"GITHUB_TOKEN": "ghp_t", "EVALBOT_REPO": github_double.repo, "EVALBOT_STATE": str(state)}
+    r = CliRunner().invoke(main, ["status", "--api-url", github_double.base_url], env=env)
+    assert r.exit_code == 0, r.output
+    assert state.exists()  # the state the environment named
+    other = tmp_path / "flag.db"
+    r = CliRunner().invoke(main, ["status", "--api-url", github_double.base_url, "--state", str(other)], env=env)
+    assert r.exit_code == 0 and other.exists(), r.output
+    r = CliRunner().invoke(main, ["poll", "--once", "--api-url", github_double.base_url, "--state", str(other)],
+                           env={"GITHUB_TOKEN": "t", "EVALBOT_REPO": ""})  # fmt: skip
+    assert r.exit_code != 0 and "which repository?" in r.output
