@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from evalbot.model import Status, Verdict, WorkflowRun
-from evalbot.rules import Rules, tier_for_gain
+from evalbot.rules import Rules
 
 MERGE_FIRST = "merge_first"
 NEEDS_REBASE = "needs_rebase"
@@ -184,7 +184,8 @@ def marginal_credit(
         )
     bound = lower_bound_gain(verdict)
     marginal = max(bound, 0.0) if bound is not None else 0.0
-    tier = tier_for_gain(rules, marginal)
+    earned = rules.tier_for(marginal)
+    tier = earned.name if earned else None
     return Credit(
         first.pr, gain, marginal, tier, False, f"credit {_pct(marginal)} ({tier or 'no tier'}), {source}"
     )

@@ -343,11 +343,29 @@ class Rules:
                 return profile
         raise KeyError(name)
 
+    # The tier rule, in one place: verdicts, rounds, the stats CLI and the renderer all ask here.
+
     @property
-    def managed_labels(self) -> frozenset[str]:
-        """Every label the bot sets or removes: tier, status and area labels."""
-        status = (getattr(self.labels, f.name) for f in fields(Labels))
-        return frozenset([*(t.label for t in self.tiers), *status, *(a.label for a in self.policy.areas)])
+    def tier_bounds(self) -> tuple[tuple[str, float], ...]:
+        """(name, lowest lower-bound gain) per tier, lowest first."""
+        return tuple((t.name, t.lower_bound) for t in self.tiers)
+
+    def tier_for(self, lower_bound_gain: float) -> Tier | None:
+        """The highest tier whose lower bound is at most the gain's CI lower bound; None below the first."""
+        earned = [t for t in self.tiers if t.lower_bound <= lower_bound_gain]
+        return earned[-1] if earned else None
+
+    def tier(self, name: str) -> Tier:
+        """The tier of this name; KeyError otherwise."""
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def tier_rank(self, name: str | None) -> int:
+        """0 for no tier, else 1 for the lowest tier up to len(tiers) for the highest."""
+        names = [t.name for t in self.tiers]
+        return names.index(name) + 1 if name in names else 0
 
 
 # ---------------------------------------------------------------- public helpers
@@ -356,14 +374,6 @@ class Rules:
 def default_rules_dir() -> Path:
     """The repository's rules/ folder, beside this package."""
     return Path(__file__).resolve().parent.parent / "rules"
-
-
-def tier_for_gain(rules: Rules, lower_bound_gain: float) -> str | None:
-    """The highest tier whose lower bound is at most the gain's CI lower bound; None below the first."""
-    for tier in reversed(rules.tiers):
-        if tier.lower_bound <= lower_bound_gain:
-            return tier.name
-    return None
 
 
 def automerge_allowed(rules: Rules, env: Mapping[str, str]) -> bool:

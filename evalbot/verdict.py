@@ -66,7 +66,7 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
              *_accuracy_gates(m.accuracy, rules), *_spec_gates(m.spec, rules)]
     failed = [g for g in gates if not g.passed]
     scored = [e for e in estimates if e.scored and e.metric == "decode_tps"]
-    best = max(scored, key=lambda e: (_tier_rank(rules, e.tier), e.ci_low), default=None)
+    best = max(scored, key=lambda e: (rules.tier_rank(e.tier), e.ci_low), default=None)
     mde = max((e.mde for e in scored), default=None)
     # correctness gates decide whatever the noise; the throughput gate only on a resolving measurement
     if any(g.name != "no regression" for g in failed):
@@ -84,7 +84,7 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
     tier = best.tier if best else None
     add = [rules.labels.verified]
     if tier:
-        add.append(_tier_label(rules, tier))
+        add.append(rules.tier(tier).label)
         reason = (f"{tier}: {best.ratio - 1:+.1%} at ctx {best.context} "  # type: ignore[union-attr]
                   f"(95% CI {best.ci_low - 1:+.1%} to {best.ci_high - 1:+.1%}); every gate passed")
     elif best is not None:
@@ -136,7 +136,7 @@ def _describe(f: Failure) -> str:
 
 def _estimate(tp: ThroughputPairs, rules: Rules) -> ContextEstimate:
     est = stats.estimate_blocked(tp.pairs, tp.blocks) if tp.blocks else stats.estimate(tp.pairs)
-    cls = stats.classify(est, [(t.name, t.lower_bound) for t in rules.tiers], rules.gates.no_regression.min_ratio)
+    cls = stats.classify(est, rules.tier_bounds, rules.gates.no_regression.min_ratio)
     bases = sorted(b for b, _ in tp.pairs)
     heads = sorted(h for _, h in tp.pairs)
     return ContextEstimate(
@@ -228,15 +228,6 @@ def _failed_reason(g: Gate) -> str:
     where = f" at ctx {g.context}" if g.context is not None else ""
     value = f"{g.value:.4g}" if g.value is not None else "n/a"
     return f"{g.name}{where} failed: {value}, needs {g.bar}" + (f" ({g.detail})" if g.detail else "")
-
-
-def _tier_rank(rules: Rules, tier: str | None) -> int:
-    names = [t.name for t in rules.tiers]
-    return names.index(tier) + 1 if tier in names else 0
-
-
-def _tier_label(rules: Rules, tier: str) -> str:
-    return next(t.label for t in rules.tiers if t.name == tier)
 
 
 def verdict_labels(rules: Rules) -> frozenset[str]:

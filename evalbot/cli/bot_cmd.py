@@ -27,12 +27,11 @@ import click
 from evalbot import ledgers
 from evalbot.cli.options import load_rules_or_exit, resolve_state, rules_option, state_option
 from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
-from evalbot.rules import Rules, is_login
+from evalbot.rules import Rules, automerge_allowed, is_login
 from evalbot.store import EvalKey, Store, StoreError
 
 TOKEN_ENV = "GITHUB_TOKEN"
 REPO_ENV = "EVALBOT_REPO"  # owner/name
-AUTOMERGE_ENV = "EVALBOT_AUTOMERGE"
 ACTIONS_LOGIN = "github-actions[bot]"  # who comments with an Actions job token (which has no /user)
 
 
@@ -200,7 +199,7 @@ def _poll(ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | No
         bot_login = ctx.bot_login or gh.authenticated_login() or ACTIONS_LOGIN
     except GitHubError as exc:
         raise click.ClickException(f"GitHub: {exc}; nothing was done (or pass --bot-login)") from exc
-    settings = BotSettings(bot_login=bot_login, automerge_env=os.environ.get(AUTOMERGE_ENV) == "1",
+    settings = BotSettings(bot_login=bot_login, automerge_env=automerge_allowed(ctx.rules, os.environ),
                            ledger_remote=ctx.remote(), worker=worker_id())  # fmt: skip
     with ctx.store() as store:
         from evalbot.screen import CopycatScreen

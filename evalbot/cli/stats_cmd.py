@@ -25,7 +25,7 @@ def stats(pairs_file: Path, rules_dir: Path | None, as_json: bool) -> None:
     except (stats_mod.StatsError, UnicodeDecodeError) as exc:
         raise click.ClickException(f"{pairs_file}: {exc}") from exc
     tolerance = rules.gates.no_regression.min_ratio
-    cls = stats_mod.classify(est, [(t.name, t.lower_bound) for t in rules.tiers], tolerance)
+    cls = stats_mod.classify(est, rules.tier_bounds, tolerance)
     if as_json:
         click.echo(json.dumps({
             "n": est.n, "ratio": est.ratio, "ci_low": est.ci_low, "ci_high": est.ci_high, "gain": est.gain,

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from evalbot.policy.sensitive_paths import sensitive_hits
-from evalbot.rules import Rules, default_rules_dir, load_rules, tier_for_gain
+from evalbot.rules import Rules, default_rules_dir, load_rules
 from tests.fixtures import fixture_engine_branches as fb
 
 PY = sys.executable
@@ -41,6 +41,12 @@ pytestmark = pytest.mark.skipif(
     != 0,
     reason="bubblewrap cannot create namespaces here",
 )
+
+
+def tier_for_gain(rules: Rules, gain: float) -> str | None:
+    """The tier name Rules.tier_for gives (None below the first)."""
+    tier = rules.tier_for(gain)
+    return tier.name if tier else None
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,13 @@ from evalbot.rules import (
     default_rules_dir,
     load_rules,
     rules_hash,
-    tier_for_gain,
 )
+
+
+def tier_for_gain(rules, gain: float) -> str | None:
+    """The tier name Rules.tier_for gives (None below the first)."""
+    tier = rules.tier_for(gain)
+    return tier.name if tier else None
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +140,6 @@ def test_shipped_defaults(rules):
         "merge-first",
         "re-evaluate",
     )
-    assert {"perf:XS", "area:kernels", "verified", "needs-benchmark", "merge-first"} <= rules.managed_labels
     # A PR waiting on its author, on a maintainer, or on a fresh measurement must not merge by itself.
     assert {"needs-benchmark", "claim-gap", "re-evaluate"} <= set(rules.automerge.blocking_labels)
     assert "merge-first" not in rules.automerge.blocking_labels
