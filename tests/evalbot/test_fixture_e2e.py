@@ -649,7 +649,11 @@ def test_the_trusted_harness_comes_from_main_whatever_the_bots_working_directory
     repo_root = Path(__file__).resolve().parents[2]
     assert (repo_root / "engine" / "__init__.py").is_file()
     run = evaluate(lab, "speedup", "--no-spec", "--no-accuracy", cwd=repo_root)
-    assert run.verdict["status"] == "PASS", run.verdict["reasons"]
+    # a harness taken from the working directory fails to import or judges the wrong code; noise on a
+    # shared 2-core box can leave the 3x speedup unresolved (INCONCLUSIVE, measured again), never more
+    assert run.measurements["failures"] == [] and run.verdict["status"] in ("PASS", "INCONCLUSIVE"), \
+        run.verdict["reasons"]
+    assert all(e["ratio"] > 1.5 for e in run.decode_estimates().values()), run.decode_estimates()
 
 
 @pytest.mark.parametrize("branch", ["clock", "clock-shift", "inflated-record"])
