@@ -628,9 +628,11 @@ def local_evaluator(rules: Rules, profile: str, work_root: Path, log: Log, *, ke
                                 work_root=work_root, no_sandbox=no_sandbox, max_pairs=max_pairs, spec=spec,
                                 accuracy=accuracy, pr=pr.number, title=pr.title, author=pr.author,
                                 branch=pr.head_ref)  # fmt: skip
-        try:
-            return judge.judge(cfg, log, key)  # type: ignore[arg-type]
-        finally:  # one poller per state (its lock): nothing else uses these checkouts; main's stays for the next PR
+        judged = judge.judge(cfg, log, key)  # type: ignore[arg-type]
+        try:  # one poller per state (its lock): nothing else uses these checkouts; main's stays for the next PR
             builds.cleanup_worktrees(work_root / "worktrees", keep=(base_sha,))
+        except OSError as exc:  # disk housekeeping never costs a verdict
+            log(f"could not clean the checkouts under {work_root / 'worktrees'}: {exc}")
+        return judged
 
     return evaluate

@@ -107,7 +107,10 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
     m = _evaluate(cfg, log)
     p = m.provenance
     if p.measured_sha and p.measured_sha != p.base_sha:
-        builds.remove_worktree(cfg.work_root.resolve() / "worktrees", p.measured_sha)
+        try:
+            builds.remove_worktree(cfg.work_root.resolve() / "worktrees", p.measured_sha)
+        except (OSError, ValueError) as exc:  # disk housekeeping never costs a verdict
+            log(f"could not remove the PR's checkout {p.measured_sha[:12]}: {exc}")
     return m
 
 
