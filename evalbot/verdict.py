@@ -57,7 +57,7 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
                         add=(rules.labels.infra_error,))
 
     audits = tuple(m.audits)
-    main_audit = [a for a in audits if a.side is Side.BASE and not _audit_passes(a, rules, _bar(a, audits, rules))]
+    main_audit = [a for a in audits if a.side is Side.BASE and not _audit_passes(a, _bar(a, audits, rules))]
     if main_audit:  # main's own decode disagrees with the reference: the reference or the harness is off
         return _verdict(rules, Status.INFRA_ERROR, add=(rules.labels.infra_error,), reasons=tuple(
             f"main fails the decode audit too at ctx {a.context} ({a.share:.1%} agree, {a.violations} beyond a "
@@ -173,7 +173,7 @@ def _bar(a: DecodeAudit, audits: Sequence[DecodeAudit], rules: Rules) -> float:
     return min(g.top1_min, own[0] - g.self_drop_max) if own else g.top1_min
 
 
-def _audit_passes(a: DecodeAudit, rules: Rules, bar: float) -> bool:
+def _audit_passes(a: DecodeAudit, bar: float) -> bool:
     return a.share >= bar and a.violations == 0
 
 
@@ -192,7 +192,7 @@ def _audit_gates(audits: Sequence[DecodeAudit], rules: Rules) -> list[Gate]:
                        f" (margin {worst['margin']:.2f} >= {g.near_tie:g})")
         against = "" if a.reference != "main" else " (main's own share less the allowed drop)"
         out.append(Gate("decode agreement", a.share, f">= {bar:.2f} top-1{against}, the rest near-ties",
-                        _audit_passes(a, rules, bar), detail, a.context, a.model))
+                        _audit_passes(a, bar), detail, a.context, a.model))
     return out
 
 
