@@ -46,6 +46,7 @@ from evalbot.copycat_fingerprint import (  # noqa: E402
 from evalbot.copycat_index import CopycatIndex, check  # noqa: E402
 from evalbot.model import FileChange, PullRequest  # noqa: E402
 from evalbot.rules import default_rules_dir, load_rules  # noqa: E402
+from evalbot.store import create_copycat_tables  # noqa: E402
 
 MUTATIONS = ["+", "-", "*", "/", "<", ">", "==", "(", ")", ",", ".", "I", "L", "if", "return", "not", "in"]
 
@@ -144,6 +145,7 @@ def main() -> None:
         conn = sqlite3.connect(db)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=OFF")  # the build only; checks are read-only
+        create_copycat_tables(conn)
         index = CopycatIndex(conn)
         t0 = time.perf_counter()
         index.set_main(main_kgrams, "2026-01-01T00:00:00Z")

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from evalbot import times
 from evalbot.copycat_fingerprint import PrPrint, fingerprint_pr
 from evalbot.model import PullRequest
 from evalbot.rules import Copycat, Rules
@@ -121,22 +122,26 @@ class CopycatFinding:
 
 
 def utc(stamp: str) -> str:
-    """An ISO 8601 time as canonical UTC ``YYYY-MM-DDTHH:MM:SSZ``, so strings compare as times."""
+    """An ISO 8601 time in the one text form (evalbot.times); a time without a zone is taken as UTC."""
     t = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    t = t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return times.stamp(t.replace(tzinfo=UTC) if t.tzinfo is None else t)
+
+
+def before(a: str, b: str) -> bool:
+    """Whether time a is earlier than time b, compared as times (never as text)."""
+    return times.parse(utc(a)) < times.parse(utc(b))
 
 
 def merged_before(old: PrMeta, new: PrMeta) -> bool:
     """Whether old was merged before new was opened (its code was base code for new)."""
-    return old.merged_at is not None and old.merged_at <= new.created_at
+    return old.merged_at is not None and not before(new.created_at, old.merged_at)
 
 
 def may_copy_from(new: PrMeta, old: PrMeta) -> bool:
     """Whether new could have copied old: opened earlier, by someone else, unmerged when new was opened."""
     return (
         old.number != new.number
-        and old.created_at < new.created_at
+        and before(old.created_at, new.created_at)
         and old.author.casefold() != new.author.casefold()
         and not merged_before(old, new)
     )
@@ -205,7 +210,7 @@ def credited(meta: PrMeta, evidence: Evidence, original: int) -> frozenset[int]:
     prior = [
         evidence.shared.get(n, frozenset())
         for n, m in evidence.others.items()
-        if n != meta.number and m.author.casefold() == meta.author.casefold() and m.created_at < when
+        if n != meta.number and m.author.casefold() == meta.author.casefold() and before(m.created_at, when)
     ]
     return evidence.shared.get(original, frozenset()) - frozenset().union(*prior)
 

@@ -2,8 +2,8 @@
 
 A check reads only the rows of the new PR's own fingerprints and lines, and for each fingerprint at
 most ``boilerplate_max_prs + 1`` postings, so it costs O(size of the PR) whatever the number of PRs.
-The connection belongs to the caller (the store): this module creates its ``copycat_*`` tables and
-leaves journal mode, transactions across calls and connection lifetime to it.
+The connection belongs to the caller (the store): the store's migrations create the ``copycat_*`` tables,
+and journal mode, transactions across calls and connection lifetime are the store's too.
 """
 
 from __future__ import annotations
@@ -13,35 +13,13 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 
 from evalbot.copycat import CopycatFinding, Evidence, PrMeta, assess, size_in_lines, utc
+from evalbot.copycat import before as is_before
 from evalbot.copycat_fingerprint import PrPrint, fingerprint_pr
 from evalbot.model import PullRequest
 from evalbot.rules import Rules
+from evalbot.store import create_copycat_tables, require_tables
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS copycat_prs (
-    number INTEGER PRIMARY KEY,
-    author TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    merged_at TEXT,
-    closed_at TEXT
-);
-CREATE TABLE IF NOT EXISTS copycat_postings (
-    fp INTEGER NOT NULL,
-    pr INTEGER NOT NULL,
-    PRIMARY KEY (fp, pr)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS copycat_postings_pr ON copycat_postings (pr);
-CREATE TABLE IF NOT EXISTS copycat_lines (
-    line INTEGER NOT NULL,
-    pr INTEGER NOT NULL,
-    PRIMARY KEY (line, pr)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS copycat_lines_pr ON copycat_lines (pr);
-CREATE TABLE IF NOT EXISTS copycat_main (
-    fp INTEGER PRIMARY KEY,
-    since TEXT NOT NULL
-) WITHOUT ROWID;
-"""
+_TABLES = ("copycat_prs", "copycat_postings", "copycat_lines", "copycat_main")  # the store's migrations make them
 
 # A tiny PR is compared literally with the PRs holding its rarest line; a line in more PRs than
 # this is idiom (`return out`), and a PR made only of such lines is not looked up literally.
@@ -54,8 +32,15 @@ class CopycatIndex:
     """Fingerprints of every PR seen, main's k-grams with the time each appeared, and PR states."""
 
     def __init__(self, conn: sqlite3.Connection):
+        require_tables(conn, _TABLES, "the copycat index")
         self.conn = conn
-        conn.executescript(_SCHEMA)
+
+    @classmethod
+    def in_memory(cls) -> CopycatIndex:
+        """An index of its own, in memory (one scan of a folder of diffs, a test)."""
+        conn = sqlite3.connect(":memory:")
+        create_copycat_tables(conn)
+        return cls(conn)
 
     def add(self, meta: PrMeta, prints: PrPrint) -> None:
         """Index a PR's fingerprints and lines, replacing what an earlier push of it had."""
@@ -137,7 +122,7 @@ class CopycatIndex:
         if before is None or not counts:
             return counts
         earlier = self._metas(counts)
-        return {n: c for n, c in counts.items() if earlier[n].created_at < utc(before)}
+        return {n: c for n, c in counts.items() if is_before(earlier[n].created_at, before)}
 
     def evidence(self, new: PrPrint, meta: PrMeta, boilerplate_max_prs: int, tiny_below: int) -> Evidence:
         """What the index knows about a new PR's fingerprints and lines, as ``copycat.assess`` needs it."""

@@ -9,13 +9,13 @@ earlier one, in order, exactly as the bot's screen does (fingerprints, exclusion
 from __future__ import annotations
 
 import re
-import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import unidiff
 
+from evalbot import times
 from evalbot.copycat import Band, PrMeta
 from evalbot.copycat_fingerprint import fingerprint_source
 from evalbot.copycat_index import CopycatIndex, check
@@ -73,7 +73,7 @@ def pull_of(number: int, author: str, text: str) -> PullRequest:
         raise ScanError(f"#{number:04d}-{author}.diff: not a unified diff: {exc}") from None
     files = tuple(FileChange(f.path, "added" if f.is_added_file else "modified", f.added, f.removed,
                              "".join(str(h) for h in f)) for f in patches)  # fmt: skip
-    opened = (_START + timedelta(minutes=number)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    opened = times.stamp(_START + timedelta(minutes=number))
     return PullRequest(number=number, author=author, title="", body="", state="open", draft=False, merged=False,
                        head_sha="0" * 40, base_sha="0" * 40, base_ref="main", head_ref=f"pr-{number}",
                        created_at=opened, updated_at=opened, files=files)  # fmt: skip
@@ -91,10 +91,10 @@ def base_kgrams(base: Path, k: int) -> frozenset[int]:
 def scan(folder: Path, rules: Rules) -> list[ScanRow]:
     """Check every diff of folder against the earlier ones, in order."""
     diffs = read_diffs(folder)
-    index = CopycatIndex(sqlite3.connect(":memory:"))
+    index = CopycatIndex.in_memory()
     base = folder / "base"
     if base.is_dir():
-        index.set_main(base_kgrams(base, rules.copycat.winnowing.k), _START.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        index.set_main(base_kgrams(base, rules.copycat.winnowing.k), times.stamp(_START))
     rows = []
     for number, author, text in diffs:
         pr = pull_of(number, author, text)

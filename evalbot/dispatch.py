@@ -35,15 +35,16 @@ import shutil
 import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from evalbot import receipts, verdict
+from evalbot import receipts, times, verdict
 from evalbot.github import ArtifactRejected, GitHubError, GitHubPort, GitHubUnavailable
 from evalbot.judge import Judgement
 from evalbot.model import Measurements, Status, Verdict, WorkflowRun, from_dict
 from evalbot.rules import Rules
+from evalbot.store import require_tables
 
 ARTIFACT_PREFIX = "evalbot-result-"
 RESULT_FILE, RECEIPT_FILE = "result.json", "receipt.json"
@@ -349,7 +350,9 @@ def poll(
             if now >= handle.deadline:
                 handle = _with_runner(handle, runner_of)
                 minutes = (now - handle.dispatched_at).total_seconds() / 60
-                return _failed(rules, handle, f"run {run.id} still {run.status} after {minutes:.0f} minutes")
+                cancelled = _cancel(gh, run.id)
+                return _failed(rules, handle, f"run {run.id} still {run.status} after {minutes:.0f} minutes"
+                               f"{cancelled}")
             return Pending(handle, f"run {run.id} {run.status}")
         if run.conclusion not in _READABLE:
             handle = _with_runner(handle, runner_of)
@@ -367,6 +370,16 @@ def poll(
         return Pending(handle, f"GitHub unavailable, will look again: {exc}")
     except GitHubError as exc:  # e.g. the run was deleted: this attempt has nothing more to give
         return _failed(rules, handle, f"run {handle.run_id} cannot be read: {exc}")
+
+
+def _cancel(gh: GitHubPort, run_id: int) -> str:
+    """Cancel a run past its deadline, so it stops holding its runner (and never reports late); what
+    happened, for the failure's reason. GitHub refuses a run that completed meanwhile: then it is done."""
+    try:
+        gh.cancel_workflow_run(run_id)
+    except GitHubError as exc:
+        return f" (cancelling it failed: {str(exc)[:160]})"
+    return ", cancelled"
 
 
 def find_run(gh: GitHubPort, handle: DispatchHandle) -> WorkflowRun | None:
@@ -444,19 +457,6 @@ def _failed(
 
 # ---------------------------------------------------------------- persistence
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS dispatch_runs (
-    request_id TEXT PRIMARY KEY,
-    pr INTEGER NOT NULL, head_sha TEXT NOT NULL, base_sha TEXT NOT NULL, rules_hash TEXT NOT NULL,
-    profile TEXT NOT NULL, attempt INTEGER NOT NULL, exclude_runners TEXT NOT NULL,
-    workflow TEXT NOT NULL, ref TEXT NOT NULL, dispatched_at TEXT NOT NULL, deadline TEXT NOT NULL,
-    run_id INTEGER, runner_name TEXT, html_url TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('dispatching', 'in_flight', 'finished', 'failed', 'retried')),
-    note TEXT NOT NULL, retried_as TEXT, updated_at TEXT NOT NULL
-) STRICT;
-CREATE INDEX IF NOT EXISTS dispatch_runs_by_state ON dispatch_runs (state);
-CREATE INDEX IF NOT EXISTS dispatch_runs_by_eval ON dispatch_runs (pr, head_sha, base_sha, rules_hash);
-"""
 _OPEN_STATES = ("dispatching", "in_flight")
 
 
@@ -474,14 +474,14 @@ class DispatchRuns:
     """Dispatch handles in the store's file (``Store.open_connection()``), so a restart resumes them."""
 
     def __init__(self, conn: sqlite3.Connection):
+        require_tables(conn, ("dispatch_runs",), "dispatch handles")  # the store's migrations make it
         self.conn = conn
-        conn.executescript(_SCHEMA)
 
     def save(self, handle: DispatchHandle, state: str = "in_flight", note: str = "") -> None:
         """Insert or update an open handle; 'dispatching' is written before the GitHub call."""
         if state not in _OPEN_STATES:
             raise ValueError(f"save() keeps open handles ({', '.join(_OPEN_STATES)}); close() ends {state!r}")
-        values = {**_row(handle), "state": state, "note": note, "updated_at": _iso(_now())}
+        values = {**_row(handle), "state": state, "note": note, "updated_at": times.stamp()}
         names = ", ".join(values)
         marks = ", ".join("?" for _ in values)
         learnt = ", ".join(f"{c} = excluded.{c}" for c in _LEARNT)
@@ -499,7 +499,7 @@ class DispatchRuns:
         """Mark a handle finished, failed or retried (as request ``retried_as``), keeping what was learnt."""
         if state not in ("finished", "failed", "retried"):
             raise ValueError(f"close() state must be finished, failed or retried, got {state!r}")
-        run_id, runner, at = handle.run_id, handle.runner_name, _iso(_now())
+        run_id, runner, at = handle.run_id, handle.runner_name, times.stamp()
         with self.conn:
             self.conn.execute(
                 "UPDATE dispatch_runs SET state = ?, note = ?, retried_as = ?, run_id = coalesce(?, run_id), "
@@ -539,7 +539,7 @@ def _row(handle: DispatchHandle) -> dict[str, Any]:
         "request_id": r.request_id, "pr": r.pr, "head_sha": r.head_sha, "base_sha": r.base_sha,
         "rules_hash": r.rules_hash, "profile": r.profile, "attempt": r.attempt,
         "exclude_runners": json.dumps(list(r.exclude_runners)), "workflow": handle.workflow,
-        "ref": handle.ref, "dispatched_at": _iso(handle.dispatched_at), "deadline": _iso(handle.deadline),
+        "ref": handle.ref, "dispatched_at": times.stamp(handle.dispatched_at), "deadline": times.stamp(handle.deadline),
         "run_id": handle.run_id, "runner_name": handle.runner_name, "html_url": handle.html_url,
     }  # fmt: skip
 
@@ -550,20 +550,10 @@ def _record(d: dict[str, Any]) -> DispatchRecord:
         tuple(json.loads(d["exclude_runners"])),
     )  # fmt: skip
     handle = DispatchHandle(
-        req, d["workflow"], d["ref"], datetime.fromisoformat(d["dispatched_at"]),
-        datetime.fromisoformat(d["deadline"]), d["run_id"], d["runner_name"], d["html_url"],
+        req, d["workflow"], d["ref"], times.parse(d["dispatched_at"]),
+        times.parse(d["deadline"]), d["run_id"], d["runner_name"], d["html_url"],
     )  # fmt: skip
     return DispatchRecord(handle, d["state"], d["note"], d["retried_as"])
-
-
-def _iso(moment: datetime) -> str:
-    if moment.tzinfo is None:
-        raise ValueError(f"times must carry a timezone, got naive {moment.isoformat()}")
-    return moment.astimezone(UTC).isoformat()
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 # ---------------------------------------------------------------- the poller's two entry points

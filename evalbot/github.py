@@ -32,7 +32,6 @@ from evalbot.model import (
     Comment,
     Commit,
     FileChange,
-    Mergeability,
     MergeOutcome,
     MergeResult,
     PullRequest,
@@ -90,9 +89,6 @@ class GitHubPort(Protocol):
     def remove_label(self, number: int, label: str) -> None:
         """Remove one label; a label already absent is not an error."""
 
-    def set_labels(self, number: int, labels: Sequence[str]) -> tuple[str, ...]:
-        """Replace the PR's labels; returns them."""
-
     def close(self, number: int) -> None:
         """Close the PR without merging."""
 
@@ -108,9 +104,6 @@ class GitHubPort(Protocol):
         message: str | None = None,
     ) -> MergeResult:
         """Merge only if the head is still ``sha``; a moved head or an unmergeable PR is a result, not an error."""
-
-    def mergeable_state(self, number: int) -> Mergeability:
-        """Whether the PR merges cleanly, re-polling a bounded number of times while GitHub computes it."""
 
     def create_status(
         self, sha: str, state: str, context: str, description: str = "", target_url: str | None = None
@@ -288,8 +281,6 @@ class PyGithubAdapter:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
-        mergeable_polls: int = 5,
-        mergeable_poll_delay: float = 2.0,
         git_patch_fetcher: PatchFetcher | None = None,
     ):
         owner, _, name = repo.partition("/")
@@ -307,7 +298,6 @@ class PyGithubAdapter:
         self._policy = policy or RetryPolicy()
         self._sleep, self._clock = sleep, clock
         self._rng = rng or random.Random()
-        self._mergeable_polls, self._mergeable_poll_delay = max(1, mergeable_polls), mergeable_poll_delay
         self._git_patch_fetcher = git_patch_fetcher
         self._pulls_etag: str | None = None
 
@@ -393,16 +383,6 @@ class PyGithubAdapter:
             out.append(f)
         return tuple(out), missing
 
-    def mergeable_state(self, number: int) -> Mergeability:
-        """Whether the PR merges cleanly, re-polling a bounded number of times while GitHub computes it."""
-        url = f"{self._repo}/pulls/{number}"
-        for _ in range(self._mergeable_polls - 1):
-            raw = self._send("GET", url).data
-            if raw.get("mergeable") is not None:
-                return _mergeability(raw)
-            self._sleep(self._mergeable_poll_delay)  # GitHub computes it in the background after a GET
-        return _mergeability(self._send("GET", url).data)
-
     def merge(
         self,
         number: int,
@@ -466,11 +446,6 @@ class PyGithubAdapter:
         except GitHubError as exc:
             if exc.status != 404:
                 raise
-
-    def set_labels(self, number: int, labels: Sequence[str]) -> tuple[str, ...]:
-        """Replace the PR's labels; returns them."""
-        reply = self._send("PUT", f"{self._repo}/issues/{number}/labels", body={"labels": list(labels)})
-        return tuple(label["name"] for label in reply.data)
 
     def close(self, number: int) -> None:
         """Close the PR without merging."""
@@ -658,8 +633,7 @@ def _github(auth: Auth.Auth, base_url: str, pace: bool) -> Github:
     return Github(auth=auth, base_url=base_url, retry=None, user_agent="evalbot (PyGithub)", **spacing)
 
 
-def _mergeability(raw: Mapping[str, Any]) -> Mergeability:
-    return Mergeability(raw.get("mergeable"), raw.get("mergeable_state") or "unknown", raw["head"]["sha"])
+
 
 
 def _lower(headers: Mapping[str, str]) -> dict[str, str]:

@@ -325,15 +325,6 @@ class MergeResult:
 
 
 @dataclass(frozen=True)
-class Mergeability:
-    """GitHub's view of whether a PR merges; ``mergeable`` None means it was still computing."""
-
-    mergeable: bool | None
-    state: str  # clean, dirty, blocked, behind, unstable, draft, has_hooks, unknown
-    head_sha: str
-
-
-@dataclass(frozen=True)
 class WorkflowRun:
     """One GitHub Actions run, as the runner pool tracks it."""
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
-from evalbot import dispatch, judge, ledgers, receipts, render, rounds
+from evalbot import dispatch, judge, ledgers, receipts, render, rounds, times
 from evalbot.evaluate import builds, runner
 from evalbot.github import GitHubPort
 from evalbot.judge import Judgement
@@ -69,7 +69,7 @@ class Bot:
 
     def __init__(self, gh: GitHubPort, store: Store, rules: Rules, settings: BotSettings, mirror: Mirror,
                  evaluator: Evaluator, log: Log, *, screen: Screen | None = None,
-                 now: Callable[[], datetime] = lambda: datetime.now(UTC), dry_run: bool = False):  # fmt: skip
+                 now: Callable[[], datetime] = times.now, dry_run: bool = False):  # fmt: skip
         self.gh, self.store, self.rules, self.settings, self.mirror = gh, store, rules, settings, mirror
         self.evaluator, self.log, self.screen, self.now = evaluator, log, screen, now
         self.publisher = Publisher(gh, store, bot_login=settings.bot_login, log=log, dry_run=dry_run)
@@ -217,7 +217,7 @@ class Bot:
         key = f"seen:{pr.number}:{pr.head_sha}"
         seen = self.store.meta(key)
         if seen is None:
-            seen = self.now().strftime("%Y-%m-%dT%H:%M:%SZ")
+            seen = times.stamp(self.now())
             if not self.dry_run:
                 self.store.set_meta(key, seen)
         return max(seen, pr.created_at)
@@ -601,7 +601,7 @@ class Bot:
             self.store.close_round(rec.key.base_sha, pr.number)
             mark_merged = getattr(self.screen, "mark_merged", None)
             if mark_merged is not None:
-                mark_merged(pr.number, self.now().strftime("%Y-%m-%dT%H:%M:%SZ"))
+                mark_merged(pr.number, times.stamp(self.now()))
             report.merged.append(pr.number)
             return "merged"
         if result.outcome is MergeOutcome.HEAD_MOVED:

@@ -6,8 +6,8 @@ the others get ``needs-rebase``. Ties, which need exactly equal bounds, go to th
 one opened earlier, so the order never depends on input order.
 
 When main moves (a merge), every verdict measured against the old main is stale: its PR is labelled
-``re-evaluate`` and is credited only for its gain over the new main once measured again
-(``marginal_credit``). The credit is what the PR adds to the main it lands on, never less than zero.
+``re-evaluate`` and is ranked again only once measured against the new main: what it is credited is
+its lower-bound gain over the main it lands on (the poller writes it to the ledger at the merge).
 
 Auto-merge (``may_automerge``) needs the rules' consent, the operator's flag, a PASS at or above the
 minimum tier under the current rules, no hold and no blocking label, and the head still at the
@@ -67,18 +67,6 @@ class RoundRanking:
             if d.pr == pr:
                 return d
         raise KeyError(pr)
-
-
-@dataclass(frozen=True)
-class Credit:
-    """What a PR is credited: its gain as first measured and its marginal gain over the current main."""
-
-    pr: int
-    gain: float | None  # lower-bound gain against the main it was first measured on
-    marginal_gain: float | None  # the credit; None until it is measured against the current main
-    tier: str | None  # the tier the marginal gain earns
-    needs_reevaluation: bool
-    reason: str
 
 
 def round_labels(rules: Rules) -> frozenset[str]:
@@ -160,35 +148,6 @@ def rank_round(
         )
         decisions[pr] = decide(c, NEEDS_REBASE, gain, reason, lab.needs_rebase, comment)
     return RoundRanking(main_sha, winner, order, tuple(decisions[pr] for pr in sorted(decisions)))
-
-
-def marginal_credit(
-    first: Contender, main_sha: str, rules: Rules, remeasured: Contender | None = None
-) -> Credit:
-    """The credit of a PR measured as ``first``: its gain if main has not moved, else its gain over the
-    current main taken from ``remeasured`` (None, or measured elsewhere: needs re-evaluation)."""
-    gain = lower_bound_gain(first.verdict) if first.verdict.status == Status.PASS else None
-    if first.base_sha == main_sha:
-        source, verdict = "as measured", first.verdict
-    elif remeasured is not None and remeasured.pr == first.pr and remeasured.base_sha == main_sha:
-        source, verdict = f"re-measured against main {main_sha[:12]}", remeasured.verdict
-    else:
-        reason = (
-            f"main moved from {first.base_sha[:12]} to {main_sha[:12]} since PR {first.pr} was measured: "
-            "measure it again against the new main"
-        )
-        return Credit(first.pr, gain, None, None, True, reason)
-    if verdict.status != Status.PASS:
-        return Credit(
-            first.pr, gain, 0.0, None, False, f"no credit: {source}, the verdict is {verdict.status}"
-        )
-    bound = lower_bound_gain(verdict)
-    marginal = max(bound, 0.0) if bound is not None else 0.0
-    earned = rules.tier_for(marginal)
-    tier = earned.name if earned else None
-    return Credit(
-        first.pr, gain, marginal, tier, False, f"credit {_pct(marginal)} ({tier or 'no tier'}), {source}"
-    )
 
 
 def approval_needed(paths: Iterable[str], labels: Iterable[str], rules: Rules) -> str | None:

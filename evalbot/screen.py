@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
-from evalbot import copycat_strikes
+from evalbot import copycat_strikes, times
 from evalbot.copycat import Band, PrMeta
 from evalbot.copycat_fingerprint import fingerprint_source
 from evalbot.copycat_index import CopycatIndex, check
@@ -48,7 +48,7 @@ class CopycatScreen:
         self, store: Store, rules: Rules, mirror: Path, *, now: Callable[[], datetime] | None = None
     ):
         self.store, self.rules, self.mirror = store, rules, mirror
-        self.now = now or (lambda: datetime.now(UTC))
+        self.now = now or times.now
         self.index = CopycatIndex(store.open_connection())
         self._main_sha: str | None = store.meta("copycat_main_sha")
 
@@ -57,7 +57,7 @@ class CopycatScreen:
         if sha == self._main_sha:
             return
         kgrams = main_kgrams(self.mirror, sha, self.rules.copycat.winnowing.k)
-        self.index.set_main(kgrams, self.now().strftime("%Y-%m-%dT%H:%M:%SZ"))
+        self.index.set_main(kgrams, times.stamp(self.now()))
         self.store.set_meta("copycat_main_sha", sha)
         self._main_sha = sha
 
@@ -66,7 +66,7 @@ class CopycatScreen:
         self.index.mark_merged(pr, at)
 
     def _times(self, author: str, prefix: str) -> list[datetime]:
-        return [datetime.fromisoformat(s.at.replace("Z", "+00:00")) for s in self.store.strikes(author)
+        return [times.parse(s.at) for s in self.store.strikes(author)
                 if s.reason.startswith(prefix)]  # fmt: skip
 
     def __call__(self, pr: PullRequest) -> ScreenResult | None:

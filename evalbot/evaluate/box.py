@@ -12,7 +12,6 @@ Snapshots are I/O; everything that decides is a pure function of them, so the te
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import platform
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalbot import times
 from evalbot.evaluate import sandbox
 from evalbot.rules import Quiet
 
@@ -265,5 +265,5 @@ def gpu_identity() -> dict[str, str] | None:
 
 
 def now() -> str:
-    """UTC now, as the records write it."""
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """UTC now, as the records write it (evalbot.times' one text form)."""
+    return times.stamp()

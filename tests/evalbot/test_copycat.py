@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -389,7 +388,7 @@ def test_an_author_reopening_their_own_code_is_not_a_copy_of_its_copier(rules):
 
 
 def index_with(prs, rules, main=frozenset(), main_at="2026-01-01T00:00:00Z"):
-    index = CopycatIndex(sqlite3.connect(":memory:"))
+    index = CopycatIndex.in_memory()
     index.set_main(main, main_at)
     for pr in prs:
         index.add(PrMeta.of(pr), fingerprint_pr(pr, rules.copycat.winnowing.k, rules.copycat.winnowing.w))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import sqlite3
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,7 +110,7 @@ def replay(rules: Rules) -> list[Outcome]:
     """Run the corpus timeline through an in-memory index; one outcome per labeled case."""
     manifest, prs = load_corpus()
     k = rules.copycat.winnowing.k
-    index = CopycatIndex(sqlite3.connect(":memory:"))
+    index = CopycatIndex.in_memory()
     files: dict[str, str] = {}
     cases = {(c["pr"], c["check"]): c for c in manifest["cases"]}
     out = []

@@ -614,8 +614,8 @@ def test_a_fast_path_for_the_default_benchmark_prompt_gains_nothing_on_fresh_pro
     # Then evaluate it: evalbot draws fresh prompts, so the fast path never triggers.
     run = evaluate(lab, "prompt-tuned", "--no-spec", "--no-accuracy")
     assert run.verdict["status"] in ("PASS", "REJECT", "INCONCLUSIVE") and run.verdict["tier"] is None, run.verdict
-    for ctx, e in run.decode_estimates().items():
-        assert e["n"] >= 5 and e["ratio"] < 1.25, f"ctx {ctx}: {e['ratio']:.3f}x"
+    for ctx, e in run.decode_estimates().items():  # the fast path, when it triggers, is > 2x (above)
+        assert e["n"] >= 5 and e["ratio"] < 1.5, f"ctx {ctx}: {e['ratio']:.3f}x (a shared box: 1.30x seen honest)"
 
 
 def test_a_head_that_never_finishes_is_killed_at_the_run_time_limit(lab: Lab):

@@ -18,7 +18,6 @@ from evalbot.rounds import (
     RE_EVALUATE,
     Contender,
     lower_bound_gain,
-    marginal_credit,
     may_automerge,
     rank_round,
     round_labels,
@@ -181,47 +180,6 @@ class TestRankRound:
             rank_round([contender(3), contender(3, 1.1)], MAIN, rules)
         with pytest.raises(KeyError):
             r.decision(3)
-
-
-# ---------------------------------------------------------------- marginal credit
-
-
-class TestMarginalCredit:
-    def test_main_unchanged_credits_the_gain(self, rules):
-        c = marginal_credit(contender(5, 1.045), MAIN, rules)
-        assert (c.gain, c.marginal_gain, c.tier, c.needs_reevaluation) == (
-            pytest.approx(0.045),
-            pytest.approx(0.045),
-            "S",
-            False,
-        )
-        assert c.reason == "credit +4.5% (S), as measured"
-
-    def test_main_moved_without_a_new_measurement_needs_one(self, rules):
-        c = marginal_credit(contender(5, 1.045, base=OLD_MAIN), MAIN, rules)
-        assert (c.marginal_gain, c.tier, c.needs_reevaluation) == (None, None, True)
-        assert c.gain == pytest.approx(0.045)
-        assert c.reason.startswith(f"main moved from {OLD_MAIN[:12]} to {MAIN[:12]} since PR 5 was measured")
-        stale = contender(5, 1.03, base="x" * 40)  # re-measured, but not against the current main
-        assert marginal_credit(contender(5, 1.045, base=OLD_MAIN), MAIN, rules, stale).needs_reevaluation
-        other = contender(6, 1.03)  # another PR's measurement is not this one's
-        assert marginal_credit(contender(5, 1.045, base=OLD_MAIN), MAIN, rules, other).needs_reevaluation
-
-    def test_credit_is_the_gain_over_the_new_main(self, rules):
-        # +4.5% against the old main, but the merged winner already gave most of it: +1.2% is left.
-        c = marginal_credit(contender(5, 1.045, base=OLD_MAIN), MAIN, rules, contender(5, 1.012))
-        assert (c.gain, c.marginal_gain, c.tier) == (pytest.approx(0.045), pytest.approx(0.012), None)
-        assert c.reason == f"credit +1.2% (no tier), re-measured against main {MAIN[:12]}"
-
-    def test_never_negative_and_nothing_for_a_reject(self, rules):
-        c = marginal_credit(contender(5, 1.045, base=OLD_MAIN), MAIN, rules, contender(5, 0.99))
-        assert c.marginal_gain == 0.0
-        c = marginal_credit(
-            contender(5, 1.045, base=OLD_MAIN), MAIN, rules, contender(5, 1.1, status=Status.REJECT)
-        )
-        assert (c.marginal_gain, c.tier) == (0.0, None) and "the verdict is REJECT" in c.reason
-        c = marginal_credit(contender(5, 1.1, status=Status.REJECT), MAIN, rules)
-        assert (c.gain, c.marginal_gain) == (None, 0.0)
 
 
 # ---------------------------------------------------------------- auto-merge

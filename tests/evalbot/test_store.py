@@ -27,7 +27,6 @@ from evalbot.model import (
     Verdict,
 )
 from evalbot.store import (
-    _MIGRATIONS,
     SCHEMA_VERSION,
     ActionPendingError,
     Calibration,
@@ -40,6 +39,7 @@ from evalbot.store import (
     action_key,
     iso,
 )
+from evalbot.store.db import _MIGRATIONS
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
@@ -401,20 +401,13 @@ def test_action_errors_are_specific(store):
 # ---------------------------------------------------------------- the rest of the state
 
 
-def test_strikes_penalties_and_blocklist(store, db):
+def test_strikes_and_blocklist(store, db):
     assert store.add_strike("Mallory", 7, "copycat of #3", now=T0) is True
     assert store.add_strike("mallory", 7, "copycat of #3", now=T0) is False  # logins are case-insensitive
     assert store.add_strike("mallory", 9, "copycat of #3", now=T0 + timedelta(days=40))
     assert [s.pr for s in store.strikes("MALLORY")] == [7, 9]
     assert [s.pr for s in store.strikes("mallory", since=T0 + timedelta(days=1))] == [9]
     assert store.strikes("alice") == []
-
-    store.set_penalty("mallory", T0 + timedelta(days=30), "3 strikes", now=T0)
-    store.set_penalty("mallory", T0 + timedelta(days=2), "late duplicate", now=T0)  # never shortens
-    assert store.penalty("Mallory").frozen_until == iso(T0 + timedelta(days=30))
-    assert store.frozen_authors(T0 + timedelta(days=29)) == {"mallory"}
-    assert store.frozen_authors(T0 + timedelta(days=31)) == frozenset()
-    assert store.lift_penalty("mallory") and not store.lift_penalty("mallory")
 
     assert store.block("Spammer", "gaming the benchmark", "maintainer1", now=T0)
     assert not store.block("spammer", "again", "maintainer2")
@@ -428,7 +421,7 @@ def test_strikes_penalties_and_blocklist(store, db):
         assert [e.event for e in again.blocklist_history("SPAMMER")] == ["block", "unblock", "block"]
 
 
-def test_rounds_ledger_holds_clears_poll(store, db):
+def test_rounds_ledger_holds_clears(store, db):
     assert store.open_round("r1", BASE, now=T0) and not store.open_round("r1", BASE)
     store.set_round_member("r1", 12, "1" * 40, 0.031)
     store.set_round_member("r1", 10, "2" * 40, 0.02)
@@ -458,9 +451,6 @@ def test_rounds_ledger_holds_clears_poll(store, db):
         store.add_clear(10, "maintainer1", "  ")
     store.add_clear(10, "maintainer1", "copycat warning was a false positive", now=T0)
 
-    assert store.poll_state("pulls") is None
-    store.set_poll_state("pulls", 'W/"abc"', "2026-11-30T10:00:00Z", now=T0)
-    store.set_poll_state("pulls", 'W/"def"', "2026-11-30T11:00:00Z", now=T0)
     store.close()
 
     with Store(db) as again:
@@ -482,8 +472,6 @@ def test_rounds_ledger_holds_clears_poll(store, db):
             ("second look", None),
         ]
         assert [c.reason for c in again.clears(10)] == ["copycat warning was a false positive"]
-        poll = again.poll_state("pulls")
-        assert (poll.etag, poll.cursor) == ('W/"def"', "2026-11-30T11:00:00Z")
 
 
 def calibration(context: int = 512, at: datetime = T0, profile: str = "gpu", **kw) -> Calibration:
@@ -545,6 +533,38 @@ def test_a_version_1_store_gains_the_calibrations_table_and_keeps_its_data(db):
         assert store.record_calibration(calibration())
     with Store(db) as again:  # reopening a migrated store migrates nothing twice
         assert again.schema_version == SCHEMA_VERSION and len(again.calibrations()) == 1
+
+
+def test_a_version_3_store_moves_every_table_into_the_migrations_and_keeps_its_data(db):
+    """Before version 4 the copycat index and dispatch handles made their own tables, and two tables
+    nothing wrote (penalties, poll_state) were created: version 4 owns the first, drops the second."""
+    conn = sqlite3.connect(db)
+    with conn:
+        for v in (1, 2, 3):
+            for statement in _MIGRATIONS[v]:
+                conn.execute(statement)
+        conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '3')")
+        conn.execute("CREATE TABLE copycat_prs (number INTEGER PRIMARY KEY, author TEXT NOT NULL, "
+                     "created_at TEXT NOT NULL, merged_at TEXT, closed_at TEXT)")
+        conn.execute("INSERT INTO copycat_prs VALUES (5, 'alice', '2026-11-30T10:00:00Z', NULL, NULL)")
+        conn.execute("INSERT INTO strikes (author, pr, reason, at) VALUES ('m', 4, 'copy', ?)", (iso(T0),))
+    conn.close()
+    with Store(db) as store:
+        assert store.schema_version == SCHEMA_VERSION == 4
+        tables = {r[0] for r in store.open_connection().execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert {"dispatch_runs", "copycat_prs", "copycat_postings", "copycat_lines", "copycat_main"} <= tables
+        assert not {"penalties", "poll_state"} & tables
+        assert [s.pr for s in store.strikes("m")] == [4]
+        assert store.open_connection().execute("SELECT author FROM copycat_prs").fetchall() == [("alice",)]
+
+
+def test_times_compare_as_times_whatever_their_text(store):
+    """A strike written with an offset (by an older writer, or by hand) counts from the right moment."""
+    with store._write() as conn:  # 10:30+01:00 is 09:30Z: earlier than 10:15Z, though its text sorts later
+        conn.execute("INSERT INTO strikes (author, pr, reason, at) VALUES ('m', 1, 'a', '2026-11-30T10:30:00+01:00')")
+        conn.execute("INSERT INTO strikes (author, pr, reason, at) VALUES ('m', 2, 'b', '2026-11-30T10:15:00.000000Z')")
+    assert [s.pr for s in store.strikes("m")] == [1, 2]
+    assert [s.pr for s in store.strikes("m", since=T0)] == [2]
 
 
 # ---------------------------------------------------------------- crashes and concurrency
