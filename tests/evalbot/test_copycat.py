@@ -13,6 +13,7 @@ from evalbot.copycat import (
     Band,
     PrMeta,
     assess,
+    before,
     check,
     decide,
     gather,
@@ -503,9 +504,10 @@ def test_strikes_reaching_the_limit_within_the_window_blocklist_and_freeze(rules
 
 
 def test_times_are_compared_in_utc():
-    assert utc("2026-11-30T12:00:00+02:00") == "2026-11-30T10:00:00Z"
-    assert utc("2026-11-30T10:00:00Z") == "2026-11-30T10:00:00Z"
-    assert utc("2026-11-30T09:59:59-00:01") > utc("2026-11-30T10:00:00Z")  # compared as times, not text
+    assert utc("2026-11-30T12:00:00+02:00") == "2026-11-30T10:00:00.000000Z"  # the one text form
+    assert utc("2026-11-30T10:00:00Z") == utc("2026-11-30T10:00:00.000000+00:00")
+    assert before("2026-11-30T10:00:00Z", "2026-11-30T09:59:59-00:01")  # compared as times, not text
+    assert before("2026-11-30T10:30:00+01:00", "2026-11-30T09:31:00Z")  # 09:30Z, though its text sorts later
     pr = make_pr(1, "a", 0, {"m.py": OTHER_CODE})
     assert PrMeta.of(dataclasses.replace(pr, created_at="2026-11-01T01:00:00+01:00")).created_at == utc(
         pr.created_at

@@ -558,7 +558,7 @@ def test_the_adapter_implements_every_operation_of_the_port():
     operations = [
         name for name, _ in inspect.getmembers(GitHubPort, inspect.isfunction) if not name.startswith("_")
     ]
-    assert len(operations) == 20
+    assert len(operations) == 18
     for name in operations:
         port, impl = (
             inspect.signature(getattr(GitHubPort, name)),
