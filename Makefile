@@ -49,7 +49,7 @@ setup: $(VENV)/.setup-base sandbox
 setup-dev: $(VENV)/.setup-dev sandbox
 
 models: setup
-	$(BIN)/python -m engine.models fetch $(DEMO_MODEL)
+	$(BIN)/python -m engine.registry fetch $(DEMO_MODEL)
 
 # The main job on the embedded default: CPU, the real 0.5B model, a local git repository, no GitHub
 # token. The bot builds main and a contributor's branch from source, runs them sandboxed and
@@ -69,7 +69,7 @@ lint: setup-dev
 	$(BIN)/lint-imports
 
 test: setup-dev browser
-	$(BIN)/python -m engine.models fetch $(DEMO_MODEL) qwen2.5-coder-1.5b
+	$(BIN)/python -m engine.registry fetch $(DEMO_MODEL) qwen2.5-coder-1.5b
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/actionlint

@@ -22,9 +22,9 @@ from engine import generate as gen
 from engine import ops, serve
 from engine import speculative as spec
 from engine.gguf import GGUFError
-from engine.models import FetchError
 from engine.prompts import tokens_of_length
 from engine.protocol import emit, make_record
+from engine.registry import FetchError
 from engine.sampling import SamplingParams
 from engine.shapes import SHAPES
 from engine.speculative import DEFAULT_BLOCK
@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser, model_required: bool = True) -> None:
         p.add_argument("--model", required=model_required,
-                       help="registry name (see python -m engine.models list) or GGUF path")
+                       help="registry name (see python -m engine.registry list) or GGUF path")
         p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
         p.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
 

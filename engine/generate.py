@@ -14,7 +14,7 @@ from engine.cuda_graph import GraphedDecode
 from engine.gguf import GGUFFile
 from engine.kv_cache import KVCache
 from engine.model import Transformer, load_transformer
-from engine.models import model_sha256, resolve
+from engine.registry import model_sha256, resolve
 from engine.sampling import SamplingParams, make_generator, sample
 from engine.shapes import random_transformer, shape_config, shape_digest
 from engine.tokenizer import Tokenizer

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from engine import reference_build
-from engine.models import FetchError, cache_dir, model_sha256, resolve
 from engine.protocol import emit, make_record
+from engine.registry import FetchError, cache_dir, model_sha256, resolve
 
 ENGINE_NAME = "llama.cpp"
 FLASH_ATTN = False  # llama-cpp-python's default; the CLI's "auto" differs by ~4e-4 nats, so it is pinned
@@ -620,7 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
-            "--model", required=True, help="registry name (see python -m engine.models list) or GGUF path"
+            "--model", required=True, help="registry name (see python -m engine.registry list) or GGUF path"
         )
         p.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: all usable cores)")
 

@@ -625,7 +625,7 @@ def _fetch_models(ctx: _Ctx, profile: Profile) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for name in dict.fromkeys(names):
         ctx.log(f"fetching {name}")
-        res = sandbox.run_trusted([str(venv / "bin" / "python"), "-I", "-m", "engine.models", "fetch", name],
+        res = sandbox.run_trusted([str(venv / "bin" / "python"), "-I", "-m", "engine.registry", "fetch", name],
                                   timeout_s=3600, cwd=ctx.scratch)  # -I, neutral cwd: main's fetcher, no other
         if not res.ok:
             raise SideFailed(Failure(Side.HARNESS, "models", f"cannot fetch {name}: main's fetcher "

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from engine.models import model_sha256
+from engine.registry import model_sha256
 
 ENVELOPE = {"schema", "command", "engine", "model_sha256", "device", "config", "timings", "counts"}
 

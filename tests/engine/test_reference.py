@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine import reference
-from engine.models import FetchError, resolve
+from engine.registry import FetchError, resolve
 
 MODEL = "qwen2.5-coder-0.5b"
 POSITIONS = 64
@@ -26,7 +26,7 @@ def model_path():
     try:
         return resolve(MODEL)  # resolved before the cache root moves to a temporary directory
     except FetchError:
-        pytest.skip(f"{MODEL} is not fetched (python -m engine.models fetch {MODEL})")
+        pytest.skip(f"{MODEL} is not fetched (python -m engine.registry fetch {MODEL})")
 
 
 @pytest.fixture(scope="module")

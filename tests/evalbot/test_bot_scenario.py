@@ -106,7 +106,7 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    fetched = subprocess.run([sys.executable, "-m", "engine.models", "fetch", fb.MODEL_NAME], cwd=fb.TEMPLATE,
+    fetched = subprocess.run([sys.executable, "-m", "engine.registry", "fetch", fb.MODEL_NAME], cwd=fb.TEMPLATE,
                              env=env, capture_output=True, text=True, check=True)  # fmt: skip
     import hashlib
 

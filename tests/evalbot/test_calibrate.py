@@ -179,7 +179,7 @@ def test_calibrate_cli_on_the_fixture_engine_stores_one_row_per_context(tmp_path
     cache = tmp_path / "cache"
     env = {**os.environ, "XDG_CACHE_HOME": str(cache), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("EVALBOT_SIGNING_KEY", None)
-    fetched = subprocess.run([sys.executable, "-m", "engine.models", "fetch", fb.MODEL_NAME], cwd=fb.TEMPLATE,
+    fetched = subprocess.run([sys.executable, "-m", "engine.registry", "fetch", fb.MODEL_NAME], cwd=fb.TEMPLATE,
                              env=env, capture_output=True, text=True, check=True)  # fmt: skip
     model = Path(fetched.stdout.strip().splitlines()[-1])
     rules_dir = write_rules(tmp_path / "rules", hashlib.sha256(model.read_bytes()).hexdigest())

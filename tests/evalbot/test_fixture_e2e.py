@@ -143,7 +143,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
     # the fixture's own fetcher, as evaluate's trusted fetch step runs it
     env = {**os.environ, "XDG_CACHE_HOME": str(cache), "PYTHONDONTWRITEBYTECODE": "1"}
     proc = subprocess.run(
-        [PY, "-m", "engine.models", "fetch", fb.MODEL_NAME],
+        [PY, "-m", "engine.registry", "fetch", fb.MODEL_NAME],
         cwd=fb.TEMPLATE,
         env=env,
         capture_output=True,

