@@ -41,47 +41,75 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-def qkv_projection(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor, bqkv: torch.Tensor | None,
-                   q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                   eps: float, hq: int, hkv: int, hd: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+class LayerWeights(NamedTuple):
+    """One layer's tensors, by the names the math uses. None where the model has none (qwen2: no q/k
+    norms; qwen3: no q/k/v bias). torch.compile flattens a NamedTuple into its tensors, so the compiled
+    layer is the same as with the tensors passed one by one."""
+
+    attn_norm: torch.Tensor
+    wqkv: torch.Tensor  # [(Hq + 2 Hkv) * D, d_model]
+    bqkv: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    wo: torch.Tensor  # [d_model, Hq * D]
+    ffn_norm: torch.Tensor
+    w_gate_up: torch.Tensor  # [2 d_ff, d_model]
+    w_down: torch.Tensor  # [d_model, d_ff]
+
+    @classmethod
+    def of(cls, w: dict[str, torch.Tensor]) -> LayerWeights:
+        return cls(w["attn_norm"], w["wqkv"], w.get("bqkv"), w.get("q_norm"), w.get("k_norm"), w["wo"],
+                   w["ffn_norm"], w["w_gate_up"], w["w_down"])
+
+
+class Heads(NamedTuple):
+    """Attention's shape and the norms' epsilon: plain numbers, constants to torch.compile."""
+
+    n_q: int
+    n_kv: int
+    dim: int
+    eps: float
+
+
+def qkv_projection(x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor,
+                   heads: Heads) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pre-norm, fused q/k/v projection, qwen3's q/k norms and RoPE: ([B,Hq,T,D], [B,Hkv,T,D], [B,Hkv,T,D])."""
     b, t, _ = x.shape
-    h = rms_norm(x, attn_norm, eps)
-    qkv = F.linear(h, wqkv, bqkv)  # [B, T, (Hq + 2 Hkv) * D]
+    hq, hkv, hd, eps = heads
+    h = rms_norm(x, w.attn_norm, eps)
+    qkv = F.linear(h, w.wqkv, w.bqkv)  # [B, T, (Hq + 2 Hkv) * D]
     q, k, v = qkv.split((hq * hd, hkv * hd, hkv * hd), dim=-1)
     q = q.view(b, t, hq, hd).transpose(1, 2)  # [B, Hq, T, D]
     k = k.view(b, t, hkv, hd).transpose(1, 2)  # [B, Hkv, T, D]
     v = v.view(b, t, hkv, hd).transpose(1, 2)
-    if q_norm is not None and k_norm is not None:
-        q = rms_norm(q, q_norm, eps)
-        k = rms_norm(k, k_norm, eps)
+    if w.q_norm is not None and w.k_norm is not None:
+        q = rms_norm(q, w.q_norm, eps)
+        k = rms_norm(k, w.k_norm, eps)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def qkv_projection_into_cache(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor, bqkv: torch.Tensor | None,
-                              q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, cos: torch.Tensor,
-                              sin: torch.Tensor, eps: float, hq: int, hkv: int, hd: int, k_cache: torch.Tensor,
-                              v_cache: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+def qkv_projection_into_cache(x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, heads: Heads,
+                              k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
+                              pos: torch.Tensor) -> torch.Tensor:
     """Decode: `qkv_projection` of one token per sequence, whose key and value are stored in the layer's
     caches ([B, Hkv, S_max, D]) at [rows[b], :, pos[b]]; returns q [B, Hq, 1, D].
 
     One function, so that torch.compile fuses the two cache writes into the RoPE/norm kernel instead of
     launching two indexing kernels per layer (measured on the H200: 72 launches, ~250 us per qwen3-8b token).
     """
-    q, k, v = qkv_projection(x, attn_norm, wqkv, bqkv, q_norm, k_norm, cos, sin, eps, hq, hkv, hd)
+    q, k, v = qkv_projection(x, w, cos, sin, heads)
     k_cache[rows, :, pos] = k[:, :, 0].to(k_cache.dtype)  # [B, Hkv, D] scattered to [b, :, pos[b]]
     v_cache[rows, :, pos] = v[:, :, 0].to(v_cache.dtype)
     return q
 
 
-def attention_output_and_ffn(x: torch.Tensor, a: torch.Tensor, wo: torch.Tensor, ffn_norm: torch.Tensor,
-                             w_gate_up: torch.Tensor, w_down: torch.Tensor, eps: float) -> torch.Tensor:
+def attention_output_and_ffn(x: torch.Tensor, a: torch.Tensor, w: LayerWeights, eps: float) -> torch.Tensor:
     """Output projection and residual, then the SwiGLU block and its residual."""
     b, hq, t, hd = a.shape
-    x = x + F.linear(a.transpose(1, 2).reshape(b, t, hq * hd), wo)
-    h = rms_norm(x, ffn_norm, eps)
-    gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, w_down)
+    x = x + F.linear(a.transpose(1, 2).reshape(b, t, hq * hd), w.wo)
+    h = rms_norm(x, w.ffn_norm, eps)
+    gate, up = F.linear(h, w.w_gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, w.w_down)
 
 
 class DecodeStep(NamedTuple):
@@ -98,15 +126,8 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor]):
         super().__init__()
         self.cfg = cfg
-        self.attn_norm = w["attn_norm"]
-        self.wqkv = w["wqkv"]  # [(Hq + 2 Hkv) * D, d_model]
-        self.bqkv = w.get("bqkv")
-        self.q_norm = w.get("q_norm")
-        self.k_norm = w.get("k_norm")
-        self.wo = w["wo"]  # [d_model, Hq * D]
-        self.ffn_norm = w["ffn_norm"]
-        self.w_gate_up = w["w_gate_up"]  # [2 d_ff, d_model]
-        self.w_down = w["w_down"]  # [d_model, d_ff]
+        self.w = LayerWeights.of(w)
+        self.heads = Heads(cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.rms_eps)
         self.decode_splits: int | None = None  # None: the kernel's heuristic; an int pins it (A/B experiments)
         # the two dense halves of a layer; Transformer.compile() swaps in compiled versions (same math)
         self.pre = qkv_projection
@@ -116,21 +137,18 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, layer: int, cache: KVCache, pos: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor, n_ctx: int | None, step: DecodeStep | None = None) -> torch.Tensor:
         """n_ctx given: T new tokens at shared positions pos (prefill). None: one token per sequence (step)."""
-        cfg = self.cfg
-        hd = cfg.head_dim
-        args = (x, self.attn_norm, self.wqkv, self.bqkv, self.q_norm, self.k_norm, cos, sin, cfg.rms_eps, cfg.n_head,
-                cfg.n_kv_head, hd)
+        scale = self.heads.dim**-0.5
         if n_ctx is not None:
-            q, k, v = self.pre(*args)
+            q, k, v = self.pre(x, self.w, cos, sin, self.heads)
             k_cache, v_cache = cache.write(layer, pos, k, v)
-            a = ops.attention(q, k_cache, v_cache, n_ctx, hd**-0.5)  # [B, Hq, T, D]
+            a = ops.attention(q, k_cache, v_cache, n_ctx, scale)  # [B, Hq, T, D]
         else:
             # decode: nothing here depends on a host-side length, so the step can be captured in a CUDA graph
             assert step is not None
             k_cache, v_cache = cache.k[layer], cache.v[layer]
-            q = self.pre_decode(*args, k_cache, v_cache, step.rows, step.pos)
-            a = ops.decode_attention(q[:, :, 0], k_cache, v_cache, step.lengths, hd**-0.5, self.decode_splits)[:, :, None]
-        return self.post(x, a, self.wo, self.ffn_norm, self.w_gate_up, self.w_down, cfg.rms_eps)
+            q = self.pre_decode(x, self.w, cos, sin, self.heads, k_cache, v_cache, step.rows, step.pos)
+            a = ops.decode_attention(q[:, :, 0], k_cache, v_cache, step.lengths, scale, self.decode_splits)[:, :, None]
+        return self.post(x, a, self.w, self.heads.eps)
 
 
 class Transformer(nn.Module):
