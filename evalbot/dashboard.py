@@ -165,7 +165,7 @@ def downsample(points: Sequence[FrontierPoint], limit: int = MAX_PLOT_POINTS) ->
 
 def headline(rec: EvaluationRecord) -> ContextEstimate | None:
     """The estimate a verdict is summed up by (the scored context, or the worst regression of a REJECT)."""
-    return render.headline_estimate(rec.verdict) if rec.verdict is not None else None
+    return rec.verdict.headline if rec.verdict is not None else None
 
 
 def outcome(rec: EvaluationRecord) -> str | None:

@@ -181,6 +181,20 @@ class Measurements:
     box_samples: tuple[dict[str, Any], ...] = ()
 
 
+class GateKind(enum.StrEnum):
+    """What a gate checks. Code matches gates by kind; the name is only what the report shows."""
+
+    REGRESSION = "regression"  # no guarded context slower than main
+    DECODE_AUDIT = "decode_audit"  # the timed tokens agree with the reference
+    ACCURACY = "accuracy"  # teacher-forced agreement with the reference (top-1, KL)
+    SPEC = "spec"  # speculative decoding: lossless, tau, plain decode speed
+    HEAD = "head"  # the head's own build or run failed
+
+
+_KIND_OF_NAME = (("no regression", GateKind.REGRESSION), ("decode agreement", GateKind.DECODE_AUDIT),
+                 ("accuracy", GateKind.ACCURACY), ("spec", GateKind.SPEC), ("head", GateKind.HEAD))
+
+
 @dataclass(frozen=True)
 class Gate:
     """One check, with its measured value, its bar and whether it passed."""
@@ -192,6 +206,14 @@ class Gate:
     detail: str = ""
     context: int | None = None
     model: str | None = None
+    kind: GateKind | None = None  # None only in a verdict stored before gates had kinds: read from its name
+
+    def __post_init__(self) -> None:
+        if self.kind is None:
+            kind = next((k for prefix, k in _KIND_OF_NAME if self.name.startswith(prefix)), None)
+            if kind is None:
+                raise ValueError(f"gate {self.name!r}: no kind given, and the name names none")
+            object.__setattr__(self, "kind", kind)
 
 
 @dataclass(frozen=True)
@@ -228,6 +250,37 @@ class Verdict:
     estimates: tuple[ContextEstimate, ...] = ()
     rules_hash: str = ""
     mde: float | None = None  # the largest per-context MDE among scored contexts
+    # Computed once from the fields above when the Verdict is made (by verdict.decide, or read back from
+    # the store); given values are replaced, so they can never disagree with the estimates:
+    headline: ContextEstimate | None = None  # what a summary shows: the worst regression on a REJECT, else
+    # the scored context's decode estimate, else the best scored one
+    lower_bound_gain: float | None = None  # the 95% CI's lower bound of the decode gain (a fraction) at
+    # the scored context, else the best over the scored decode estimates; rounds rank by it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "headline", _headline(self))
+        object.__setattr__(self, "lower_bound_gain", _lower_bound_gain(self))
+
+
+def _headline(v: Verdict) -> ContextEstimate | None:
+    if not v.estimates:
+        return None
+    regressions = [e for e in v.estimates if e.regression]
+    if v.status is Status.REJECT and regressions:
+        return min(regressions, key=lambda e: e.ci_high)
+    scored = [e for e in v.estimates if e.scored]
+    at = [e for e in scored if e.context == v.scored_context and e.metric == "decode_tps"]
+    at = at or [e for e in scored if e.context == v.scored_context]
+    if at:
+        return at[0]
+    return max(scored, key=lambda e: e.ci_low, default=v.estimates[0])
+
+
+def _lower_bound_gain(v: Verdict) -> float | None:
+    scored = [e for e in v.estimates if e.scored and e.metric == "decode_tps"]
+    if v.scored_context is not None:
+        scored = [e for e in scored if e.context == v.scored_context] or scored
+    return max((e.ci_low - 1 for e in scored), default=None)
 
 
 # --- GitHub facts (intake turns PyGithub objects into these; nothing downstream sees PyGithub) ----

@@ -476,9 +476,8 @@ class Bot:
         claim = self._claims.get(pr.number)
         if claim is None:  # a PR intake did not read this poll (on hold): parse it now, once
             claim = self._claims[pr.number] = parse_body(pr.body)
-        best = next(
-            (e for e in v.estimates if e.context == v.scored_context and e.metric == "decode_tps"), None
-        )
+        h = v.headline
+        best = h if h and h.context == v.scored_context and h.metric == "decode_tps" else None
         claimed = claim.claimed_gain_at(v.scored_context)
         if claimed is None:
             return None
@@ -596,7 +595,7 @@ class Bot:
         if result is None:
             return "no"
         if result.outcome is MergeOutcome.MERGED:
-            gain = rounds.lower_bound_gain(rec.verdict)
+            gain = rec.verdict.lower_bound_gain
             self.store.record_ledger("merge", pr.number, rec.key.head_sha, pr.author, gain, gain)
             self.store.close_round(rec.key.base_sha, pr.number)
             mark_merged = getattr(self.screen, "mark_merged", None)

@@ -21,7 +21,7 @@ from typing import Any
 import jinja2
 
 from evalbot.markdown import escape_md, visible
-from evalbot.model import ContextEstimate, Gate, Measurements, Status, Verdict, from_dict
+from evalbot.model import Gate, GateKind, Measurements, Status, Verdict, from_dict
 from evalbot.stats import MDE_POWER
 
 MARKER = "<!-- evalbot:result -->"
@@ -209,20 +209,6 @@ def _gates_at(gates: Iterable[Gate], model: str, context: int | None) -> list[Ga
     return [g for g in gates if g.context == context and g.model in (None, model)]
 
 
-def _headline(verdict: Verdict) -> ContextEstimate | None:
-    """The estimate the summary row shows: the worst regression on a REJECT, else the scored context."""
-    estimates = verdict.estimates
-    if not estimates:
-        return None
-    regressions = [e for e in estimates if e.regression]
-    if verdict.status is Status.REJECT and regressions:
-        return min(regressions, key=lambda e: e.ci_high)
-    for e in estimates:
-        if e.context == verdict.scored_context and e.scored:
-            return e
-    return max((e for e in estimates if e.scored), key=lambda e: e.ci_low, default=estimates[0])
-
-
 def _unique(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(i for i in items if i))
 
@@ -234,13 +220,13 @@ def _context(verdict: Verdict, measurements: Measurements, signature_status: str
         failing = [g for g in _gates_at(gates, e.model, e.context) if not g.passed]
         rows.append({"e": e, "failing": failing})
     accuracy = [
-        {"a": a, "gates": [g for g in gates if g.name.startswith("accuracy") and g.model in (None, a.model)]}
+        {"a": a, "gates": [g for g in gates if g.kind is GateKind.ACCURACY and g.model in (None, a.model)]}
         for a in measurements.accuracy
     ]
     spec = [
         {
             "s": s,
-            "gates": [g for g in gates if g.name.startswith("spec") and g.model in (None, s.target)],
+            "gates": [g for g in gates if g.kind is GateKind.SPEC and g.model in (None, s.target)],
             "ar_ratio": _geomean_ratio(s.ar_pairs),
             "spec_ratio": _geomean_ratio(s.spec_pairs),
         }
@@ -257,7 +243,7 @@ def _context(verdict: Verdict, measurements: Measurements, signature_status: str
         "p": measurements.provenance,
         "status": verdict.status.value,
         "icon": _STATUS_ICON[verdict.status],
-        "headline": _headline(verdict),
+        "headline": verdict.headline,
         "reasons": reasons,
         "rows": rows,
         "failed_gates": [g for g in gates if not g.passed],
@@ -430,8 +416,3 @@ def render_site_page(template: str, context: dict[str, Any]) -> str:
 def site_stylesheet() -> str:
     """The dashboard's CSS."""
     return (_SITE_TEMPLATES / "style.css").read_text(encoding="utf-8")
-
-
-def headline_estimate(verdict: Verdict) -> ContextEstimate | None:
-    """The estimate that sums up a verdict: the scored context, or a REJECT's worst regression."""
-    return _headline(verdict)

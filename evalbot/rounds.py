@@ -75,19 +75,6 @@ def round_labels(rules: Rules) -> frozenset[str]:
     return frozenset({lab.merge_first, lab.needs_rebase, lab.re_evaluate})
 
 
-def lower_bound_gain(verdict: Verdict) -> float | None:
-    """The CI lower bound of the gain (a fraction) at the verdict's scored context, for decode throughput.
-
-    Without a scored context (a PASS below the first tier) it is the best lower bound over the scored
-    decode estimates; None when there are none.
-    """
-    scored = [e for e in verdict.estimates if e.scored and e.metric == "decode_tps"]
-    if verdict.scored_context is not None:
-        at = [e for e in scored if e.context == verdict.scored_context]
-        scored = at or scored
-    return max((e.ci_low - 1 for e in scored), default=None)
-
-
 def _pct(fraction: float) -> str:
     return f"{fraction * 100:+.1f}%"
 
@@ -112,7 +99,7 @@ def rank_round(
     decisions: dict[int, RoundDecision] = {}
     ranked: list[tuple[float, int]] = []
     for pr, c in by_pr.items():
-        gain = lower_bound_gain(c.verdict) if c.verdict.status == Status.PASS else None
+        gain = c.verdict.lower_bound_gain if c.verdict.status == Status.PASS else None
         if c.verdict.status != Status.PASS:
             decisions[pr] = decide(c, OUT, None, f"not a contender: the verdict is {c.verdict.status}")
         elif gain is None:

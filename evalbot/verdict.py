@@ -22,6 +22,7 @@ from evalbot.model import (
     DecodeAudit,
     Failure,
     Gate,
+    GateKind,
     Measurements,
     Side,
     SpecResult,
@@ -46,7 +47,8 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
     head_failures = [f for f in m.failures if f.side == Side.HEAD]
     if head_failures:
         return _verdict(rules, Status.REJECT, reasons=tuple(_describe(f) for f in head_failures),
-                        gates=tuple(Gate(f"head {f.stage}", None, "succeeds", False, f.message) for f in head_failures))
+                        gates=tuple(Gate(f"head {f.stage}", None, "succeeds", False, f.message, kind=GateKind.HEAD)
+                                     for f in head_failures))
     try:
         estimates = tuple(_estimate(tp, rules) for tp in m.throughput)
     except stats.StatsError as exc:
@@ -69,7 +71,7 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
     best = max(scored, key=lambda e: (rules.tier_rank(e.tier), e.ci_low), default=None)
     mde = max((e.mde for e in scored), default=None)
     # correctness gates decide whatever the noise; the throughput gate only on a resolving measurement
-    if any(g.name != "no regression" for g in failed):
+    if any(g.kind is not GateKind.REGRESSION for g in failed):
         return _reject(rules, gates, failed, estimates, best, mde)
     floor = rules.tiers[0]
     unresolved = [e for e in scored if e.mde > floor.lower_bound]
@@ -112,14 +114,13 @@ def _settled(estimates: tuple[ContextEstimate, ...], best: ContextEstimate | Non
 def _reject(rules: Rules, gates: list[Gate], failed: list[Gate], estimates: tuple[ContextEstimate, ...],
             best: ContextEstimate | None, mde: float | None) -> Verdict:
     add = []
-    if any(g.name == "no regression" for g in failed):
+    kinds = {g.kind for g in failed}
+    if GateKind.REGRESSION in kinds:
         add.append(rules.labels.regression)
-    if any(g.name.startswith("accuracy") for g in failed):
+    if kinds & {GateKind.ACCURACY, GateKind.DECODE_AUDIT}:
         add.append(rules.labels.accuracy_fail)
-    if any(g.name.startswith("spec") for g in failed):
+    if GateKind.SPEC in kinds:
         add.append(rules.labels.spec_fail)
-    if any(g.name == "decode agreement" for g in failed):
-        add.append(rules.labels.accuracy_fail)
     reasons = tuple(_failed_reason(g) for g in failed)
     return _verdict(rules, Status.REJECT, gates=tuple(gates), reasons=reasons, add=tuple(add),
                     estimates=estimates, best=best, mde=mde, keep_tier=False)
@@ -156,7 +157,7 @@ def _throughput_gates(estimates: Iterable[ContextEstimate], rules: Rules) -> lis
     bar = rules.gates.no_regression.min_ratio
     return [
         Gate("no regression", e.ci_high, f"CI upper bound >= {bar:.2f}x main", not e.regression,
-             f"{e.metric} {e.ratio:.3f}x [{e.ci_low:.3f}, {e.ci_high:.3f}]", e.context, e.model)
+             f"{e.metric} {e.ratio:.3f}x [{e.ci_low:.3f}, {e.ci_high:.3f}]", e.context, e.model, GateKind.REGRESSION)
         for e in estimates if e.guarded
     ]
 
@@ -192,7 +193,7 @@ def _audit_gates(audits: Sequence[DecodeAudit], rules: Rules) -> list[Gate]:
                        f" (margin {worst['margin']:.2f} >= {g.near_tie:g})")
         against = "" if a.reference != "main" else " (main's own share less the allowed drop)"
         out.append(Gate("decode agreement", a.share, f">= {bar:.2f} top-1{against}, the rest near-ties",
-                        _audit_passes(a, bar), detail, a.context, a.model))
+                        _audit_passes(a, bar), detail, a.context, a.model, GateKind.DECODE_AUDIT))
     return out
 
 
@@ -201,9 +202,10 @@ def _accuracy_gates(results: Iterable[AccuracyResult], rules: Rules) -> list[Gat
     out = []
     for a in results:
         out.append(Gate("accuracy top-1", a.top1_agreement, f">= {g.top1_min:.2f} vs llama.cpp",
-                        a.top1_agreement >= g.top1_min, f"{a.positions} positions", model=a.model))
+                        a.top1_agreement >= g.top1_min, f"{a.positions} positions", model=a.model,
+                        kind=GateKind.ACCURACY))
         out.append(Gate("accuracy KL", a.kl_mean, f"mean KL <= {g.mean_kl_max:.2f}", a.kl_mean <= g.mean_kl_max,
-                        f"PPL ratio {a.ppl_ratio:.4f}", model=a.model))
+                        f"PPL ratio {a.ppl_ratio:.4f}", model=a.model, kind=GateKind.ACCURACY))
     return out
 
 
@@ -213,14 +215,15 @@ def _spec_gates(results: Iterable[SpecResult], rules: Rules) -> list[Gate]:
     for s in results:
         detail = "" if s.first_divergence is None else f"first divergence at token {s.first_divergence}"
         out.append(Gate("spec lossless", float(s.lossless_runs), f">= {g.lossless_runs_min} of {s.runs} runs",
-                        s.lossless_runs >= g.lossless_runs_min, detail, model=s.target))
+                        s.lossless_runs >= g.lossless_runs_min, detail, model=s.target, kind=GateKind.SPEC))
         ratio = s.head_tau / s.base_tau if s.base_tau > 0 else 0.0
         out.append(Gate("spec tau", ratio, f"tau >= {g.tau_min_ratio:.2f}x main", ratio >= g.tau_min_ratio,
-                        f"tau {s.head_tau:.2f} vs main {s.base_tau:.2f}", model=s.target))
+                        f"tau {s.head_tau:.2f} vs main {s.base_tau:.2f}", model=s.target, kind=GateKind.SPEC))
         if len(s.ar_pairs) >= 2:
             est = stats.estimate(s.ar_pairs)
             out.append(Gate("spec AR speed", est.ci_high, f"CI upper bound >= {g.ar_speed_min_ratio:.2f}x main",
-                            est.ci_high >= g.ar_speed_min_ratio, f"AR {est.ratio:.3f}x", model=s.target))
+                            est.ci_high >= g.ar_speed_min_ratio, f"AR {est.ratio:.3f}x", model=s.target,
+                            kind=GateKind.SPEC))
     return out
 
 

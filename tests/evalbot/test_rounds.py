@@ -17,7 +17,6 @@ from evalbot.rounds import (
     OUT,
     RE_EVALUATE,
     Contender,
-    lower_bound_gain,
     may_automerge,
     rank_round,
     round_labels,
@@ -79,7 +78,7 @@ def contender(pr: int, low: float = 1.05, base: str = MAIN, status: Status = Sta
 class TestLowerBoundGain:
     def test_at_the_scored_context(self):
         v = replace(verdict(low=1.03), estimates=(est(128, 1.08), est(512, 1.03)))
-        assert lower_bound_gain(v) == pytest.approx(0.03)  # the verdict's scored context, not the best
+        assert v.lower_bound_gain == pytest.approx(0.03)  # the verdict's scored context, not the best
 
     def test_without_a_scored_context_the_best_scored_decode_bound(self):
         v = Verdict(
@@ -97,10 +96,10 @@ class TestLowerBoundGain:
                 est(4096, 1.2, scored=False),
             ),
         )
-        assert lower_bound_gain(v) == pytest.approx(0.015)
+        assert v.lower_bound_gain == pytest.approx(0.015)
 
     def test_nothing_scored(self):
-        assert lower_bound_gain(Verdict(Status.PASS, None, None, (), (), (), ())) is None
+        assert Verdict(Status.PASS, None, None, (), (), (), ()).lower_bound_gain is None
 
 
 # ---------------------------------------------------------------- ranking

@@ -576,7 +576,7 @@ def test_times_compare_as_times_whatever_their_text(store):
 WRITER = textwrap.dedent(
     """
     import os, signal, sys
-    from evalbot.model import Gate, Status, Verdict
+    from evalbot.model import Gate, GateKind, Status, Verdict
     from evalbot.store import EvalKey, Store, action_key
 
     db, github, n, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -595,7 +595,7 @@ WRITER = textwrap.dedent(
 
     def verdict(pr):
         # a fat row, so that random kills often land inside its transaction
-        gates = tuple(Gate(f"gate {i}", i / 7, "bar", True, "x" * 200) for i in range(40))
+        gates = tuple(Gate(f"gate {i}", i / 7, "bar", True, "x" * 200, kind=GateKind.SPEC) for i in range(40))
         return Verdict(Status.PASS, "XS", 512, gates, (f"pr {pr}",), ("verified",), ())
 
     store = Store(db)

@@ -213,3 +213,34 @@ def test_where_main_is_the_reference_its_own_share_sets_the_bar(rules):
     llama = (_audit(Side.BASE, 512), _audit(Side.HEAD, 512, tokens=256, agree=236, ties=20))
     assert decide(Measurements(PROV, throughput=(tp(512, 1.05),), accuracy=(GOOD_ACC,), audits=llama),
                   rules).status == Status.REJECT
+
+
+def test_the_headline_and_the_lower_bound_are_computed_once_and_survive_the_store(rules):
+    """decide sets them; whatever a caller or a stored record claims is replaced by what the estimates say."""
+    import dataclasses
+
+    from evalbot.model import Verdict, from_dict, to_dict
+
+    v = decide(meas(tp(128, 1.0), tp(512, 1.05), accuracy=(GOOD_ACC,)), rules)
+    at512 = next(e for e in v.estimates if e.context == 512)
+    assert v.headline == at512 and v.lower_bound_gain == pytest.approx(at512.ci_low - 1)
+    forged = to_dict(v) | {"lower_bound_gain": 0.5, "headline": to_dict(v.estimates[0])}
+    back = from_dict(Verdict, forged)
+    assert back.lower_bound_gain == v.lower_bound_gain and back.headline == at512 and back == v
+    assert dataclasses.replace(v, lower_bound_gain=9.0).lower_bound_gain == v.lower_bound_gain
+    rejected = decide(meas(tp(128, 1.2), tp(512, 0.9), accuracy=(GOOD_ACC,)), rules)
+    assert rejected.status is Status.REJECT and rejected.headline.context == 512 and rejected.headline.regression
+
+
+def test_gates_are_matched_by_kind_never_by_their_display_name(rules):
+    from evalbot.model import Gate, GateKind
+
+    v = decide(meas(tp(128, 1.0), tp(512, 0.9), accuracy=(AccuracyResult("qwen2.5-coder-0.5b", 512, 0.5, 0.4, 1.3),)),
+               rules)
+    kinds = {g.name: g.kind for g in v.gates}
+    assert kinds["no regression"] is GateKind.REGRESSION and kinds["accuracy top-1"] is GateKind.ACCURACY
+    assert {"regression", "accuracy-fail"} <= set(v.labels_add)
+    # a verdict stored before gates had kinds reads its kind from the name, once; an unknown name is refused
+    assert Gate("spec tau", 1.0, "bar", True).kind is GateKind.SPEC
+    with pytest.raises(ValueError, match="no kind given"):
+        Gate("something new", 1.0, "bar", True)
