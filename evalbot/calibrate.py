@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalbot import judge
-from evalbot.evaluate import builds, prompts, runner
+from evalbot.evaluate import checkout, prompts, runner
 from evalbot.model import ContextEstimate, Measurements, Status, Verdict
 from evalbot.store import Calibration
 
@@ -174,7 +174,7 @@ def run(cfg: runner.EvalConfig, runs: int, log: runner.Log, *, judge_fn: Judge =
     """
     if runs < 1:
         raise ValueError(f"runs: expected at least 1, got {runs}")
-    sha, _ = builds.resolve(cfg.repo, cfg.base)
+    sha, _ = checkout.resolve(cfg.repo, cfg.base)
     out = []
     for i in range(1, runs + 1):
         log(f"calibration run {i}/{runs}: {cfg.base} ({sha[:12]}) against itself")

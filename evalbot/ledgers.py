@@ -9,7 +9,6 @@ edit either file by hand, and the bot takes the file as it finds it. Rendering a
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import tempfile
@@ -17,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from evalbot import git
 from evalbot.rules import is_login
 
 FLAGGED_PATH = ".github/FLAGGED.md"
@@ -150,12 +150,17 @@ def _unique_logins(entries: Iterable[BlockedEntry]) -> list[BlockedEntry]:
 
 
 def _git(repo: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
-    proc = subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, timeout=300
-    )
-    if proc.returncode != 0:
-        raise LedgerError(f"git {' '.join(args[:3])} failed: {proc.stderr.strip()[-500:]}")
-    return proc.stdout
+    try:
+        return git.out(repo, *args, env=env, timeout=300)
+    except git.GitError as exc:
+        raise LedgerError(str(exc)) from exc
+
+
+def _git_run(repo: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    try:
+        return git.run(repo, *args, timeout=timeout)
+    except git.GitError as exc:
+        raise LedgerError(str(exc)) from exc
 
 
 def read_ledgers(remote: str, branch: str = LEDGER_BRANCH) -> dict[str, str]:
@@ -163,16 +168,14 @@ def read_ledgers(remote: str, branch: str = LEDGER_BRANCH) -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="evalbot-ledger-") as tmp:
         repo = Path(tmp)
         _git(repo, "init", "-q")
-        fetched = subprocess.run(["git", "-C", str(repo), "fetch", "-q", "--depth=1", remote, branch],
-                                 capture_output=True, text=True, timeout=300)  # fmt: skip
+        fetched = _git_run(repo, "fetch", "-q", "--depth=1", remote, branch)
         if fetched.returncode != 0:
             if "couldn't find remote ref" in fetched.stderr:
                 return {FLAGGED_PATH: "", BLOCKED_PATH: ""}
             raise LedgerError(f"cannot read the ledgers from {remote}: {fetched.stderr.strip()[-500:]}")
         out = {}
         for path in (FLAGGED_PATH, BLOCKED_PATH):
-            shown = subprocess.run(["git", "-C", str(repo), "show", f"FETCH_HEAD:{path}"], capture_output=True,
-                                   text=True, timeout=60)  # fmt: skip
+            shown = _git_run(repo, "show", f"FETCH_HEAD:{path}", timeout=60)
             out[path] = shown.stdout if shown.returncode == 0 else ""
         return out
 
@@ -190,15 +193,14 @@ def commit_ledgers(
 
     A push that loses a race (someone else pushed the branch) is retried on top of their commit.
     """
-    env = {**os.environ, "GIT_AUTHOR_NAME": author[0], "GIT_AUTHOR_EMAIL": author[1],
+    env = {"GIT_AUTHOR_NAME": author[0], "GIT_AUTHOR_EMAIL": author[1],
            "GIT_COMMITTER_NAME": author[0], "GIT_COMMITTER_EMAIL": author[1]}  # fmt: skip
     last = ""
     for _ in range(attempts):
         with tempfile.TemporaryDirectory(prefix="evalbot-ledger-") as tmp:
             repo = Path(tmp)
             _git(repo, "init", "-q", "-b", branch)
-            fetched = subprocess.run(["git", "-C", str(repo), "fetch", "-q", remote, branch], capture_output=True,
-                                     text=True, timeout=300)  # fmt: skip
+            fetched = _git_run(repo, "fetch", "-q", remote, branch)
             if fetched.returncode == 0:
                 _git(repo, "reset", "-q", "--hard", "FETCH_HEAD")
             for path, text in files.items():
@@ -209,8 +211,7 @@ def commit_ledgers(
             if not _git(repo, "status", "--porcelain"):
                 return None
             _git(repo, "commit", "-q", "-m", message, env=env)
-            pushed = subprocess.run(["git", "-C", str(repo), "push", "-q", remote, f"HEAD:refs/heads/{branch}"],
-                                    capture_output=True, text=True, timeout=300)  # fmt: skip
+            pushed = _git_run(repo, "push", "-q", remote, f"HEAD:refs/heads/{branch}")
             if pushed.returncode == 0:
                 return _git(repo, "rev-parse", "HEAD").strip()
             last = pushed.stderr.strip()[-500:]

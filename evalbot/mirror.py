@@ -6,11 +6,11 @@ by its pull ref or branch so that evaluate can extract both revisions. Only git 
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from evalbot.evaluate import builds
+from evalbot import git
+from evalbot.evaluate import builds, checkout
 
 # GitHub serves every PR's head as refs/pull/N/head (forks included); same-repo branches come too,
 # for remotes that have no pull refs (a plain bare repository).
@@ -29,13 +29,10 @@ class Mirror:
     path: Path
 
     def _git(self, *args: str, timeout: float = 600) -> str:
-        proc = subprocess.run(
-            ["git", "-C", str(self.path), *args], capture_output=True, text=True, errors="surrogateescape",
-            timeout=timeout
-        )
-        if proc.returncode != 0:
-            raise MirrorError(f"git {' '.join(args[:2])} in {self.path}: {proc.stderr.strip()[-500:]}")
-        return proc.stdout.strip()
+        try:
+            return git.out(self.path, *args, timeout=timeout).strip()
+        except git.GitError as exc:
+            raise MirrorError(str(exc)) from exc
 
     def fetch(self) -> None:
         """Create the mirror if needed and fetch every branch and pull ref (pruning deleted ones)."""
@@ -50,14 +47,15 @@ class Mirror:
 
     def has(self, sha: str) -> bool:
         """Whether the mirror holds this commit."""
-        proc = subprocess.run(["git", "-C", str(self.path), "cat-file", "-e", f"{sha}^{{commit}}"],
-                              capture_output=True, timeout=60)  # fmt: skip
-        return proc.returncode == 0
+        try:
+            return git.run(self.path, "cat-file", "-e", f"{sha}^{{commit}}", timeout=60).returncode == 0
+        except git.GitError as exc:
+            raise MirrorError(str(exc)) from exc
 
     def merge_commit(self, main_sha: str, head_sha: str) -> str | None:
-        """The commit to measure for a PR, its head merged into main (builds.merge_commit); None on conflict."""
+        """The commit to measure for a PR, its head merged into main (checkout.merge_commit); None on conflict."""
         try:
-            return builds.merge_commit(self.path, main_sha, head_sha)
+            return checkout.merge_commit(self.path, main_sha, head_sha)
         except builds.BuildError as exc:
             raise MirrorError(str(exc)) from exc
 
@@ -69,7 +67,9 @@ class Mirror:
         for spec in ([ref_hint] if ref_hint else []) + [sha]:
             if self.has(sha):
                 return
-            subprocess.run(["git", "-C", str(self.path), "fetch", "-q", self.remote, spec], capture_output=True,
-                           timeout=600)  # fmt: skip
+            try:
+                git.run(self.path, "fetch", "-q", self.remote, spec)
+            except git.GitError as exc:
+                raise MirrorError(str(exc)) from exc
         if not self.has(sha):
             raise MirrorError(f"{self.remote} does not serve commit {sha} (ref {ref_hint or 'unknown'})")

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from evalbot import dispatch, judge, ledgers, receipts, render, rounds, times
-from evalbot.evaluate import builds, runner
+from evalbot.evaluate import checkout, runner
 from evalbot.github import GitHubPort
 from evalbot.judge import Judgement
 from evalbot.mirror import Mirror
@@ -629,7 +629,7 @@ def local_evaluator(rules: Rules, profile: str, work_root: Path, log: Log, *, ke
                                 branch=pr.head_ref)  # fmt: skip
         judged = judge.judge(cfg, log, key)  # type: ignore[arg-type]
         try:  # one poller per state (its lock): nothing else uses these checkouts; main's stays for the next PR
-            builds.cleanup_worktrees(work_root / "worktrees", keep=(base_sha,))
+            checkout.cleanup_worktrees(work_root / "worktrees", keep=(base_sha,))
         except OSError as exc:  # disk housekeeping never costs a verdict
             log(f"could not clean the checkouts under {work_root / 'worktrees'}: {exc}")
         return judged

@@ -7,12 +7,11 @@ a finding into the poller's `ScreenResult`. A maintainer's `clear` of a PR exemp
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from evalbot import copycat_strikes, times
+from evalbot import copycat_strikes, git, times
 from evalbot.copycat import Band, PrMeta
 from evalbot.copycat_fingerprint import fingerprint_source
 from evalbot.copycat_index import CopycatIndex, check
@@ -27,16 +26,17 @@ _WARN = "copycat-warn:"
 def main_kgrams(mirror: Path, sha: str, k: int) -> frozenset[int]:
     """Every k-gram of main's code files at `sha` (base code: copying main is not copying a PR)."""
     # -z and surrogateescape: a file name that is not UTF-8 is still a name, never a crash of every poll
-    listing = subprocess.run(["git", "-C", str(mirror), "ls-tree", "-r", "-z", "--name-only", sha],
-                             capture_output=True, check=True, timeout=120).stdout  # fmt: skip
+    listed = git.run(mirror, "ls-tree", "-r", "-z", "--name-only", sha, timeout=120, text=False)
+    if listed.returncode != 0:
+        raise git.GitError(f"git ls-tree {sha} failed in {mirror}: {listed.stderr.decode(errors='replace')[-300:]}")
+    listing = listed.stdout
     names = [n for n in listing.decode("utf-8", errors="surrogateescape").split("\0") if n]
     out: set[int] = set()
     for name in names:
         if not name.endswith(CODE_SUFFIXES):
             continue
         # subprocess encodes the name back to its bytes (os.fsencode), surrogates included
-        shown = subprocess.run(["git", "-C", str(mirror), "show", f"{sha}:{name}"], capture_output=True,
-                               timeout=120)  # fmt: skip
+        shown = git.run(mirror, "show", f"{sha}:{name}", timeout=120, text=False)
         if shown.returncode == 0 and len(shown.stdout) < 2_000_000:
             out |= fingerprint_source(name, shown.stdout.decode("utf-8", errors="replace"), k)
     return frozenset(out)

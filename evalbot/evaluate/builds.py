@@ -1,10 +1,4 @@
-"""Check out one revision of the judged repository and build it into its own cached venv.
-
-Checkout: ``git archive <sha>``, extracted with tarfile's ``data`` filter into ``root/<sha>``. We use
-this rather than ``git worktree add`` because it writes nothing into the judged repository (no
-``.git/worktrees`` entry to prune, no ``.git`` link in the checkout through which the revision's build
-could reach the repository's objects or hooks). It works the same on bare and non-bare repositories
-and on clones of ``file://`` remotes, and the filter refuses absolute paths and links that leave the tree.
+"""Build one checked-out revision (evalbot.evaluate.checkout) into its own cached venv.
 
 Venv strategy: one venv per (tree sha, toolchain). It is made with ``python -m venv
 --system-site-packages`` from the bot's interpreter, and the tree is installed into it with ``pip install
@@ -37,13 +31,10 @@ import errno
 import hashlib
 import json
 import os
-import re
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
-import tarfile
 import time
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -52,7 +43,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from evalbot.evaluate import sandbox
+from evalbot.evaluate.checkout import BuildError, Worktree
 from evalbot.evaluate.exits import describe_exit
+from evalbot.evaluate.files import TMP_NAME, read_json, remove, write_json_atomic
+from evalbot.evaluate.files import tail as log_tail
 
 SCHEMA = "evalbot.build/1"
 MARKER = "build.json"
@@ -63,8 +58,6 @@ TOOLCHAIN = "toolchain"  # the environment's fault
 # (argv, the build's temp dir) -> the argv that runs it confined, with that dir as the only writable place
 Confine = Callable[[list[str], Path], list[str]]
 
-_SHA = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")  # sha1 or sha256 object names
-_TMP = re.compile(r"\.tmp-.+-(\d+)-[0-9a-f]{8}")  # .tmp-<name>-<pid>-<token>
 _BRIDGE_PTH = "_evalbot_toolchain.pth"
 _PROBE_TIMEOUT_S = 60.0
 
@@ -84,18 +77,8 @@ print(json.dumps({
 """
 
 
-class BuildError(RuntimeError):
-    """A revision cannot be resolved or checked out; the message says which and why."""
 
 
-@dataclass(frozen=True)
-class Worktree:
-    """A clean checkout of one commit: where it is, the rev asked for, and what it resolved to."""
-
-    path: Path
-    rev: str
-    sha: str
-    tree_sha: str
 
 
 @dataclass(frozen=True)
@@ -121,191 +104,31 @@ class BuildResult:
 # ---------------------------------------------------------------- git
 
 
-def _git_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    # An inherited GIT_DIR or GIT_INDEX_FILE (from a hook, say) would override `-C repo`.
-    return {k: v for k, v in environ.items() if not k.startswith("GIT_")}
 
 
-def _git_run(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(
-            ["git", "-C", str(repo), *args],
-            capture_output=True,
-            text=True,
-            errors="surrogateescape",  # a path that is not UTF-8 is still a path
-            env=_git_environ(os.environ),
-            stdin=subprocess.DEVNULL,
-        )
-    except FileNotFoundError as e:
-        raise BuildError(f"git is not installed: {e}") from e
 
 
-def _git(repo: Path, *args: str) -> str:
-    proc = _git_run(repo, *args)
-    if proc.returncode != 0:
-        raise BuildError(f"`git {shlex.join(args)}` failed in {repo}: {proc.stderr.strip() or 'no output'}")
-    return proc.stdout
 
 
-def resolve(repo: Path, rev: str) -> tuple[str, str]:
-    """(commit sha, tree sha) of rev in repo; BuildError if rev names no commit there."""
-    # --end-of-options: a rev such as "--output=x" is a name, never an option.
-    proc = _git_run(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}")
-    if proc.returncode != 0:
-        # --quiet leaves stderr empty for an unknown name; anything there is a different problem.
-        if proc.stderr.strip():
-            raise BuildError(f"cannot resolve {rev!r} in {repo}: {proc.stderr.strip()}")
-        raise BuildError(f"unknown revision {rev!r} in {repo}")
-    sha = proc.stdout.strip()
-    tree_sha = _git(repo, "rev-parse", "--verify", "--quiet", f"{sha}^{{tree}}").strip()
-    if not _SHA.fullmatch(sha) or not _SHA.fullmatch(tree_sha):
-        raise BuildError(f"git resolved {rev!r} to {sha!r} (tree {tree_sha!r}), which is not an object name")
-    return sha, tree_sha
 
 
-def changed_paths(repo: Path, base: str, head: str) -> list[str]:
-    """Paths that head changes relative to its merge base with base (`git diff base...head`), sorted."""
-    base_sha, _ = resolve(repo, base)
-    head_sha, _ = resolve(repo, head)
-    # --no-renames: a file moved out of a sensitive path must show up under its old name too.
-    out = _git(repo, "diff", "--name-only", "-z", "--no-renames", f"{base_sha}...{head_sha}", "--")
-    return sorted(p for p in out.split("\0") if p)
 
 
-_MERGE_STAMP = "1970-01-01T00:00:00+0000"
-
-
-def merge_commit(repo: Path, main_sha: str, head_sha: str) -> str | None:
-    """The commit to measure for a PR: its head merged into main (what would land), or None on conflict.
-
-    A head that already contains main is measured as it is. Otherwise the merge is made with `git
-    merge-tree` and `git commit-tree` (an object in the repository, no ref, no work tree), fixed author
-    and dates, so the commit is the same for the same (main, head) on every box.
-    """
-    if _git_run(repo, "merge-base", "--is-ancestor", main_sha, head_sha).returncode == 0:
-        return head_sha
-    merged = _git_run(repo, "merge-tree", "--write-tree", main_sha, head_sha)
-    if merged.returncode == 1:
-        return None  # conflicts
-    if merged.returncode != 0:
-        raise BuildError(f"git merge-tree {main_sha[:12]} {head_sha[:12]} failed in {repo}: "
-                         f"{merged.stderr.strip()[-500:] or 'no output'}")
-    tree = merged.stdout.split("\n", 1)[0].strip()
-    env = _git_environ(os.environ) | {
-        "GIT_AUTHOR_NAME": "evalbot", "GIT_AUTHOR_EMAIL": "evalbot@localhost", "GIT_AUTHOR_DATE": _MERGE_STAMP,
-        "GIT_COMMITTER_NAME": "evalbot", "GIT_COMMITTER_EMAIL": "evalbot@localhost",
-        "GIT_COMMITTER_DATE": _MERGE_STAMP,
-    }  # fmt: skip
-    made = subprocess.run(["git", "-C", str(repo), "commit-tree", tree, "-p", main_sha, "-p", head_sha, "-m",
-                           f"evalbot: {head_sha[:12]} merged into main {main_sha[:12]}"],
-                          capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)  # fmt: skip
-    if made.returncode != 0 or not _SHA.fullmatch(made.stdout.strip()):
-        raise BuildError(f"git commit-tree failed in {repo}: {made.stderr.strip()[-500:] or 'no output'}")
-    return made.stdout.strip()
 
 
 # ---------------------------------------------------------------- checkouts
 
 
-def prepare_worktree(repo: Path, rev: str, root: Path) -> Worktree:
-    """Check out rev's tree into root/<sha>; a checkout already there is reused if intact."""
-    sha, tree_sha = resolve(repo, rev)
-    dest, marker = root / sha, root / f"{sha}.json"
-    if _checkout_intact(dest, marker, sha, tree_sha):
-        return Worktree(dest, rev, sha, tree_sha)
-    root.mkdir(parents=True, exist_ok=True)
-    _remove(marker)
-    _remove(dest)
-    tmp = root / f".tmp-{sha}-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        _extract(repo, sha, tmp)
-        files = _tree_digest(tmp)
-        tmp.rename(dest)
-    finally:
-        _remove(tmp)
-    # The marker comes last: a checkout without one is incomplete and is redone.
-    _write_json_atomic(marker, {"sha": sha, "tree_sha": tree_sha, "files": files})
-    return Worktree(dest, rev, sha, tree_sha)
 
 
-def cleanup_worktrees(root: Path, keep: Iterable[str] = ()) -> list[Path]:
-    """Remove the checkouts (and leftovers) under root except the shas in keep; returns what was removed."""
-    if not root.is_dir():
-        return []
-    keep = set(keep)
-    removed = []
-    for entry in sorted(root.iterdir()):
-        stem = entry.name.removesuffix(".json")
-        # Only names this module makes: root may be shared with other things.
-        if (_SHA.fullmatch(stem) and stem not in keep) or _TMP.fullmatch(entry.name):
-            _remove(entry)
-            removed.append(entry)
-    return removed
 
 
-def remove_worktree(root: Path, sha: str) -> bool:
-    """Remove one checkout (and its marker) made by prepare_worktree; whether there was one."""
-    if not _SHA.fullmatch(sha):
-        raise ValueError(f"sha: expected a 40-hex commit sha, got {sha!r}")
-    found = False
-    for entry in (root / sha, root / f"{sha}.json"):
-        if entry.exists() or entry.is_symlink():
-            _remove(entry)
-            found = True
-    return found
 
 
-def _extract(repo: Path, sha: str, dest: Path) -> None:
-    proc = subprocess.Popen(
-        ["git", "-C", str(repo), "archive", "--format=tar", sha],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        env=_git_environ(os.environ),
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    unsafe: Exception | None = None
-    try:
-        with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-            tar.extractall(dest, filter="data")
-    except tarfile.FilterError as e:
-        unsafe = e
-    except tarfile.TarError:
-        pass  # git failed; its own message below says why
-    finally:
-        proc.stdout.close()
-        stderr = proc.stderr.read().decode(errors="replace").strip()
-        rc = proc.wait()
-    if unsafe is not None:
-        raise BuildError(f"{sha} cannot be checked out safely: {unsafe}")
-    if rc != 0:
-        raise BuildError(f"`git archive {sha}` failed in {repo}: {stderr or f'exit {rc}'}")
 
 
-def _tree_digest(top: Path) -> dict[str, str]:
-    """Every file under top (links not followed) -> its content hash, exec bit or link target."""
-    out: dict[str, str] = {}
-    stack = [top]
-    while stack:
-        with os.scandir(stack.pop()) as it:
-            for entry in it:
-                rel = Path(entry.path).relative_to(top).as_posix()
-                if entry.is_symlink():
-                    out[rel] = "link:" + os.readlink(entry.path)
-                elif entry.is_dir():
-                    stack.append(Path(entry.path))
-                else:
-                    digest = hashlib.sha256(Path(entry.path).read_bytes()).hexdigest()
-                    out[rel] = ("x" if os.access(entry.path, os.X_OK) else "f") + ":" + digest
-    return dict(sorted(out.items()))
 
 
-def _checkout_intact(dest: Path, marker: Path, sha: str, tree_sha: str) -> bool:
-    meta = _read_json(marker)
-    if not meta or meta.get("sha") != sha or meta.get("tree_sha") != tree_sha or not dest.is_dir():
-        return False
-    # Exact file set: an added file (say engine/extra.py) would be built too.
-    return _tree_digest(dest) == meta.get("files")
 
 
 # ---------------------------------------------------------------- builds
@@ -394,7 +217,7 @@ def build_env(
             failure = _StageFailed(TOOLCHAIN, f"{what} while building: {e}")
         if failure is not None:
             log.write(f"\nFAILED ({failure.stage}): {failure.message}\n")
-    tail = _tail(log_path, LOG_TAIL_LINES)
+    tail = log_tail(log_path, LOG_TAIL_LINES)
     version = toolchain["version"] if toolchain else None
     if failure is not None:
         return BuildResult(
@@ -590,10 +413,10 @@ def _build(
             "finished_at": finished.isoformat(),
             "build_s": round(time.monotonic() - t0, 3),
         }
-        _write_json_atomic(venv / MARKER, meta)
+        write_json_atomic(venv / MARKER, meta)
         _commit(venv, final, key_sha, log)
     finally:
-        _remove(tmp)
+        remove(tmp)
 
 
 class _Runner:
@@ -660,10 +483,7 @@ class _Runner:
 
 
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    sandbox.kill_tree(proc.pid)  # the one process-group killer (a sandboxed step is its own session)
     proc.wait()
 
 
@@ -697,22 +517,22 @@ def _commit(venv: Path, final: Path, key_sha: str, log: IO[str]) -> None:
         if _venv_intact(final, key_sha):
             log.write(f"another build of the same key finished first; using {final}\n")
             return
-        _remove(final)  # not a valid entry for this key: left by a crash or edited by hand
+        remove(final)  # not a valid entry for this key: left by a crash or edited by hand
         venv.rename(final)
     log.write(f"built {final}\n")
 
 
 def _venv_intact(final: Path, key_sha: str) -> bool:
-    meta = _read_json(final / MARKER)
+    meta = read_json(final / MARKER)
     return meta is not None and meta.get("key_sha256") == key_sha and (final / "bin" / "python").exists()
 
 
 def _sweep_abandoned(cache_root: Path) -> None:
     """Remove temp build dirs whose process is gone (a killed build leaves its temp dir, never an entry)."""
     for entry in cache_root.iterdir():
-        m = _TMP.fullmatch(entry.name)
+        m = TMP_NAME.fullmatch(entry.name)
         if m and not _pid_alive(int(m.group(1))):
-            _remove(entry)
+            remove(entry)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -723,35 +543,3 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's process
     return True
-
-
-# ---------------------------------------------------------------- small file helpers
-
-
-def _remove(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _tail(path: Path, n: int) -> str:
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])

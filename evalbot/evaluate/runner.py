@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evalbot.evaluate import abtest, audit, box, builds, prompts, sandbox, served
+from evalbot.evaluate import abtest, audit, box, builds, checkout, prompts, sandbox, served
 from evalbot.evaluate.exits import describe_exit
 from evalbot.model import (
     AccuracyResult,
@@ -75,7 +75,7 @@ class EvalConfig:
 @dataclass
 class _Side:
     side: Side
-    worktree: builds.Worktree
+    worktree: checkout.Worktree
     build: builds.BuildResult
 
 
@@ -108,7 +108,7 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
     p = m.provenance
     if p.measured_sha and p.measured_sha != p.base_sha:
         try:
-            builds.remove_worktree(cfg.work_root.resolve() / "worktrees", p.measured_sha)
+            checkout.remove_worktree(cfg.work_root.resolve() / "worktrees", p.measured_sha)
         except (OSError, ValueError) as exc:  # disk housekeeping never costs a verdict
             log(f"could not remove the PR's checkout {p.measured_sha[:12]}: {exc}")
     return m
@@ -136,18 +136,18 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
     cfg.work_root.mkdir(parents=True, exist_ok=True)
     # what is measured is what would merge: the head merged into main (the head itself when it holds main)
     try:
-        base_sha, _ = builds.resolve(cfg.repo, cfg.base)
-        head_sha, _ = builds.resolve(cfg.repo, cfg.head)
-        measured = builds.merge_commit(cfg.repo, base_sha, head_sha)
+        base_sha, _ = checkout.resolve(cfg.repo, cfg.base)
+        head_sha, _ = checkout.resolve(cfg.repo, cfg.head)
+        measured = checkout.merge_commit(cfg.repo, base_sha, head_sha)
         shas: dict[str, Any] = {"base_sha": base_sha, "head_sha": head_sha, "measured_sha": measured or "",
                                 "harness_sha": base_sha}
         if measured is None:
             return done(prov=shas, skipped_reason=f"the PR conflicts with main {base_sha[:12]}: rebase it and push")
-        base_wt = builds.prepare_worktree(cfg.repo, base_sha, cfg.work_root / "worktrees")
-        head_wt = builds.prepare_worktree(cfg.repo, measured, cfg.work_root / "worktrees")
+        base_wt = checkout.prepare_worktree(cfg.repo, base_sha, cfg.work_root / "worktrees")
+        head_wt = checkout.prepare_worktree(cfg.repo, measured, cfg.work_root / "worktrees")
     except builds.BuildError as exc:
         return done(failures=(Failure(Side.HARNESS, "git", str(exc)),))
-    hits = harness_hits(builds.changed_paths(cfg.repo, base_sha, head_sha), cfg.rules)
+    hits = harness_hits(checkout.changed_paths(cfg.repo, base_sha, head_sha), cfg.rules)
     if hits:
         # names come from git with surrogateescape: show undecodable bytes as U+FFFD, never crash on them
         shown = ", ".join(h.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for h in hits[:8])
@@ -234,7 +234,7 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
                     audits=tuple(audits), diagnostics=tuple(notes), failures=tuple(failures))
 
 
-def _build_side(ctx: _Ctx, side: Side, wt: builds.Worktree) -> Failure | None:
+def _build_side(ctx: _Ctx, side: Side, wt: checkout.Worktree) -> Failure | None:
     """Build one revision into its venv; the Failure to record when it does not build."""
     ctx.log(f"building {side.value} {wt.sha[:12]}")
     b = builds.build_env(wt, ctx.cfg.work_root / "venvs", python=ctx.cfg.python, log_dir=ctx.cfg.work_root / "logs",

@@ -13,17 +13,8 @@ from pathlib import Path
 import pytest
 
 from evalbot.evaluate import builds
-from evalbot.evaluate.builds import (
-    BUILD,
-    TOOLCHAIN,
-    BuildError,
-    build_env,
-    changed_paths,
-    classify_failure,
-    cleanup_worktrees,
-    engine_identity,
-    prepare_worktree,
-)
+from evalbot.evaluate.builds import BUILD, TOOLCHAIN, build_env, classify_failure, engine_identity
+from evalbot.evaluate.checkout import BuildError, changed_paths, cleanup_worktrees, prepare_worktree
 
 PYPROJECT = """\
 [build-system]
@@ -392,7 +383,7 @@ def test_a_confined_build_cannot_write_outside_its_dir_reach_the_network_or_see_
 
 
 def test_remove_worktree_removes_one_checkout_and_its_marker(repo, tmp_path):
-    from evalbot.evaluate.builds import remove_worktree
+    from evalbot.evaluate.checkout import remove_worktree
 
     root = tmp_path / "wt"
     base = prepare_worktree(repo, "base", root)
