@@ -25,7 +25,14 @@ from typing import Any
 import click
 
 from evalbot import ledgers
-from evalbot.cli.options import load_rules_or_exit, resolve_state, rules_option, state_option
+from evalbot.cli.options import (
+    check_profile,
+    load_rules_or_exit,
+    profile_option,
+    resolve_state,
+    rules_option,
+    state_option,
+)
 from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
 from evalbot.rules import Rules, automerge_allowed, is_login
 from evalbot.store import EvalKey, Store, StoreError
@@ -172,7 +179,7 @@ def _poller_lock(state: Path):  # noqa: ANN202
 @bot_options
 @click.option("--once", is_flag=True, help="one pass, then exit (cron); otherwise poll every --interval")
 @click.option("--interval", type=int, default=300, show_default=True, help="seconds between polls")
-@click.option("--profile", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
+@profile_option
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--max-pairs", type=int, default=None, help="cap A/B pairs per context")
 def poll(
@@ -184,6 +191,7 @@ def poll(
 
 
 def _poll(ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | None, max_pairs: int | None) -> None:
+    check_profile(ctx.rules, profile)
     from evalbot import receipts
     from evalbot.github import GitHubError, GitHubUnavailable
     from evalbot.mirror import Mirror
@@ -328,12 +336,14 @@ def clear(ctx: Ctx, pr: int, reason: str) -> None:
     _say(ctx, f"mark {changed} FLAGGED.md row(s) of #{pr} cleared by {by}: {reason}")
     if ctx.dry_run:
         return
-    with ctx.store() as store:
+    from evalbot.publish import Publisher
+
+    with ctx.store() as store:  # the publisher's two-phase actions: a crash here is reconciled, not redone
         store.add_clear(pr, by, reason, head_sha=facts.head_sha)
-    for label in present:
-        gh.remove_label(pr, label)
-    if facts.state == "closed" and not facts.merged:
-        gh.reopen(pr)
+        publisher = Publisher(gh, store, bot_login=ctx.bot_login, log=lambda line: _say(ctx, line))
+        publisher.labels(pr, facts.head_sha, facts.labels, set(facts.labels) - flags, flags)
+        if facts.state == "closed" and not facts.merged:
+            publisher.reopen(pr, facts.head_sha, f"cleared by {by}: {reason}")
     if changed:
         ledgers.commit_ledgers(remote, {ledgers.FLAGGED_PATH: ledgers.render_flagged(entries)},
                                f"ledgers: clear #{pr} ({reason})")  # fmt: skip

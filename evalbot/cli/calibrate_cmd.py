@@ -15,7 +15,14 @@ from pathlib import Path
 import click
 
 from evalbot import calibrate as calibrate_mod
-from evalbot.cli.options import load_rules_or_exit, resolve_state, rules_option, state_option
+from evalbot.cli.options import (
+    check_profile,
+    load_rules_or_exit,
+    profile_option,
+    resolve_state,
+    rules_option,
+    state_option,
+)
 from evalbot.evaluate import builds, runner
 from evalbot.model import to_dict
 from evalbot.rules import Tier
@@ -44,7 +51,7 @@ def _log(message: str) -> None:
     help="A/A evaluations (each a full evaluate: fresh processes, fresh prompt seed)",
 )
 @rules_option
-@click.option("--profile", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
+@profile_option
 @click.option(
     "--max-pairs", type=int, default=None, help="cap A/B pairs per context (default: the profile's)"
 )
@@ -72,6 +79,7 @@ def calibrate(repo: Path, rev: str, runs: int, rules_dir: Path | None, profile: 
     """Judge REV against itself RUNS times on this box: how often equal code gets a tier or a regression
     call, and the smallest gain the box resolves. Run it before trusting a new runner."""
     rules = load_rules_or_exit(rules_dir)
+    check_profile(rules, profile)
     box = box or platform.node() or "unknown"
     state = resolve_state(state)
     work = work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work"

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from evalbot import judge, receipts, render
-from evalbot.cli.options import load_rules_or_exit, rules_option
+from evalbot.cli.options import check_profile, load_rules_or_exit, profile_option, rules_option
 from evalbot.cli.progress import reporter
 from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
 from evalbot.evaluate import runner
@@ -29,7 +29,7 @@ EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED:
 @click.option("--base", required=True, help="the trusted revision (main)")
 @click.option("--head", required=True, help="the revision under test")
 @rules_option
-@click.option("--profile", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
+@profile_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("evalbot-out"), show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print result.json on stdout")
 @click.option("--no-sandbox", is_flag=True, help="run engine code without bubblewrap (only for code you trust)")
@@ -49,6 +49,7 @@ def evaluate(repo: Path, base: str, head: str, rules_dir: Path | None, profile: 
              work_dir: Path | None, pr: int | None, key_path: Path | None) -> None:
     """Build base and head, measure them interleaved on this box, gate against llama.cpp, and judge."""
     rules = load_rules_or_exit(rules_dir)
+    check_profile(rules, profile)
     raw_key = key_path.read_bytes() if key_path else (os.environ.get(SIGNING_KEY_ENV) or "").encode() or None
     try:
         key = receipts.load_private_key(raw_key) if raw_key else None

@@ -40,3 +40,26 @@ def resolve_state(path: Path | None) -> Path:
         return path
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "evalbot" / "state.db"
+
+
+def _shipped_profiles() -> list[str]:
+    try:
+        return [p.name for p in load_rules(default_rules_dir()).profiles]
+    except RulesError:
+        return []
+
+
+profile_option = click.option(
+    "--profile", default="cpu", show_default=True, metavar="PROFILE",
+    shell_complete=lambda _ctx, _param, incomplete: [n for n in _shipped_profiles() if n.startswith(incomplete)],
+    help="a profile of the rules' profiles.yaml (shipped: cpu, gpu); checked against the rules in use",
+)  # fmt: skip
+
+
+def check_profile(rules: Rules, name: str) -> str:
+    """The profile name, if the rules in use define it; else a usage error listing the ones they do."""
+    names = [p.name for p in rules.profiles]
+    if name not in names:
+        raise click.BadParameter(f"{name!r} is not a profile of {rules.source_dir / 'profiles.yaml'}; it defines "
+                                 f"{', '.join(names) or 'none'}", param_hint="--profile")  # fmt: skip
+    return name

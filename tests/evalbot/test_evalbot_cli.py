@@ -82,3 +82,26 @@ def test_render_preview(tmp_path):
     assert r.exit_code == 0 and "PASS" in r.output and "unsigned" in r.output and "@team" not in r.output
     f.write_text("{not json")
     assert CliRunner().invoke(main, ["render", "--verdict", str(f)]).exit_code != 0
+
+
+def test_one_profile_option_takes_its_choices_from_the_rules_in_use(tmp_path):
+    """--profile is checked against the rules' profiles.yaml (not a list in the code): the shipped rules
+    have no 'tpu', and a rules folder that renames a profile has only its own names."""
+    import dataclasses
+
+    import click
+    import pytest
+
+    from evalbot.cli.options import check_profile
+    from evalbot.rules import load_rules
+
+    for command in (["evaluate", "--repo", str(tmp_path), "--base", "main", "--head", "main", "--out",
+                     str(tmp_path / "out")], ["calibrate", "--repo", str(tmp_path)]):  # fmt: skip
+        result = CliRunner().invoke(main, [*command, "--profile", "tpu"])
+        assert result.exit_code == 2 and "'tpu' is not a profile of" in result.output and "cpu" in result.output
+    rules = load_rules(default_rules_dir())
+    renamed = dataclasses.replace(rules, profiles=tuple(dataclasses.replace(p, name=f"box-{p.name}")
+                                                        for p in rules.profiles))  # fmt: skip
+    assert check_profile(renamed, "box-cpu") == "box-cpu"
+    with pytest.raises(click.BadParameter, match="defines box-gpu, box-cpu"):
+        check_profile(renamed, "cpu")
