@@ -1,0 +1,515 @@
+"""``load_rules``: each rules file read by one function, in an order where a file refers only to the ones
+before it, into the dataclasses of ``evalbot.rules.schema``."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import re
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from evalbot.rules.reader import (
+    _MODULE,
+    _NAME,
+    _compose,
+    _did_you_mean,
+    _File,
+    _join,
+)
+from evalbot.rules.schema import (
+    _LOGIN,
+    DEVICES,
+    DISPATCH_MODES,
+    FILES,
+    AccuracyGate,
+    Area,
+    Automerge,
+    Containment,
+    Context,
+    Copycat,
+    DecodeAuditGate,
+    Dispatch,
+    Gates,
+    Labels,
+    Measurement,
+    ModelRef,
+    NoRegressionGate,
+    Policy,
+    Profile,
+    Quiet,
+    Rules,
+    RulesError,
+    SpecGate,
+    SpecPair,
+    Stale,
+    Strikes,
+    Template,
+    Tier,
+    TimingGate,
+    TinyPr,
+    Winnowing,
+    rules_hash,
+)
+
+
+def load_rules(directory: str | Path) -> Rules:
+    """Read and validate every rules file in the directory; RulesError on the first problem."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise RulesError(str(root), None, "", "expected a directory of rules files")
+    present = sorted(p.name for p in root.iterdir() if p.suffix in (".yaml", ".yml"))
+    for name in present:
+        if name not in FILES:
+            hint = _did_you_mean(name, FILES)
+            raise RulesError(
+                str(root / name), None, "", f"unknown rules file{hint}; expected only: {', '.join(FILES)}"
+            )
+    for name in FILES:
+        if name not in present:
+            raise RulesError(str(root / name), None, "", "missing required rules file")
+
+    docs = {name.removesuffix(".yaml"): _compose(root / name) for name in FILES}
+    tier_bounds = _tiers(*docs["tiers"])
+    tiers, labels = _labels(*docs["labels"], tier_bounds)
+    gates = _gates(*docs["gates"])
+    profiles = _profiles(*docs["profiles"])
+    profiles, spec_pair = _models(*docs["models"], profiles)
+    copycat = _copycat(*docs["copycat"])
+    policy = _policy(*docs["policy"], _label_owners(tiers, labels))
+    known = _label_owners(tiers, labels) | {a.label: f"policy.areas.{a.label}" for a in policy.areas}
+    automerge = _automerge(*docs["automerge"], tiers, known)
+    dispatch = _dispatch(*docs["dispatch"])
+    rules = Rules(tiers, gates, profiles, spec_pair, copycat, policy, labels, automerge, dispatch, root, "")
+    return replace(rules, rules_hash=rules_hash(rules))
+
+
+def _tiers(f: _File, root: yaml.Node) -> list[tuple[str, float]]:
+    node = f.mapping(root, "tiers", ("lower_bounds",))["lower_bounds"]
+    out: list[tuple[str, float]] = []
+    for name, key_node, value_node in f.items(node, "tiers.lower_bounds"):
+        field = _join("tiers.lower_bounds", name)
+        if not _NAME.fullmatch(name):
+            f.fail(key_node, field, f"expected a tier name (letters, digits, '.', '_', '-'), got {name!r}")
+        # A tier at 0 would label PRs that gained nothing.
+        bound = f.number(value_node, field, 0, 1, lo_open=True)
+        if out and bound <= out[-1][1]:
+            prev, prev_bound = out[-1]
+            f.fail(
+                value_node,
+                field,
+                f"expected a bound above {prev}'s {prev_bound:g} (tiers rise strictly), got {bound:g}",
+            )
+        out.append((name, bound))
+    if not out:
+        f.fail(node, "tiers.lower_bounds", "expected at least one tier, got none")
+    return out
+
+
+def _labels(
+    f: _File, root: yaml.Node, tier_bounds: list[tuple[str, float]]
+) -> tuple[tuple[Tier, ...], Labels]:
+    status_keys = [fl.name for fl in fields(Labels)]
+    m = f.mapping(root, "labels", ["tiers", *status_keys])
+    tier_names = [name for name, _ in tier_bounds]
+    tier_nodes = f.mapping(m["tiers"], "labels.tiers", tier_names)
+    owner: dict[str, str] = {}
+
+    def unique(node: yaml.Node, field: str) -> str:
+        name = f.label(node, field)
+        if name in owner:
+            f.fail(node, field, f"expected a label not used elsewhere, got {name!r} (already {owner[name]})")
+        owner[name] = field
+        return name
+
+    tiers = tuple(Tier(n, b, unique(tier_nodes[n], f"labels.tiers.{n}")) for n, b in tier_bounds)
+    labels = Labels(**{key: unique(m[key], f"labels.{key}") for key in status_keys})
+    return tiers, labels
+
+
+def _label_owners(tiers: tuple[Tier, ...], labels: Labels) -> dict[str, str]:
+    owners = {t.label: f"labels.tiers.{t.name}" for t in tiers}
+    owners.update({getattr(labels, fl.name): f"labels.{fl.name}" for fl in fields(Labels)})
+    return owners
+
+
+def _gates(f: _File, root: yaml.Node) -> Gates:
+    present = {key for key, _, _ in f.items(root, "gates")}
+    optional = [k for k in ("timing", "decode_audit") if k in present]
+    m = f.mapping(root, "gates", ("no_regression", "accuracy", "spec", *optional))
+    timing = TimingGate()
+    if "timing" in m:
+        tm = f.mapping(m["timing"], "gates.timing", ("max_self_report_gap",))
+        timing = TimingGate(f.fraction(tm["max_self_report_gap"], "gates.timing.max_self_report_gap"))
+    audit = DecodeAuditGate()
+    if "decode_audit" in m:
+        da = f.mapping(m["decode_audit"], "gates.decode_audit",
+                       ("top1_min", "near_tie", "share", "min_requests", "self_top1_min", "self_drop_max"))
+        audit = DecodeAuditGate(
+            top1_min=f.fraction(da["top1_min"], "gates.decode_audit.top1_min"),
+            near_tie=f.number(da["near_tie"], "gates.decode_audit.near_tie", 0, None),
+            share=f.ratio(da["share"], "gates.decode_audit.share"),
+            min_requests=f.integer(da["min_requests"], "gates.decode_audit.min_requests"),
+            self_top1_min=f.fraction(da["self_top1_min"], "gates.decode_audit.self_top1_min"),
+            self_drop_max=f.fraction(da["self_drop_max"], "gates.decode_audit.self_drop_max"),
+        )
+    nr = f.mapping(m["no_regression"], "gates.no_regression", ("min_ratio",))
+    acc = f.mapping(m["accuracy"], "gates.accuracy", ("top1_min", "mean_kl_max"))
+    sp_keys = ("runs", "lossless_runs_min", "tau_min_ratio", "ar_speed_min_ratio")
+    sp = f.mapping(m["spec"], "gates.spec", sp_keys)
+    runs = f.integer(sp["runs"], "gates.spec.runs")
+    lossless = f.integer(sp["lossless_runs_min"], "gates.spec.lossless_runs_min")
+    if lossless > runs:
+        f.fail(
+            sp["lossless_runs_min"],
+            "gates.spec.lossless_runs_min",
+            f"expected at most runs ({runs}), got {lossless}",
+        )
+    return Gates(
+        no_regression=NoRegressionGate(f.ratio(nr["min_ratio"], "gates.no_regression.min_ratio")),
+        accuracy=AccuracyGate(
+            top1_min=f.fraction(acc["top1_min"], "gates.accuracy.top1_min"),
+            mean_kl_max=f.number(acc["mean_kl_max"], "gates.accuracy.mean_kl_max", 0, None),
+        ),
+        spec=SpecGate(
+            runs=runs,
+            lossless_runs_min=lossless,
+            tau_min_ratio=f.ratio(sp["tau_min_ratio"], "gates.spec.tau_min_ratio"),
+            ar_speed_min_ratio=f.ratio(
+                sp["ar_speed_min_ratio"], "gates.spec.ar_speed_min_ratio"
+            ),
+        ),
+        timing=timing,
+        decode_audit=audit,
+    )
+
+
+def _profiles(f: _File, root: yaml.Node) -> list[Profile]:
+    out = []
+    for name, key_node, node in f.items(root, "profiles"):
+        field = _join("profiles", name)
+        if not _NAME.fullmatch(name):
+            f.fail(key_node, field, f"expected a profile name (letters, digits, '.', '_', '-'), got {name!r}")
+        present = {key for key, _, _ in f.items(node, field)}
+        m = f.mapping(node, field, ("device", "contexts", "measurement", *(("quiet",) if "quiet" in present else ())))
+        out.append(
+            Profile(
+                name=name,
+                device=f.choice(m["device"], f"{field}.device", DEVICES, "a device"),
+                contexts=_contexts(f, m["contexts"], f"{field}.contexts"),
+                measurement=_measurement(f, m["measurement"], f"{field}.measurement"),
+                models=(),
+                quiet=_quiet(f, m["quiet"], f"{field}.quiet") if "quiet" in m else Quiet(),
+            )
+        )
+    if not out:
+        f.fail(root, "profiles", "expected at least one profile, got none")
+    return out
+
+
+def _contexts(f: _File, node: yaml.Node, field: str) -> tuple[Context, ...]:
+    first_line: dict[int, int] = {}
+    out = []
+    for i, item in enumerate(f.sequence(node, field)):
+        m = f.mapping(item, _join(field, i), ("ctx", "guarded", "scored"))
+        ctx = f.integer(m["ctx"], f"{field}[{i}].ctx")
+        if ctx in first_line:
+            f.fail(
+                m["ctx"],
+                f"{field}[{i}].ctx",
+                f"expected each context once, got {ctx} again (first on line {first_line[ctx]})",
+            )
+        first_line[ctx] = m["ctx"].start_mark.line + 1
+        out.append(
+            Context(
+                ctx,
+                f.boolean(m["guarded"], f"{field}[{i}].guarded"),
+                f.boolean(m["scored"], f"{field}[{i}].scored"),
+            )
+        )
+    if not any(c.scored for c in out):
+        # With nothing scored no PR could ever earn a tier.
+        f.fail(node, field, "expected at least one context with scored: true, got none")
+    return tuple(out)
+
+
+def _quiet(f: _File, node: yaml.Node, field: str) -> Quiet:
+    m = f.mapping(node, field, [fl.name for fl in fields(Quiet)])
+    return Quiet(
+        max_other_cores=f.number(m["max_other_cores"], f"{field}.max_other_cores", 0, None, lo_open=True),
+        max_gpu_util=f.number(m["max_gpu_util"], f"{field}.max_gpu_util", 0, 100),
+        sample_s=f.number(m["sample_s"], f"{field}.sample_s", 0, 60, lo_open=True),
+        max_wait_s=f.number(m["max_wait_s"], f"{field}.max_wait_s", 0, 86400),
+    )
+
+
+_OPTIONAL_MEASUREMENT = ("run_timeout_s", "max_output_mb", "pairs_per_block", "min_blocks")
+
+
+def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:
+    keys = [fl.name for fl in fields(Measurement)]
+    present = {key for key, _, _ in f.items(node, field)}
+    m = f.mapping(node, field, [k for k in keys if k not in _OPTIONAL_MEASUREMENT or k in present])
+    optional = {
+        k: f.integer(m[k], f"{field}.{k}", minimum=1) for k in _OPTIONAL_MEASUREMENT if k in m
+    }
+    min_pairs = f.integer(m["min_pairs"], f"{field}.min_pairs", minimum=2)  # one pair has no spread
+    max_pairs = f.integer(m["max_pairs"], f"{field}.max_pairs", minimum=2)
+    if max_pairs < min_pairs:
+        f.fail(
+            m["max_pairs"],
+            f"{field}.max_pairs",
+            f"expected at least min_pairs ({min_pairs}), got {max_pairs}",
+        )
+    return Measurement(
+        decode_tokens=f.integer(m["decode_tokens"], f"{field}.decode_tokens"),
+        warmup_runs=f.integer(m["warmup_runs"], f"{field}.warmup_runs", minimum=0),
+        ci_half_width=f.number(
+            m["ci_half_width"], f"{field}.ci_half_width", 0, 1, lo_open=True, hi_open=True
+        ),
+        min_pairs=min_pairs,
+        max_pairs=max_pairs,
+        time_budget_s=f.integer(m["time_budget_s"], f"{field}.time_budget_s"),
+        **optional,
+    )
+
+
+def _model(f: _File, node: yaml.Node, field: str, registry_only: bool = False) -> ModelRef:
+    keys = {key for key, _, _ in f.items(node, field)}
+    if registry_only and "shape" in keys:
+        # Random weights make a draft and its target disagree almost always: nothing to measure.
+        f.fail(
+            node, field, "expected a registry model with 'registry' and 'sha256', got a random-weight shape"
+        )
+    if "registry" in keys or registry_only:
+        m = f.mapping(node, field, ("registry", "sha256"))
+        return ModelRef(
+            f.text(m["registry"], f"{field}.registry", _NAME, "a model name"),
+            "registry",
+            f.sha256(m["sha256"], f"{field}.sha256"),
+        )
+    if "shape" in keys:
+        m = f.mapping(node, field, ("shape",))
+        return ModelRef(f.text(m["shape"], f"{field}.shape", _NAME, "a shape name"), "shape", None)
+    f.fail(node, field, "expected a mapping with 'registry' and 'sha256', or with 'shape' alone")
+
+
+def _models(f: _File, root: yaml.Node, profiles: list[Profile]) -> tuple[tuple[Profile, ...], SpecPair]:
+    m = f.mapping(root, "models", ("profiles", "spec"))
+    names = [p.name for p in profiles]
+    per_profile = f.mapping(m["profiles"], "models.profiles", names)
+    out = []
+    for profile in profiles:
+        field = f"models.profiles.{profile.name}"
+        refs: list[ModelRef] = []
+        for i, item in enumerate(f.sequence(per_profile[profile.name], field)):
+            ref = _model(f, item, _join(field, i))
+            if any(r.name == ref.name for r in refs):
+                f.fail(item, _join(field, i), f"expected each model once, got {ref.name!r} again")
+            refs.append(ref)
+        if not refs:
+            f.fail(per_profile[profile.name], field, "expected at least one model, got none")
+        out.append(replace(profile, models=tuple(refs)))
+    sp = f.mapping(m["spec"], "models.spec", ("profile", "target", "draft", "block"))
+    spec = SpecPair(
+        profile=f.choice(sp["profile"], "models.spec.profile", names, "a profile name"),
+        target=_model(f, sp["target"], "models.spec.target", registry_only=True),
+        draft=_model(f, sp["draft"], "models.spec.draft", registry_only=True),
+        block=f.integer(sp["block"], "models.spec.block"),
+    )
+    return tuple(out), spec
+
+
+def _copycat(f: _File, root: yaml.Node) -> Copycat:
+    keys = ("containment", "warnings_to_block", "tiny_pr", "boilerplate_max_prs", "winnowing", "strikes")
+    m = f.mapping(root, "copycat", keys)
+    c = f.mapping(m["containment"], "copycat.containment", ("block", "warn"))
+    block = f.fraction(c["block"], "copycat.containment.block")
+    warn = f.fraction(c["warn"], "copycat.containment.warn")
+    if warn >= block:
+        f.fail(
+            c["warn"],
+            "copycat.containment.warn",
+            f"expected a number below containment.block ({block:g}), got {warn:g}",
+        )
+    tiny = f.mapping(m["tiny_pr"], "copycat.tiny_pr", ("below_added_lines", "warn_literal_overlap"))
+    win = f.mapping(m["winnowing"], "copycat.winnowing", ("k", "w"))
+    strikes = f.mapping(m["strikes"], "copycat.strikes", ("limit", "window_days"))
+    return Copycat(
+        containment=Containment(block, warn),
+        warnings_to_block=f.integer(m["warnings_to_block"], "copycat.warnings_to_block"),
+        tiny_pr=TinyPr(
+            f.integer(tiny["below_added_lines"], "copycat.tiny_pr.below_added_lines"),
+            f.fraction(tiny["warn_literal_overlap"], "copycat.tiny_pr.warn_literal_overlap"),
+        ),
+        boilerplate_max_prs=f.integer(m["boilerplate_max_prs"], "copycat.boilerplate_max_prs"),
+        winnowing=Winnowing(
+            f.integer(win["k"], "copycat.winnowing.k"), f.integer(win["w"], "copycat.winnowing.w")
+        ),
+        strikes=Strikes(
+            f.integer(strikes["limit"], "copycat.strikes.limit"),
+            f.integer(strikes["window_days"], "copycat.strikes.window_days"),
+        ),
+    )
+
+
+def _policy(f: _File, root: yaml.Node, labels_in_use: dict[str, str]) -> Policy:
+    present = {key for key, _, _ in f.items(root, "policy")}
+    keys = ("open_pr_cap", "areas", "sensitive_paths", "blocklist", "stale", "template",
+            *(("harness_modules",) if "harness_modules" in present else ()))
+    m = f.mapping(root, "policy", keys)
+    areas = []
+    for label, key_node, node in f.items(m["areas"], "policy.areas"):
+        field = _join("policy.areas", label)
+        f.label(key_node, field)
+        if label in labels_in_use:
+            f.fail(
+                key_node,
+                field,
+                f"expected a label not used elsewhere, got {label!r} (already {labels_in_use[label]})",
+            )
+        a = f.mapping(node, field, ("weight", "paths"))
+        paths = tuple(
+            f.path_pattern(p, _join(f"{field}.paths", i))
+            for i, p in enumerate(f.sequence(a["paths"], f"{field}.paths"))
+        )
+        if not paths:
+            f.fail(a["paths"], f"{field}.paths", "expected at least one path, got none")
+        areas.append(Area(label, f.fraction(a["weight"], f"{field}.weight"), paths))
+    if not areas:
+        f.fail(m["areas"], "policy.areas", "expected at least one area, got none")
+    total = sum(a.weight for a in areas)
+    if not math.isclose(total, 1.0, abs_tol=1e-9):
+        f.fail(m["areas"], "policy.areas", f"expected weights summing to 1, got {total:g}")
+    sensitive = f.sequence(m["sensitive_paths"], "policy.sensitive_paths")
+    logins = []
+    for i, node in enumerate(f.sequence(m["blocklist"], "policy.blocklist")):
+        login = f.text(node, _join("policy.blocklist", i), _LOGIN, "a GitHub login")
+        if login.casefold() in (x.casefold() for x in logins):
+            f.fail(node, _join("policy.blocklist", i), f"expected each login once, got {login!r} again")
+        logins.append(login)
+    st = f.mapping(m["stale"], "policy.stale", ("days_without_push", "max_fruitless_verdicts"))
+    tp = f.mapping(m["template"], "policy.template", ("require_benchmark", "claim_gap_max"))
+    return Policy(
+        open_pr_cap=f.integer(m["open_pr_cap"], "policy.open_pr_cap"),
+        areas=tuple(areas),
+        sensitive_paths=tuple(
+            f.path_pattern(p, _join("policy.sensitive_paths", i)) for i, p in enumerate(sensitive)
+        ),
+        blocklist=tuple(logins),
+        harness_modules=tuple(
+            f.text(n, _join("policy.harness_modules", i), _MODULE, "a dotted module name such as engine.cli")
+            for i, n in enumerate(f.sequence(m["harness_modules"], "policy.harness_modules"))
+        ) if "harness_modules" in m else (),
+        stale=Stale(
+            days_without_push=f.integer(st["days_without_push"], "policy.stale.days_without_push"),
+            max_fruitless_verdicts=f.integer(
+                st["max_fruitless_verdicts"], "policy.stale.max_fruitless_verdicts", minimum=0
+            ),
+        ),
+        template=Template(
+            require_benchmark=f.boolean(tp["require_benchmark"], "policy.template.require_benchmark"),
+            # Above 0: a zero tolerance would flag every claim made on a contributor's own machine.
+            claim_gap_max=f.number(tp["claim_gap_max"], "policy.template.claim_gap_max", 0, 1, lo_open=True),
+        ),
+    )
+
+
+def _automerge(f: _File, root: yaml.Node, tiers: tuple[Tier, ...], known_labels: dict[str, str]) -> Automerge:
+    present = {key for key, _, _ in f.items(root, "automerge")}
+    optional = [k for k in ("required_ci_workflow", "approval_paths", "approval_label") if k in present]
+    m = f.mapping(root, "automerge", ("enabled", "min_tier", "required_labels", "blocking_labels", *optional))
+    names = sorted(known_labels)
+
+    def refs(key: str) -> tuple[str, ...]:
+        field = f"automerge.{key}"
+        return tuple(
+            f.choice(n, _join(field, i), names, "a label defined in labels.yaml or policy.yaml")
+            for i, n in enumerate(f.sequence(m[key], field))
+        )
+
+    required, blocking = refs("required_labels"), refs("blocking_labels")
+    for i, name in enumerate(blocking):
+        if name in required:
+            node = m["blocking_labels"].value[i]
+            f.fail(
+                node,
+                _join("automerge.blocking_labels", i),
+                f"expected a label not in required_labels, got {name!r}",
+            )
+    approval_paths = tuple(
+        f.path_pattern(n, _join("automerge.approval_paths", i))
+        for i, n in enumerate(f.sequence(m["approval_paths"], "automerge.approval_paths"))
+    ) if "approval_paths" in m else ()
+    approval_label = f.label(m["approval_label"], "automerge.approval_label") if "approval_label" in m else None
+    if approval_paths and approval_label is None:
+        f.fail(m["approval_paths"], "automerge.approval_label", "missing; approval_paths needs the label that approves")
+    workflow = None
+    if "required_ci_workflow" in m:
+        workflow = f.text(m["required_ci_workflow"], "automerge.required_ci_workflow", _WORKFLOW_FILE,
+                          "a workflow file name such as ci.yml")
+    return Automerge(
+        enabled=f.boolean(m["enabled"], "automerge.enabled"),
+        min_tier=f.choice(m["min_tier"], "automerge.min_tier", [t.name for t in tiers], "a tier"),
+        required_labels=required,
+        blocking_labels=blocking,
+        required_ci_workflow=workflow,
+        approval_paths=approval_paths,
+        approval_label=approval_label,
+    )
+
+
+_OPTIONAL_DISPATCH = ("workflow", "ref", "timeout_minutes", "max_attempts")
+
+
+_WORKFLOW_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.ya?ml")
+
+
+_GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+
+
+def _dispatch(f: _File, root: yaml.Node) -> Dispatch:
+    allowed = ("mode", "runner_public_keys", *_OPTIONAL_DISPATCH)
+    present: set[str] = set()
+    for key, key_node, _ in f.items(root, "dispatch"):
+        if key not in allowed:  # checked here so that a misspelt optional key still gets its hint
+            hint = _did_you_mean(key, allowed)
+            f.fail(
+                key_node, _join("dispatch", key), f"unknown key{hint}; expected one of: {', '.join(allowed)}"
+            )
+        present.add(key)
+    m = f.mapping(root, "dispatch", [k for k in allowed if k not in _OPTIONAL_DISPATCH or k in present])
+    extra: dict[str, Any] = {}
+    if "workflow" in m:
+        what = "a workflow file name in .github/workflows (e.g. evalbot-eval.yml)"
+        extra["workflow"] = f.text(m["workflow"], "dispatch.workflow", _WORKFLOW_FILE, what)
+    if "ref" in m:
+        extra["ref"] = f.text(m["ref"], "dispatch.ref", _GIT_REF, "a branch or tag name")
+    for key in ("timeout_minutes", "max_attempts"):
+        if key in m:
+            extra[key] = f.integer(m[key], f"dispatch.{key}")
+    mode = f.choice(m["mode"], "dispatch.mode", DISPATCH_MODES, "a dispatch mode")
+    what = "an Ed25519 public key (base64 of 32 raw bytes)"
+    keys = []
+    for i, node in enumerate(f.sequence(m["runner_public_keys"], "dispatch.runner_public_keys")):
+        field = _join("dispatch.runner_public_keys", i)
+        text = f.text(node, field, what=what)
+        try:
+            raw = base64.b64decode(text.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError):
+            raw = b""
+        if len(raw) != 32:
+            f.fail(node, field, f"expected {what}, got {text!r}")
+        keys.append(text)
+    if mode == "actions" and not keys:
+        # Results from remote runners are trusted only when signed by a key listed here.
+        f.fail(
+            m["runner_public_keys"],
+            "dispatch.runner_public_keys",
+            "expected at least one key when mode is 'actions', got none",
+        )
+    return Dispatch(mode, tuple(keys), **extra)

@@ -1,0 +1,386 @@
+"""The rules as frozen dataclasses, the rules' error, and the helpers every reader of the rules uses
+(the login pattern, the rules hash, the auto-merge consent). No YAML here: ``evalbot.rules.load`` reads it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+# Parse order: a file may refer only to files before it (labels name tiers, automerge names labels).
+FILES = (
+    "tiers.yaml",
+    "labels.yaml",
+    "gates.yaml",
+    "profiles.yaml",
+    "models.yaml",
+    "copycat.yaml",
+    "policy.yaml",
+    "automerge.yaml",
+    "dispatch.yaml",
+)
+
+
+AUTOMERGE_ENV = "EVALBOT_AUTOMERGE"
+
+
+DISPATCH_MODES = ("local", "actions")
+
+
+DEVICES = ("cuda", "cpu")
+
+
+# the one pattern a GitHub login must match, wherever one is accepted (rules, the CLI, the ledgers, the
+# store): letters, digits and hyphens, at most 39, not starting with a hyphen; an app's "name[bot]" too
+LOGIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?")
+
+
+_LOGIN = LOGIN
+
+
+def is_login(text: object) -> bool:
+    """Whether text is a well-formed GitHub login (LOGIN, matched whole)."""
+    return isinstance(text, str) and LOGIN.fullmatch(text) is not None
+
+
+class RulesError(ValueError):
+    """A rules file is missing, unknown or invalid; str() is ``file:line: field: message``."""
+
+    def __init__(self, file: str, line: int | None, field: str, message: str) -> None:
+        self.file, self.line, self.field, self.message = file, line, field, message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+
+    # ValueError would pickle only the formatted text and fail to rebuild from it.
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RulesError, (self.file, self.line, self.field, self.message))
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A tier: the lowest lower-bound gain (a fraction, 0.02 is +2%) that earns it, and its label."""
+
+    name: str
+    lower_bound: float
+    label: str
+
+
+@dataclass(frozen=True)
+class NoRegressionGate:
+    min_ratio: float  # head/main throughput at every guarded context
+
+
+@dataclass(frozen=True)
+class AccuracyGate:
+    top1_min: float  # top-1 agreement with llama.cpp on the same GGUF
+    mean_kl_max: float
+
+
+@dataclass(frozen=True)
+class SpecGate:
+    runs: int
+    lossless_runs_min: int
+    tau_min_ratio: float  # mean accepted tokens per verify step, head/main
+    ar_speed_min_ratio: float
+
+
+@dataclass(frozen=True)
+class TimingGate:
+    # The harness times every token itself; an engine's own timings are diagnostics. When they differ
+    # from the harness's clock by more than this share, the report says so (it decides nothing).
+    max_self_report_gap: float = 0.2
+
+
+@dataclass(frozen=True)
+class DecodeAuditGate:
+    # The timed tokens, teacher-forced through the reference: this share must be its top-1, and every
+    # other one a near-tie (the reference's top two closer than near_tie, in log-probability).
+    top1_min: float = 0.95
+    near_tie: float = 1.0
+    share: float = 0.25  # of each side's timed requests, at every context...
+    min_requests: int = 4  # ...and never fewer than this
+    # Where main is the reference (random weights): main's own tokens set the bar. The head's share may
+    # fall at most self_drop_max below main's, and main below self_top1_min means the harness is off.
+    self_top1_min: float = 0.80
+    self_drop_max: float = 0.05
+
+
+@dataclass(frozen=True)
+class Gates:
+    no_regression: NoRegressionGate
+    accuracy: AccuracyGate
+    spec: SpecGate
+    timing: TimingGate = TimingGate()
+    decode_audit: DecodeAuditGate = DecodeAuditGate()
+
+
+@dataclass(frozen=True)
+class Context:
+    ctx: int  # prompt tokens before decode
+    guarded: bool  # must not regress
+    scored: bool  # counts toward the gain and so the tier
+
+
+@dataclass(frozen=True)
+class Measurement:
+    decode_tokens: int
+    warmup_runs: int
+    ci_half_width: float  # adaptive stopping target for the gain's 95% CI
+    min_pairs: int
+    max_pairs: int
+    time_budget_s: int
+    run_timeout_s: int = 600  # wall limit of one engine process; past it the run is killed
+    max_output_mb: int = 64  # stdout or stderr of one run beyond this stops it
+    pairs_per_block: int = 4  # pairs per context in each block of fresh serving processes
+    min_blocks: int = 3  # the CI treats blocks as clusters: at least this many
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """When the box counts as quiet (nothing but this evaluation using it), and how long to wait for it."""
+
+    max_other_cores: float = 0.3  # CPU used by other processes, in cores, over one sample
+    max_gpu_util: float = 10.0  # % GPU utilization while our engines do not run (gpu profile)
+    sample_s: float = 2.0
+    max_wait_s: float = 300.0  # past it, INFRA_ERROR "box busy"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A registry model pinned by sha256, or a named shape with random weights (sha256 None)."""
+
+    name: str
+    source: str  # "registry" | "shape"
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Where and how to measure: device, contexts, measurement settings and the models."""
+
+    name: str
+    device: str
+    contexts: tuple[Context, ...]
+    measurement: Measurement
+    models: tuple[ModelRef, ...]
+    quiet: Quiet = Quiet()
+
+    @property
+    def guarded_contexts(self) -> tuple[int, ...]:
+        """The context lengths that must not regress."""
+        return tuple(c.ctx for c in self.contexts if c.guarded)
+
+    @property
+    def scored_contexts(self) -> tuple[int, ...]:
+        """The context lengths that count toward the gain."""
+        return tuple(c.ctx for c in self.contexts if c.scored)
+
+
+@dataclass(frozen=True)
+class SpecPair:
+    profile: str
+    target: ModelRef
+    draft: ModelRef
+    block: int
+
+
+@dataclass(frozen=True)
+class Containment:
+    block: float
+    warn: float  # [warn, block) warns
+
+
+@dataclass(frozen=True)
+class TinyPr:
+    below_added_lines: int  # PRs this small are never blocked automatically
+    warn_literal_overlap: float
+
+
+@dataclass(frozen=True)
+class Winnowing:
+    k: int  # tokens per k-gram
+    w: int  # k-grams per window
+
+
+@dataclass(frozen=True)
+class Strikes:
+    limit: int
+    window_days: int
+
+
+@dataclass(frozen=True)
+class Copycat:
+    containment: Containment
+    warnings_to_block: int
+    tiny_pr: TinyPr
+    boilerplate_max_prs: int  # a fingerprint seen in more PRs than this is ignored
+    winnowing: Winnowing
+    strikes: Strikes
+
+
+@dataclass(frozen=True)
+class Area:
+    label: str
+    weight: float
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Stale:
+    days_without_push: int  # a PR with no push for longer is stale and no longer evaluated
+    max_fruitless_verdicts: int  # more REJECT or no-tier verdicts than this and the PR is exhausted
+
+
+@dataclass(frozen=True)
+class Template:
+    require_benchmark: bool  # a PR without the contributor's own before/after numbers waits for them
+    claim_gap_max: float  # claimed gain above the measured one by more than this (a fraction) is flagged
+
+
+@dataclass(frozen=True)
+class Policy:
+    open_pr_cap: int
+    areas: tuple[Area, ...]  # first match wins
+    sensitive_paths: tuple[str, ...]
+    blocklist: tuple[str, ...]
+    stale: Stale
+    template: Template
+    # the harness as Python imports it: a PR adding any file that would be imported as one of these
+    # (engine/cli/__init__.py, engine/cli.cpython-311-x86_64-linux-gnu.so, ...) is skipped like a path
+    harness_modules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Labels:
+    verified: str
+    regression: str
+    infra_error: str
+    accuracy_fail: str
+    spec_fail: str
+    copycat: str
+    copycat_warn: str
+    gaming: str
+    needs_rebase: str
+    skipped_sensitive: str
+    skipped_cap: str
+    needs_benchmark: str
+    claim_gap: str
+    stale: str
+    exhausted: str
+    merge_first: str
+    re_evaluate: str
+    inconclusive: str
+    hold: str
+
+
+@dataclass(frozen=True)
+class Automerge:
+    enabled: bool
+    min_tier: str
+    required_labels: tuple[str, ...]
+    blocking_labels: tuple[str, ...]
+    # a successful run of this workflow (this repository's CI) on the measured head, or no auto-merge
+    required_ci_workflow: str | None = None
+    # a PR that touches these (tests, CI, build files: not benchmark code) also needs approval_label,
+    # set by a maintainer, before it merges on a speed verdict
+    approval_paths: tuple[str, ...] = ()
+    approval_label: str | None = None
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    mode: str  # "local" | "actions"
+    runner_public_keys: tuple[str, ...]  # Ed25519, base64 of the raw 32 bytes
+    # actions mode: the workflow_dispatch workflow, the trusted ref it runs from, how long one run may take
+    # (queued included) before it is abandoned, and how many runs one evaluation may use in all
+    workflow: str = "evalbot-eval.yml"
+    ref: str = "main"
+    timeout_minutes: int = 120
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Every rule, validated. ``rules_hash`` covers the content, not ``source_dir`` or formatting."""
+
+    tiers: tuple[Tier, ...]
+    gates: Gates
+    profiles: tuple[Profile, ...]
+    spec_pair: SpecPair
+    copycat: Copycat
+    policy: Policy
+    labels: Labels
+    automerge: Automerge
+    dispatch: Dispatch
+    source_dir: Path
+    rules_hash: str
+
+    def profile(self, name: str) -> Profile:
+        """The profile of this name; KeyError otherwise."""
+        for profile in self.profiles:
+            if profile.name == name:
+                return profile
+        raise KeyError(name)
+
+    # The tier rule, in one place: verdicts, rounds, the stats CLI and the renderer all ask here.
+
+    @property
+    def tier_bounds(self) -> tuple[tuple[str, float], ...]:
+        """(name, lowest lower-bound gain) per tier, lowest first."""
+        return tuple((t.name, t.lower_bound) for t in self.tiers)
+
+    def tier_for(self, lower_bound_gain: float) -> Tier | None:
+        """The highest tier whose lower bound is at most the gain's CI lower bound; None below the first."""
+        earned = [t for t in self.tiers if t.lower_bound <= lower_bound_gain]
+        return earned[-1] if earned else None
+
+    def tier(self, name: str) -> Tier:
+        """The tier of this name; KeyError otherwise."""
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def tier_rank(self, name: str | None) -> int:
+        """0 for no tier, else 1 for the lowest tier up to len(tiers) for the highest."""
+        names = [t.name for t in self.tiers]
+        return names.index(name) + 1 if name in names else 0
+
+
+def default_rules_dir() -> Path:
+    """The repository's rules/ folder, beside this package."""
+    return Path(__file__).resolve().parents[2] / "rules"
+
+
+def automerge_allowed(rules: Rules, env: Mapping[str, str]) -> bool:
+    """Auto-merge needs both the rules' consent and the operator's (``EVALBOT_AUTOMERGE=1`` in env)."""
+    return rules.automerge.enabled and env.get(AUTOMERGE_ENV) == "1"
+
+
+def rules_hash(rules: Rules) -> str:
+    """sha256 (hex) of the canonical JSON of the validated content."""
+    blob = json.dumps(
+        _plain(rules), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Rules):
+        return {
+            f.name: _plain(getattr(value, f.name))
+            for f in fields(value)
+            if f.name not in ("source_dir", "rules_hash")
+        }
+    if is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
