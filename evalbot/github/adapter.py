@@ -1,9 +1,5 @@
-"""GitHub for the bot: the GitHubPort protocol that the rest of evalbot programs against, and its adapter.
-
-This is the only module that imports PyGithub. Everything crossing its boundary is a plain dataclass. Every
-request goes through one loop that waits out rate limits and retries server faults, so an outage surfaces
-as GitHubUnavailable (an infrastructure fault) and a refusal as GitHubError.
-"""
+"""The PyGithub adapter of the GitHubPort: every request through one loop that waits out rate limits and
+retries server faults, so an outage surfaces as GitHubUnavailable and a refusal as GitHubError."""
 
 from __future__ import annotations
 
@@ -20,245 +16,41 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
+from typing import Any
 
 import requests
 from github import Auth, Github, GithubException
 from github.Requester import Requester
 
+from evalbot.github.facts import (
+    artifact_from_json,
+    comment_from_json,
+    commit_from_json,
+    file_from_json,
+    pull_from_json,
+    run_from_json,
+)
+from evalbot.github.port import (
+    DEFAULT_BASE_URL,
+    MAX_ARTIFACT_BYTES,
+    MERGE_METHODS,
+    PER_PAGE,
+    STATUS_DESCRIPTION_MAX,
+    ArtifactRejected,
+    GitHubError,
+    GitHubUnavailable,
+    PatchFetcher,
+)
 from evalbot.github_retry import RetryPolicy, next_step
 from evalbot.model import (
     Artifact,
     Comment,
-    Commit,
     FileChange,
     MergeOutcome,
     MergeResult,
     PullRequest,
     WorkflowRun,
 )
-
-DEFAULT_BASE_URL = "https://api.github.com"
-PER_PAGE = 100
-STATUS_DESCRIPTION_MAX = 140  # GitHub answers 422 to a longer commit-status description
-MERGE_METHODS = ("merge", "squash", "rebase")
-MAX_ARTIFACT_BYTES = 512 * 1024 * 1024
-
-# A patch fetcher gets (base_sha, head_sha, path) and returns the file's unified diff, or None.
-PatchFetcher = Callable[[str, str, str], "str | None"]
-
-
-class GitHubError(Exception):
-    """GitHub refused a request: the request, the HTTP status and GitHub's own message."""
-
-    def __init__(self, request: str, status: int | None, message: str):
-        shown = f"HTTP {status}" if status is not None else "no response"
-        super().__init__(f"{request}: {shown}: {message}")
-        self.request, self.status, self.message = request, status, message
-
-
-class GitHubUnavailable(GitHubError):
-    """GitHub stayed down, slow or rate limited past the retry budget: an infrastructure fault."""
-
-
-class ArtifactRejected(Exception):
-    """A downloaded artifact that is no zip, is too large, or would write outside its folder."""
-
-
-class GitHubPort(Protocol):
-    """Everything the bot asks of GitHub for one repository, in plain data."""
-
-    def list_open_pulls(self, force: bool = False) -> tuple[PullRequest, ...] | None:
-        """Open PRs without files or commits; None when nothing changed since the last call (ETag)."""
-
-    def get_pull(self, number: int) -> PullRequest:
-        """All facts about one PR: files with patches, commits with their authors and committers."""
-
-    def list_comments(self, number: int) -> tuple[Comment, ...]:
-        """The PR's issue comments, oldest first."""
-
-    def create_comment(self, number: int, body: str) -> Comment:
-        """Post a new comment on the PR (never retried blindly: it may already have been posted)."""
-
-    def edit_comment(self, comment_id: int, body: str) -> Comment:
-        """Replace the body of an existing comment."""
-
-    def add_labels(self, number: int, labels: Sequence[str]) -> tuple[str, ...]:
-        """Add labels; returns the PR's labels afterwards."""
-
-    def remove_label(self, number: int, label: str) -> None:
-        """Remove one label; a label already absent is not an error."""
-
-    def close(self, number: int) -> None:
-        """Close the PR without merging."""
-
-    def reopen(self, number: int) -> None:
-        """Reopen a closed, unmerged PR."""
-
-    def merge(
-        self,
-        number: int,
-        sha: str,
-        method: str = "squash",
-        title: str | None = None,
-        message: str | None = None,
-    ) -> MergeResult:
-        """Merge only if the head is still ``sha``; a moved head or an unmergeable PR is a result, not an error."""
-
-    def create_status(
-        self, sha: str, state: str, context: str, description: str = "", target_url: str | None = None
-    ) -> None:
-        """Set a commit status (error, failure, pending, success) on ``sha``."""
-
-    def dispatch_workflow(self, workflow_file: str, ref: str, inputs: Mapping[str, str]) -> int | None:
-        """Start a workflow_dispatch run; returns its run id when GitHub reports it."""
-
-    def list_workflow_runs(
-        self,
-        workflow_file: str | None = None,
-        head_sha: str | None = None,
-        status: str | None = None,
-        limit: int = 100,
-    ) -> tuple[WorkflowRun, ...]:
-        """Runs of one workflow (or all), newest first, optionally for one head sha or status."""
-
-    def get_workflow_run(self, run_id: int) -> WorkflowRun:
-        """One run, fresh."""
-
-    def list_run_artifacts(self, run_id: int) -> tuple[Artifact, ...]:
-        """The artifacts a run uploaded."""
-
-    def list_run_jobs(self, run_id: int) -> tuple[dict[str, Any], ...]:
-        """A run's jobs: id, name, status, conclusion, runner_name."""
-        ...
-
-    def cancel_workflow_run(self, run_id: int) -> None:
-        """Cancel a run."""
-        ...
-
-    def download_artifact(self, artifact_id: int, dest_dir: Path) -> Path:
-        """Download an artifact's zip and unpack it safely under ``dest_dir``; returns the folder."""
-
-
-# --- GitHub JSON -> plain facts ------------------------------------------------------------------------
-
-
-def _login(user: Mapping[str, Any] | None) -> str | None:
-    return user.get("login") if user else None
-
-
-def pull_from_json(data: Mapping[str, Any]) -> PullRequest:
-    """A PR object (from the list or from GET pulls/{n}) as facts, without files and commits."""
-    merged_at = data.get("merged_at")
-    return PullRequest(
-        number=data["number"],
-        author=_login(data.get("user")) or "ghost",  # GitHub's name for a deleted account
-        title=data["title"],
-        body=data.get("body") or "",
-        state=data["state"],
-        draft=bool(data.get("draft", False)),
-        merged=bool(data.get("merged", merged_at is not None)),
-        head_sha=data["head"]["sha"],
-        base_sha=data["base"]["sha"],
-        base_ref=data["base"]["ref"],
-        head_ref=data["head"]["ref"],
-        created_at=data["created_at"],
-        updated_at=data["updated_at"],
-        labels=tuple(label["name"] for label in data.get("labels", ())),
-        author_association=data.get("author_association", "NONE"),
-        closed_at=data.get("closed_at"),
-        merged_at=merged_at,
-    )
-
-
-def file_from_json(data: Mapping[str, Any]) -> FileChange:
-    """One entry of pulls/{n}/files; ``patch`` is absent for binary and huge files."""
-    return FileChange(
-        path=data["filename"],
-        status=data["status"],
-        additions=data["additions"],
-        deletions=data["deletions"],
-        patch=data.get("patch") or "",
-        previous_path=data.get("previous_filename"),
-    )
-
-
-_NOREPLY = re.compile(r"(?:\d+\+)?([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))@users\.noreply\.github\.com")
-
-
-def co_authors(message: str) -> tuple[str, ...]:
-    """Who a commit message's `Co-authored-by: Name <email>` trailers name: the login of a GitHub
-    noreply email, else the name. Read line by line with string operations (linear in the message)."""
-    out: list[str] = []
-    for line in message.splitlines():
-        if not line[:15].lower() == "co-authored-by:":
-            continue
-        name, _, rest = line[15:].partition("<")
-        email = rest.split(">", 1)[0].strip()
-        m = _NOREPLY.fullmatch(email)
-        who = m.group(1) if m else name.strip()
-        if who and who not in out:
-            out.append(who[:100])
-    return tuple(out[:50])
-
-
-def commit_from_json(data: Mapping[str, Any]) -> Commit:
-    """One entry of pulls/{n}/commits: GitHub accounts when the emails map to one, git's names, and the
-    co-authors its message names."""
-    git = data["commit"]
-    return Commit(
-        sha=data["sha"],
-        author=_login(data.get("author")),
-        committer=_login(data.get("committer")),
-        author_name=(git.get("author") or {}).get("name", ""),
-        committer_name=(git.get("committer") or {}).get("name", ""),
-        co_authors=co_authors(str(git.get("message") or "")),
-    )
-
-
-def comment_from_json(data: Mapping[str, Any]) -> Comment:
-    """An issue comment."""
-    return Comment(
-        id=data["id"],
-        author=_login(data.get("user")) or "ghost",
-        body=data.get("body") or "",
-        created_at=data.get("created_at", ""),
-        updated_at=data.get("updated_at", ""),
-    )
-
-
-def run_from_json(data: Mapping[str, Any]) -> WorkflowRun:
-    """A workflow run object."""
-    return WorkflowRun(
-        id=data["id"],
-        name=data.get("name") or "",
-        workflow_id=data["workflow_id"],
-        head_sha=data["head_sha"],
-        head_branch=data.get("head_branch") or "",
-        event=data["event"],
-        status=data["status"],
-        conclusion=data.get("conclusion"),
-        display_title=data.get("display_title") or "",
-        html_url=data.get("html_url", ""),
-        created_at=data.get("created_at", ""),
-        updated_at=data.get("updated_at", ""),
-        run_attempt=data.get("run_attempt", 1),
-    )
-
-
-def artifact_from_json(data: Mapping[str, Any]) -> Artifact:
-    """An artifact object."""
-    run = data.get("workflow_run") or {}
-    return Artifact(
-        id=data["id"],
-        name=data["name"],
-        size_in_bytes=data["size_in_bytes"],
-        expired=data["expired"],
-        run_id=run.get("id"),
-    )
-
-
-# --- the adapter ----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -631,9 +423,6 @@ def _github(auth: Auth.Auth, base_url: str, pace: bool) -> Github:
         {} if pace else {"seconds_between_requests": None, "seconds_between_writes": None}
     )
     return Github(auth=auth, base_url=base_url, retry=None, user_agent="evalbot (PyGithub)", **spacing)
-
-
-
 
 
 def _lower(headers: Mapping[str, str]) -> dict[str, str]:
