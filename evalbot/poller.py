@@ -206,10 +206,10 @@ class Bot:
         return frozenset(people)
 
     def _since_clear(self, pr: int) -> tuple[Verdict, ...]:
-        clears = [c.at for c in self.store.clears(pr)]
-        last = max(clears, default="")
+        last = max((times.parse(c.at) for c in self.store.clears(pr)), default=None)
         return tuple(r.verdict for r in self.store.evaluations(pr=pr, state="done")
-                     if r.verdict is not None and (r.finished_at or "") > last)  # fmt: skip
+                     if r.verdict is not None and r.finished_at is not None
+                     and (last is None or times.parse(r.finished_at) > last))  # fmt: skip
 
     def _last_push(self, pr: PullRequest) -> str:
         # GitHub's facts carry no push time and updated_at moves with every label: the first time this
@@ -220,7 +220,7 @@ class Bot:
             seen = times.stamp(self.now())
             if not self.dry_run:
                 self.store.set_meta(key, seen)
-        return max(seen, pr.created_at)
+        return max(seen, pr.created_at, key=times.parse)  # compared as times: the two come in two spellings
 
     def _intake(self, pr: PullRequest, main_sha: str, blocked: frozenset[str], report: PollReport) -> None:
         lab = self.rules.labels

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
+from evalbot import times
 from evalbot.model import PullRequest
 
 # GitHub's author_association values of people with write access: they run the contest.
@@ -47,11 +48,8 @@ def is_maintainer(pr: PullRequest) -> bool:
 def parse_time(text: str, what: str) -> datetime:
     """An ISO 8601 timestamp as an aware UTC datetime; ValueError naming the field otherwise."""
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00")) if isinstance(text, str) else None
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
+        return times.parse(text)
+    except (TypeError, ValueError):
         raise ValueError(
             f"{what}: expected an ISO 8601 UTC timestamp such as 2026-11-30T10:00:00Z, got {text!r}"
-        )
-    return moment.astimezone(UTC)
+        ) from None
