@@ -354,3 +354,6 @@ def advance(
         return Failed(outcome.handle, f"{outcome.reason}; retry not dispatched: {nxt.reason}", alert=True)
     runs.close(outcome.handle, "retried", outcome.reason, nxt.handle.request.request_id)
     return replace(outcome, retried_as=nxt.handle)
+
+
+__all__ = ["DispatchRecord", "DispatchRuns", "advance", "collect", "dispatch", "find_run", "poll", "start"]

@@ -503,3 +503,6 @@ def _check_member(member: zipfile.ZipInfo) -> None:
         raise ArtifactRejected(f"artifact member {name!r} would be written outside the artifact folder")
     if stat.S_ISLNK(member.external_attr >> 16):
         raise ArtifactRejected(f"artifact member {name!r} is a symbolic link")
+
+
+__all__ = ["PyGithubAdapter", "extract_zip_safely", "next_link"]

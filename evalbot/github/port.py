@@ -123,3 +123,6 @@ class GitHubPort(Protocol):
 
     def download_artifact(self, artifact_id: int, dest_dir: Path) -> Path:
         """Download an artifact's zip and unpack it safely under ``dest_dir``; returns the folder."""
+
+
+__all__ = ["ArtifactRejected", "DEFAULT_BASE_URL", "GitHubError", "GitHubPort", "GitHubUnavailable", "MAX_ARTIFACT_BYTES", "MERGE_METHODS", "PER_PAGE", "PatchFetcher", "STATUS_DESCRIPTION_MAX"]

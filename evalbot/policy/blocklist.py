@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from evalbot.markdown import escape_md
 from evalbot.model import PullRequest
-from evalbot.policy.decision import Action, PolicyDecision
+from evalbot.policy.decision import PolicyDecision, stop
 from evalbot.rules import Rules
 
 
@@ -51,12 +51,4 @@ def check(pr: PullRequest, rules: Rules, blocked: Iterable[str] = ()) -> PolicyD
         f"{'is' if len(people) == 1 else 'are'} on the contest's blocklist. "
         "If you believe this is a mistake, ask a maintainer."
     )
-    return PolicyDecision(
-        "blocklist",
-        Action.CLOSE_FLAG,
-        False,
-        f"blocklisted: {who}",
-        labels_add=(rules.labels.gaming,),
-        comment=comment,
-        close=True,
-    )
+    return stop("blocklist", f"blocklisted: {who}", rules.labels.gaming, comment, close=True)

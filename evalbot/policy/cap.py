@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from evalbot.model import PullRequest
-from evalbot.policy.decision import Action, PolicyDecision, parse_time
+from evalbot.policy.decision import PolicyDecision, parse_time, stop
 from evalbot.rules import Rules
 
 
@@ -35,11 +35,5 @@ def check(pr: PullRequest, rules: Rules, open_prs: Iterable[PullRequest]) -> Pol
         f"This pull request waits: each author's {cap} oldest open pull requests are evaluated, and this "
         f"is number {position} of yours. It is evaluated once one of the older ones is merged or closed."
     )
-    return PolicyDecision(
-        "cap",
-        Action.SKIP,
-        False,
-        f"over the open-PR cap: number {position} of the author's open PRs, cap {cap}",
-        labels_add=(rules.labels.skipped_cap,),
-        comment=comment,
-    )
+    reason = f"over the open-PR cap: number {position} of the author's open PRs, cap {cap}"
+    return stop("cap", reason, rules.labels.skipped_cap, comment)

@@ -40,6 +40,13 @@ class PolicyDecision:
     close: bool = False
 
 
+def stop(rule: str, reason: str, label: str, comment: str, *, close: bool = False) -> PolicyDecision:
+    """A rule that stops evaluation: SKIP (labelled, commented, not evaluated until the cause goes away),
+    or with close, CLOSE_FLAG (flagged and closed, never evaluated)."""
+    action = Action.CLOSE_FLAG if close else Action.SKIP
+    return PolicyDecision(rule, action, False, reason, labels_add=(label,), comment=comment, close=close)
+
+
 def is_maintainer(pr: PullRequest) -> bool:
     """Whether the PR's opener has write access (OWNER, MEMBER or COLLABORATOR on GitHub)."""
     return pr.author_association.upper() in MAINTAINER_ASSOCIATIONS

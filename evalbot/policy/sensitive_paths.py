@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from evalbot.markdown import escape_md
 from evalbot.model import PullRequest
-from evalbot.policy.decision import Action, PolicyDecision, is_maintainer
+from evalbot.policy.decision import PolicyDecision, is_maintainer, stop
 from evalbot.rules import Rules
 
 _LISTED = 20  # paths named in the comment; the rest are counted
@@ -72,11 +72,5 @@ def check(pr: PullRequest, rules: Rules) -> PolicyDecision | None:
         "A maintainer will review it by hand. To have a speedup measured, move these changes to a "
         "separate pull request."
     )
-    return PolicyDecision(
-        "sensitive_paths",
-        Action.SKIP,
-        False,
-        f"touches sensitive paths: {', '.join(hits)}",
-        labels_add=(rules.labels.skipped_sensitive,),
-        comment=comment,
-    )
+    return stop("sensitive_paths", f"touches sensitive paths: {', '.join(hits)}", rules.labels.skipped_sensitive,
+                comment)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from evalbot.model import PullRequest, Status, Verdict
-from evalbot.policy.decision import Action, PolicyDecision, parse_time
+from evalbot.policy.decision import PolicyDecision, parse_time, stop
 from evalbot.rules import Rules
 
 
@@ -36,30 +36,16 @@ def check(
     limits = rules.policy.stale
     count = fruitless(verdicts)
     if count > limits.max_fruitless_verdicts:
-        return PolicyDecision(
-            "stale",
-            Action.SKIP,
-            False,
-            f"exhausted: {count} evaluations without a tier (limit {limits.max_fruitless_verdicts})",
-            labels_add=(rules.labels.exhausted,),
-            comment=(
-                f"This pull request has had {count} evaluations that earned no tier, more than the "
-                f"{limits.max_fruitless_verdicts} allowed, so the bot no longer evaluates it. Measure your "
-                "change locally first (see the PR template); a maintainer can clear the count."
-            ),
-        )
+        return stop("stale", f"exhausted: {count} evaluations without a tier (limit {limits.max_fruitless_verdicts})",
+                    rules.labels.exhausted,
+                    f"This pull request has had {count} evaluations that earned no tier, more than the "
+                    f"{limits.max_fruitless_verdicts} allowed, so the bot no longer evaluates it. Measure your "
+                    "change locally first (see the PR template); a maintainer can clear the count.")
     pushed = parse_time(last_push_at or pr.created_at, "last push" if last_push_at else "created_at")
     idle = now - pushed
     if idle > timedelta(days=limits.days_without_push):
-        return PolicyDecision(
-            "stale",
-            Action.SKIP,
-            False,
-            f"stale: no push for {idle.days} days (limit {limits.days_without_push})",
-            labels_add=(rules.labels.stale,),
-            comment=(
-                f"This pull request has had no push for {idle.days} days, so the bot no longer evaluates it. "
-                "Push a commit (a rebase on main will do) to have it evaluated again."
-            ),
-        )
+        return stop("stale", f"stale: no push for {idle.days} days (limit {limits.days_without_push})",
+                    rules.labels.stale,
+                    f"This pull request has had no push for {idle.days} days, so the bot no longer evaluates it. "
+                    "Push a commit (a rebase on main will do) to have it evaluated again.")
     return None

@@ -513,3 +513,6 @@ def _dispatch(f: _File, root: yaml.Node) -> Dispatch:
             "expected at least one key when mode is 'actions', got none",
         )
     return Dispatch(mode, tuple(keys), **extra)
+
+
+__all__ = ["load_rules"]

@@ -384,3 +384,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     return value
+
+
+__all__ = ["AUTOMERGE_ENV", "AccuracyGate", "Area", "Automerge", "Containment", "Context", "Copycat", "DEVICES", "DISPATCH_MODES", "DecodeAuditGate", "Dispatch", "FILES", "Gates", "LOGIN", "Labels", "Measurement", "ModelRef", "NoRegressionGate", "Policy", "Profile", "Quiet", "Rules", "RulesError", "SpecGate", "SpecPair", "Stale", "Strikes", "Template", "Tier", "TimingGate", "TinyPr", "Winnowing", "automerge_allowed", "default_rules_dir", "is_login", "rules_hash"]
