@@ -232,7 +232,13 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
         second = bot.poll_once()
         assert any(line.startswith("reconciled comment") for line in log), log[-40:]
         moved = winner  # merge-first in poll 1; its head moved before the merge, so the merge was refused
-        assert len(second.merged) == 1 and second.merged[0] in (1, 2), (second, log[-30:])
+        def why(n):  # what the bot decided for PR n, for a failing assertion
+            return [(e.key.head_sha[:8], e.key.base_sha[:8], e.state, e.status, e.verdict and (
+                e.verdict.tier, e.verdict.lower_bound_gain, e.verdict.reasons), e.error) for e in store.evaluations(pr=n)]
+
+        assert len(second.merged) == 1 and second.merged[0] in (1, 2), (
+            f"notes={second.notes} merged={second.merged} #1={why(1)} #2={why(2)} labels="
+            f"{[gh.get_pull(n).labels for n in (1, 2)]} log={log[-12:]}")
         winner = second.merged[0]
         moved_merges = [r.body["sha"] for r in st.requests
                         if r.method == "PUT" and r.path.endswith(f"/pulls/{moved}/merge")]  # fmt: skip
@@ -265,10 +271,6 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
 
         # --- the final state on GitHub, in the store and in the ledgers --------------------------------
         pulls = st.pulls
-
-        def why(n):  # what the bot decided for PR n, for a failing assertion
-            return [(e.key.head_sha[:8], e.state, e.status, e.verdict and (e.verdict.tier, e.verdict.reasons,
-                     [(g.name, g.passed) for g in e.verdict.gates]), e.error) for e in store.evaluations(pr=n)]  # fmt: skip
 
         assert pulls[winner].merged, (winner, why(winner), log[-30:])
         assert pulls[other].merged, (other, why(other), gh.get_pull(other).labels, log[-30:])
