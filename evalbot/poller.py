@@ -22,10 +22,9 @@ from evalbot.mirror import Mirror
 from evalbot.model import MergeOutcome, PullRequest, ScreenResult, Status, Verdict, WorkflowRun, cap_text
 from evalbot.policy import ClaimGap, IntakeContext, TemplateFacts, claim_gap, intake, parse_body
 from evalbot.publish import Publisher
-from evalbot.rules import Rules, is_login
+from evalbot.rules import LabelFamily, Rules, is_login
 from evalbot.store import DEFAULT_MAX_ATTEMPTS as MAX_ATTEMPTS
 from evalbot.store import BlockEvent, EvalKey, EvaluationRecord, Store
-from evalbot.verdict import verdict_labels
 
 Log = Callable[[str], None]
 # (the PR's facts, the mirror holding both revisions, main's sha, the head's sha) -> the judgement
@@ -226,7 +225,7 @@ class Bot:
         lab = self.rules.labels
         # a maintainer's blocking labels, as GitHub shows them at the start of the poll: no screen of this
         # poll removes them (only `evalbot clear` does), and they block the merge
-        self._protected[pr.number] = set(pr.labels) & {lab.copycat, lab.copycat_warn, lab.gaming, lab.hold}
+        self._protected[pr.number] = set(pr.labels) & self.rules.owned(LabelFamily.PROTECTED)
         if self.store.hold_for(pr.number) is not None or lab.hold in pr.labels:
             report.notes.append(f"#{pr.number}: on hold")
             return
@@ -439,10 +438,10 @@ class Bot:
             "This is an infrastructure fault, not the contributor's; the bot will measure the PR again.",
         ]
         self.publisher.comment(pr.number, pr.head_sha, self._notice(pr, "infra error", lines, "infra"))
-        self._relabel(pr, {self.rules.labels.infra_error}, verdict_labels(self.rules))
+        self._relabel(pr, {self.rules.labels.infra_error}, self.rules.owned(LabelFamily.VERDICT))
 
     def _needs_rebase(self, pr: PullRequest, why: str) -> None:
-        self._relabel(pr, {self.rules.labels.needs_rebase}, rounds.round_labels(self.rules))
+        self._relabel(pr, {self.rules.labels.needs_rebase}, self.rules.owned(LabelFamily.ROUND))
         self.publisher.comment(pr.number, pr.head_sha, self._notice(pr, "needs a rebase", [why], "rebase"))
 
     def _publish_verdict(self, pr: PullRequest, rec: EvaluationRecord, extra: str = "") -> None:
@@ -464,7 +463,7 @@ class Bot:
         # maintainer's `evalbot clear` of this head lifts it
         cleared = self.store.cleared(pr.number, pr.head_sha)
         claim_label = {self.rules.labels.claim_gap} if gap is not None and gap.flagged and not cleared else set()
-        self._relabel(pr, {*v.labels_add, *claim_label}, verdict_labels(self.rules) | {self.rules.labels.claim_gap})
+        self._relabel(pr, {*v.labels_add, *claim_label}, self.rules.owned(LabelFamily.VERDICT) | self.rules.owned(LabelFamily.CLAIM))
         state = _STATUS_STATE.get(v.status)
         if state:
             self.publisher.status(
@@ -508,7 +507,7 @@ class Bot:
         held = {h.pr for h in self.store.holds()}
         ranking = rounds.rank_round(contenders, main_sha, self.rules, held)
         self._record_round(ranking, facts)
-        owned = rounds.round_labels(self.rules)
+        owned = self.rules.owned(LabelFamily.ROUND)
         for d in ranking.decisions:
             # every verdict is published here, once a poll with its place in the round: a no-op when
             # GitHub shows it already, and the repair when a crash came between measuring and publishing
@@ -605,7 +604,7 @@ class Bot:
             return "merged"
         if result.outcome is MergeOutcome.HEAD_MOVED:
             # never force: the new head is measured like any push
-            self._relabel(pr, {self.rules.labels.re_evaluate}, rounds.round_labels(self.rules))
+            self._relabel(pr, {self.rules.labels.re_evaluate}, self.rules.owned(LabelFamily.ROUND))
             report.notes.append(f"#{pr.number}: head moved before the merge; re-evaluating")
             return "no"
         report.notes.append(f"#{pr.number}: not mergeable: {result.message}")

@@ -16,7 +16,7 @@ from evalbot.copycat import Band, PrMeta
 from evalbot.copycat_fingerprint import fingerprint_source
 from evalbot.copycat_index import CopycatIndex, check
 from evalbot.model import PullRequest, ScreenResult
-from evalbot.rules import Rules
+from evalbot.rules import LabelFamily, Rules
 from evalbot.store import Store
 
 CODE_SUFFIXES = (".py", ".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".rs", ".go", ".js", ".ts")
@@ -71,7 +71,7 @@ class CopycatScreen:
 
     def __call__(self, pr: PullRequest) -> ScreenResult | None:
         lab, now = self.rules.labels, self.now()
-        owned = (lab.copycat, lab.copycat_warn)
+        owned = tuple(sorted(self.rules.owned(LabelFamily.SCREEN)))
         if self.store.cleared(pr.number, pr.head_sha):
             return ScreenResult((), owned, True)  # a maintainer looked at this head and cleared it
         frozen = copycat_strikes.standing(self._times(pr.author, _STRIKE), now, self.rules.copycat)

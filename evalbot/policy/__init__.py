@@ -28,7 +28,7 @@ from evalbot.model import PullRequest, Verdict
 from evalbot.policy import areas, blocklist, cap, complete, drafts, sensitive_paths, stale, template
 from evalbot.policy.decision import Action, PolicyDecision, is_maintainer
 from evalbot.policy.template import ClaimGap, TemplateFacts, claim_gap, parse_body
-from evalbot.rules import Rules
+from evalbot.rules import LabelFamily, Rules
 
 __all__ = [
     "Action",
@@ -39,7 +39,6 @@ __all__ = [
     "TemplateFacts",
     "claim_gap",
     "intake",
-    "intake_labels",
     "is_maintainer",
     "parse_body",
 ]
@@ -80,13 +79,6 @@ class IntakeDecision:
         return tuple(d.reason for d in self.decisions)
 
 
-def intake_labels(rules: Rules) -> frozenset[str]:
-    """The labels intake adds and removes (the gaming label it only adds)."""
-    lab = rules.labels
-    own = (lab.skipped_sensitive, lab.skipped_cap, lab.needs_benchmark, lab.stale, lab.exhausted)
-    return frozenset([*own, *(a.label for a in rules.policy.areas)])
-
-
 def intake(pr: PullRequest, rules: Rules, context: IntakeContext) -> IntakeDecision:
     """Decide what to do with one PR on intake (see the module docstring for the order)."""
     claim = template.parse_body(pr.body)  # once: every rule and the report use these facts
@@ -120,7 +112,7 @@ def intake(pr: PullRequest, rules: Rules, context: IntakeContext) -> IntakeDecis
     wanted = {label for d in fired for label in d.labels_add}
     current = set(pr.labels)
     add = tuple(sorted(wanted - current))
-    remove = tuple(sorted((intake_labels(rules) - wanted) & current))
+    remove = tuple(sorted((rules.owned(LabelFamily.INTAKE) - wanted) & current))
     comments = [d.comment for d in fired if d.comment]
     return IntakeDecision(
         evaluate=all(d.evaluate for d in fired),
