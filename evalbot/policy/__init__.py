@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from evalbot.model import PullRequest, Verdict
+from evalbot.model import Decision, Notice, PullRequest, Verdict
 from evalbot.policy import areas, blocklist, cap, complete, drafts, sensitive_paths, stale, template
 from evalbot.policy.decision import Action, PolicyDecision, is_maintainer
 from evalbot.policy.template import ClaimGap, TemplateFacts, claim_gap, parse_body
@@ -77,6 +77,21 @@ class IntakeDecision:
     def reasons(self) -> tuple[str, ...]:
         """Each fired rule's plain-text reason, in order."""
         return tuple(d.reason for d in self.decisions)
+
+    def as_decision(self, rules: Rules) -> Decision:
+        """In the one shape the publisher applies: intake's labels, and for a PR it stops, the notice,
+        the close and the flag."""
+        owned = tuple(sorted({*self.labels_remove, *self.labels_add}))
+        stopped = self.stopped_by or "policy"
+        if self.close:
+            return Decision(self.labels_add, owned, False, Notice("close", "closed unevaluated", self.reasons,
+                                                                  self.comment),
+                            close=stopped, flag=rules.labels.gaming, note=f"closed by {stopped}")  # fmt: skip
+        if not self.evaluate:
+            return Decision(self.labels_add, owned, False,
+                            Notice("skip", f"not evaluated ({stopped})", self.reasons, self.comment),
+                            note=f"not evaluated ({stopped})")  # fmt: skip
+        return Decision(self.labels_add, owned)
 
 
 def intake(pr: PullRequest, rules: Rules, context: IntakeContext) -> IntakeDecision:
