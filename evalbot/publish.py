@@ -74,7 +74,7 @@ class Publisher:
         self.labels(pr.number, pr.head_sha, now, desired, owned | set(decision.labels))
         if decision.notice is not None:
             self.comment(pr.number, pr.head_sha, notice_body(pr, decision.notice))
-        if decision.close is not None:
+        if decision.close is not None and pr.state != "closed":
             self.close(pr.number, pr.head_sha, decision.close)
         return desired
 
