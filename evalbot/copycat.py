@@ -87,8 +87,8 @@ class FileScore:
 
 
 @dataclass(frozen=True)
-class Decision:
-    """The band and what follows from it."""
+class Banding:
+    """A band and what follows from it (close, strike, skip): the copycat core's own, not a model.Decision."""
 
     band: Band
     close: bool = False
@@ -154,7 +154,7 @@ def decide(
     literal_overlap: float,
     rules: Copycat,
     prior_warnings: int = 0,
-) -> Decision:
+) -> Banding:
     """The band for a PR of this size (and own size after exclusions), best containment and overlap."""
     tiny = rules.tiny_pr.below_added_lines
     if code_lines < tiny:
@@ -163,25 +163,25 @@ def decide(
                 f"{code_lines} added code lines (< {tiny}) with {literal_overlap:.0%} literal overlap: "
                 "a maintainer decides (independent small fixes converge)"
             )
-            return Decision(Band.WARN, reasons=(why,))
-        return Decision(
+            return Banding(Band.WARN, reasons=(why,))
+        return Banding(
             Band.CLEAN, reasons=(f"{code_lines} added code lines (< {tiny}): never blocked automatically",)
         )
     if own_lines < tiny:
         # after main, boilerplate and merged code are removed, the PR's own part is as small as a tiny PR
         why = f"about {own_lines} added code lines of its own (< {tiny}) after exclusions: never blocked"
-        return Decision(Band.CLEAN, reasons=(why,))
+        return Banding(Band.CLEAN, reasons=(why,))
     block, warn = rules.containment.block, rules.containment.warn
     if score >= block:
         why = f"containment {score:.0%} >= {block:.0%}"
-        return Decision(Band.COPYCAT, close=True, strike=True, skip_evaluation=True, reasons=(why,))
+        return Banding(Band.COPYCAT, close=True, strike=True, skip_evaluation=True, reasons=(why,))
     if score >= warn:
         why = f"containment {score:.0%} in [{warn:.0%}, {block:.0%})"
         if prior_warnings + 1 >= rules.warnings_to_block:
             more = f"warning {prior_warnings + 1} of {rules.warnings_to_block}: blocked like a copy"
-            return Decision(Band.COPYCAT, close=True, strike=True, skip_evaluation=True, reasons=(why, more))
-        return Decision(Band.WARN, skip_evaluation=True, counts_as_warning=True, reasons=(why,))
-    return Decision(Band.CLEAN, reasons=(f"containment {score:.0%} < {warn:.0%}",))
+            return Banding(Band.COPYCAT, close=True, strike=True, skip_evaluation=True, reasons=(why, more))
+        return Banding(Band.WARN, skip_evaluation=True, counts_as_warning=True, reasons=(why,))
+    return Banding(Band.CLEAN, reasons=(f"containment {score:.0%} < {warn:.0%}",))
 
 
 def size_in_lines(new: PrPrint) -> int:

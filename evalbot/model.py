@@ -493,12 +493,27 @@ def _build(tp: Any, data: Any, where: str) -> Any:
 
 
 @dataclass(frozen=True)
-class ScreenResult:
-    """What a pre-evaluation screen (copycat) decided: labels it owns, a comment, close, a ledger flag."""
+class Notice:
+    """The PR's bot comment for a decision that is not a measured verdict: its kind (named in the comment's
+    hidden state), its title and plain-text lines (escaped when rendered), and already-escaped markdown."""
+
+    kind: str  # close, skip, screen, infra, rebase
+    title: str
+    lines: tuple[str, ...] = ()
+    markdown: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one producer decides about one PR (intake policy, the copycat screen, an infra error, a
+    needs-rebase, a label change of a verdict or a round), in the one shape ``Publisher.apply`` acts on:
+    the labels wanted within the family the producer owns (a set difference: every other label is left
+    alone), a notice, a close, whether evaluation goes ahead, a FLAGGED.md entry, and a line for the poll."""
 
     labels: tuple[str, ...]
-    owned: tuple[str, ...]
-    evaluate: bool
-    lines: tuple[str, ...] = ()
-    close: bool = False
-    flag: str | None = None  # a label to write into FLAGGED.md
+    owned: tuple[str, ...]  # the producer's label family (rules.owned)
+    evaluate: bool = True
+    notice: Notice | None = None
+    close: str | None = None  # why the PR is closed; None leaves it open
+    flag: str | None = None  # the label written into FLAGGED.md
+    note: str | None = None  # one line for the poll's report

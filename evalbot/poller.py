@@ -10,7 +10,7 @@ loses nothing (queued evaluations and action intents live in the store) and repe
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -19,19 +19,18 @@ from evalbot.evaluate import checkout, runner
 from evalbot.github import GitHubPort
 from evalbot.judge import Judgement
 from evalbot.mirror import Mirror
-from evalbot.model import MergeOutcome, PullRequest, ScreenResult, Status, Verdict, WorkflowRun, cap_text
+from evalbot.model import Decision, MergeOutcome, Notice, PullRequest, Status, Verdict, WorkflowRun, cap_text
 from evalbot.policy import ClaimGap, IntakeContext, TemplateFacts, claim_gap, intake, parse_body
 from evalbot.publish import Publisher
-from evalbot.rules import Rules, is_login
+from evalbot.rules import LabelFamily, Rules, is_login
 from evalbot.store import DEFAULT_MAX_ATTEMPTS as MAX_ATTEMPTS
 from evalbot.store import BlockEvent, EvalKey, EvaluationRecord, Store
-from evalbot.verdict import verdict_labels
 
 Log = Callable[[str], None]
 # (the PR's facts, the mirror holding both revisions, main's sha, the head's sha) -> the judgement
 Evaluator = Callable[[PullRequest, Path, str, str], Judgement]
 # (a PR's facts) -> labels, comment lines, close, or None; the copycat hook
-Screen = Callable[[PullRequest], "ScreenResult | None"]
+Screen = Callable[[PullRequest], "Decision | None"]
 
 _STATUS_STATE = {Status.PASS: "success", Status.REJECT: "failure", Status.INFRA_ERROR: "error",
                  Status.INCONCLUSIVE: "pending"}
@@ -226,7 +225,7 @@ class Bot:
         lab = self.rules.labels
         # a maintainer's blocking labels, as GitHub shows them at the start of the poll: no screen of this
         # poll removes them (only `evalbot clear` does), and they block the merge
-        self._protected[pr.number] = set(pr.labels) & {lab.copycat, lab.copycat_warn, lab.gaming, lab.hold}
+        self._protected[pr.number] = set(pr.labels) & self.rules.owned(LabelFamily.PROTECTED)
         if self.store.hold_for(pr.number) is not None or lab.hold in pr.labels:
             report.notes.append(f"#{pr.number}: on hold")
             return
@@ -234,38 +233,22 @@ class Bot:
             blocked = frozenset()  # a maintainer looked at this head's people and cleared it
         ctx = IntakeContext(now=self.now(), blocked=blocked, open_prs=self._listing,
                             verdicts=self._since_clear(pr.number), last_push_at=self._last_push(pr))  # fmt: skip
-        decision = intake(pr, self.rules, ctx)
-        self._claims[pr.number] = decision.claim  # the body, parsed once this poll
-        if decision.stopped_by == "drafts":
+        intake_decision = intake(pr, self.rules, ctx)
+        self._claims[pr.number] = intake_decision.claim  # the body, parsed once this poll
+        if intake_decision.stopped_by == "drafts":
             return
-        self._relabel(pr, decision.labels_add, {*decision.labels_remove, *decision.labels_add})
-        if decision.close:
-            self._flag(pr, self.rules.labels.gaming, "; ".join(decision.reasons))
-            notice = self._notice(pr, "closed unevaluated", decision.reasons, "close", decision.comment)
-            self.publisher.comment(pr.number, pr.head_sha, notice)
-            self.publisher.close(pr.number, pr.head_sha, decision.stopped_by or "policy")
-            report.notes.append(f"#{pr.number}: closed by {decision.stopped_by}")
-            return
-        if not decision.evaluate and self._verdicts_at_head(pr):
+        decision = intake_decision.as_decision(self.rules)
+        if not decision.evaluate and decision.close is None and self._verdicts_at_head(pr):
             # the round publishes this head's verdict, with why it is not measured again: one comment
             # body a poll, never a notice and a verdict taking turns
-            lines = "; ".join(decision.reasons) or str(decision.stopped_by)
+            lines = "; ".join(intake_decision.reasons) or str(intake_decision.stopped_by)
             self._stopped[pr.number] = f"\n**Not evaluated again:** {render.escape_md(lines, 600)}\n"
-            report.notes.append(f"#{pr.number}: not evaluated ({decision.stopped_by})")
-            return
-        if not decision.evaluate:
-            self.publisher.comment(
-                pr.number,
-                pr.head_sha,
-                self._notice(
-                    pr, f"not evaluated ({decision.stopped_by})", decision.reasons, "skip", decision.comment
-                ),
-            )
-            report.notes.append(f"#{pr.number}: not evaluated ({decision.stopped_by})")
+            decision = replace(decision, notice=None)
+        if not self._apply(pr, decision, report):
             return
         if self.screen is not None:
             screened = self.screen(pr)
-            if screened is not None and not self._apply_screen(pr, screened, report):
+            if screened is not None and not self._apply(pr, screened, report):
                 return
         key = EvalKey(pr.number, pr.head_sha, main_sha, self.rules.rules_hash)
         rec = self.store.evaluation(key)
@@ -273,40 +256,25 @@ class Bot:
             self.store.enqueue_evaluation(key)
             self.log(f"#{pr.number}: queued {pr.head_sha[:12]} against main {main_sha[:12]}")
 
-    def _relabel(self, pr: PullRequest, want: Iterable[str], owned: Iterable[str]) -> None:
-        """Make the labels in `owned` exactly `want` (a set difference; every other label untouched).
+    def _apply(self, pr: PullRequest, decision: Decision, report: PollReport | None = None) -> bool:
+        """Apply one decision through the publisher (the one place that acts on GitHub), with its ledger
+        flag and its line in the report; whether evaluation goes ahead.
 
         The PR's labels are read from GitHub once a poll (with its facts) and then followed through the
-        bot's own changes, so no decision needs another read of the PR.
+        bot's own changes, so no decision needs another read of the PR; the labels a maintainer or a
+        screen set at the start of the poll are protected from every decision of this poll.
         """
+        if decision.flag:
+            self._flag(pr, decision.flag, "; ".join(decision.notice.lines if decision.notice else ()))
         current = self._labels.setdefault(pr.number, set(pr.labels))
-        owned = set(owned) - self._protected.get(pr.number, set())
-        desired = (current - owned) | set(want)
-        self.publisher.labels(pr.number, pr.head_sha, current, desired, set(owned) | set(want))
-        self._labels[pr.number] = desired
+        self._labels[pr.number] = self.publisher.apply(pr, decision, current, self._protected.get(pr.number, ()))
+        if decision.note and report is not None:
+            report.notes.append(f"#{pr.number}: {decision.note}")
+        return decision.evaluate
 
-    def _apply_screen(self, pr: PullRequest, s: ScreenResult, report: PollReport) -> bool:
-        """Apply a screen's outcome; whether evaluation goes ahead."""
-        self._relabel(pr, s.labels, s.owned)
-        if s.flag:
-            self._flag(pr, s.flag, "; ".join(s.lines))
-        if s.lines and (s.close or not s.evaluate):
-            self.publisher.comment(
-                pr.number, pr.head_sha, self._notice(pr, s.flag or "screened", s.lines, "screen")
-            )
-        if s.close:
-            self.publisher.close(pr.number, pr.head_sha, s.flag or "screen")
-        if not s.evaluate:
-            report.notes.append(f"#{pr.number}: stopped by the copycat screen")
-        return s.evaluate
-
-    def _notice(
-        self, pr: PullRequest, title: str, lines: Iterable[str], kind: str, markdown: str | None = None
-    ) -> str:
-        """A notice comment; `markdown` is already-rendered text appended below it (intake's explanation)."""
-        body = render.render_notice(pr=pr.number, head_sha=pr.head_sha, title=title, lines=list(lines),
-                                    kind=kind, author=pr.author)  # fmt: skip
-        return body + ("\n" + markdown + "\n" if markdown else "")
+    def _relabel(self, pr: PullRequest, want: Iterable[str], owned: Iterable[str]) -> None:
+        """Make the labels in `owned` exactly `want` (a set difference; every other label untouched)."""
+        self._apply(pr, Decision(tuple(want), tuple(owned)))
 
     def _flag(self, pr: PullRequest, label: str, reason: str) -> None:
         remote = self.settings.ledger_remote
@@ -434,16 +402,16 @@ class Bot:
         if alert:
             self.log(f"ALERT #{key.pr}: {reason}")
             report.notes.append(f"ALERT #{key.pr}: {reason}")
-        lines = [
+        lines = (
             f"The measurement could not be completed on the runner pool: {reason}",
             "This is an infrastructure fault, not the contributor's; the bot will measure the PR again.",
-        ]
-        self.publisher.comment(pr.number, pr.head_sha, self._notice(pr, "infra error", lines, "infra"))
-        self._relabel(pr, {self.rules.labels.infra_error}, verdict_labels(self.rules))
+        )
+        self._apply(pr, Decision((self.rules.labels.infra_error,), tuple(self.rules.owned(LabelFamily.VERDICT)),
+                                 notice=Notice("infra", "infra error", lines)))  # fmt: skip
 
     def _needs_rebase(self, pr: PullRequest, why: str) -> None:
-        self._relabel(pr, {self.rules.labels.needs_rebase}, rounds.round_labels(self.rules))
-        self.publisher.comment(pr.number, pr.head_sha, self._notice(pr, "needs a rebase", [why], "rebase"))
+        self._apply(pr, Decision((self.rules.labels.needs_rebase,), tuple(self.rules.owned(LabelFamily.ROUND)),
+                                 notice=Notice("rebase", "needs a rebase", (why,))))  # fmt: skip
 
     def _publish_verdict(self, pr: PullRequest, rec: EvaluationRecord, extra: str = "") -> None:
         v, m = rec.verdict, rec.measurements
@@ -464,7 +432,7 @@ class Bot:
         # maintainer's `evalbot clear` of this head lifts it
         cleared = self.store.cleared(pr.number, pr.head_sha)
         claim_label = {self.rules.labels.claim_gap} if gap is not None and gap.flagged and not cleared else set()
-        self._relabel(pr, {*v.labels_add, *claim_label}, verdict_labels(self.rules) | {self.rules.labels.claim_gap})
+        self._relabel(pr, {*v.labels_add, *claim_label}, self.rules.owned(LabelFamily.VERDICT) | self.rules.owned(LabelFamily.CLAIM))
         state = _STATUS_STATE.get(v.status)
         if state:
             self.publisher.status(
@@ -508,7 +476,7 @@ class Bot:
         held = {h.pr for h in self.store.holds()}
         ranking = rounds.rank_round(contenders, main_sha, self.rules, held)
         self._record_round(ranking, facts)
-        owned = rounds.round_labels(self.rules)
+        owned = self.rules.owned(LabelFamily.ROUND)
         for d in ranking.decisions:
             # every verdict is published here, once a poll with its place in the round: a no-op when
             # GitHub shows it already, and the repair when a crash came between measuring and publishing
@@ -605,7 +573,7 @@ class Bot:
             return "merged"
         if result.outcome is MergeOutcome.HEAD_MOVED:
             # never force: the new head is measured like any push
-            self._relabel(pr, {self.rules.labels.re_evaluate}, rounds.round_labels(self.rules))
+            self._relabel(pr, {self.rules.labels.re_evaluate}, self.rules.owned(LabelFamily.ROUND))
             report.notes.append(f"#{pr.number}: head moved before the merge; re-evaluating")
             return "no"
         report.notes.append(f"#{pr.number}: not mergeable: {result.message}")

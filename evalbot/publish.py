@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from evalbot.github import GitHubPort
-from evalbot.model import Comment, MergeOutcome, MergeResult
-from evalbot.render import MARKER, fit_comment
+from evalbot.model import Comment, Decision, MergeOutcome, MergeResult, Notice, PullRequest
+from evalbot.render import MARKER, fit_comment, render_notice
 from evalbot.store import ActionRecord, Store, action_key
 
 Log = Callable[[str], None]
@@ -42,6 +42,13 @@ def bot_comment(comments: Iterable[Comment], bot_login: str | None) -> Comment |
     return min(mine, key=lambda c: c.id, default=None)
 
 
+def notice_body(pr: PullRequest, notice: Notice) -> str:
+    """The bot comment of a notice; its markdown (already escaped) goes below the rendered lines."""
+    body = render_notice(pr=pr.number, head_sha=pr.head_sha, title=notice.title, lines=notice.lines,
+                         kind=notice.kind, author=pr.author)  # fmt: skip
+    return body + ("\n" + notice.markdown + "\n" if notice.markdown else "")
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -53,6 +60,23 @@ class Publisher:
         self, gh: GitHubPort, store: Store, *, bot_login: str | None, log: Log, dry_run: bool = False
     ):
         self.gh, self.store, self.bot_login, self.log, self.dry_run = gh, store, bot_login, log, dry_run
+
+    # --- the one applier ---
+
+    def apply(self, pr: PullRequest, decision: Decision, current: Iterable[str],
+              protected: Iterable[str] = ()) -> set[str]:  # fmt: skip
+        """Act on one decision, each action once: the labels of its family (less `protected`, which no
+        decision takes off) as a set difference, its notice as the PR's one bot comment, then the close.
+        Returns the PR's labels afterwards."""
+        now = set(current)
+        owned = set(decision.owned) - set(protected)
+        desired = (now - owned) | set(decision.labels)
+        self.labels(pr.number, pr.head_sha, now, desired, owned | set(decision.labels))
+        if decision.notice is not None:
+            self.comment(pr.number, pr.head_sha, notice_body(pr, decision.notice))
+        if decision.close is not None and pr.state != "closed":
+            self.close(pr.number, pr.head_sha, decision.close)
+        return desired
 
     # --- actions ---
 

@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from evalbot.model import Status, Verdict, WorkflowRun
-from evalbot.rules import Rules
+from evalbot.rules import LabelFamily, Rules
 
 MERGE_FIRST = "merge_first"
 NEEDS_REBASE = "needs_rebase"
@@ -69,12 +69,6 @@ class RoundRanking:
         raise KeyError(pr)
 
 
-def round_labels(rules: Rules) -> frozenset[str]:
-    """The labels rounds set and remove."""
-    lab = rules.labels
-    return frozenset({lab.merge_first, lab.needs_rebase, lab.re_evaluate})
-
-
 def _pct(fraction: float) -> str:
     return f"{fraction * 100:+.1f}%"
 
@@ -84,7 +78,7 @@ def rank_round(
 ) -> RoundRanking:
     """Rank a round's PRs: merge-first, needs-rebase, re-evaluate (measured on an older main), held, out."""
     lab = rules.labels
-    owned = round_labels(rules)
+    owned = rules.owned(LabelFamily.ROUND)
     by_pr: dict[int, Contender] = {}
     for c in contenders:
         if c.pr in by_pr:

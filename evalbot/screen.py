@@ -2,7 +2,7 @@
 
 The decisions are the pure ones of `copycat` and `copycat_strikes`; this module only gathers what they
 need (the index in the store's file, main's k-grams from the mirror, the author's strikes) and turns
-a finding into the poller's `ScreenResult`. A maintainer's `clear` of a PR exempts it from the screen.
+a finding into a `model.Decision` for the poller to apply. A maintainer's `clear` of a PR exempts it from the screen.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from evalbot import copycat_strikes, git, times
 from evalbot.copycat import Band, PrMeta
 from evalbot.copycat_fingerprint import fingerprint_source
 from evalbot.copycat_index import CopycatIndex, check
-from evalbot.model import PullRequest, ScreenResult
-from evalbot.rules import Rules
+from evalbot.model import Decision, Notice, PullRequest
+from evalbot.rules import LabelFamily, Rules
 from evalbot.store import Store
 
 CODE_SUFFIXES = (".py", ".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".rs", ".go", ".js", ".ts")
 _STRIKE = "copycat:"
 _WARN = "copycat-warn:"
+_STOPPED = "stopped by the copycat screen"
 
 def main_kgrams(mirror: Path, sha: str, k: int) -> frozenset[int]:
     """Every k-gram of main's code files at `sha` (base code: copying main is not copying a PR)."""
@@ -42,7 +43,7 @@ def main_kgrams(mirror: Path, sha: str, k: int) -> frozenset[int]:
     return frozenset(out)
 
 class CopycatScreen:
-    """Callable as the poller's `screen`: PR -> ScreenResult (its earlier PRs are in the index)."""
+    """Callable as the poller's `screen`: PR -> Decision (its earlier PRs are in the index)."""
 
     def __init__(
         self, store: Store, rules: Rules, mirror: Path, *, now: Callable[[], datetime] | None = None
@@ -69,21 +70,21 @@ class CopycatScreen:
         return [times.parse(s.at) for s in self.store.strikes(author)
                 if s.reason.startswith(prefix)]  # fmt: skip
 
-    def __call__(self, pr: PullRequest) -> ScreenResult | None:
+    def __call__(self, pr: PullRequest) -> Decision | None:
         lab, now = self.rules.labels, self.now()
-        owned = (lab.copycat, lab.copycat_warn)
+        owned = tuple(sorted(self.rules.owned(LabelFamily.SCREEN)))
         if self.store.cleared(pr.number, pr.head_sha):
-            return ScreenResult((), owned, True)  # a maintainer looked at this head and cleared it
+            return Decision((), owned)  # a maintainer looked at this head and cleared it
         frozen = copycat_strikes.standing(self._times(pr.author, _STRIKE), now, self.rules.copycat)
         if frozen.frozen(now):
             until = frozen.frozen_until.strftime("%Y-%m-%d") if frozen.frozen_until else "?"
-            return ScreenResult((), owned, False, (f"{pr.author}'s evaluations are frozen until {until} after "
-                                                   f"{frozen.strikes_in_window} copycat strikes",))  # fmt: skip
+            line = f"{pr.author}'s evaluations are frozen until {until} after {frozen.strikes_in_window} copycat strikes"
+            return Decision((), owned, False, Notice("screen", "screened", (line,)), note=_STOPPED)
         warnings = copycat_strikes.prior_warnings(self._times(pr.author, _WARN), now, self.rules.copycat)
         finding, prints = check(self.index, pr, self.rules, warnings)
         self.index.add(PrMeta.of(pr), prints)
         if finding.band is Band.CLEAN:
-            return ScreenResult((), owned, True)
+            return Decision((), owned)
         per_file = ", ".join(f"{f.path} {f.containment:.0%}" for f in finding.per_file if f.shared)
         if finding.score >= self.rules.copycat.containment.warn:
             head = (f"{finding.score:.0%} of this PR's own code fingerprints are in #{finding.original} (opened "
@@ -93,10 +94,12 @@ class CopycatScreen:
         lines = (head, *finding.reasons)
         if finding.band is Band.COPYCAT:
             self._strike(pr, f"{_STRIKE} {finding.score:.0%} of #{finding.original}", finding.strike)
-            return ScreenResult((lab.copycat,), owned, False, lines, close=finding.close, flag=lab.copycat)
+            return Decision((lab.copycat,), owned, False, Notice("screen", lab.copycat, lines),
+                            close=lab.copycat if finding.close else None, flag=lab.copycat, note=_STOPPED)
         if finding.counts_as_warning:
             self._strike(pr, f"{_WARN} {finding.score:.0%} of #{finding.original}", True)
-        return ScreenResult((lab.copycat_warn,), owned, False, lines, flag=lab.copycat_warn)
+        return Decision((lab.copycat_warn,), owned, False, Notice("screen", lab.copycat_warn, lines),
+                        flag=lab.copycat_warn, note=_STOPPED)
 
     def _strike(self, pr: PullRequest, reason: str, record: bool) -> None:
         if not record:

@@ -30,7 +30,7 @@ from evalbot.model import (
     ThroughputPairs,
     Verdict,
 )
-from evalbot.rules import Rules
+from evalbot.rules import LabelFamily, Rules
 
 # head-side failures that are the environment's fault, not the contributor's
 INFRA_STAGES = frozenset({"toolchain", "gpu", "box", "sandbox", "harness", "network", "disk"})
@@ -233,19 +233,12 @@ def _failed_reason(g: Gate) -> str:
     return f"{g.name}{where} failed: {value}, needs {g.bar}" + (f" ({g.detail})" if g.detail else "")
 
 
-def verdict_labels(rules: Rules) -> frozenset[str]:
-    """The labels a verdict owns (tiers and outcome labels; area and intake labels belong to policy)."""
-    lab = rules.labels
-    return frozenset([*(t.label for t in rules.tiers), lab.verified, lab.regression, lab.infra_error,
-                      lab.inconclusive, lab.accuracy_fail, lab.spec_fail, lab.gaming])
-
-
 def _verdict(rules: Rules, status: Status, *, reasons: tuple[str, ...], gates: tuple[Gate, ...] = (),
              add: tuple[str, ...] = (), estimates: tuple[ContextEstimate, ...] = (),
              best: ContextEstimate | None = None, mde: float | None = None, keep_tier: bool = True) -> Verdict:
     tier = best.tier if (best and keep_tier) else None
     return Verdict(
         status=status, tier=tier, scored_context=best.context if best else None, gates=gates, reasons=reasons,
-        labels_add=tuple(add), labels_remove=tuple(sorted(verdict_labels(rules) - set(add))), estimates=estimates,
+        labels_add=tuple(add), labels_remove=tuple(sorted(rules.owned(LabelFamily.VERDICT) - set(add))), estimates=estimates,
         rules_hash=rules.rules_hash, mde=mde,
     )

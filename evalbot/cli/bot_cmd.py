@@ -34,7 +34,7 @@ from evalbot.cli.options import (
     state_option,
 )
 from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
-from evalbot.rules import Rules, automerge_allowed, is_login
+from evalbot.rules import LabelFamily, Rules, automerge_allowed, is_login
 from evalbot.store import EvalKey, Store, StoreError
 
 TOKEN_ENV = "GITHUB_TOKEN"
@@ -323,7 +323,7 @@ def clear(ctx: Ctx, pr: int, reason: str) -> None:
     reason = _reason(reason)
     rules = ctx.rules
     gh, facts = _existing_pull(ctx, pr)
-    flags = {rules.labels.gaming, rules.labels.copycat, rules.labels.copycat_warn, rules.labels.exhausted}
+    flags = rules.owned(LabelFamily.CLEARED)
     present = sorted(set(facts.labels) & flags)
     by = os.environ.get("USER", "maintainer")
     _say(ctx, f"clear #{pr} at its head {facts.head_sha[:12]} (a later push is screened again)")

@@ -24,11 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from evalbot.model import PullRequest, Verdict
+from evalbot.model import Decision, Notice, PullRequest, Verdict
 from evalbot.policy import areas, blocklist, cap, complete, drafts, sensitive_paths, stale, template
 from evalbot.policy.decision import Action, PolicyDecision, is_maintainer
 from evalbot.policy.template import ClaimGap, TemplateFacts, claim_gap, parse_body
-from evalbot.rules import Rules
+from evalbot.rules import LabelFamily, Rules
 
 __all__ = [
     "Action",
@@ -39,7 +39,6 @@ __all__ = [
     "TemplateFacts",
     "claim_gap",
     "intake",
-    "intake_labels",
     "is_maintainer",
     "parse_body",
 ]
@@ -79,12 +78,20 @@ class IntakeDecision:
         """Each fired rule's plain-text reason, in order."""
         return tuple(d.reason for d in self.decisions)
 
-
-def intake_labels(rules: Rules) -> frozenset[str]:
-    """The labels intake adds and removes (the gaming label it only adds)."""
-    lab = rules.labels
-    own = (lab.skipped_sensitive, lab.skipped_cap, lab.needs_benchmark, lab.stale, lab.exhausted)
-    return frozenset([*own, *(a.label for a in rules.policy.areas)])
+    def as_decision(self, rules: Rules) -> Decision:
+        """In the one shape the publisher applies: intake's labels, and for a PR it stops, the notice,
+        the close and the flag."""
+        owned = tuple(sorted({*self.labels_remove, *self.labels_add}))
+        stopped = self.stopped_by or "policy"
+        if self.close:
+            return Decision(self.labels_add, owned, False, Notice("close", "closed unevaluated", self.reasons,
+                                                                  self.comment),
+                            close=stopped, flag=rules.labels.gaming, note=f"closed by {stopped}")  # fmt: skip
+        if not self.evaluate:
+            return Decision(self.labels_add, owned, False,
+                            Notice("skip", f"not evaluated ({stopped})", self.reasons, self.comment),
+                            note=f"not evaluated ({stopped})")  # fmt: skip
+        return Decision(self.labels_add, owned)
 
 
 def intake(pr: PullRequest, rules: Rules, context: IntakeContext) -> IntakeDecision:
@@ -120,7 +127,7 @@ def intake(pr: PullRequest, rules: Rules, context: IntakeContext) -> IntakeDecis
     wanted = {label for d in fired for label in d.labels_add}
     current = set(pr.labels)
     add = tuple(sorted(wanted - current))
-    remove = tuple(sorted((intake_labels(rules) - wanted) & current))
+    remove = tuple(sorted((rules.owned(LabelFamily.INTAKE) - wanted) & current))
     comments = [d.comment for d in fired if d.comment]
     return IntakeDecision(
         evaluate=all(d.evaluate for d in fired),

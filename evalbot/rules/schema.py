@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import re
@@ -306,6 +307,19 @@ class Dispatch:
     max_attempts: int = 3
 
 
+class LabelFamily(enum.StrEnum):
+    """Who owns which labels, declared once (``Rules.owned``): each producer sets only its own family, as a
+    set difference, and leaves every other label alone."""
+
+    VERDICT = "verdict"  # tiers and outcomes: verified, regression, infra-error, inconclusive, accuracy, spec, gaming
+    ROUND = "round"  # merge-first, needs-rebase, re-evaluate
+    INTAKE = "intake"  # skipped:sensitive, skipped:cap, needs-benchmark, stale, exhausted, the area labels
+    SCREEN = "screen"  # the copycat screen's: copycat, copycat-warn
+    CLAIM = "claim"  # claim-gap, beside a verdict
+    PROTECTED = "protected"  # set by a screen, policy or a maintainer; no poll takes them off, `evalbot clear` does
+    CLEARED = "cleared"  # the flags `evalbot clear` takes off a false positive
+
+
 @dataclass(frozen=True)
 class Rules:
     """Every rule, validated. ``rules_hash`` covers the content, not ``source_dir`` or formatting."""
@@ -321,6 +335,28 @@ class Rules:
     dispatch: Dispatch
     source_dir: Path
     rules_hash: str
+
+    def owned(self, family: LabelFamily) -> frozenset[str]:
+        """The labels of one family (see LabelFamily)."""
+        lab = self.labels
+        match family:
+            case LabelFamily.VERDICT:
+                return frozenset([*(t.label for t in self.tiers), lab.verified, lab.regression, lab.infra_error,
+                                  lab.inconclusive, lab.accuracy_fail, lab.spec_fail, lab.gaming])
+            case LabelFamily.ROUND:
+                return frozenset({lab.merge_first, lab.needs_rebase, lab.re_evaluate})
+            case LabelFamily.INTAKE:
+                own = (lab.skipped_sensitive, lab.skipped_cap, lab.needs_benchmark, lab.stale, lab.exhausted)
+                return frozenset([*own, *(a.label for a in self.policy.areas)])
+            case LabelFamily.SCREEN:
+                return frozenset({lab.copycat, lab.copycat_warn})
+            case LabelFamily.CLAIM:
+                return frozenset({lab.claim_gap})
+            case LabelFamily.PROTECTED:
+                return frozenset({lab.copycat, lab.copycat_warn, lab.gaming, lab.hold})
+            case LabelFamily.CLEARED:
+                return frozenset({lab.gaming, lab.copycat, lab.copycat_warn, lab.exhausted})
+        raise ValueError(f"unknown label family {family!r}")
 
     def profile(self, name: str) -> Profile:
         """The profile of this name; KeyError otherwise."""
@@ -386,4 +422,4 @@ def _plain(value: Any) -> Any:
     return value
 
 
-__all__ = ["AUTOMERGE_ENV", "AccuracyGate", "Area", "Automerge", "Containment", "Context", "Copycat", "DEVICES", "DISPATCH_MODES", "DecodeAuditGate", "Dispatch", "FILES", "Gates", "LOGIN", "Labels", "Measurement", "ModelRef", "NoRegressionGate", "Policy", "Profile", "Quiet", "Rules", "RulesError", "SpecGate", "SpecPair", "Stale", "Strikes", "Template", "Tier", "TimingGate", "TinyPr", "Winnowing", "automerge_allowed", "default_rules_dir", "is_login", "rules_hash"]
+__all__ = ["LabelFamily", "AUTOMERGE_ENV", "AccuracyGate", "Area", "Automerge", "Containment", "Context", "Copycat", "DEVICES", "DISPATCH_MODES", "DecodeAuditGate", "Dispatch", "FILES", "Gates", "LOGIN", "Labels", "Measurement", "ModelRef", "NoRegressionGate", "Policy", "Profile", "Quiet", "Rules", "RulesError", "SpecGate", "SpecPair", "Stale", "Strikes", "Template", "Tier", "TimingGate", "TinyPr", "Winnowing", "automerge_allowed", "default_rules_dir", "is_login", "rules_hash"]

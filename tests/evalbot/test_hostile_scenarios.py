@@ -373,10 +373,10 @@ def test_what_the_bot_owns_it_restores(contest):
 
 
 def test_a_maintainers_blocking_label_wins_over_the_screens(contest):
-    from evalbot.poller import ScreenResult
+    from evalbot.model import Decision
 
     lab = contest.rules.labels
-    contest.bot.screen = lambda pr: ScreenResult((), (lab.copycat, lab.copycat_warn), True)  # "clean"
+    contest.bot.screen = lambda pr: Decision((), (lab.copycat, lab.copycat_warn))  # "clean"
     contest.pull(1, 0.30)
     contest.state.pulls[1].labels.append(lab.copycat)  # a maintainer's judgement
     report = contest.bot.poll_once()

@@ -17,14 +17,13 @@ from evalbot.policy import (
     claim_gap,
     drafts,
     intake,
-    intake_labels,
     parse_body,
     sensitive_paths,
     stale,
     template,
 )
 from evalbot.policy.decision import is_maintainer, parse_time
-from evalbot.rules import default_rules_dir, load_rules
+from evalbot.rules import LabelFamily, default_rules_dir, load_rules
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 TEMPLATE = (default_rules_dir().parent / ".github" / "PULL_REQUEST_TEMPLATE.md").read_text()
@@ -571,7 +570,7 @@ class TestIntake:
         pr = make_pr(labels=("stale", "needs-benchmark", "perf:S", "area:kernels", "area:engine"))
         d = intake(pr, rules, context(last_push_at="2026-11-30T08:00:00Z"))
         assert d.labels_add == () and d.labels_remove == ("area:engine", "needs-benchmark", "stale")
-        assert "perf:S" not in intake_labels(rules) and "flagged:gaming" not in intake_labels(rules)
+        assert "perf:S" not in rules.owned(LabelFamily.INTAKE) and "flagged:gaming" not in rules.owned(LabelFamily.INTAKE)
 
     def test_same_state_twice_changes_no_labels(self, rules):
         pr = make_pr(body=PLACEHOLDER_BODY)

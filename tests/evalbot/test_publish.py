@@ -102,3 +102,24 @@ def test_a_crash_between_intent_and_completion_is_reconciled_not_repeated(github
     assert not publisher(gh, store).comment(3, head, body)  # already there: no second comment
     assert [c.id for c in github_double.state.comments_on(3)] == [made.id]
     assert bot_comment(gh.list_comments(3), None).body == body
+
+
+def test_apply_acts_on_one_decision_once_and_never_takes_off_a_protected_label(github_double, gh, store):
+    """The one applier: the family's labels as a set difference (less the protected ones), the notice as
+    the one bot comment, then the close; applied again, it changes nothing on GitHub."""
+    from evalbot.model import Decision, Notice
+
+    pull = github_double.state.add_pull(3, labels=["copycat-warn", "copycat", "keep-me"])
+    pub = publisher(gh, store)
+    pr = gh.get_pull(3)
+    decision = Decision(("copycat",), ("copycat", "copycat-warn"), False,
+                        Notice("screen", "copycat", ("90% of this PR's code is in #1 <script>",)), close="copycat")
+    after = pub.apply(pr, decision, pr.labels, protected={"copycat-warn"})  # a maintainer's label stays
+    assert after == {"copycat", "copycat-warn", "keep-me"} and set(gh.get_pull(3).labels) == after
+    assert gh.get_pull(3).state == "closed"
+    (mine,) = [c for c in github_double.state.comments_on(3) if c.author == BOT]
+    assert MARKER in mine.body and "90% of this PR" in mine.body and "<script>" not in mine.body  # escaped
+    calls = len(github_double.state.requests)
+    pub.apply(gh.get_pull(3), decision, after, protected={"copycat-warn"})
+    writes = [r for r in github_double.state.requests[calls:] if r.method != "GET"]
+    assert writes == [] and pull.head_sha == gh.get_pull(3).head_sha

@@ -586,3 +586,19 @@ def test_tier_for_gain_is_monotone(rules, a, b):
 def test_automerge_needs_rules_and_env(rules, enabled, env, allowed):
     r = replace(rules, automerge=replace(rules.automerge, enabled=enabled))
     assert automerge_allowed(r, env) is allowed
+
+
+def test_label_families_are_declared_once_and_never_overlap_where_two_producers_would_fight():
+    """Each producer sets only its family as a set difference: two families that share a label would undo
+    each other's work every poll. PROTECTED holds what no poll takes off; CLEARED what `clear` does."""
+    from evalbot.rules import LabelFamily
+
+    rules = load_rules(default_rules_dir())
+    fam = {f: rules.owned(f) for f in LabelFamily}
+    setters = (LabelFamily.VERDICT, LabelFamily.ROUND, LabelFamily.INTAKE, LabelFamily.SCREEN, LabelFamily.CLAIM)
+    for i, a in enumerate(setters):
+        for b in setters[i + 1:]:
+            assert not fam[a] & fam[b], (a, b, fam[a] & fam[b])
+    assert fam[LabelFamily.SCREEN] <= fam[LabelFamily.PROTECTED] and rules.labels.hold in fam[LabelFamily.PROTECTED]
+    assert fam[LabelFamily.CLEARED] - fam[LabelFamily.PROTECTED] == {rules.labels.exhausted}
+    assert {t.label for t in rules.tiers} <= fam[LabelFamily.VERDICT]

@@ -17,8 +17,8 @@ from evalbot.model import (
     Status,
     ThroughputPairs,
 )
-from evalbot.rules import default_rules_dir, load_rules
-from evalbot.verdict import decide, verdict_labels
+from evalbot.rules import LabelFamily, default_rules_dir, load_rules
+from evalbot.verdict import decide
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_clear_gain_gets_its_tier_and_verified(rules):
     assert v.status == Status.PASS and v.tier == "S" and v.scored_context == 512
     assert set(v.labels_add) == {"verified", "perf:S"}
     assert not set(v.labels_add) & set(v.labels_remove)
-    assert set(v.labels_add) | set(v.labels_remove) == verdict_labels(rules)
+    assert set(v.labels_add) | set(v.labels_remove) == rules.owned(LabelFamily.VERDICT)
     assert v.mde is not None and 0 < v.mde < 0.02
     assert v.rules_hash == rules.rules_hash
 
