@@ -506,14 +506,21 @@ class Notice:
 @dataclass(frozen=True)
 class Decision:
     """What one producer decides about one PR (intake policy, the copycat screen, an infra error, a
-    needs-rebase, a label change of a verdict or a round), in the one shape ``Publisher.apply`` acts on:
+    needs-rebase, a published verdict, a round's labels), in the one shape ``Publisher.apply`` acts on:
     the labels wanted within the family the producer owns (a set difference: every other label is left
-    alone), a notice, a close, whether evaluation goes ahead, a FLAGGED.md entry, and a line for the poll."""
+    alone), the PR's one bot comment (a notice, or a rendered verdict), a commit status, a close, whether
+    evaluation goes ahead, a FLAGGED.md entry, and a line for the poll."""
 
     labels: tuple[str, ...]
     owned: tuple[str, ...]  # the producer's label family (rules.owned)
     evaluate: bool = True
     notice: Notice | None = None
+    comment: str | None = None  # a whole bot comment already rendered (a verdict's); never with a notice
+    status: tuple[str, str] | None = None  # a commit status on the head: (state, description)
     close: str | None = None  # why the PR is closed; None leaves it open
     flag: str | None = None  # the label written into FLAGGED.md
     note: str | None = None  # one line for the poll's report
+
+    def __post_init__(self) -> None:
+        if self.notice is not None and self.comment is not None:
+            raise ValueError("a decision has one bot comment: a notice or a rendered comment, not both")

@@ -427,17 +427,14 @@ class Bot:
         if approval:
             body += f"\n**Needs a maintainer before it merges:** {render.escape_md(approval, 600)}\n"
         body += extra
-        self.publisher.comment(pr.number, pr.head_sha, body)
         # claim-gap is applied, not only written: the rules decide whether it blocks auto-merge, and a
         # maintainer's `evalbot clear` of this head lifts it
         cleared = self.store.cleared(pr.number, pr.head_sha)
-        claim_label = {self.rules.labels.claim_gap} if gap is not None and gap.flagged and not cleared else set()
-        self._relabel(pr, {*v.labels_add, *claim_label}, self.rules.owned(LabelFamily.VERDICT) | self.rules.owned(LabelFamily.CLAIM))
+        claim_label = (self.rules.labels.claim_gap,) if gap is not None and gap.flagged and not cleared else ()
         state = _STATUS_STATE.get(v.status)
-        if state:
-            self.publisher.status(
-                pr.head_sha, state, f"{v.status.value}{' ' + v.tier if v.tier else ''}", pr.number
-            )
+        status = (state, f"{v.status.value}{' ' + v.tier if v.tier else ''}") if state else None
+        owned = self.rules.owned(LabelFamily.VERDICT) | self.rules.owned(LabelFamily.CLAIM)
+        self._apply(pr, Decision((*v.labels_add, *claim_label), tuple(sorted(owned)), comment=body, status=status))
 
     def _claim_gap(self, pr: PullRequest, v: Verdict) -> ClaimGap | None:
         """The contributor's claim against the measurement at the scored context; None without a claim."""

@@ -66,7 +66,8 @@ class Publisher:
     def apply(self, pr: PullRequest, decision: Decision, current: Iterable[str],
               protected: Iterable[str] = ()) -> set[str]:  # fmt: skip
         """Act on one decision, each action once: the labels of its family (less `protected`, which no
-        decision takes off) as a set difference, its notice as the PR's one bot comment, then the close.
+        decision takes off) as a set difference, its notice or comment as the PR's one bot comment, its
+        commit status, then the close.
         Returns the PR's labels afterwards."""
         now = set(current)
         owned = set(decision.owned) - set(protected)
@@ -74,6 +75,10 @@ class Publisher:
         self.labels(pr.number, pr.head_sha, now, desired, owned | set(decision.labels))
         if decision.notice is not None:
             self.comment(pr.number, pr.head_sha, notice_body(pr, decision.notice))
+        if decision.comment is not None:
+            self.comment(pr.number, pr.head_sha, decision.comment)
+        if decision.status is not None:
+            self.status(pr.head_sha, *decision.status, pr.number)
         if decision.close is not None and pr.state != "closed":
             self.close(pr.number, pr.head_sha, decision.close)
         return desired
