@@ -65,7 +65,7 @@ def test_copies_are_closed_with_strikes_until_the_author_is_blocked(tmp_path):
             )
             got = screen(copy)
             assert got is not None and not got.evaluate and got.close and got.labels == ("copycat",), got
-            assert "#1" in got.lines[0]
+            assert got.notice is not None and "#1" in got.notice.lines[0] and got.flag == "copycat"
         assert [s.pr for s in store.strikes("eve")] == [3, 4, 5]
         assert "eve" in {e.login for e in store.blocklist()}  # strikes.limit (3) reached
         store.add_clear(6, "maint", "eve's own earlier work, checked by hand")  # no head: clears nothing
