@@ -226,7 +226,8 @@ def _context(verdict: Verdict, measurements: Measurements, signature_status: str
     spec = [
         {
             "s": s,
-            "gates": [g for g in gates if g.kind is GateKind.SPEC and g.model in (None, s.target)],
+            "gates": [g for g in gates if g.kind is GateKind.SPEC and g.model in (None, s.target)
+                      and g.context in (None, s.context)],  # a row's own context: each is measured apart
             "ar_ratio": _geomean_ratio(s.ar_pairs),
             "spec_ratio": _geomean_ratio(s.spec_pairs),
         }

@@ -215,15 +215,15 @@ def _spec_gates(results: Iterable[SpecResult], rules: Rules) -> list[Gate]:
     for s in results:
         detail = "" if s.first_divergence is None else f"first divergence at token {s.first_divergence}"
         out.append(Gate("spec lossless", float(s.lossless_runs), f">= {g.lossless_runs_min} of {s.runs} runs",
-                        s.lossless_runs >= g.lossless_runs_min, detail, model=s.target, kind=GateKind.SPEC))
+                        s.lossless_runs >= g.lossless_runs_min, detail, s.context, s.target, GateKind.SPEC))
         ratio = s.head_tau / s.base_tau if s.base_tau > 0 else 0.0
         out.append(Gate("spec tau", ratio, f"tau >= {g.tau_min_ratio:.2f}x main", ratio >= g.tau_min_ratio,
-                        f"tau {s.head_tau:.2f} vs main {s.base_tau:.2f}", model=s.target, kind=GateKind.SPEC))
+                        f"tau {s.head_tau:.2f} vs main {s.base_tau:.2f}", s.context, s.target, GateKind.SPEC))
         if len(s.ar_pairs) >= 2:
             est = stats.estimate(s.ar_pairs)
             out.append(Gate("spec AR speed", est.ci_high, f"CI upper bound >= {g.ar_speed_min_ratio:.2f}x main",
-                            est.ci_high >= g.ar_speed_min_ratio, f"AR {est.ratio:.3f}x", model=s.target,
-                            kind=GateKind.SPEC))
+                            est.ci_high >= g.ar_speed_min_ratio, f"AR {est.ratio:.3f}x", s.context, s.target,
+                            GateKind.SPEC))
     return out
 
 

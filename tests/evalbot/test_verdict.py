@@ -244,3 +244,19 @@ def test_gates_are_matched_by_kind_never_by_their_display_name(rules):
     assert Gate("spec tau", 1.0, "bar", True).kind is GateKind.SPEC
     with pytest.raises(ValueError, match="no kind given"):
         Gate("something new", 1.0, "bar", True)
+
+
+def test_spec_gates_carry_their_context_and_the_report_shows_each_row_its_own(rules):
+    """Spec runs at every scored context: a failure names its context, and the report's row for ctx 512
+    never shows ctx 128's bars (the demo showed both under each row)."""
+    from evalbot import render
+
+    at128 = SpecResult("qwen2.5-coder-0.5b", "ngram-3", 7, 3, 3, None, 1.28, 1.52, pairs(1.0), pairs(1.2), context=128)
+    at512 = SpecResult("qwen2.5-coder-0.5b", "ngram-3", 7, 3, 2, 9, 1.61, 1.61, pairs(1.0), pairs(1.0), context=512)
+    m = meas(tp(128, 1.0), tp(512, 1.0), accuracy=(GOOD_ACC,), spec=(at128, at512))
+    v = decide(m, rules)
+    spec = [(g.name, g.context, g.passed) for g in v.gates if g.name.startswith("spec")]
+    assert ("spec lossless", 512, False) in spec and ("spec lossless", 128, True) in spec
+    assert v.status is Status.REJECT and any("spec lossless at ctx 512 failed" in r for r in v.reasons)
+    rows = render._context(v, m, "unsigned")["spec"]
+    assert [[g.context for g in row["gates"]] for row in rows] == [[128, 128, 128], [512, 512, 512]]
