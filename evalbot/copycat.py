@@ -16,7 +16,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from evalbot import times
 from evalbot.copycat_fingerprint import PrPrint, fingerprint_pr
@@ -123,8 +122,7 @@ class CopycatFinding:
 
 def utc(stamp: str) -> str:
     """An ISO 8601 time in the one text form (evalbot.times); a time without a zone is taken as UTC."""
-    t = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    return times.stamp(t.replace(tzinfo=UTC) if t.tzinfo is None else t)
+    return times.stamp(times.parse(stamp, naive_is_utc=True))
 
 
 def before(a: str, b: str) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 import jinja2
 
+from evalbot import times
 from evalbot.markdown import escape_md, visible
 from evalbot.model import Gate, GateKind, Measurements, Status, Verdict, from_dict
 from evalbot.stats import MDE_POWER
@@ -395,7 +396,7 @@ def site_time(value: Any) -> str:
         moment = value
     else:
         try:
-            moment = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
+            moment = times.parse(str(value).strip(), naive_is_utc=True)
         except ValueError:
             return _site_text(value, 40)
     if moment.tzinfo is not None:

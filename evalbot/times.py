@@ -28,14 +28,18 @@ def stamp(moment: datetime | None = None) -> str:
     return moment.astimezone(UTC).strftime(_FORMAT)
 
 
-def parse(text: str) -> datetime:
-    """An ISO 8601 time with a zone (``Z`` or ``+HH:MM``) as an aware UTC datetime; ValueError otherwise."""
+def parse(text: str, *, naive_is_utc: bool = False) -> datetime:
+    """An ISO 8601 time with a zone (``Z`` or ``+HH:MM``) as an aware UTC datetime; ValueError otherwise.
+    With ``naive_is_utc``, a time without a zone is read as UTC (display and older fixtures; never the
+    store, whose times always carry one)."""
     if not isinstance(text, str):
         raise TypeError(f"expected ISO 8601 text, got {type(text).__name__}")
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
     except ValueError:
         raise ValueError(f"not an ISO 8601 time: {text[:40]!r}") from None
+    if (moment.tzinfo is None or moment.utcoffset() is None) and naive_is_utc:
+        moment = moment.replace(tzinfo=UTC)
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise ValueError(f"a time without a zone is ambiguous: {text[:40]!r}")
     return moment.astimezone(UTC)

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from evalbot import ledgers
+from evalbot import ledgers, times
 from evalbot.model import ContextEstimate
 from evalbot.store import Calibration, EvaluationRecord, LedgerEntry
 
@@ -48,10 +48,9 @@ def parse_time(text: str | None) -> datetime | None:
     if not text:
         return None
     try:
-        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        return times.parse(text.strip(), naive_is_utc=True)
     except ValueError:
         return None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def _finite(value: Any) -> bool:

@@ -512,3 +512,16 @@ def test_times_are_compared_in_utc():
     assert PrMeta.of(dataclasses.replace(pr, created_at="2026-11-01T01:00:00+01:00")).created_at == utc(
         pr.created_at
     )
+
+
+def test_every_reader_of_times_shares_one_parser():
+    """copycat, the dashboard and the site read times through evalbot.times: the same text, the same moment."""
+    from evalbot import render, times
+    from evalbot.dashboard.data import parse_time
+
+    for text in ("2026-11-30T12:00:00+02:00", "2026-11-30T10:00:00Z", "2026-11-30T10:00:00"):
+        assert times.parse(utc(text)) == parse_time(text) == times.parse("2026-11-30T10:00:00Z")
+        assert render.site_time(text) == "2026-11-30 10:00 UTC"
+    assert parse_time("yesterday") is None and render.site_time("yesterday") == "yesterday"
+    with pytest.raises(ValueError, match="without a zone"):
+        times.parse("2026-11-30T10:00:00")  # the store's own times must carry a zone
