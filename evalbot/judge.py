@@ -6,14 +6,17 @@ gets locally.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from evalbot import receipts, verdict
-from evalbot.evaluate import runner
-from evalbot.model import Measurements, Verdict, to_dict
+from evalbot.evaluate import checkout, runner
+from evalbot.model import Measurements, PullRequest, Verdict, to_dict
+from evalbot.rules import Rules
 
 
 @dataclass(frozen=True)
@@ -54,3 +57,27 @@ def receipt(m: Measurements, v: Verdict, key: Ed25519PrivateKey | None) -> dict[
             "verdict": to_dict(v),
         }
     return receipts.sign(body, key) if key else receipts.unsigned(body)
+
+
+# (the PR's facts, the mirror holding both revisions, main's sha, the head's sha) -> the judgement
+Evaluator = Callable[[PullRequest, Path, str, str], Judgement]
+
+
+def local_evaluator(rules: Rules, profile: str, work_root: Path, log: runner.Log, *,
+                    key: Ed25519PrivateKey | None = None, no_sandbox: bool = False, max_pairs: int | None = None,
+                    spec: bool = True, accuracy: bool = True) -> Evaluator:  # fmt: skip
+    """The poller's Evaluator on this box, in-process, exactly as `evalbot evaluate` measures."""
+
+    def evaluate(pr: PullRequest, repo: Path, base_sha: str, head_sha: str) -> Judgement:
+        cfg = runner.EvalConfig(repo=repo, base=base_sha, head=head_sha, rules=rules, profile=profile,
+                                work_root=work_root, no_sandbox=no_sandbox, max_pairs=max_pairs, spec=spec,
+                                accuracy=accuracy, pr=pr.number, title=pr.title, author=pr.author,
+                                branch=pr.head_ref)  # fmt: skip
+        judged = judge(cfg, log, key)
+        try:  # one poller per state (its lock): nothing else uses these checkouts; main's stays for the next PR
+            checkout.cleanup_worktrees(work_root / "worktrees", keep=(base_sha,))
+        except OSError as exc:  # disk housekeeping never costs a verdict
+            log(f"could not clean the checkouts under {work_root / 'worktrees'}: {exc}")
+        return judged
+
+    return evaluate

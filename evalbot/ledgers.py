@@ -139,6 +139,36 @@ def parse_blocked(text: str, report: Callable[[str], None] | None = None) -> lis
     return _unique_logins(out)
 
 
+@dataclass(frozen=True)
+class BlockedSync:
+    """What one reading of blocked-contributors.txt means for the store, and what to write back."""
+
+    block: tuple[BlockedEntry, ...]  # lines a maintainer added by hand: blocks for the store
+    lift: tuple[str, ...]  # logins a maintainer removed by hand: unblocks for the store
+    blocked: tuple[BlockedEntry, ...]  # the store's blocklist once those are applied: the file to write
+
+
+def reconcile_blocked(listed: Iterable[BlockedEntry], exported: Iterable[str] | None,
+                      stored: Iterable[BlockedEntry], known: Iterable[str] = ()) -> BlockedSync:  # fmt: skip
+    """The store is the blocklist's one source and the file its export; a hand edit of the file is read
+    back as a block or an unblock. `exported` holds the logins the bot last wrote (None before its first
+    export), so a line that is missing because the bot never wrote it is exported, and one a maintainer
+    removed is lifted. `known`: every login the store ever blocked or unblocked. Logins compare
+    case-insensitively."""
+    listed = _unique_logins(listed)
+    stored = _unique_logins(stored)
+    in_file = {e.login.lower() for e in listed}
+    in_store = {e.login.lower() for e in stored}
+    # before the first export, a line the store knows of is its (an unblock there wins); any other line
+    # is a maintainer's addition
+    last = in_file & {x.lower() for x in known} if exported is None else {x.lower() for x in exported}
+    block = tuple(e for e in listed if e.login.lower() not in last and e.login.lower() not in in_store)
+    lift = tuple(e.login for e in stored if e.login.lower() in last and e.login.lower() not in in_file)
+    lifted = {x.lower() for x in lift}
+    blocked = tuple(e for e in [*stored, *block] if e.login.lower() not in lifted)
+    return BlockedSync(block, lift, tuple(sorted(blocked, key=lambda e: e.login.lower())))
+
+
 def _unique_logins(entries: Iterable[BlockedEntry]) -> list[BlockedEntry]:
     seen: dict[str, BlockedEntry] = {}
     for e in entries:

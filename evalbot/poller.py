@@ -14,21 +14,19 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
-from evalbot import dispatch, judge, ledgers, receipts, render, rounds, times
-from evalbot.evaluate import checkout, runner
+from evalbot import dispatch, receipts, render, rounds, times
 from evalbot.github import GitHubPort
-from evalbot.judge import Judgement
+from evalbot.judge import Evaluator, Judgement
+from evalbot.ledger_book import LedgerBook
 from evalbot.mirror import Mirror
 from evalbot.model import Decision, MergeOutcome, Notice, PullRequest, Status, Verdict, WorkflowRun, cap_text
 from evalbot.policy import ClaimGap, IntakeContext, TemplateFacts, claim_gap, intake, parse_body
 from evalbot.publish import Publisher
-from evalbot.rules import LabelFamily, Rules, is_login
+from evalbot.rules import LabelFamily, Rules
 from evalbot.store import DEFAULT_MAX_ATTEMPTS as MAX_ATTEMPTS
-from evalbot.store import BlockEvent, EvalKey, EvaluationRecord, Store
+from evalbot.store import EvalKey, EvaluationRecord, Store
 
 Log = Callable[[str], None]
-# (the PR's facts, the mirror holding both revisions, main's sha, the head's sha) -> the judgement
-Evaluator = Callable[[PullRequest, Path, str, str], Judgement]
 # (a PR's facts) -> labels, comment lines, close, or None; the copycat hook
 Screen = Callable[[PullRequest], "Decision | None"]
 
@@ -63,6 +61,19 @@ class PollReport:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Poll:
+    """What one poll learns as it goes; dropped when it ends."""
+
+    report: PollReport = field(default_factory=PollReport)
+    main_sha: str = ""
+    facts: dict[int, PullRequest] = field(default_factory=dict)  # each open PR, read once a poll
+    labels: dict[int, set[str]] = field(default_factory=dict)  # each PR's labels as this poll left them
+    claims: dict[int, TemplateFacts] = field(default_factory=dict)  # each PR's description, parsed once
+    protected: dict[int, set[str]] = field(default_factory=dict)  # blocking labels present when it began
+    stopped: dict[int, str] = field(default_factory=dict)  # why intake stops a PR that has a verdict at its head
+
+
 class Bot:
     """One repository's bot: GitHub, the store, the rules, the mirror and an evaluator."""
 
@@ -72,7 +83,9 @@ class Bot:
         self.gh, self.store, self.rules, self.settings, self.mirror = gh, store, rules, settings, mirror
         self.evaluator, self.log, self.screen, self.now = evaluator, log, screen, now
         self.publisher = Publisher(gh, store, bot_login=settings.bot_login, log=log, dry_run=dry_run)
+        self.book = LedgerBook(store, settings.ledger_remote, log, now, dry_run=dry_run)
         self.dry_run = dry_run
+        self._p = _Poll()
         self._polls = 0
         self._listing: tuple[PullRequest, ...] = ()
         self._dispatch_runs: dispatch.DispatchRuns | None = None
@@ -80,13 +93,28 @@ class Bot:
     # ------------------------------------------------------------------ the loop
 
     def poll_once(self) -> PollReport:
-        """One pass: reconcile, list, intake every open PR, evaluate what is queued, rank and merge."""
-        report = PollReport()
-        self._labels: dict[int, set[str]] = {}  # each PR's labels as this poll left them
-        self._claims: dict[int, TemplateFacts] = {}  # each PR's description, parsed once a poll
-        self._protected: dict[int, set[str]] = {}  # blocking labels present when the poll began
-        self._stopped: dict[int, str] = {}  # why intake stopped a PR that already has a verdict at its head
-        self._ledger_texts: dict[str, str] | None = None  # the ledger files, read at most once a poll
+        """One step: gather the facts, decide (pure) and apply for every open PR, measure what is queued,
+        rank the round and merge its winner, record. Each PR's step is contained: one PR, however
+        hostile, never stops the poll."""
+        p = self._p = _Poll()
+        listing = self._gather()
+        if listing is None:
+            p.report.idle = True
+            return p.report
+        # the blocklist: hand edits of its ledger file into the store first, the store's list out last
+        self._contained(None, "blocked ledger", self.book.sync_blocked)
+        blocked = self.book.blocked()
+        for summary in listing:
+            self._contained(summary.number, "intake", lambda n=summary.number: self._intake(n, blocked))
+        self._work_queue()
+        self._round()
+        self._contained(None, "blocked ledger", self.book.sync_blocked)
+        return p.report
+
+    def _gather(self) -> list[PullRequest] | None:
+        """Reconcile half-done actions, list the open PRs and fetch main; None when nothing changed and
+        nothing waits. Main is the remote's, fetched fresh: what is measured is measured against it."""
+        self.book.begin_poll()
         if not self.dry_run:
             self.publisher.reconcile()
             if self._polls == 0:
@@ -96,38 +124,18 @@ class Bot:
                 self._requeue_own_claims()
         listing = self.gh.list_open_pulls(force=self._polls % self.settings.force_listing_every == 0)
         self._polls += 1
-        queued = self.store.evaluations(state="queued")
-        if listing is None and not queued:
-            report.idle = True
-            return report
+        if listing is None and not self.store.evaluations(state="queued"):
+            return None
         if listing is not None:
             self._listing = listing
         self.mirror.fetch()
-        main_sha = self.mirror.sha(self.settings.main_branch)
-        report.main_sha = main_sha
+        self._p.main_sha = self._p.report.main_sha = self.mirror.sha(self.settings.main_branch)
         set_main = getattr(self.screen, "set_main", None)
         if set_main is not None and not self.dry_run:
-            set_main(main_sha)
-        facts: dict[int, PullRequest] = {}
-        blocked = self._blocked()
-        for summary in sorted(self._listing, key=lambda p: p.number):
-            if summary.base_ref != self.settings.main_branch:
-                continue
+            set_main(self._p.main_sha)
+        return sorted((s for s in self._listing if s.base_ref == self.settings.main_branch), key=lambda s: s.number)
 
-            def intake_one(number: int = summary.number) -> None:
-                pr = self.gh.get_pull(number)
-                facts[pr.number] = pr
-                report.seen.append(pr.number)
-                self._intake(pr, main_sha, blocked, report)
-
-            self._contained(summary.number, "intake", intake_one, report)
-        self._work_queue(facts, main_sha, report)
-        self._round(facts, main_sha, report)
-        self._contained(None, "blocked ledger", self._sync_blocked_ledger, report)
-        return report
-
-    def _contained(self, pr: int | None, step: str, call: Callable[[], object],
-                   report: PollReport) -> Exception | None:
+    def _contained(self, pr: int | None, step: str, call: Callable[[], object]) -> Exception | None:
         """Run one PR's step; whatever it raises is logged and noted for that PR (and returned), and the
         poll goes on with the others."""
         try:
@@ -137,7 +145,7 @@ class Bot:
             where = f"#{pr}" if pr is not None else "poll"
             note = f"{where}: {step} failed: {type(exc).__name__}: {cap_text(str(exc), 500)}"
             self.log(note)
-            report.notes.append(note)
+            self._p.report.notes.append(note)
             return exc
 
     def _requeue_own_claims(self) -> None:
@@ -155,54 +163,7 @@ class Bot:
             ):
                 self.store.release_evaluation(k, self.settings.worker, "the bot restarted while measuring it")
 
-    def _sync_blocked_ledger(self) -> None:
-        """Logins the store blocked (copycat strikes, `evalbot block`) go into blocked-contributors.txt."""
-        remote = self.settings.ledger_remote
-        if not remote or self.dry_run:
-            return
-        stored = {e.login.lower(): e for e in self._store_blocklist()}
-        listed = ledgers.parse_blocked(self._ledgers()[ledgers.BLOCKED_PATH])  # bad lines reported in _blocked
-        missing = [ledgers.BlockedEntry(e.login, e.reason) for k, e in stored.items()
-                   if k not in {x.login.lower() for x in listed}]  # fmt: skip
-        if missing:
-            self._commit_ledger(
-                ledgers.BLOCKED_PATH,
-                ledgers.render_blocked([*listed, *missing]),
-                "ledgers: block " + ", ".join(e.login for e in missing),
-            )
-
-    def _ledgers(self) -> dict[str, str]:
-        if self._ledger_texts is None:
-            remote = self.settings.ledger_remote
-            self._ledger_texts = (
-                ledgers.read_ledgers(remote)
-                if remote
-                else {ledgers.FLAGGED_PATH: "", ledgers.BLOCKED_PATH: ""}
-            )
-        return self._ledger_texts
-
-    def _commit_ledger(self, path: str, text: str, message: str) -> None:
-        assert self.settings.ledger_remote
-        ledgers.commit_ledgers(self.settings.ledger_remote, {path: text}, message)
-        self._ledgers()[path] = text
-
     # ------------------------------------------------------------------ intake
-
-    def _store_blocklist(self) -> list[BlockEvent]:
-        """The store's blocked logins; a malformed one (written before logins were checked) is reported
-        and skipped, never fatal."""
-        out = []
-        for e in self.store.blocklist():
-            if is_login(e.login):
-                out.append(e)
-            else:
-                self.log(f"state: blocked login {e.login[:60]!r} is not a GitHub login; skipped")
-        return out
-
-    def _blocked(self) -> frozenset[str]:
-        people = {e.login for e in self._store_blocklist()}
-        people |= {e.login for e in ledgers.parse_blocked(self._ledgers()[ledgers.BLOCKED_PATH], self.log)}
-        return frozenset(people)
 
     def _since_clear(self, pr: int) -> tuple[Verdict, ...]:
         last = max((times.parse(c.at) for c in self.store.clears(pr)), default=None)
@@ -221,42 +182,48 @@ class Bot:
                 self.store.set_meta(key, seen)
         return max(seen, pr.created_at, key=times.parse)  # compared as times: the two come in two spellings
 
-    def _intake(self, pr: PullRequest, main_sha: str, blocked: frozenset[str], report: PollReport) -> None:
+    def _intake(self, number: int, blocked: frozenset[str]) -> None:
+        """Read one PR, decide what intake and the copycat screen make of it, apply that, and queue its
+        head against main unless a decision stopped it."""
+        pr = self.gh.get_pull(number)
+        p = self._p
+        p.facts[pr.number] = pr
+        p.report.seen.append(pr.number)
         lab = self.rules.labels
         # a maintainer's blocking labels, as GitHub shows them at the start of the poll: no screen of this
         # poll removes them (only `evalbot clear` does), and they block the merge
-        self._protected[pr.number] = set(pr.labels) & self.rules.owned(LabelFamily.PROTECTED)
+        p.protected[pr.number] = set(pr.labels) & self.rules.owned(LabelFamily.PROTECTED)
         if self.store.hold_for(pr.number) is not None or lab.hold in pr.labels:
-            report.notes.append(f"#{pr.number}: on hold")
+            p.report.notes.append(f"#{pr.number}: on hold")
             return
         if self.store.cleared(pr.number, pr.head_sha):
             blocked = frozenset()  # a maintainer looked at this head's people and cleared it
         ctx = IntakeContext(now=self.now(), blocked=blocked, open_prs=self._listing,
                             verdicts=self._since_clear(pr.number), last_push_at=self._last_push(pr))  # fmt: skip
         intake_decision = intake(pr, self.rules, ctx)
-        self._claims[pr.number] = intake_decision.claim  # the body, parsed once this poll
+        p.claims[pr.number] = intake_decision.claim  # the body, parsed once this poll
         if intake_decision.stopped_by == "drafts":
             return
         decision = intake_decision.as_decision(self.rules)
         if not decision.evaluate and decision.close is None and self._verdicts_at_head(pr):
             # the round publishes this head's verdict, with why it is not measured again: one comment
             # body a poll, never a notice and a verdict taking turns
-            lines = "; ".join(intake_decision.reasons) or str(intake_decision.stopped_by)
-            self._stopped[pr.number] = f"\n**Not evaluated again:** {render.escape_md(lines, 600)}\n"
+            p.stopped[pr.number] = "; ".join(intake_decision.reasons) or str(intake_decision.stopped_by)
             decision = replace(decision, notice=None)
-        if not self._apply(pr, decision, report):
+        if not self._apply(pr, decision):
             return
         if self.screen is not None:
             screened = self.screen(pr)
-            if screened is not None and not self._apply(pr, screened, report):
+            if screened is not None and not self._apply(pr, screened):
                 return
+        main_sha = p.main_sha
         key = EvalKey(pr.number, pr.head_sha, main_sha, self.rules.rules_hash)
         rec = self.store.evaluation(key)
         if rec is None and not self.dry_run:
             self.store.enqueue_evaluation(key)
             self.log(f"#{pr.number}: queued {pr.head_sha[:12]} against main {main_sha[:12]}")
 
-    def _apply(self, pr: PullRequest, decision: Decision, report: PollReport | None = None) -> bool:
+    def _apply(self, pr: PullRequest, decision: Decision) -> bool:
         """Apply one decision through the publisher (the one place that acts on GitHub), with its ledger
         flag and its line in the report; whether evaluation goes ahead.
 
@@ -264,39 +231,30 @@ class Bot:
         bot's own changes, so no decision needs another read of the PR; the labels a maintainer or a
         screen set at the start of the poll are protected from every decision of this poll.
         """
+        p = self._p
         if decision.flag:
-            self._flag(pr, decision.flag, "; ".join(decision.notice.lines if decision.notice else ()))
-        current = self._labels.setdefault(pr.number, set(pr.labels))
-        self._labels[pr.number] = self.publisher.apply(pr, decision, current, self._protected.get(pr.number, ()))
-        if decision.note and report is not None:
-            report.notes.append(f"#{pr.number}: {decision.note}")
+            self.book.flag(pr.number, pr.author, decision.flag, "; ".join(decision.notice.lines if decision.notice
+                                                                          else ()))  # fmt: skip
+        current = p.labels.setdefault(pr.number, set(pr.labels))
+        p.labels[pr.number] = self.publisher.apply(pr, decision, current, p.protected.get(pr.number, ()))
+        if decision.note:
+            p.report.notes.append(f"#{pr.number}: {decision.note}")
         return decision.evaluate
 
     def _relabel(self, pr: PullRequest, want: Iterable[str], owned: Iterable[str]) -> None:
         """Make the labels in `owned` exactly `want` (a set difference; every other label untouched)."""
         self._apply(pr, Decision(tuple(want), tuple(owned)))
 
-    def _flag(self, pr: PullRequest, label: str, reason: str) -> None:
-        remote = self.settings.ledger_remote
-        if not remote or self.dry_run:
-            return
-        entries = ledgers.parse_flagged(self._ledgers()[ledgers.FLAGGED_PATH])
-        entry = ledgers.FlagEntry(self.now().strftime("%Y-%m-%d"), pr.number, pr.author, label, reason)
-        updated = ledgers.flag(entries, entry)
-        if updated is not entries:
-            self._commit_ledger(
-                ledgers.FLAGGED_PATH, ledgers.render_flagged(updated), f"ledgers: flag #{pr.number} ({label})"
-            )
-
     # ------------------------------------------------------------------ evaluation
 
-    def _work_queue(self, facts: dict[int, PullRequest], main_sha: str, report: PollReport) -> None:
+    def _work_queue(self) -> None:
+        """Measure (or dispatch) every queued evaluation this worker can claim; collect dispatched runs."""
         if self.dry_run:
             return
+        facts, main_sha = self._p.facts, self._p.main_sha
         actions = self.rules.dispatch.mode == "actions"
         if actions:
-            self._contained(None, "collecting dispatched runs", lambda: self._collect_dispatched(facts, report),
-                            report)
+            self._contained(None, "collecting dispatched runs", self._collect_dispatched)
         d = self.rules.dispatch
         # in actions mode a claim is held while its run is in flight, through every retry
         lease = d.timeout_minutes * 60 * d.max_attempts + 3600 if actions else None
@@ -304,15 +262,13 @@ class Bot:
             rec := self.store.claim_next(self.settings.worker, **({"lease_s": lease} if lease else {}))
         ) is not None:
             key, pr = rec.key, facts.get(rec.key.pr)
-            failed = self._contained(key.pr, "evaluation", lambda k=key, p=pr: self._evaluate(k, p, main_sha, actions,
-                                                                                            report), report)
+            failed = self._contained(key.pr, "evaluation", lambda k=key, p=pr: self._evaluate(k, p, main_sha, actions))
             if failed is not None:
                 why = f"{type(failed).__name__}: {cap_text(str(failed), 500)}"
                 self._contained(key.pr, "recording the infra error",
-                                lambda k=key, p=pr, w=why: self._evaluation_crashed(k, p, w, report), report)
+                                lambda k=key, p=pr, w=why: self._evaluation_crashed(k, p, w))  # fmt: skip
 
-    def _evaluate(self, key: EvalKey, pr: PullRequest | None, main_sha: str, actions: bool,
-                  report: PollReport) -> None:
+    def _evaluate(self, key: EvalKey, pr: PullRequest | None, main_sha: str, actions: bool) -> None:
         """Measure (or dispatch) one claimed evaluation."""
         if pr is None or pr.head_sha != key.head_sha or key.base_sha != main_sha or pr.state != "open":
             # superseded while queued (a push, a merge to main, a close): record it, measure nothing
@@ -320,7 +276,7 @@ class Bot:
             self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
             return
         if actions:
-            self._dispatch(key, pr, report)
+            self._dispatch(key, pr)
             return
         self.mirror.fetch_commit(key.head_sha, f"refs/pull/{key.pr}/head")
         target = self.mirror.merge_commit(key.base_sha, key.head_sha)
@@ -328,30 +284,33 @@ class Bot:
             why = f"conflicts with main {key.base_sha[:12]}: rebase it and push"
             self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
             self._needs_rebase(pr, why)
-            report.notes.append(f"#{pr.number}: {why}")
+            self._note(pr.number, why)
             return
         self.log(f"#{key.pr}: evaluating {key.head_sha[:12]} (as {target[:12]}) against main {key.base_sha[:12]}")
         # evaluate measures the same deterministic merge of the head into main
         judged = self.evaluator(pr, self.mirror.path, key.base_sha, key.head_sha)
-        self._finish(key, judged, report)
+        self._finish(key, judged)
 
-    def _evaluation_crashed(self, key: EvalKey, pr: PullRequest | None, why: str, report: PollReport) -> None:
+    def _evaluation_crashed(self, key: EvalKey, pr: PullRequest | None, why: str) -> None:
         """An evaluation that raised (an unfetchable head, a git fault, an evaluator crash): the PR's
         INFRA_ERROR, never its fault, with the cause in the note."""
         rec = self.store.evaluation(key)
         if rec is None or rec.state != "claimed" or rec.claimed_by != self.settings.worker:
             return
-        self._infra(key, pr or self.gh.get_pull(key.pr), why, False, report)
+        self._infra(key, pr or self.gh.get_pull(key.pr), why, False)
 
-    def _finish(self, key: EvalKey, judged: Judgement, report: PollReport) -> None:
+    def _finish(self, key: EvalKey, judged: Judgement) -> None:
         """Record a measured evaluation (the round publishes it); an INCONCLUSIVE one is queued again,
         within the store's attempt limit, since the box, not the PR, failed to resolve it."""
         self.store.finish_evaluation(key, self.settings.worker, judged.verdict, judged.measurements, judged.receipt)
-        report.evaluated.append(key.pr)
+        self._p.report.evaluated.append(key.pr)
         rec = self.store.evaluation(key)
         if judged.verdict.status is Status.INCONCLUSIVE and rec is not None and rec.attempts < MAX_ATTEMPTS:
             self.store.requeue_evaluation(key, keep_attempts=True)
-            report.notes.append(f"#{key.pr}: inconclusive (attempt {rec.attempts}); queued again")
+            self._note(key.pr, f"inconclusive (attempt {rec.attempts}); queued again")
+
+    def _note(self, pr: int | None, text: str) -> None:
+        self._p.report.notes.append(f"#{pr}: {text}" if pr is not None else text)
 
     # ------------------------------------------------------------------ the runner pool (actions mode)
 
@@ -360,7 +319,7 @@ class Bot:
             self._dispatch_runs = dispatch.DispatchRuns(self.store.open_connection())
         return self._dispatch_runs
 
-    def _dispatch(self, key: EvalKey, pr: PullRequest, report: PollReport) -> None:
+    def _dispatch(self, key: EvalKey, pr: PullRequest) -> None:
         """Send one claimed evaluation to the runner pool (the head as pushed: the runner checks it out)."""
         runs = self._runs()
         if any(r.state in ("dispatching", "in_flight") for r in runs.history(key.pr, key.head_sha, key.base_sha,
@@ -369,11 +328,11 @@ class Bot:
         req = dispatch.new_request(key.pr, key.head_sha, key.base_sha, self.settings.profile, self.rules)
         out = dispatch.start(self.gh, self.rules, runs, req, self.now())
         if isinstance(out, dispatch.Failed):
-            self._infra(key, pr, out.reason, out.alert, report)
+            self._infra(key, pr, out.reason, out.alert)
         else:
-            report.notes.append(f"#{key.pr}: dispatched to the runner pool ({req.request_id})")
+            self._note(key.pr, f"dispatched to the runner pool ({req.request_id})")
 
-    def _collect_dispatched(self, facts: dict[int, PullRequest], report: PollReport) -> None:
+    def _collect_dispatched(self) -> None:
         """Advance every in-flight run; publish only what a runner signed and the rules re-derive."""
         runs = self._runs()
         for handle in runs.in_flight():
@@ -385,9 +344,9 @@ class Bot:
             if isinstance(out, dispatch.Pending) or rec is None or rec.state != "claimed":
                 continue
             if isinstance(out, dispatch.Finished):  # verified; the round publishes it
-                self._finish(key, out.judgement, report)
+                self._finish(key, out.judgement)
             elif out.retried_as is None:
-                self._infra(key, facts.get(r.pr) or self.gh.get_pull(r.pr), out.reason, out.alert, report)
+                self._infra(key, self._p.facts.get(r.pr) or self.gh.get_pull(r.pr), out.reason, out.alert)
 
     def _runner_of(self, run_id: int) -> str | None:
         jobs = getattr(self.gh, "list_run_jobs", None)
@@ -395,13 +354,13 @@ class Bot:
             return None
         return next((j.get("runner_name") for j in jobs(run_id) if j.get("runner_name")), None)
 
-    def _infra(self, key: EvalKey, pr: PullRequest, reason: str, alert: bool, report: PollReport) -> None:
+    def _infra(self, key: EvalKey, pr: PullRequest, reason: str, alert: bool) -> None:
         """An evaluation the pool could not deliver: INFRA_ERROR for the PR, an alert for maintainers."""
         v = dispatch.infra_verdict(self.rules, reason)
         self.store.finish_evaluation(key, self.settings.worker, v)
         if alert:
             self.log(f"ALERT #{key.pr}: {reason}")
-            report.notes.append(f"ALERT #{key.pr}: {reason}")
+            self._note(None, f"ALERT #{key.pr}: {reason}")
         lines = (
             f"The measurement could not be completed on the runner pool: {reason}",
             "This is an infrastructure fault, not the contributor's; the bot will measure the PR again.",
@@ -413,20 +372,19 @@ class Bot:
         self._apply(pr, Decision((self.rules.labels.needs_rebase,), tuple(self.rules.owned(LabelFamily.ROUND)),
                                  notice=Notice("rebase", "needs a rebase", (why,))))  # fmt: skip
 
-    def _publish_verdict(self, pr: PullRequest, rec: EvaluationRecord, extra: str = "") -> None:
+    # ------------------------------------------------------------------ publishing
+
+    def _verdict_decision(self, pr: PullRequest, rec: EvaluationRecord, round_note: str) -> Decision | None:
+        """The published verdict: its comment (the numbers and where the PR stands), labels and status."""
         v, m = rec.verdict, rec.measurements
         if v is None or m is None:
-            return
-        signature = receipts.signature_status(rec.receipt) if rec.receipt else "unsigned"
+            return None
         gap = self._claim_gap(pr, v)
-        body = render.render_comment(v, m, signature_status=signature)
-        if gap is not None:
-            flag = " — **worth a maintainer's look**" if gap.flagged else ""
-            body += f"\n**Claimed vs measured:** {render.escape_md(gap.reason)}{flag}\n"
         approval = rounds.approval_needed(pr.paths, pr.labels, self.rules) if v.status is Status.PASS else None
-        if approval:
-            body += f"\n**Needs a maintainer before it merges:** {render.escape_md(approval, 600)}\n"
-        body += extra
+        standing = render.Standing(claim=gap.reason if gap else "", claim_flagged=bool(gap and gap.flagged),
+                                   approval=approval or "", round=round_note, stopped=self._p.stopped.get(pr.number, ""))
+        signature = receipts.signature_status(rec.receipt) if rec.receipt else "unsigned"
+        body = render.render_comment(v, m, signature_status=signature, standing=standing)
         # claim-gap is applied, not only written: the rules decide whether it blocks auto-merge, and a
         # maintainer's `evalbot clear` of this head lifts it
         cleared = self.store.cleared(pr.number, pr.head_sha)
@@ -434,13 +392,14 @@ class Bot:
         state = _STATUS_STATE.get(v.status)
         status = (state, f"{v.status.value}{' ' + v.tier if v.tier else ''}") if state else None
         owned = self.rules.owned(LabelFamily.VERDICT) | self.rules.owned(LabelFamily.CLAIM)
-        self._apply(pr, Decision((*v.labels_add, *claim_label), tuple(sorted(owned)), comment=body, status=status))
+        return Decision((*v.labels_add, *claim_label), tuple(sorted(owned)), comment=body, status=status)
 
     def _claim_gap(self, pr: PullRequest, v: Verdict) -> ClaimGap | None:
         """The contributor's claim against the measurement at the scored context; None without a claim."""
-        claim = self._claims.get(pr.number)
+        claims = self._p.claims
+        claim = claims.get(pr.number)
         if claim is None:  # a PR intake did not read this poll (on hold): parse it now, once
-            claim = self._claims[pr.number] = parse_body(pr.body)
+            claim = claims[pr.number] = parse_body(pr.body)
         h = v.headline
         best = h if h and h.context == v.scored_context and h.metric == "decode_tps" else None
         claimed = claim.claimed_gain_at(v.scored_context)
@@ -459,7 +418,9 @@ class Bot:
                 if r.key.head_sha == pr.head_sha and r.verdict is not None
                 and r.verdict.status != Status.SKIPPED and r.key.rules_hash == self.rules.rules_hash]  # fmt: skip
 
-    def _round(self, facts: dict[int, PullRequest], main_sha: str, report: PollReport) -> None:
+    def _round(self) -> None:
+        """Rank this main's round (pure), publish every verdict with its place, merge the best PASS."""
+        facts, main_sha = self._p.facts, self._p.main_sha
         contenders, records = [], {}
         for pr in facts.values():
             if pr.draft:  # a draft never reaches a round, whatever was measured before it became one
@@ -478,25 +439,23 @@ class Bot:
             # every verdict is published here, once a poll with its place in the round: a no-op when
             # GitHub shows it already, and the repair when a crash came between measuring and publishing
             def publish(d: rounds.RoundDecision = d) -> None:
-                pr = facts[d.pr]
-                self._relabel(pr, d.labels_add, owned)
-                note = f"\n**Round:** {render.escape_md(d.comment)}\n" if d.comment else ""
-                note += self._stopped.get(d.pr, "")
-                self._publish_verdict(pr, records[d.pr], note)
+                self._relabel(facts[d.pr], d.labels_add, owned)
+                decision = self._verdict_decision(facts[d.pr], records[d.pr], d.comment or "")
+                if decision is not None:
+                    self._apply(facts[d.pr], decision)
 
-            self._contained(d.pr, "publishing", publish, report)
+            self._contained(d.pr, "publishing", publish)
         # the best PASS merges; when GitHub refuses it (a conflict, a failing required check), the next
         # one takes its place and the refused PR is told to rebase
         for place, number in enumerate(ranking.order):
             if place:  # the one before was refused: this PASS takes its place in the round
                 self._contained(number, "promoting", lambda n=number: self._relabel(
-                    facts[n], {self.rules.labels.merge_first}, owned), report)
+                    facts[n], {self.rules.labels.merge_first}, owned))  # fmt: skip
             outcome: list[str] = []
-            self._contained(number, "merging",
-                            lambda n=number, o=outcome: o.append(self._maybe_merge(facts[n], records[n], report)), report)
+            self._contained(number, "merging", lambda n=number, o=outcome: o.append(self._maybe_merge(facts[n],
+                                                                                                     records[n])))
             if outcome != ["refused"]:
                 break
-
     def _record_round(self, ranking: rounds.RoundRanking, facts: dict[int, PullRequest]) -> None:
         """The round against this main, in the store: its ranked PRs and their lower-bound gains."""
         if self.dry_run or not ranking.order:
@@ -513,7 +472,7 @@ class Bot:
             return ()
         return self.gh.list_workflow_runs(workflow, head_sha=head_sha, limit=20)
 
-    def _maybe_merge(self, pr: PullRequest, rec: EvaluationRecord, report: PollReport) -> str:
+    def _maybe_merge(self, pr: PullRequest, rec: EvaluationRecord) -> str:
         """Merge a round's winner if everything still holds; 'merged', 'refused' (GitHub said no) or 'no'.
 
         Only what was measured merges, where it was measured: the PR and main are read again first, and
@@ -523,7 +482,7 @@ class Bot:
         assert rec.verdict is not None
         fresh = self.gh.get_pull(pr.number) if not self.dry_run else pr
         if fresh.base_ref != self.settings.main_branch:
-            report.notes.append(f"#{pr.number}: not merged: it now targets {fresh.base_ref!r}, not "
+            self._note(pr.number, f"not merged: it now targets {fresh.base_ref!r}, not "
                                 f"{self.settings.main_branch!r}")
             return "no"
         main_now = rec.key.base_sha
@@ -532,7 +491,7 @@ class Bot:
             main_now = self.mirror.sha(self.settings.main_branch)
         if main_now != rec.key.base_sha or fresh.head_sha != rec.key.head_sha:
             moved = "main" if main_now != rec.key.base_sha else "the head"
-            report.notes.append(f"#{pr.number}: not merged: {moved} moved since it was measured; measuring again")
+            self._note(pr.number, f"not merged: {moved} moved since it was measured; measuring again")
             if not self.dry_run:
                 self.store.enqueue_evaluation(EvalKey(pr.number, fresh.head_sha, main_now, self.rules.rules_hash))
             return "no"
@@ -552,7 +511,7 @@ class Bot:
                 self._ci_runs(rec.key.head_sha), self.rules)
             ok = why is None
         if not ok:
-            report.notes.append(f"#{pr.number}: not merged: {why}")
+            self._note(pr.number, f"not merged: {why}")
             return "no"
         title = f"{pr.title} (#{pr.number})"
         message = f"Merged by evalbot at the measured head {rec.key.head_sha}: {rec.verdict.status.value} {rec.verdict.tier}"
@@ -566,37 +525,17 @@ class Bot:
             mark_merged = getattr(self.screen, "mark_merged", None)
             if mark_merged is not None:
                 mark_merged(pr.number, times.stamp(self.now()))
-            report.merged.append(pr.number)
+            self._p.report.merged.append(pr.number)
             return "merged"
         if result.outcome is MergeOutcome.HEAD_MOVED:
             # never force: the new head is measured like any push
             self._relabel(pr, {self.rules.labels.re_evaluate}, self.rules.owned(LabelFamily.ROUND))
-            report.notes.append(f"#{pr.number}: head moved before the merge; re-evaluating")
+            self._note(pr.number, "head moved before the merge; re-evaluating")
             return "no"
-        report.notes.append(f"#{pr.number}: not mergeable: {result.message}")
+        self._note(pr.number, f"not mergeable: {result.message}")
         self._needs_rebase(fresh, f"GitHub refused to merge it: {cap_text(result.message, 300)}")
         return "refused"
 
 
 def _skipped(rules: Rules, why: str) -> Verdict:
     return Verdict(Status.SKIPPED, None, None, (), (why,), (), (), rules_hash=rules.rules_hash)
-
-
-def local_evaluator(rules: Rules, profile: str, work_root: Path, log: Log, *, key: object | None = None,
-                    no_sandbox: bool = False, max_pairs: int | None = None, spec: bool = True,
-                    accuracy: bool = True) -> Evaluator:  # fmt: skip
-    """An Evaluator that measures on this box, in-process, exactly as `evalbot evaluate` does."""
-
-    def evaluate(pr: PullRequest, repo: Path, base_sha: str, head_sha: str) -> Judgement:
-        cfg = runner.EvalConfig(repo=repo, base=base_sha, head=head_sha, rules=rules, profile=profile,
-                                work_root=work_root, no_sandbox=no_sandbox, max_pairs=max_pairs, spec=spec,
-                                accuracy=accuracy, pr=pr.number, title=pr.title, author=pr.author,
-                                branch=pr.head_ref)  # fmt: skip
-        judged = judge.judge(cfg, log, key)  # type: ignore[arg-type]
-        try:  # one poller per state (its lock): nothing else uses these checkouts; main's stays for the next PR
-            checkout.cleanup_worktrees(work_root / "worktrees", keep=(base_sha,))
-        except OSError as exc:  # disk housekeeping never costs a verdict
-            log(f"could not clean the checkouts under {work_root / 'worktrees'}: {exc}")
-        return judged
-
-    return evaluate

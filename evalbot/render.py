@@ -16,7 +16,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jinja2
 
@@ -322,10 +322,21 @@ def fit_comment(body: str, limit: int = COMMENT_MAX_CHARS) -> str:
     return head + ("\n" + "\n".join(closers) if closers else "") + note
 
 
-def render_comment(verdict: Verdict, measurements: Measurements, *, signature_status: str) -> str:
+class Standing(NamedTuple):
+    """Where a measured PR stands beyond its numbers, shown under its verdict (plain text, escaped here)."""
+
+    claim: str = ""  # the contributor's claim against the measurement
+    claim_flagged: bool = False  # a gap worth a maintainer's look
+    approval: str = ""  # why it needs a maintainer before it merges
+    round: str = ""  # its place in the round
+    stopped: str = ""  # why intake does not measure it again
+
+
+def render_comment(verdict: Verdict, measurements: Measurements, *, signature_status: str,
+                   standing: Standing | None = None) -> str:  # fmt: skip
     """The PR comment (markdown) for one evaluation, with the hidden marker and embedded state."""
     template = _environment().get_template("comment.md.j2")
-    return template.render(_context(verdict, measurements, signature_status))
+    return template.render(_context(verdict, measurements, signature_status) | {"standing": standing or Standing()})
 
 
 def render_notice(

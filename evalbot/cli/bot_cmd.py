@@ -194,8 +194,9 @@ def _poll(ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | No
     check_profile(ctx.rules, profile)
     from evalbot import receipts
     from evalbot.github import GitHubError, GitHubUnavailable
+    from evalbot.judge import local_evaluator
     from evalbot.mirror import Mirror
-    from evalbot.poller import Bot, BotSettings, local_evaluator
+    from evalbot.poller import Bot, BotSettings
 
     raw_key = (os.environ.get(SIGNING_KEY_ENV) or "").encode()
     key = receipts.load_private_key(raw_key) if raw_key else None
@@ -368,25 +369,22 @@ def unblock(ctx: Ctx, user: str, reason: str) -> None:
 
 
 def _block(ctx: Ctx, user: str, reason: str, *, add: bool) -> None:
+    """Block or unblock in the store (the blocklist's one source), then export it to the ledger file."""
     user, reason = _login(user), _reason(reason)
     by = os.environ.get("USER", "maintainer")
-    remote = ctx.remote()
-    texts = ledgers.read_ledgers(remote)
-    entries = ledgers.parse_blocked(texts[ledgers.BLOCKED_PATH])
-    listed = any(e.login.lower() == user.lower() for e in entries)
-    if add:
-        updated = entries if listed else [*entries, ledgers.BlockedEntry(user, reason)]
-    else:
-        updated = [e for e in entries if e.login.lower() != user.lower()]
     verb = "block" if add else "unblock"
-    _say(ctx, f"{verb} {user} ({reason})" if updated != entries else f"nothing: {user} is already {verb}ed")
-    if ctx.dry_run:
+    if ctx.dry_run:  # read-only: a dry run creates no state file
+        blocked = {e.login.lower() for e in Store(ctx.state).blocklist()} if ctx.state.exists() else set()
+        _say(ctx, f"{verb} {user} ({reason})" if (user.lower() in blocked) != add else f"nothing: {user} is "
+             f"already {verb}ed")
         return
+    from evalbot import times
+    from evalbot.ledger_book import LedgerBook
+
     with ctx.store() as store:
-        (store.block if add else store.unblock)(user, reason, by)
-    if updated != entries:
-        ledgers.commit_ledgers(remote, {ledgers.BLOCKED_PATH: ledgers.render_blocked(updated)},
-                               f"ledgers: {verb} {user}")  # fmt: skip
+        changed = (store.block if add else store.unblock)(user, reason, by)
+        _say(ctx, f"{verb} {user} ({reason})" if changed else f"nothing: {user} is already {verb}ed")
+        LedgerBook(store, ctx.remote(), lambda line: click.echo(line, err=True), times.now).sync_blocked()
 
 
 @click.command()
@@ -395,6 +393,7 @@ def ledger(ctx: Ctx) -> None:
     """Print the merges and credits, the flagged PRs and the blocked logins."""
     with ctx.store() as store:
         entries = store.ledger()
+        blocked = store.blocklist()  # the blocklist's one source; the ledger file is its export
     click.echo("merges and credits:" if entries else "merges and credits: none")
     for e in entries:
         click.echo(
@@ -409,7 +408,6 @@ def ledger(ctx: Ctx) -> None:
     click.echo("flagged:" if flagged else "flagged: none")
     for f in flagged:
         click.echo(f"  #{f.pr} {f.author} {f.label}: {f.reason} [{f.status}]")
-    blocked = ledgers.parse_blocked(texts[ledgers.BLOCKED_PATH])
     click.echo("blocked: " + (", ".join(e.login for e in blocked) or "none"))
 
 

@@ -23,9 +23,10 @@ from click.testing import CliRunner
 
 from evalbot.cli import main as cli_main
 from evalbot.github import PyGithubAdapter
+from evalbot.judge import local_evaluator
 from evalbot.ledgers import BLOCKED_PATH, FLAGGED_PATH, parse_blocked, parse_flagged, read_ledgers
 from evalbot.mirror import Mirror
-from evalbot.poller import Bot, BotSettings, local_evaluator
+from evalbot.poller import Bot, BotSettings
 from evalbot.render import MARKER
 from evalbot.rules import load_rules
 from evalbot.screen import CopycatScreen

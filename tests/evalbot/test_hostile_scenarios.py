@@ -289,11 +289,11 @@ def test_main_moving_between_measurement_and_merge_means_measure_again(contest, 
     contest.pull(1, 0.20)
     real = Bot._maybe_merge
 
-    def main_moves_first(self, pr, rec, report):  # noqa: ANN001, ANN202
+    def main_moves_first(self, pr, rec):  # noqa: ANN001, ANN202
         contest.repo.commit("main", {"README.md": "moved\n"}, "maintainer push", author=("M", "m@e.com"),
                             when=contest.state.tick())
         contest.state.refs["main"] = contest.repo.rev("main")
-        return real(self, pr, rec, report)
+        return real(self, pr, rec)
 
     monkeypatch.setattr(Bot, "_maybe_merge", main_moves_first)
     report = contest.bot.poll_once()
