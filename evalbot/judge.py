@@ -12,8 +12,9 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from evalbot import receipts, verdict
+from evalbot.codec import to_dict
 from evalbot.evaluate import runner
-from evalbot.model import Measurements, Verdict, to_dict
+from evalbot.model import Measurements, Verdict
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ VIOLATIONS = [
     ("evalbot/rounds.py", "from evalbot import store", "pure deciders import no I/O module and no renderer"),
     ("evalbot/policy/cap.py", "from evalbot import render", "pure deciders import no I/O module and no renderer"),
     ("evalbot/model.py", "from evalbot import verdict", "bot layers"),
+    ("evalbot/codec.py", "from evalbot import verdict", "bot layers"),
     ("evalbot/evaluate/box.py", "from evalbot import publish", "bot layers"),
     ("evalbot/stats.py", "import torch", "evalbot talks to the engine only through its CLI"),
 ]
