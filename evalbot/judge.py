@@ -14,8 +14,9 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from evalbot import receipts, verdict
+from evalbot.codec import to_dict
 from evalbot.evaluate import checkout, runner
-from evalbot.model import Measurements, PullRequest, Verdict, to_dict
+from evalbot.model import Measurements, PullRequest, Verdict
 from evalbot.rules import Rules
 
 

@@ -1,17 +1,13 @@
 """The bot's plain data: what was measured (Measurements) and what was decided (Verdict).
 
-Frozen dataclasses only, no behaviour beyond (de)serialization, so that evaluate, verdict, render,
-receipts and publish can pass them around and tests can build them by hand. Every type round-trips
-through ``to_dict`` / ``from_dict`` as plain JSON data (result.json, the comment's embedded state).
+Frozen dataclasses only, so that evaluate, verdict, render, receipts and publish can pass them around and
+tests can build them by hand. Every type round-trips through ``to_dict`` / ``from_dict`` (in
+``evalbot.codec``) as plain JSON data (result.json, the comment's embedded state).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import functools
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -405,91 +401,6 @@ class Artifact:
     size_in_bytes: int
     expired: bool
     run_id: int | None = None
-
-
-# --- JSON (de)serialization ---------------------------------------------------------------------
-
-
-def to_dict(obj: Any) -> Any:
-    """A dataclass tree as plain JSON data (enums by value, tuples as lists)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, (list, tuple)):
-        return [to_dict(x) for x in obj]
-    if isinstance(obj, dict):
-        return {str(k): to_dict(v) for k, v in obj.items()}
-    return obj
-
-
-T = typing.TypeVar("T")
-
-
-def from_dict(cls: type[T], data: Any) -> T:
-    """Rebuild a dataclass (recursively) from to_dict's output; unknown keys are an error."""
-    return typing.cast(T, _build(cls, data, cls.__name__))
-
-
-@functools.cache
-def _fields_of(tp: type) -> tuple[dict[str, Any], frozenset[str]]:
-    # resolving the string annotations is the slow part of from_dict: once per class, not per object
-    return typing.get_type_hints(tp), frozenset(f.name for f in dataclasses.fields(tp))
-
-
-def _build(tp: Any, data: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return data
-    if origin in (typing.Union, types.UnionType):
-        if data is None and type(None) in args:
-            return None
-        errors = []
-        for alt in args:
-            if alt is type(None):
-                continue
-            try:
-                return _build(alt, data, where)
-            except (TypeError, ValueError) as exc:
-                errors.append(str(exc))
-        raise ValueError(f"{where}: {data!r} matches none of {args}: {'; '.join(errors)}")
-    if origin is tuple:
-        if not isinstance(data, (list, tuple)):
-            raise TypeError(f"{where}: expected a list, got {type(data).__name__}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_build(args[0], x, f"{where}[{i}]") for i, x in enumerate(data))
-        if len(args) != len(data):
-            raise ValueError(f"{where}: expected {len(args)} items, got {len(data)}")
-        return tuple(_build(a, x, f"{where}[{i}]") for i, (a, x) in enumerate(zip(args, data, strict=True)))
-    if origin is dict:
-        if not isinstance(data, dict):
-            raise TypeError(f"{where}: expected an object, got {type(data).__name__}")
-        return {k: _build(args[1], v, f"{where}.{k}") for k, v in data.items()}
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return tp(data)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(data, dict):
-            raise TypeError(f"{where}: expected an object, got {type(data).__name__}")
-        hints, names = _fields_of(tp)
-        unknown = set(data) - names
-        if unknown:
-            raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}")
-        kwargs = {k: _build(hints[k], v, f"{where}.{k}") for k, v in data.items()}
-        return tp(**kwargs)
-    if tp is float:
-        if isinstance(data, bool) or not isinstance(data, (int, float)):
-            raise TypeError(f"{where}: expected a number, got {data!r}")
-        return float(data)
-    if tp is int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            raise TypeError(f"{where}: expected an integer, got {data!r}")
-        return data
-    if tp in (str, bool):
-        if not isinstance(data, tp):
-            raise TypeError(f"{where}: expected {tp.__name__}, got {data!r}")
-        return data
-    return data
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ from typing import Any, NamedTuple
 import jinja2
 
 from evalbot import times
+from evalbot.codec import from_dict
 from evalbot.markdown import escape_md, visible
-from evalbot.model import Gate, GateKind, Measurements, Status, Verdict, from_dict
+from evalbot.model import Gate, GateKind, Measurements, Status, Verdict
 from evalbot.stats import MDE_POWER
 
 MARKER = "<!-- evalbot:result -->"

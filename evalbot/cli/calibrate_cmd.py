@@ -23,8 +23,8 @@ from evalbot.cli.options import (
     rules_option,
     state_option,
 )
+from evalbot.codec import to_dict
 from evalbot.evaluate import builds, runner
-from evalbot.model import to_dict
 from evalbot.rules import Tier
 from evalbot.store import Store, StoreError, iso
 

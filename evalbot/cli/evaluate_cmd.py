@@ -17,8 +17,9 @@ from evalbot import judge, receipts, render
 from evalbot.cli.options import check_profile, load_rules_or_exit, profile_option, rules_option
 from evalbot.cli.progress import reporter
 from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
+from evalbot.codec import to_dict
 from evalbot.evaluate import runner
-from evalbot.model import Status, to_dict
+from evalbot.model import Status
 
 EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED: 4, Status.INCONCLUSIVE: 5}
 

@@ -11,8 +11,9 @@ from datetime import datetime
 from typing import Any
 
 from evalbot import receipts, verdict
+from evalbot.codec import from_dict
 from evalbot.judge import Judgement
-from evalbot.model import Measurements, Status, Verdict, WorkflowRun, from_dict
+from evalbot.model import Measurements, Status, Verdict, WorkflowRun
 from evalbot.rules import LabelFamily, Rules
 
 ARTIFACT_PREFIX = "evalbot-result-"

@@ -1,20 +1,16 @@
 """``load_rules``: each rules file read by one function, in an order where a file refers only to the ones
-before it, into the dataclasses of ``evalbot.rules.schema``."""
+before it, into the dataclasses of ``evalbot.rules.schema``. The functions for the measurement files (tiers,
+labels, gates, profiles, models) are here; those for copycat, policy, automerge and dispatch are in
+``evalbot.rules.sections``."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import math
-import re
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from evalbot.rules.reader import (
-    _MODULE,
     _NAME,
     _compose,
     _did_you_mean,
@@ -22,39 +18,27 @@ from evalbot.rules.reader import (
     _join,
 )
 from evalbot.rules.schema import (
-    _LOGIN,
     DEVICES,
-    DISPATCH_MODES,
     FILES,
     AccuracyGate,
-    Area,
-    Automerge,
-    Containment,
     Context,
-    Copycat,
     DecodeAuditGate,
-    Dispatch,
     Gates,
     Labels,
     Measurement,
     ModelRef,
     NoRegressionGate,
-    Policy,
     Profile,
     Quiet,
     Rules,
     RulesError,
     SpecGate,
     SpecPair,
-    Stale,
-    Strikes,
-    Template,
     Tier,
     TimingGate,
-    TinyPr,
-    Winnowing,
     rules_hash,
 )
+from evalbot.rules.sections import _automerge, _copycat, _dispatch, _policy
 
 
 def load_rules(directory: str | Path) -> Rules:
@@ -322,197 +306,6 @@ def _models(f: _File, root: yaml.Node, profiles: list[Profile]) -> tuple[tuple[P
         block=f.integer(sp["block"], "models.spec.block"),
     )
     return tuple(out), spec
-
-
-def _copycat(f: _File, root: yaml.Node) -> Copycat:
-    keys = ("containment", "warnings_to_block", "tiny_pr", "boilerplate_max_prs", "winnowing", "strikes")
-    m = f.mapping(root, "copycat", keys)
-    c = f.mapping(m["containment"], "copycat.containment", ("block", "warn"))
-    block = f.fraction(c["block"], "copycat.containment.block")
-    warn = f.fraction(c["warn"], "copycat.containment.warn")
-    if warn >= block:
-        f.fail(
-            c["warn"],
-            "copycat.containment.warn",
-            f"expected a number below containment.block ({block:g}), got {warn:g}",
-        )
-    tiny = f.mapping(m["tiny_pr"], "copycat.tiny_pr", ("below_added_lines", "warn_literal_overlap"))
-    win = f.mapping(m["winnowing"], "copycat.winnowing", ("k", "w"))
-    strikes = f.mapping(m["strikes"], "copycat.strikes", ("limit", "window_days"))
-    return Copycat(
-        containment=Containment(block, warn),
-        warnings_to_block=f.integer(m["warnings_to_block"], "copycat.warnings_to_block"),
-        tiny_pr=TinyPr(
-            f.integer(tiny["below_added_lines"], "copycat.tiny_pr.below_added_lines"),
-            f.fraction(tiny["warn_literal_overlap"], "copycat.tiny_pr.warn_literal_overlap"),
-        ),
-        boilerplate_max_prs=f.integer(m["boilerplate_max_prs"], "copycat.boilerplate_max_prs"),
-        winnowing=Winnowing(
-            f.integer(win["k"], "copycat.winnowing.k"), f.integer(win["w"], "copycat.winnowing.w")
-        ),
-        strikes=Strikes(
-            f.integer(strikes["limit"], "copycat.strikes.limit"),
-            f.integer(strikes["window_days"], "copycat.strikes.window_days"),
-        ),
-    )
-
-
-def _policy(f: _File, root: yaml.Node, labels_in_use: dict[str, str]) -> Policy:
-    present = {key for key, _, _ in f.items(root, "policy")}
-    keys = ("open_pr_cap", "areas", "sensitive_paths", "blocklist", "stale", "template",
-            *(("harness_modules",) if "harness_modules" in present else ()))
-    m = f.mapping(root, "policy", keys)
-    areas = []
-    for label, key_node, node in f.items(m["areas"], "policy.areas"):
-        field = _join("policy.areas", label)
-        f.label(key_node, field)
-        if label in labels_in_use:
-            f.fail(
-                key_node,
-                field,
-                f"expected a label not used elsewhere, got {label!r} (already {labels_in_use[label]})",
-            )
-        a = f.mapping(node, field, ("weight", "paths"))
-        paths = tuple(
-            f.path_pattern(p, _join(f"{field}.paths", i))
-            for i, p in enumerate(f.sequence(a["paths"], f"{field}.paths"))
-        )
-        if not paths:
-            f.fail(a["paths"], f"{field}.paths", "expected at least one path, got none")
-        areas.append(Area(label, f.fraction(a["weight"], f"{field}.weight"), paths))
-    if not areas:
-        f.fail(m["areas"], "policy.areas", "expected at least one area, got none")
-    total = sum(a.weight for a in areas)
-    if not math.isclose(total, 1.0, abs_tol=1e-9):
-        f.fail(m["areas"], "policy.areas", f"expected weights summing to 1, got {total:g}")
-    sensitive = f.sequence(m["sensitive_paths"], "policy.sensitive_paths")
-    logins = []
-    for i, node in enumerate(f.sequence(m["blocklist"], "policy.blocklist")):
-        login = f.text(node, _join("policy.blocklist", i), _LOGIN, "a GitHub login")
-        if login.casefold() in (x.casefold() for x in logins):
-            f.fail(node, _join("policy.blocklist", i), f"expected each login once, got {login!r} again")
-        logins.append(login)
-    st = f.mapping(m["stale"], "policy.stale", ("days_without_push", "max_fruitless_verdicts"))
-    tp = f.mapping(m["template"], "policy.template", ("require_benchmark", "claim_gap_max"))
-    return Policy(
-        open_pr_cap=f.integer(m["open_pr_cap"], "policy.open_pr_cap"),
-        areas=tuple(areas),
-        sensitive_paths=tuple(
-            f.path_pattern(p, _join("policy.sensitive_paths", i)) for i, p in enumerate(sensitive)
-        ),
-        blocklist=tuple(logins),
-        harness_modules=tuple(
-            f.text(n, _join("policy.harness_modules", i), _MODULE, "a dotted module name such as engine.cli")
-            for i, n in enumerate(f.sequence(m["harness_modules"], "policy.harness_modules"))
-        ) if "harness_modules" in m else (),
-        stale=Stale(
-            days_without_push=f.integer(st["days_without_push"], "policy.stale.days_without_push"),
-            max_fruitless_verdicts=f.integer(
-                st["max_fruitless_verdicts"], "policy.stale.max_fruitless_verdicts", minimum=0
-            ),
-        ),
-        template=Template(
-            require_benchmark=f.boolean(tp["require_benchmark"], "policy.template.require_benchmark"),
-            # Above 0: a zero tolerance would flag every claim made on a contributor's own machine.
-            claim_gap_max=f.number(tp["claim_gap_max"], "policy.template.claim_gap_max", 0, 1, lo_open=True),
-        ),
-    )
-
-
-def _automerge(f: _File, root: yaml.Node, tiers: tuple[Tier, ...], known_labels: dict[str, str]) -> Automerge:
-    present = {key for key, _, _ in f.items(root, "automerge")}
-    optional = [k for k in ("required_ci_workflow", "approval_paths", "approval_label") if k in present]
-    m = f.mapping(root, "automerge", ("enabled", "min_tier", "required_labels", "blocking_labels", *optional))
-    names = sorted(known_labels)
-
-    def refs(key: str) -> tuple[str, ...]:
-        field = f"automerge.{key}"
-        return tuple(
-            f.choice(n, _join(field, i), names, "a label defined in labels.yaml or policy.yaml")
-            for i, n in enumerate(f.sequence(m[key], field))
-        )
-
-    required, blocking = refs("required_labels"), refs("blocking_labels")
-    for i, name in enumerate(blocking):
-        if name in required:
-            node = m["blocking_labels"].value[i]
-            f.fail(
-                node,
-                _join("automerge.blocking_labels", i),
-                f"expected a label not in required_labels, got {name!r}",
-            )
-    approval_paths = tuple(
-        f.path_pattern(n, _join("automerge.approval_paths", i))
-        for i, n in enumerate(f.sequence(m["approval_paths"], "automerge.approval_paths"))
-    ) if "approval_paths" in m else ()
-    approval_label = f.label(m["approval_label"], "automerge.approval_label") if "approval_label" in m else None
-    if approval_paths and approval_label is None:
-        f.fail(m["approval_paths"], "automerge.approval_label", "missing; approval_paths needs the label that approves")
-    workflow = None
-    if "required_ci_workflow" in m:
-        workflow = f.text(m["required_ci_workflow"], "automerge.required_ci_workflow", _WORKFLOW_FILE,
-                          "a workflow file name such as ci.yml")
-    return Automerge(
-        enabled=f.boolean(m["enabled"], "automerge.enabled"),
-        min_tier=f.choice(m["min_tier"], "automerge.min_tier", [t.name for t in tiers], "a tier"),
-        required_labels=required,
-        blocking_labels=blocking,
-        required_ci_workflow=workflow,
-        approval_paths=approval_paths,
-        approval_label=approval_label,
-    )
-
-
-_OPTIONAL_DISPATCH = ("workflow", "ref", "timeout_minutes", "max_attempts")
-
-
-_WORKFLOW_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.ya?ml")
-
-
-_GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
-
-
-def _dispatch(f: _File, root: yaml.Node) -> Dispatch:
-    allowed = ("mode", "runner_public_keys", *_OPTIONAL_DISPATCH)
-    present: set[str] = set()
-    for key, key_node, _ in f.items(root, "dispatch"):
-        if key not in allowed:  # checked here so that a misspelt optional key still gets its hint
-            hint = _did_you_mean(key, allowed)
-            f.fail(
-                key_node, _join("dispatch", key), f"unknown key{hint}; expected one of: {', '.join(allowed)}"
-            )
-        present.add(key)
-    m = f.mapping(root, "dispatch", [k for k in allowed if k not in _OPTIONAL_DISPATCH or k in present])
-    extra: dict[str, Any] = {}
-    if "workflow" in m:
-        what = "a workflow file name in .github/workflows (e.g. evalbot-eval.yml)"
-        extra["workflow"] = f.text(m["workflow"], "dispatch.workflow", _WORKFLOW_FILE, what)
-    if "ref" in m:
-        extra["ref"] = f.text(m["ref"], "dispatch.ref", _GIT_REF, "a branch or tag name")
-    for key in ("timeout_minutes", "max_attempts"):
-        if key in m:
-            extra[key] = f.integer(m[key], f"dispatch.{key}")
-    mode = f.choice(m["mode"], "dispatch.mode", DISPATCH_MODES, "a dispatch mode")
-    what = "an Ed25519 public key (base64 of 32 raw bytes)"
-    keys = []
-    for i, node in enumerate(f.sequence(m["runner_public_keys"], "dispatch.runner_public_keys")):
-        field = _join("dispatch.runner_public_keys", i)
-        text = f.text(node, field, what=what)
-        try:
-            raw = base64.b64decode(text.encode("ascii"), validate=True)
-        except (binascii.Error, UnicodeEncodeError):
-            raw = b""
-        if len(raw) != 32:
-            f.fail(node, field, f"expected {what}, got {text!r}")
-        keys.append(text)
-    if mode == "actions" and not keys:
-        # Results from remote runners are trusted only when signed by a key listed here.
-        f.fail(
-            m["runner_public_keys"],
-            "dispatch.runner_public_keys",
-            "expected at least one key when mode is 'actions', got none",
-        )
-    return Dispatch(mode, tuple(keys), **extra)
 
 
 __all__ = ["load_rules"]

@@ -14,6 +14,9 @@ import yaml
 
 from evalbot.rules.schema import RulesError
 
+_Node = yaml.Node  # the composed node type, for loaders that do not import yaml themselves
+
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 

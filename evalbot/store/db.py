@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from evalbot import times
-from evalbot.model import to_dict
+from evalbot.codec import to_dict
 
 SCHEMA_VERSION = 4
 BUSY_TIMEOUT_MS = 10_000

@@ -15,7 +15,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from evalbot import times
-from evalbot.model import Measurements, Status, Verdict, from_dict
+from evalbot.codec import from_dict
+from evalbot.model import Measurements, Status, Verdict
 from evalbot.store.db import CorruptStoreError, Db, StoreError, _check_pr, _check_text, _dumps, _loads, iso
 
 DEFAULT_LEASE_S = 3 * 3600  # longer than any profile's time budget plus builds

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from evalbot import calibrate, stats
+from evalbot.codec import to_dict
 from evalbot.evaluate import runner
 from evalbot.judge import Judgement
-from evalbot.model import Failure, Measurements, Provenance, Side, Status, ThroughputPairs, to_dict
+from evalbot.model import Failure, Measurements, Provenance, Side, Status, ThroughputPairs
 from evalbot.rules import default_rules_dir, load_rules
 from evalbot.store import Store, iso
 from evalbot.verdict import decide

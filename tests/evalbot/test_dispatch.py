@@ -21,6 +21,7 @@ import requests
 from cryptography.hazmat.primitives import serialization
 
 from evalbot import dispatch, judge, receipts
+from evalbot.codec import to_dict
 from evalbot.dispatch import (
     ArtifactProblem,
     DispatchRuns,
@@ -42,7 +43,6 @@ from evalbot.model import (
     Side,
     Status,
     ThroughputPairs,
-    to_dict,
 )
 from evalbot.rules import default_rules_dir, load_rules, rules_hash
 from evalbot.store import Store

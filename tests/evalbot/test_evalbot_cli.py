@@ -67,7 +67,8 @@ def test_receipt_without_a_key_is_explicitly_unsigned(tmp_path, monkeypatch):
 
 
 def test_render_preview(tmp_path):
-    from evalbot.model import Measurements, Provenance, ThroughputPairs, to_dict
+    from evalbot.codec import to_dict
+    from evalbot.model import Measurements, Provenance, ThroughputPairs
     from evalbot.rules import load_rules
     from evalbot.verdict import decide
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from evalbot import render
+from evalbot.codec import to_dict
 from evalbot.model import (
     AccuracyResult,
     ContextEstimate,
@@ -25,7 +26,6 @@ from evalbot.model import (
     Status,
     ThroughputPairs,
     Verdict,
-    to_dict,
 )
 
 GOLDEN = Path(__file__).parent / "golden"

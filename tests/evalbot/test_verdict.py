@@ -219,7 +219,8 @@ def test_the_headline_and_the_lower_bound_are_computed_once_and_survive_the_stor
     """decide sets them; whatever a caller or a stored record claims is replaced by what the estimates say."""
     import dataclasses
 
-    from evalbot.model import Verdict, from_dict, to_dict
+    from evalbot.codec import from_dict, to_dict
+    from evalbot.model import Verdict
 
     v = decide(meas(tp(128, 1.0), tp(512, 1.05), accuracy=(GOOD_ACC,)), rules)
     at512 = next(e for e in v.estimates if e.context == 512)
