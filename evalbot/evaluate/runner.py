@@ -22,6 +22,7 @@ from typing import Any
 
 from evalbot.evaluate import abtest, audit, box, builds, checkout, prompts, sandbox, served
 from evalbot.evaluate.exits import describe_exit
+from evalbot.evaluate.harness import harness_drift, harness_fingerprint
 from evalbot.model import (
     AccuracyResult,
     DecodeAudit,
@@ -145,7 +146,7 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
             return done(prov=shas, skipped_reason=f"the PR conflicts with main {base_sha[:12]}: rebase it and push")
         base_wt = checkout.prepare_worktree(cfg.repo, base_sha, cfg.work_root / "worktrees")
         head_wt = checkout.prepare_worktree(cfg.repo, measured, cfg.work_root / "worktrees")
-    except builds.BuildError as exc:
+    except checkout.BuildError as exc:
         return done(failures=(Failure(Side.HARNESS, "git", str(exc)),))
     hits = harness_hits(checkout.changed_paths(cfg.repo, base_sha, head_sha), cfg.rules)
     if hits:
@@ -199,9 +200,9 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
         modules = cfg.rules.policy.harness_modules
         if modules:
             try:
-                drift = builds.harness_drift(*(builds.harness_fingerprint(ctx.sides[s].build.venv, modules)  # type: ignore[arg-type]
-                                               for s in (Side.BASE, Side.HEAD)))
-            except builds.BuildError as exc:
+                drift = harness_drift(*(harness_fingerprint(ctx.sides[s].build.venv, modules)  # type: ignore[arg-type]
+                                        for s in (Side.BASE, Side.HEAD)))
+            except checkout.BuildError as exc:
                 return done(prov=shas, failures=(Failure(Side.HARNESS, "harness", str(exc)),))
             if drift:
                 return done(prov=shas, skipped_reason="the built PR does not import main's harness, so the bot "
