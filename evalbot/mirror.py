@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalbot import git
-from evalbot.evaluate import builds, checkout
+from evalbot.evaluate import checkout
 
 # GitHub serves every PR's head as refs/pull/N/head (forks included); same-repo branches come too,
 # for remotes that have no pull refs (a plain bare repository).
@@ -56,7 +56,7 @@ class Mirror:
         """The commit to measure for a PR, its head merged into main (checkout.merge_commit); None on conflict."""
         try:
             return checkout.merge_commit(self.path, main_sha, head_sha)
-        except builds.BuildError as exc:
+        except checkout.BuildError as exc:
             raise MirrorError(str(exc)) from exc
 
     def fetch_commit(self, sha: str, ref_hint: str | None = None) -> None:

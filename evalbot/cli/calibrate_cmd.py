@@ -24,7 +24,7 @@ from evalbot.cli.options import (
     state_option,
 )
 from evalbot.codec import to_dict
-from evalbot.evaluate import builds, runner
+from evalbot.evaluate import checkout, runner
 from evalbot.rules import Tier
 from evalbot.store import Store, StoreError, iso
 
@@ -87,7 +87,7 @@ def calibrate(repo: Path, rev: str, runs: int, rules_dir: Path | None, profile: 
                             spec=spec, accuracy=accuracy, max_pairs=max_pairs, no_sandbox=no_sandbox)  # fmt: skip
     try:
         aa = calibrate_mod.run(cfg, runs, _log)
-    except builds.BuildError as exc:
+    except checkout.BuildError as exc:
         raise click.ClickException(str(exc)) from exc
     summary = calibrate_mod.summarize(aa, box=box, at=iso())
     if summary.rows:

@@ -37,14 +37,14 @@ import shutil
 import subprocess
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 from evalbot.evaluate import sandbox
-from evalbot.evaluate.checkout import BuildError, Worktree
+from evalbot.evaluate.checkout import Worktree
 from evalbot.evaluate.exits import describe_exit
 from evalbot.evaluate.files import TMP_NAME, read_json, remove, write_json_atomic
 from evalbot.evaluate.files import tail as log_tail
@@ -236,86 +236,6 @@ def engine_identity(worktree: Worktree, build: BuildResult) -> dict[str, Any]:
         "cached": build.cached,
         "build_key": build.key_sha256,
     }
-
-
-# Runs under a built venv's interpreter with -I -S: no site, so no .pth file (the revision's code) runs.
-# It resolves each module the way the venv's site would set sys.path (its site directories, plus the
-# plain directories its .pth files add), without importing anything, and lists every file that runs at
-# start-up (.pth, sitecustomize, usercustomize) with its sha256.
-_HARNESS_PROBE = """\
-import hashlib, importlib.machinery as mach, json, os, sys, sysconfig
-def digest(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-# without site, sys.prefix is the base interpreter's: the venv is the folder above bin/python
-venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
-if not os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
-    raise SystemExit("not a venv: " + venv)
-site = []
-for key in ("purelib", "platlib"):
-    p = sysconfig.get_paths(vars={"base": venv, "platbase": venv})[key]
-    if p not in site and os.path.isdir(p):
-        site.append(p)
-startup, search = {}, list(site)
-for d in site:
-    for name in sorted(os.listdir(d)):
-        full = os.path.join(d, name)
-        if name.endswith(".pth") or name.split(".")[0] in ("sitecustomize", "usercustomize"):
-            startup[name] = digest(full) if os.path.isfile(full) else "not a file"
-        if name.endswith(".pth") and os.path.isfile(full):
-            for line in open(full, encoding="utf-8", errors="replace"):
-                line = line.strip()
-                extra = os.path.join(d, line)
-                if line and not line.startswith(("#", "import ", "import\t")) and os.path.isdir(extra):
-                    search.append(extra)
-found = {}
-for module in sys.argv[1:]:
-    name = module[: -len(".__init__")] if module.endswith(".__init__") else module
-    parts, where, spec = name.split("."), search, None
-    for i in range(len(parts)):
-        spec = mach.PathFinder.find_spec(".".join(parts[: i + 1]), where)
-        if spec is None:
-            break
-        where = list(spec.submodule_search_locations or [])
-    origin = spec.origin if spec is not None and spec.has_location else None
-    base = next((d for d in search if origin and origin.startswith(d + os.sep)), None)
-    found[module] = None if spec is None else {
-        "loader": type(spec.loader).__name__,
-        "file": os.path.relpath(origin, base) if base else origin,
-        "sha256": digest(origin) if origin and os.path.isfile(origin) else None,
-    }
-print(json.dumps({"modules": found, "startup": startup}, sort_keys=True))
-"""
-
-
-def harness_fingerprint(venv: Path, modules: Iterable[str], timeout_s: float = 60) -> dict[str, Any]:
-    """How a built venv resolves each harness module (loader, file, sha256) and which start-up files
-    (.pth, sitecustomize) it holds; BuildError if the probe cannot run."""
-    try:
-        proc = subprocess.run([str(venv / "bin" / "python"), "-I", "-S", "-c", _HARNESS_PROBE, *modules],
-                              capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
-                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})  # fmt: skip
-        if proc.returncode != 0:
-            raise BuildError(f"cannot inspect the harness modules of {venv}: the probe {describe_exit(proc.returncode)}: "
-                             f"{proc.stderr.strip()[-500:]}")
-        return json.loads(proc.stdout)
-    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
-        raise BuildError(f"cannot inspect the harness modules of {venv}: {exc}") from exc
-
-
-def harness_drift(base: dict[str, Any], head: dict[str, Any]) -> list[str]:
-    """How the head's built harness differs from main's (empty when byte-identical). Pure."""
-    out = []
-    for module, want in sorted(base.get("modules", {}).items()):
-        got = head.get("modules", {}).get(module)
-        if got != want:
-            shown = "missing" if got is None else f"{got.get('file')} ({got.get('loader')})"
-            out.append(f"{module} resolves to {shown}, not main's {want and want.get('file')}")
-    b, h = base.get("startup", {}), head.get("startup", {})
-    for name in sorted(set(b) | set(h)):
-        if b.get(name) != h.get(name):
-            out.append(f"start-up file {name} {'is new' if name not in b else 'differs from main' if name in h else 'is gone'}")
-    return out
 
 
 def _probe(python: str | Path, log: IO[str], deadline: float) -> dict[str, Any]:

@@ -353,7 +353,7 @@ def test_a_confined_build_cannot_write_outside_its_dir_reach_the_network_or_see_
     """The revision's setup.py runs inside the sandbox: the host paths stay untouched, the connect fails."""
     import socket
 
-    from evalbot.evaluate.runner import _confine_build
+    from evalbot.evaluate.context import confine_build
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -368,7 +368,7 @@ def test_a_confined_build_cannot_write_outside_its_dir_reach_the_network_or_see_
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_not_for_builds")
     wt = prepare_worktree(repo, "snoop", tmp_path / "wt")
     result = build_env(wt, tmp_path / "venvs", python=sys.executable, log_dir=tmp_path / "logs", timeout_s=600,
-                       confine=_confine_build)
+                       confine=confine_build)
     listener.close()
     log = result.log_path.read_text()
     assert result.ok, log[-3000:]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import builds
+from evalbot.evaluate import harness
 from evalbot.policy.sensitive_paths import harness_hits, shadows
 from evalbot.rules import default_rules_dir, load_rules
 
@@ -59,18 +59,18 @@ def _venv(root: Path, files: dict[str, str]) -> Path:
 def test_the_built_harness_is_compared_byte_for_byte(tmp_path):
     modules = ("engine.__init__", "engine.cli", "engine.protocol")
     main = {"engine/__init__.py": "", "engine/cli.py": "print('bench')\n", "engine/protocol.py": "SCHEMA = 1\n"}
-    base = builds.harness_fingerprint(_venv(tmp_path / "base", main), modules)
+    base = harness.harness_fingerprint(_venv(tmp_path / "base", main), modules)
     assert base["modules"]["engine.cli"]["file"] == "engine/cli.py" and base["modules"]["engine.cli"]["sha256"]
-    same = builds.harness_fingerprint(_venv(tmp_path / "same", main), modules)
-    assert builds.harness_drift(base, same) == []
-    rigged = builds.harness_fingerprint(_venv(tmp_path / "rigged", {**main, "engine/cli.py": "print('3x')\n"}),
-                                        modules)
-    assert any("engine.cli" in d for d in builds.harness_drift(base, rigged))
-    package = builds.harness_fingerprint(_venv(tmp_path / "pkg", {**main, "engine/cli/__init__.py": "x = 1\n"}),
+    same = harness.harness_fingerprint(_venv(tmp_path / "same", main), modules)
+    assert harness.harness_drift(base, same) == []
+    rigged = harness.harness_fingerprint(_venv(tmp_path / "rigged", {**main, "engine/cli.py": "print('3x')\n"}),
                                          modules)
-    assert any("engine/cli/__init__.py" in d for d in builds.harness_drift(base, package))
-    pth = builds.harness_fingerprint(_venv(tmp_path / "pth", {**main, "boot.pth": "import os\n"}), modules)
-    assert builds.harness_drift(base, pth) == ["start-up file boot.pth is new"]
-    custom = builds.harness_fingerprint(_venv(tmp_path / "custom", {**main, "sitecustomize.py": "x = 1\n"}),
-                                        modules)
-    assert "start-up file sitecustomize.py is new" in builds.harness_drift(base, custom)
+    assert any("engine.cli" in d for d in harness.harness_drift(base, rigged))
+    package = harness.harness_fingerprint(_venv(tmp_path / "pkg", {**main, "engine/cli/__init__.py": "x = 1\n"}),
+                                          modules)
+    assert any("engine/cli/__init__.py" in d for d in harness.harness_drift(base, package))
+    pth = harness.harness_fingerprint(_venv(tmp_path / "pth", {**main, "boot.pth": "import os\n"}), modules)
+    assert harness.harness_drift(base, pth) == ["start-up file boot.pth is new"]
+    custom = harness.harness_fingerprint(_venv(tmp_path / "custom", {**main, "sitecustomize.py": "x = 1\n"}),
+                                         modules)
+    assert "start-up file sitecustomize.py is new" in harness.harness_drift(base, custom)

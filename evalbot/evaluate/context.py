@@ -1,0 +1,139 @@
+"""What the steps of one evaluation share: its config, the run's context, and the sandbox.
+
+The run's context (RunContext) holds what the steps learn as they go: each side's build, the models, the
+scratch folder, the profile's limits. Every engine process and every build step of a revision runs in the
+sandbox made here: scratch is the only writable place, the env is scrubbed, the bot's state unreadable.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evalbot.evaluate import builds, checkout, sandbox
+from evalbot.model import Failure, Side
+from evalbot.rules import Quiet, Rules
+
+Log = Callable[[str], None]
+
+
+class SideFailed(Exception):
+    """One engine run failed; carries the Failure to record."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What to evaluate and how (everything the CLI parsed)."""
+
+    repo: Path
+    base: str
+    head: str
+    rules: Rules
+    profile: str
+    work_root: Path
+    no_sandbox: bool = False
+    seed: int | None = None
+    spec: bool = True
+    spec_drafter: str = "ngram"  # "ngram" (fast, the profile's model) or "draft" (the rules' target/draft pair)
+    accuracy: bool = True
+    max_pairs: int | None = None  # overrides the profile's, e.g. for a quick demo
+    positions: int = 128
+    pr: int | None = None
+    title: str = ""
+    author: str = ""
+    branch: str = ""
+    python: str = sys.executable
+    # structured progress (stage, pairs per context, running ratio and CI, ETA) for a live display
+    progress: Callable[[dict[str, Any]], None] | None = None
+
+
+@dataclass
+class SideBuild:
+    """One side's checkout and its build."""
+
+    side: Side
+    worktree: checkout.Worktree
+    build: builds.BuildResult
+
+
+@dataclass
+class RunContext:
+    """One evaluation's state, which its steps share: the builds, the models, the scratch, the limits."""
+
+    cfg: EvalConfig
+    log: Log
+    scratch: Path
+    ro_binds: list[Path] = field(default_factory=list)
+    sides: dict[Side, SideBuild] = field(default_factory=dict)
+    profile_device: str = "cpu"
+    run_timeout_s: float = 600.0
+    max_output_bytes: int = 64 << 20
+    box_samples: list[dict[str, Any]] = field(default_factory=list)
+    runs: int = 0  # engine processes started, for fresh scratch names
+    quiet: Quiet = field(default_factory=Quiet)
+    model_paths: dict[str, Path] = field(default_factory=dict)
+    serve_scratch: dict[Side, Path] = field(default_factory=dict)  # each side's latest serving process's
+
+
+def fresh_scratch(ctx: RunContext, label: str) -> Path:
+    """A new, empty folder under the run's scratch for one engine process."""
+    ctx.runs += 1
+    path = ctx.scratch / "runs" / f"{ctx.runs:05d}-{label}"
+    path.mkdir(parents=True)
+    return path
+
+
+SIDE_LABEL = {Side.BASE: "main", Side.HEAD: "the PR"}
+
+
+# --- the sandbox ------------------------------------------------------------------------------------
+
+
+def sandbox_spec(ctx: RunContext, venv: Path, scratch: Path, extra_binds: list[Path],
+                 timeout_s: float) -> sandbox.SandboxSpec:
+    """The sandbox of one engine process: scratch is the only writable place, the env is scrubbed."""
+    scratch.mkdir(exist_ok=True)
+    env = sandbox.scrub_env(os.environ)
+    cores = str(os.cpu_count() or 1)
+    env.update({"HOME": str(scratch), "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(scratch / ".cache"),
+                "OMP_NUM_THREADS": cores, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
+                "TRITON_CACHE_DIR": str(scratch / ".triton"), "TORCHINDUCTOR_CACHE_DIR": str(scratch / ".inductor")})
+    return sandbox.SandboxSpec(
+        ro_binds=tuple(dict.fromkeys([*ctx.ro_binds, venv, *extra_binds])), scratch=scratch, workdir=scratch, env=env,
+        limits=sandbox.Limits(cpu_seconds=int(timeout_s * (os.cpu_count() or 1)), memory_bytes=48 << 30,
+                              max_output_bytes=ctx.max_output_bytes, timeout_s=timeout_s),
+        devices=sandbox.gpu_devices() if ctx.profile_device == "cuda" else (),
+    )
+
+
+def sandboxed_python(ctx: RunContext, venv: Path, scratch: Path, argv: list[str], extra_binds: list[Path],
+                     timeout_s: float) -> sandbox.RunResult:
+    """`python -m argv` from a venv under bubblewrap: scratch is the only writable place, the env is scrubbed."""
+    spec = sandbox_spec(ctx, venv, scratch, extra_binds, timeout_s)
+    return sandbox.run(spec, [str(venv / "bin" / "python"), "-m", *argv], no_sandbox=ctx.cfg.no_sandbox)
+
+
+def confine_build(argv: list[str], writable: Path) -> list[str]:
+    """A revision's build step under bubblewrap: no network, only its temp dir writable, no secrets."""
+    env = builds.build_environ(sandbox.scrub_env(os.environ)) | {"HOME": str(writable),
+                                                                 "TMPDIR": str(writable / "tmp")}
+    spec = sandbox.SandboxSpec(
+        ro_binds=tuple(ro_binds([])), scratch=writable,
+        workdir=writable, env=env, limits=sandbox.Limits(cpu_seconds=3600, memory_bytes=16 << 30),
+    )
+    return sandbox.bwrap_argv(spec, argv)
+
+
+def ro_binds(model_dirs: list[Path]) -> list[Path]:
+    """What sandboxed code may read: system dirs, the interpreters, the models. Never the bot's state."""
+    interpreters = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
+    return list(dict.fromkeys([*sandbox.system_ro_binds(), *sorted(interpreters), *model_dirs]))
+
