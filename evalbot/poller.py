@@ -14,24 +14,22 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
-from evalbot import dispatch, receipts, render, rounds, times
+from evalbot import dispatch, rounds, times
 from evalbot.github import GitHubPort
 from evalbot.judge import Evaluator, Judgement
 from evalbot.ledger_book import LedgerBook
 from evalbot.mirror import Mirror
 from evalbot.model import Decision, MergeOutcome, Notice, PullRequest, Status, Verdict, WorkflowRun, cap_text
-from evalbot.policy import ClaimGap, IntakeContext, TemplateFacts, claim_gap, intake, parse_body
+from evalbot.policy import IntakeContext, TemplateFacts, intake, parse_body
 from evalbot.publish import Publisher
 from evalbot.rules import LabelFamily, Rules
 from evalbot.store import DEFAULT_MAX_ATTEMPTS as MAX_ATTEMPTS
 from evalbot.store import EvalKey, EvaluationRecord, Store
+from evalbot.verdict_comment import verdict_decision
 
 Log = Callable[[str], None]
 # (a PR's facts) -> labels, comment lines, close, or None; the copycat hook
 Screen = Callable[[PullRequest], "Decision | None"]
-
-_STATUS_STATE = {Status.PASS: "success", Status.REJECT: "failure", Status.INFRA_ERROR: "error",
-                 Status.INCONCLUSIVE: "pending"}
 
 
 @dataclass(frozen=True)
@@ -372,43 +370,6 @@ class Bot:
         self._apply(pr, Decision((self.rules.labels.needs_rebase,), tuple(self.rules.owned(LabelFamily.ROUND)),
                                  notice=Notice("rebase", "needs a rebase", (why,))))  # fmt: skip
 
-    # ------------------------------------------------------------------ publishing
-
-    def _verdict_decision(self, pr: PullRequest, rec: EvaluationRecord, round_note: str) -> Decision | None:
-        """The published verdict: its comment (the numbers and where the PR stands), labels and status."""
-        v, m = rec.verdict, rec.measurements
-        if v is None or m is None:
-            return None
-        gap = self._claim_gap(pr, v)
-        approval = rounds.approval_needed(pr.paths, pr.labels, self.rules) if v.status is Status.PASS else None
-        standing = render.Standing(claim=gap.reason if gap else "", claim_flagged=bool(gap and gap.flagged),
-                                   approval=approval or "", round=round_note, stopped=self._p.stopped.get(pr.number, ""))
-        signature = receipts.signature_status(rec.receipt) if rec.receipt else "unsigned"
-        body = render.render_comment(v, m, signature_status=signature, standing=standing)
-        # claim-gap is applied, not only written: the rules decide whether it blocks auto-merge, and a
-        # maintainer's `evalbot clear` of this head lifts it
-        cleared = self.store.cleared(pr.number, pr.head_sha)
-        claim_label = (self.rules.labels.claim_gap,) if gap is not None and gap.flagged and not cleared else ()
-        state = _STATUS_STATE.get(v.status)
-        status = (state, f"{v.status.value}{' ' + v.tier if v.tier else ''}") if state else None
-        owned = self.rules.owned(LabelFamily.VERDICT) | self.rules.owned(LabelFamily.CLAIM)
-        return Decision((*v.labels_add, *claim_label), tuple(sorted(owned)), comment=body, status=status)
-
-    def _claim_gap(self, pr: PullRequest, v: Verdict) -> ClaimGap | None:
-        """The contributor's claim against the measurement at the scored context; None without a claim."""
-        claims = self._p.claims
-        claim = claims.get(pr.number)
-        if claim is None:  # a PR intake did not read this poll (on hold): parse it now, once
-            claim = claims[pr.number] = parse_body(pr.body)
-        h = v.headline
-        best = h if h and h.context == v.scored_context and h.metric == "decode_tps" else None
-        claimed = claim.claimed_gain_at(v.scored_context)
-        if claimed is None:
-            return None
-        measured = (best.ratio - 1.0) if best else None
-        lower = (best.ci_low - 1.0) if best else None
-        return claim_gap(claimed, lower, measured, self.rules)
-
     # ------------------------------------------------------------------ rounds and merging
 
     def _verdicts_at_head(self, pr: PullRequest) -> list[EvaluationRecord]:
@@ -440,9 +401,15 @@ class Bot:
             # GitHub shows it already, and the repair when a crash came between measuring and publishing
             def publish(d: rounds.RoundDecision = d) -> None:
                 self._relabel(facts[d.pr], d.labels_add, owned)
-                decision = self._verdict_decision(facts[d.pr], records[d.pr], d.comment or "")
+                pr, p = facts[d.pr], self._p
+                claim = p.claims.get(pr.number)
+                if claim is None:  # a PR intake did not read this poll (on hold): parse it now, once
+                    claim = p.claims[pr.number] = parse_body(pr.body)
+                decision = verdict_decision(pr, records[d.pr], self.rules, claim,
+                                            cleared=self.store.cleared(pr.number, pr.head_sha),
+                                            round_note=d.comment or "", stopped=p.stopped.get(pr.number, ""))
                 if decision is not None:
-                    self._apply(facts[d.pr], decision)
+                    self._apply(pr, decision)
 
             self._contained(d.pr, "publishing", publish)
         # the best PASS merges; when GitHub refuses it (a conflict, a failing required check), the next
@@ -481,37 +448,20 @@ class Bot:
         """
         assert rec.verdict is not None
         fresh = self.gh.get_pull(pr.number) if not self.dry_run else pr
-        if fresh.base_ref != self.settings.main_branch:
-            self._note(pr.number, f"not merged: it now targets {fresh.base_ref!r}, not "
-                                f"{self.settings.main_branch!r}")
-            return "no"
         main_now = rec.key.base_sha
-        if not self.dry_run:
+        if not self.dry_run and fresh.base_ref == self.settings.main_branch:
             self.mirror.fetch()
             main_now = self.mirror.sha(self.settings.main_branch)
-        if main_now != rec.key.base_sha or fresh.head_sha != rec.key.head_sha:
-            moved = "main" if main_now != rec.key.base_sha else "the head"
-            self._note(pr.number, f"not merged: {moved} moved since it was measured; measuring again")
-            if not self.dry_run:
+        blocker = rounds.merge_blocker(rec.verdict, rec.key.head_sha, rec.key.base_sha, fresh, main_now, self.rules,
+                                       main_branch=self.settings.main_branch, automerge_env=self.settings.automerge_env,
+                                       held=self.store.hold_for(pr.number) is not None)  # fmt: skip
+        if blocker is None:  # a speed verdict is no licence to weaken the tests: CI must pass on the measured head
+            ci = rounds.ci_verdict(self._ci_runs(rec.key.head_sha), self.rules)
+            blocker = rounds.MergeBlocker(ci) if ci else None
+        if blocker is not None:
+            self._note(pr.number, f"not merged: {blocker.why}")
+            if blocker.measure_again and not self.dry_run:
                 self.store.enqueue_evaluation(EvalKey(pr.number, fresh.head_sha, main_now, self.rules.rules_hash))
-            return "no"
-        ok, why = rounds.may_automerge(
-            rec.verdict,
-            fresh.labels,
-            self.rules,
-            self.settings.automerge_env,
-            rec.key.head_sha,
-            fresh.head_sha,
-            self.store.hold_for(pr.number) is not None,
-        )
-        if ok:
-            # a speed verdict is no licence to weaken the tests: CI must pass on the measured head, and
-            # a change to tests or CI waits for a maintainer
-            why = rounds.approval_needed(fresh.paths, fresh.labels, self.rules) or rounds.ci_verdict(
-                self._ci_runs(rec.key.head_sha), self.rules)
-            ok = why is None
-        if not ok:
-            self._note(pr.number, f"not merged: {why}")
             return "no"
         title = f"{pr.title} (#{pr.number})"
         message = f"Merged by evalbot at the measured head {rec.key.head_sha}: {rec.verdict.status.value} {rec.verdict.tier}"

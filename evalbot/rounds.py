@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from evalbot.model import Status, Verdict, WorkflowRun
+from evalbot.model import PullRequest, Status, Verdict, WorkflowRun
 from evalbot.rules import LabelFamily, Rules
 
 MERGE_FIRST = "merge_first"
@@ -198,3 +198,31 @@ def may_automerge(
     if names.index(verdict.tier) < names.index(am.min_tier):
         return False, f"tier {verdict.tier} is below the auto-merge minimum {am.min_tier}"
     return True, f"PASS at tier {verdict.tier}, head {measured_sha[:12]} as measured, no blocking label"
+
+
+@dataclass(frozen=True)
+class MergeBlocker:
+    """Why a round's winner does not merge now, and whether it is to be measured again."""
+
+    why: str
+    measure_again: bool = False
+
+
+def merge_blocker(verdict: Verdict, measured_head: str, measured_base: str, fresh: PullRequest, main_now: str,
+                  rules: Rules, *, main_branch: str, automerge_env: bool, held: bool) -> MergeBlocker | None:  # fmt: skip
+    """Whether the winner may merge, from the PR and main read again just before the merge (CI aside).
+
+    Only what was measured merges, where it was measured: the PR's base still the main branch, its head
+    the measured head and main the measured base; otherwise the evaluation is queued again. Then the
+    auto-merge rules, and a change to tests or CI waits for a maintainer.
+    """
+    if fresh.base_ref != main_branch:
+        return MergeBlocker(f"it now targets {fresh.base_ref!r}, not {main_branch!r}")
+    if main_now != measured_base or fresh.head_sha != measured_head:
+        moved = "main" if main_now != measured_base else "the head"
+        return MergeBlocker(f"{moved} moved since it was measured; measuring again", measure_again=True)
+    ok, why = may_automerge(verdict, fresh.labels, rules, automerge_env, measured_head, fresh.head_sha, held)
+    if not ok:
+        return MergeBlocker(why)
+    approval = approval_needed(fresh.paths, fresh.labels, rules)
+    return MergeBlocker(approval) if approval else None

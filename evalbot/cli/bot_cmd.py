@@ -53,6 +53,7 @@ class Ctx:
     bot_login: str | None
     rules_dir: Path | None
     dry_run: bool
+    by: str = "maintainer"  # who a maintainer's command is recorded as
 
     @functools.cached_property
     def rules(self) -> Rules:
@@ -101,10 +102,12 @@ def bot_options(f: Callable[..., Any]) -> Callable[..., Any]:
     )
     @rules_option
     @click.option("--dry-run", is_flag=True, help="show what would change and change nothing")
+    @click.option("--by", default="maintainer", envvar="USER", show_envvar=True, show_default=True,
+                  help="who a hold, clear, block or unblock is recorded as")
     @functools.wraps(f)
-    def wrapper(state, repo, api_url, git_remote, bot_login, rules_dir, dry_run, **kw):  # noqa: ANN001, ANN202
+    def wrapper(state, repo, api_url, git_remote, bot_login, rules_dir, dry_run, by, **kw):  # noqa: ANN001, ANN202
         ctx = Ctx(resolve_state(state), repo or None,
-                  api_url, git_remote, bot_login, rules_dir, dry_run)  # fmt: skip
+                  api_url, git_remote, bot_login, rules_dir, dry_run, by or "maintainer")  # fmt: skip
         return f(ctx, **kw)
 
     return wrapper
@@ -292,7 +295,7 @@ def rerun(ctx: Ctx, pr: int) -> None:
 def hold(ctx: Ctx, pr: int, reason: str, release: bool) -> None:
     """Keep the bot's hands off a PR (no evaluation, no merge) until released."""
     reason = _reason(reason)
-    by = os.environ.get("USER", "maintainer")
+    by = ctx.by
     if not release:
         _existing_pull(ctx, pr)  # a hold of a PR that does not exist would wait forever
     with ctx.store() as store:
@@ -326,7 +329,7 @@ def clear(ctx: Ctx, pr: int, reason: str) -> None:
     gh, facts = _existing_pull(ctx, pr)
     flags = rules.owned(LabelFamily.CLEARED)
     present = sorted(set(facts.labels) & flags)
-    by = os.environ.get("USER", "maintainer")
+    by = ctx.by
     _say(ctx, f"clear #{pr} at its head {facts.head_sha[:12]} (a later push is screened again)")
     _say(ctx, f"remove {present or 'no flag labels'} from #{pr}")
     if facts.state == "closed" and not facts.merged:
@@ -371,7 +374,7 @@ def unblock(ctx: Ctx, user: str, reason: str) -> None:
 def _block(ctx: Ctx, user: str, reason: str, *, add: bool) -> None:
     """Block or unblock in the store (the blocklist's one source), then export it to the ledger file."""
     user, reason = _login(user), _reason(reason)
-    by = os.environ.get("USER", "maintainer")
+    by = ctx.by
     verb = "block" if add else "unblock"
     if ctx.dry_run:  # read-only: a dry run creates no state file
         blocked = {e.login.lower() for e in Store(ctx.state).blocklist()} if ctx.state.exists() else set()

@@ -257,3 +257,38 @@ class TestMayAutomerge:
     def test_min_tier_is_inclusive(self, enabled):
         args = {**self.ok_args(enabled), "verdict": verdict(tier="S", rules_hash=HASH)}
         assert may_automerge(**args)[0] is True
+
+
+class TestMergeBlocker:
+    """What the poller reads again just before a merge: only what was measured merges, where it was."""
+
+    def fresh(self, **kw):
+        from tests.evalbot.test_policy import make_pr
+
+        return make_pr(7, **{"head_sha": HEAD, "labels": ("verified", "perf:M", "merge-first"), **kw})
+
+    def check(self, rules, fresh, main_now=MAIN):
+        from evalbot.rounds import merge_blocker
+
+        return merge_blocker(verdict(low=1.05, tier="M", rules_hash=rules.rules_hash), HEAD, MAIN, fresh, main_now,
+                             rules, main_branch="main", automerge_env=True, held=False)  # fmt: skip
+
+    def test_all_holds(self, enabled):
+        assert self.check(enabled, self.fresh()) is None
+
+    def test_a_moved_main_or_head_is_measured_again(self, enabled):
+        moved_main = self.check(enabled, self.fresh(), main_now=OLD_MAIN)
+        moved_head = self.check(enabled, self.fresh(head_sha="p" * 40))
+        assert moved_main.why.startswith("main moved") and moved_main.measure_again
+        assert moved_head.why.startswith("the head moved") and moved_head.measure_again
+
+    def test_a_retargeted_pr_never_merges_and_is_not_queued(self, enabled):
+        b = self.check(enabled, self.fresh(base_ref="release"), main_now=OLD_MAIN)
+        assert b.why == "it now targets 'release', not 'main'" and not b.measure_again
+
+    def test_the_automerge_rules_and_a_test_change_block(self, rules, enabled):
+        from evalbot.model import FileChange
+
+        assert self.check(rules, self.fresh()).why == "auto-merge is disabled in rules/automerge.yaml"
+        tests_changed = self.fresh(files=(FileChange("tests/test_speed.py", "modified", 1, 1),))
+        assert "maintainer" in self.check(enabled, tests_changed).why
