@@ -404,14 +404,28 @@ class Artifact:
 
 
 @dataclass(frozen=True)
+class Prose:
+    """Words for a PR by template: ``templates/notices/<template>.md.j2`` renders ``data`` (escaping what a
+    contributor controls), so the code that decides never writes the sentences."""
+
+    template: str
+    data: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, template: str, **data: Any) -> Prose:
+        """Prose from keyword data; sequences are given as tuples, so the value stays frozen."""
+        return cls(template, tuple(sorted(data.items())))
+
+
+@dataclass(frozen=True)
 class Notice:
     """The PR's bot comment for a decision that is not a measured verdict: its kind (named in the comment's
-    hidden state), its title and plain-text lines (escaped when rendered), and already-escaped markdown."""
+    hidden state), its title and plain-text lines (escaped when rendered), and the rules' prose below them."""
 
     kind: str  # close, skip, screen, infra, rebase
     title: str
     lines: tuple[str, ...] = ()
-    markdown: str | None = None
+    prose: tuple[Prose, ...] = ()
 
 
 @dataclass(frozen=True)

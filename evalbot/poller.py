@@ -19,7 +19,17 @@ from evalbot.github import GitHubPort
 from evalbot.judge import Evaluator, Judgement
 from evalbot.ledger_book import LedgerBook
 from evalbot.mirror import Mirror
-from evalbot.model import Decision, MergeOutcome, Notice, PullRequest, Status, Verdict, WorkflowRun, cap_text
+from evalbot.model import (
+    Decision,
+    MergeOutcome,
+    Notice,
+    Prose,
+    PullRequest,
+    Status,
+    Verdict,
+    WorkflowRun,
+    cap_text,
+)
 from evalbot.policy import IntakeContext, TemplateFacts, intake, parse_body
 from evalbot.publish import Publisher
 from evalbot.rules import LabelFamily, Rules
@@ -359,12 +369,9 @@ class Bot:
         if alert:
             self.log(f"ALERT #{key.pr}: {reason}")
             self._note(None, f"ALERT #{key.pr}: {reason}")
-        lines = (
-            f"The measurement could not be completed on the runner pool: {reason}",
-            "This is an infrastructure fault, not the contributor's; the bot will measure the PR again.",
-        )
+        notice = Notice("infra", "infra error", prose=(Prose.of("infra", reason=reason),))
         self._apply(pr, Decision((self.rules.labels.infra_error,), tuple(self.rules.owned(LabelFamily.VERDICT)),
-                                 notice=Notice("infra", "infra error", lines)))  # fmt: skip
+                                 notice=notice))  # fmt: skip
 
     def _needs_rebase(self, pr: PullRequest, why: str) -> None:
         self._apply(pr, Decision((self.rules.labels.needs_rebase,), tuple(self.rules.owned(LabelFamily.ROUND)),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from evalbot.github import GitHubPort
 from evalbot.model import Comment, Decision, MergeOutcome, MergeResult, Notice, PullRequest
-from evalbot.render import MARKER, fit_comment, render_notice
+from evalbot.render import MARKER, fit_comment, render_notice, render_prose
 from evalbot.store import ActionRecord, Store, action_key
 
 Log = Callable[[str], None]
@@ -46,7 +46,7 @@ def notice_body(pr: PullRequest, notice: Notice) -> str:
     """The bot comment of a notice; its markdown (already escaped) goes below the rendered lines."""
     body = render_notice(pr=pr.number, head_sha=pr.head_sha, title=notice.title, lines=notice.lines,
                          kind=notice.kind, author=pr.author)  # fmt: skip
-    return body + ("\n" + notice.markdown + "\n" if notice.markdown else "")
+    return body + ("\n" + render_prose(notice.prose) + "\n" if notice.prose else "")
 
 
 def _digest(text: str) -> str:

@@ -23,7 +23,7 @@ import jinja2
 from evalbot import times
 from evalbot.codec import from_dict
 from evalbot.markdown import escape_md, visible
-from evalbot.model import Gate, GateKind, Measurements, Status, Verdict
+from evalbot.model import Gate, GateKind, Measurements, Prose, Status, Verdict
 from evalbot.stats import MDE_POWER
 
 MARKER = "<!-- evalbot:result -->"
@@ -351,6 +351,12 @@ def render_notice(
     template = _environment().get_template("notice.md.j2")
     return template.render(marker=MARKER, state=_encode_state(state), title=title, pr=pr, head_sha=head_sha,
                            author=author, lines=list(lines))  # fmt: skip
+
+
+def render_prose(prose: Iterable[Prose]) -> str:
+    """The rules' prose for a PR (markdown), each from its template under ``templates/notices/``, in order."""
+    env = _environment()
+    return "\n\n".join(env.get_template(f"notices/{p.template}.md.j2").render(dict(p.data)).strip() for p in prose)
 
 
 def render_verdict_file(path: str | os.PathLike[str]) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from evalbot.model import Decision, Notice, PullRequest, Verdict
+from evalbot.model import Decision, Notice, Prose, PullRequest, Verdict
 from evalbot.policy import areas, blocklist, cap, complete, drafts, sensitive_paths, stale, template
 from evalbot.policy.decision import Action, PolicyDecision, is_maintainer
 from evalbot.policy.template import ClaimGap, TemplateFacts, claim_gap, parse_body
@@ -63,7 +63,7 @@ class IntakeDecision:
     close: bool
     labels_add: tuple[str, ...]
     labels_remove: tuple[str, ...]
-    comment: str | None
+    comment: tuple[Prose, ...]  # each fired rule's words for the PR, in order
     decisions: tuple[PolicyDecision, ...]  # the rules that fired, in order
     areas: tuple[str, ...]
     claim: TemplateFacts
@@ -99,7 +99,7 @@ def intake(pr: PullRequest, rules: Rules, context: IntakeContext) -> IntakeDecis
     claim = template.parse_body(pr.body)  # once: every rule and the report use these facts
     draft = drafts.check(pr, rules)
     if draft is not None:
-        return IntakeDecision(False, False, (), (), None, (draft,), (), claim)
+        return IntakeDecision(False, False, (), (), (), (draft,), (), claim)
 
     chain = (
         lambda: blocklist.check(pr, rules, context.blocked),
@@ -128,13 +128,13 @@ def intake(pr: PullRequest, rules: Rules, context: IntakeContext) -> IntakeDecis
     current = set(pr.labels)
     add = tuple(sorted(wanted - current))
     remove = tuple(sorted((rules.owned(LabelFamily.INTAKE) - wanted) & current))
-    comments = [d.comment for d in fired if d.comment]
+    comments = tuple(d.comment for d in fired if d.comment)
     return IntakeDecision(
         evaluate=all(d.evaluate for d in fired),
         close=close,
         labels_add=add,
         labels_remove=remove,
-        comment="\n\n".join(comments) if comments else None,
+        comment=comments,
         decisions=tuple(fired),
         areas=touched,
         claim=claim,

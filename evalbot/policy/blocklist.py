@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from evalbot.markdown import escape_md
-from evalbot.model import PullRequest
+from evalbot.model import Prose, PullRequest
 from evalbot.policy.decision import PolicyDecision, stop
 from evalbot.rules import Rules
 
@@ -45,10 +44,5 @@ def check(pr: PullRequest, rules: Rules, blocked: Iterable[str] = ()) -> PolicyD
         return None
     who = ", ".join(f"{name} ({role})" for role, name in hits)
     people = {name.casefold(): name for _, name in reversed(hits)}  # one spelling each, the first seen
-    logins = ", ".join(escape_md(people[k]) for k in sorted(people))
-    comment = (
-        f"This pull request was closed without evaluation: {logins} "
-        f"{'is' if len(people) == 1 else 'are'} on the contest's blocklist. "
-        "If you believe this is a mistake, ask a maintainer."
-    )
+    comment = Prose.of("blocklist", logins=tuple(people[k] for k in sorted(people)))
     return stop("blocklist", f"blocklisted: {who}", rules.labels.gaming, comment, close=True)

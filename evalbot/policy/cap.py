@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from evalbot.model import PullRequest
+from evalbot.model import Prose, PullRequest
 from evalbot.policy.decision import PolicyDecision, parse_time, stop
 from evalbot.rules import Rules
 
@@ -31,9 +31,6 @@ def check(pr: PullRequest, rules: Rules, open_prs: Iterable[PullRequest]) -> Pol
     position = queue_position(pr, open_prs)
     if position <= cap:
         return None
-    comment = (
-        f"This pull request waits: each author's {cap} oldest open pull requests are evaluated, and this "
-        f"is number {position} of yours. It is evaluated once one of the older ones is merged or closed."
-    )
+    comment = Prose.of("cap", cap=cap, position=position)
     reason = f"over the open-PR cap: number {position} of the author's open PRs, cap {cap}"
     return stop("cap", reason, rules.labels.skipped_cap, comment)

@@ -7,8 +7,7 @@ PR waits, with a note asking the contributor to squash it.
 
 from __future__ import annotations
 
-from evalbot.markdown import escape_md
-from evalbot.model import PullRequest
+from evalbot.model import Prose, PullRequest
 from evalbot.policy.decision import Action, PolicyDecision
 from evalbot.rules import Rules
 
@@ -18,9 +17,5 @@ def check(pr: PullRequest, rules: Rules) -> PolicyDecision | None:
     if not pr.incomplete:
         return None
     why = "; ".join(pr.incomplete[:3])
-    comment = (
-        f"**Not evaluated: GitHub lists only part of this pull request** ({escape_md(why, 400)}). The bot "
-        "vouches only for commits and files it has seen in full: squash the branch (fewer than 250 commits, "
-        "fewer than 3000 files) and push again."
-    )
-    return PolicyDecision("complete", Action.SKIP, False, f"incomplete facts: {why}", comment=comment)
+    return PolicyDecision("complete", Action.SKIP, False, f"incomplete facts: {why}",
+                          comment=Prose.of("complete", why=why))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from evalbot import times
-from evalbot.model import PullRequest
+from evalbot.model import Prose, PullRequest
 
 # GitHub's author_association values of people with write access: they run the contest.
 MAINTAINER_ASSOCIATIONS = frozenset({"OWNER", "MEMBER", "COLLABORATOR"})
@@ -25,10 +25,10 @@ class Action(enum.StrEnum):
 
 @dataclass(frozen=True)
 class PolicyDecision:
-    """One rule's decision: whether evaluation proceeds, labels to add, a reason and a markdown comment.
+    """One rule's decision: whether evaluation proceeds, labels to add, a reason and the words for the PR.
 
-    ``reason`` is plain text for logs and reports; ``comment`` is markdown for the PR in which every
-    contributor-controlled string (paths, logins) is already escaped.
+    ``reason`` is plain text for logs and reports; ``comment`` names the rule's template and its data (the
+    template escapes every contributor-controlled string: paths, logins).
     """
 
     rule: str
@@ -36,11 +36,11 @@ class PolicyDecision:
     evaluate: bool
     reason: str
     labels_add: tuple[str, ...] = ()
-    comment: str | None = None
+    comment: Prose | None = None
     close: bool = False
 
 
-def stop(rule: str, reason: str, label: str, comment: str, *, close: bool = False) -> PolicyDecision:
+def stop(rule: str, reason: str, label: str, comment: Prose, *, close: bool = False) -> PolicyDecision:
     """A rule that stops evaluation: SKIP (labelled, commented, not evaluated until the cause goes away),
     or with close, CLOSE_FLAG (flagged and closed, never evaluated)."""
     action = Action.CLOSE_FLAG if close else Action.SKIP

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from evalbot.markdown import escape_md
-from evalbot.model import PullRequest
+from evalbot.model import Prose, PullRequest
 from evalbot.policy.decision import PolicyDecision, is_maintainer, stop
 from evalbot.rules import Rules
 
@@ -63,14 +62,6 @@ def check(pr: PullRequest, rules: Rules) -> PolicyDecision | None:
     hits = harness_hits(pr.paths, rules)
     if not hits or is_maintainer(pr):
         return None
-    listed = "\n".join(f"- {escape_md(p, limit=200)}" for p in hits[:_LISTED])
-    more = f"\n- … and {len(hits) - _LISTED} more" if len(hits) > _LISTED else ""
-    comment = (
-        "This pull request is not evaluated automatically: it changes files that decide how PRs are "
-        "measured or judged (the bot, its rules, the benchmark harness or CI):\n\n"
-        f"{listed}{more}\n\n"
-        "A maintainer will review it by hand. To have a speedup measured, move these changes to a "
-        "separate pull request."
-    )
+    comment = Prose.of("sensitive_paths", paths=tuple(hits[:_LISTED]), more=max(len(hits) - _LISTED, 0))
     return stop("sensitive_paths", f"touches sensitive paths: {', '.join(hits)}", rules.labels.skipped_sensitive,
                 comment)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from evalbot.model import PullRequest, Status, Verdict
+from evalbot.model import Prose, PullRequest, Status, Verdict
 from evalbot.policy.decision import PolicyDecision, parse_time, stop
 from evalbot.rules import Rules
 
@@ -37,15 +37,10 @@ def check(
     count = fruitless(verdicts)
     if count > limits.max_fruitless_verdicts:
         return stop("stale", f"exhausted: {count} evaluations without a tier (limit {limits.max_fruitless_verdicts})",
-                    rules.labels.exhausted,
-                    f"This pull request has had {count} evaluations that earned no tier, more than the "
-                    f"{limits.max_fruitless_verdicts} allowed, so the bot no longer evaluates it. Measure your "
-                    "change locally first (see the PR template); a maintainer can clear the count.")
+                    rules.labels.exhausted, Prose.of("exhausted", count=count, limit=limits.max_fruitless_verdicts))
     pushed = parse_time(last_push_at or pr.created_at, "last push" if last_push_at else "created_at")
     idle = now - pushed
     if idle > timedelta(days=limits.days_without_push):
         return stop("stale", f"stale: no push for {idle.days} days (limit {limits.days_without_push})",
-                    rules.labels.stale,
-                    f"This pull request has had no push for {idle.days} days, so the bot no longer evaluates it. "
-                    "Push a commit (a rebase on main will do) to have it evaluated again.")
+                    rules.labels.stale, Prose.of("stale", days=idle.days))
     return None

@@ -18,8 +18,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from evalbot.markdown import escape_md
-from evalbot.model import PullRequest
+from evalbot.model import Prose, PullRequest
 from evalbot.policy.decision import Action, PolicyDecision
 from evalbot.rules import Profile, Rules
 
@@ -292,20 +291,7 @@ def check(pr: PullRequest, rules: Rules, facts: TemplateFacts | None = None) -> 
     if why is None:
         return None
     required = rules.policy.template.require_benchmark
-    commands = "\n".join(bench_commands(rules))
-    comment = (
-        f"**Benchmark needed:** {escape_md(why)}.\n\n"
-        "Measure the change on your own machine before the bot spends a benchmark box on it. Run these on "
-        "`main`, then on your branch, on the same machine with nothing else running:\n\n"
-        f"```sh\n{commands}\n```\n\n"
-        "Each prints one JSON record: copy its `decode_tps` into the table in the description "
-        "(base = `main`, head = your branch), tick the **Tested** box and save. "
-        + (
-            "The bot evaluates the pull request once the description shows a gain."
-            if required
-            else "The bot evaluates it meanwhile, but the report cannot compare against your claim."
-        )
-    )
+    comment = Prose.of("benchmark_needed", why=why, commands=bench_commands(rules), required=required)
     return PolicyDecision(
         "template",
         Action.NEEDS_BENCHMARK,

@@ -68,6 +68,14 @@ Fixes #12.
 """
 
 
+
+def said(d) -> str:  # noqa: ANN001
+    """What the PR is told: a rule's (or intake's) prose rendered by its templates."""
+    from evalbot.render import render_prose
+
+    c = d.comment
+    return render_prose(c if isinstance(c, tuple) else (c,) if c is not None else ())
+
 @pytest.fixture(scope="module")
 def rules():
     return load_rules(default_rules_dir())
@@ -136,7 +144,7 @@ class TestBlocklist:
             True,
             ("flagged:gaming",),
         )
-        assert "mallory (opener)" in d.reason and "blocklist" in d.comment
+        assert "mallory (opener)" in d.reason and "blocklist" in said(d)
 
     def test_store_blocklist_is_case_insensitive(self, rules):
         assert blocklist.check(make_pr(author="Mallory"), rules, blocked={"MALLORY"}) is not None
@@ -173,7 +181,7 @@ class TestBlocklist:
     def test_comment_escapes_logins_and_names_each_once(self, rules):
         pr = make_pr(author="bad_actor", commits=(Commit("c" * 40, "Bad_Actor", "bad_actor"),))
         d = blocklist.check(pr, rules, blocked={"bad_actor"})
-        assert "bad\\_actor is on" in d.comment and "Bad\\_Actor" not in d.comment
+        assert "bad\\_actor is on" in said(d) and "Bad\\_Actor" not in said(d)
         assert d.reason.count("(") == 3  # opener, author, committer: every role is in the log
 
 
@@ -210,7 +218,7 @@ class TestSensitivePaths:
         )
         d = sensitive_paths.check(make_pr(files=files), rules)
         assert (d.action, d.evaluate, d.labels_add) == (Action.SKIP, False, ("skipped:sensitive",))
-        assert "- bench/run\\_ab.py\n- engine/cli.py" in d.comment and "flash" not in d.comment
+        assert "- bench/run\\_ab.py\n- engine/cli.py" in said(d) and "flash" not in said(d)
         assert d.reason == "touches sensitive paths: bench/run_ab.py, engine/cli.py"
 
     def test_rename_out_of_a_sensitive_folder_counts(self, rules):
@@ -234,8 +242,8 @@ class TestSensitivePaths:
         files = tuple(FileChange(f"evalbot/f{i}.py", "added", 1, 0) for i in range(25))
         files += (FileChange("evalbot/<img src=x>@admin.py", "added", 1, 0),)
         d = sensitive_paths.check(make_pr(files=files), rules)
-        assert "evalbot/f19.py" in d.comment and "evalbot/f20.py" not in d.comment
-        assert "… and 6 more" in d.comment and "<img" not in d.comment
+        assert "evalbot/f19.py" in said(d) and "evalbot/f20.py" not in said(d)
+        assert "… and 6 more" in said(d) and "<img" not in said(d)
 
 
 # ---------------------------------------------------------------- cap
@@ -253,7 +261,7 @@ class TestCap:
         assert [d is None for d in results] == [True] * 5 + [False] * 2
         d = results[5]
         assert (d.action, d.evaluate, d.labels_add) == (Action.SKIP, False, ("skipped:cap",))
-        assert "number 6 of yours" in d.comment and "5 oldest" in d.comment
+        assert "number 6 of yours" in said(d) and "5 oldest" in said(d)
 
     def test_ties_go_to_the_lower_number_and_order_is_by_time_not_number(self, rules):
         same = tuple(make_pr(n, created_at="2026-11-10T09:00:00Z") for n in (9, 3, 7))
@@ -311,7 +319,7 @@ class TestStale:
         past = (NOW - timedelta(days=30, seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
         d = stale.check(pr, rules, (), NOW, last_push_at=past)
         assert (d.labels_add, d.reason) == (("stale",), "stale: no push for 30 days (limit 30)")
-        assert "Push a commit" in d.comment
+        assert "Push a commit" in said(d)
 
     def test_creation_time_when_no_push_is_known(self, rules):
         assert stale.check(make_pr(created_at="2026-10-01T00:00:00Z"), rules, (), NOW) is not None
@@ -402,7 +410,7 @@ class TestTemplate:
         for command in commands:  # the template a contributor sees says the same as the bot's comment
             assert command in TEMPLATE
         d = template.check(make_pr(body=FREE_TEXT_BODY), rules)
-        assert all(c in d.comment for c in commands) and "decode_tps" in d.comment
+        assert all(c in said(d) for c in commands) and "decode_tps" in said(d)
 
     def test_change_column_only_and_other_spellings(self):
         body = """- [x] benchmarked on my box
@@ -442,7 +450,7 @@ Claimed gain: 12% faster
     def test_comment_escapes_what_the_contributor_wrote(self, rules):
         body = PLACEHOLDER_BODY.replace("TBD", "@maintainers")
         d = template.check(make_pr(body=body), rules)
-        assert "@maintainers" not in d.comment and "@&#8203;maintainers" in d.comment
+        assert "@maintainers" not in said(d) and "@&#8203;maintainers" in said(d)
 
     def test_not_required_means_labelled_but_evaluated(self, rules):
         tp = replace(rules.policy.template, require_benchmark=False)
@@ -522,13 +530,13 @@ class TestAreas:
 class TestIntake:
     def test_a_good_pr_is_evaluated_with_area_labels(self, rules):
         d = intake(make_pr(), rules, context())
-        assert (d.evaluate, d.close, d.stopped_by, d.comment) == (True, False, None, None)
+        assert (d.evaluate, d.close, d.stopped_by, d.comment) == (True, False, None, ())
         assert (d.labels_add, d.labels_remove, d.areas) == (("area:kernels",), (), ("area:kernels",))
         assert d.claim.claimed_gain == pytest.approx(40.1 / 38.0 - 1)
 
     def test_drafts_come_first_even_before_the_blocklist(self, rules):
         d = intake(make_pr(draft=True, author="mallory"), rules, context(blocked=frozenset({"mallory"})))
-        assert (d.evaluate, d.close, d.labels_add, d.labels_remove, d.comment) == (False, False, (), (), None)
+        assert (d.evaluate, d.close, d.labels_add, d.labels_remove, d.comment) == (False, False, (), (), ())
         assert d.stopped_by == "drafts"
 
     def test_blocklist_closes_without_area_labels(self, rules):
@@ -578,7 +586,7 @@ class TestIntake:
         again = intake(replace(pr, labels=first.labels_add), rules, context())
         assert first.labels_add == ("area:kernels", "needs-benchmark")
         assert (again.labels_add, again.labels_remove) == ((), ())
-        assert again.comment == first.comment and "Benchmark needed" in again.comment
+        assert again.comment == first.comment and "Benchmark needed" in said(again)
 
     def test_template_not_required_keeps_evaluating_with_comment(self, rules):
         tp = replace(rules.policy.template, require_benchmark=False)
@@ -586,4 +594,4 @@ class TestIntake:
         d = intake(make_pr(body=NO_GAIN_BODY), r, context())
         assert d.evaluate and d.stopped_by is None
         assert [x.rule for x in d.decisions] == ["template", "areas"]
-        assert d.labels_add == ("area:kernels", "needs-benchmark") and "no gain" in d.comment
+        assert d.labels_add == ("area:kernels", "needs-benchmark") and "no gain" in said(d)

@@ -600,3 +600,32 @@ def test_notice_carries_the_marker_and_state_and_escapes_contributor_text():
     assert body.startswith(render.MARKER)
     assert render.find_state(body) == {"schema": 2, "pr": 5, "head_sha": "c" * 40, "notice": "skip"}
     assert "<img" not in body and "&lt;img" in body and "eve\\_" in body
+
+
+def test_every_rules_prose_has_its_template_and_escapes_what_a_contributor_wrote():
+    """The intake rules decide in code and speak through templates/notices/: each template a rule names
+    exists, and a contributor's text in it (logins, paths, reasons) is escaped there."""
+    from evalbot.model import Prose
+    from evalbot.render import render_prose
+
+    hostile = "@maintainers <img src=x> [x](http://evil)"
+    samples = [
+        Prose.of("blocklist", logins=("bad_actor", hostile)),
+        Prose.of("cap", cap=5, position=6),
+        Prose.of("complete", why=hostile),
+        Prose.of("sensitive_paths", paths=("evalbot/x.py", hostile), more=3),
+        Prose.of("exhausted", count=4, limit=3),
+        Prose.of("stale", days=40),
+        Prose.of("benchmark_needed", why=hostile, commands=("python -m engine bench --ctx 512",), required=True),
+        Prose.of("infra", reason=hostile),
+    ]
+    used = {p.template for p in samples}
+    shipped = {f.name.removesuffix(".md.j2") for f in (Path(__file__).parents[2] / "evalbot/templates/notices").iterdir()}
+    assert used == shipped
+    for p in samples:
+        text = render_prose((p,))
+        assert text and "{{" not in text
+        assert "@maintainers" not in text and "<img" not in text and "[x](http" not in text
+    both = render_prose(samples[:2])
+    assert both == render_prose(samples[:1]) + "\n\n" + render_prose(samples[1:2])
+    assert "- … and 3 more" in render_prose(samples[3:4])
