@@ -3,8 +3,10 @@
 
 They are written by the bot as git commits (on `LEDGER_BRANCH`, so that a ledger update never moves
 main and so never forces every open PR to be measured again), and re-read by it: a maintainer may
-edit either file by hand, and the bot takes the file as it finds it. Rendering and parsing are pure;
-`commit_ledgers` is the only I/O, through git.
+edit either file by hand. FLAGGED.md is taken as found; blocked-contributors.txt is the export of the
+store's blocklist (its one source), and a hand edit of it is read back as a block or an unblock
+(`reconcile_blocked`; `ledger_book` does the I/O). Rendering, parsing and reconciling are pure;
+`read_ledgers` and `commit_ledgers` are the only I/O, through git.
 """
 
 from __future__ import annotations
