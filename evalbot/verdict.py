@@ -163,11 +163,14 @@ def _throughput_gates(estimates: Iterable[ContextEstimate], rules: Rules) -> lis
 
 
 def _bar(a: DecodeAudit, audits: Sequence[DecodeAudit], rules: Rules) -> float:
-    """The top-1 share an audit must reach. Against llama.cpp, the rules' top1_min. Against main itself
-    (random weights): main must reach self_top1_min, and the head main's own share less self_drop_max."""
+    """The top-1 share an audit must reach: the rules' top1_min, or where main's own decode falls short of
+    it (bf16 against itself, or an engine whose numerics differ from llama.cpp's), main's own share less
+    self_drop_max; main itself must reach self_top1_min. Every disagreement must be a near-tie either way.
+
+    Found by the cpu profile's A/A calibration: main agreed with llama.cpp on 94.8% of 384 decoded tokens of
+    the real Q4_K_M model, every other one a near-tie, and an absolute 95% bar turned that into an
+    INFRA_ERROR for identical code."""
     g = rules.gates.decode_audit
-    if a.reference != "main":
-        return g.top1_min
     if a.side is Side.BASE:
         return min(g.top1_min, g.self_top1_min)
     own = [b.share for b in audits if b.side is Side.BASE and (b.model, b.context) == (a.model, a.context)]
@@ -191,7 +194,7 @@ def _audit_gates(audits: Sequence[DecodeAudit], rules: Rules) -> list[Gate]:
         if worst:
             detail += (f"; {a.violations} not near-ties, the worst at {worst['request']} position {worst['position']}"
                        f" (margin {worst['margin']:.2f} >= {g.near_tie:g})")
-        against = "" if a.reference != "main" else " (main's own share less the allowed drop)"
+        against = "" if bar >= g.top1_min else " (main's own share less the allowed drop)"
         out.append(Gate("decode agreement", a.share, f">= {bar:.2f} top-1{against}, the rest near-ties",
                         _audit_passes(a, bar), detail, a.context, a.model, GateKind.DECODE_AUDIT))
     return out
