@@ -377,7 +377,10 @@ def _block(ctx: Ctx, user: str, reason: str, *, add: bool) -> None:
     by = ctx.by
     verb = "block" if add else "unblock"
     if ctx.dry_run:  # read-only: a dry run creates no state file
-        blocked = {e.login.lower() for e in Store(ctx.state).blocklist()} if ctx.state.exists() else set()
+        blocked: set[str] = set()
+        if ctx.state.exists():
+            with Store(ctx.state) as store:
+                blocked = {e.login.lower() for e in store.blocklist()}
         _say(ctx, f"{verb} {user} ({reason})" if (user.lower() in blocked) != add else f"nothing: {user} is "
              f"already {verb}ed")
         return
