@@ -107,6 +107,10 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out")
+    ap.add_argument("--modes", nargs="+", default=["eager", "cuda-graph", "compiled + cuda-graph"],
+                    choices=["eager", "cuda-graph", "compiled + cuda-graph"])
+    ap.add_argument("--decode-kernels", nargs="+", default=["auto"],
+                    help="'auto' (ops' measured choice) and/or kernel names (engine.ops.DECODE_KERNELS), pinned")
     ap.add_argument(
         "--profile", action="store_true", help="per-kernel device time of a compiled, graphed decode step"
     )
@@ -123,23 +127,35 @@ def main() -> None:
     kv_bytes = cfg.n_layer * 2 * cfg.n_kv_head * cfg.head_dim * mean_ctx * 2
     roofline = bw / (w_bytes + kv_bytes)
     rows = {}
-    for mode, graph in (("eager", False), ("cuda-graph", True), ("compiled + cuda-graph", True)):
-        if mode.startswith("compiled"):
+    attn = {}
+    compiled = False
+    runs = [(m, kern) for m in args.modes for kern in args.decode_kernels]
+    for mode, kern in runs:
+        graph = mode != "eager"
+        for block in lm.transformer.blocks:
+            block.decode_kernel = None if kern == "auto" else kern
+        if mode.startswith("compiled") and not compiled:
             t0 = time.perf_counter()
             lm.transformer.compile()  # compiles lazily: the warm-up below pays for it
+            compiled = True
+        elif not mode.startswith("compiled") and compiled:
+            raise SystemExit("--modes: list the compiled mode last (compiling changes the model in place)")
         session = Session(lm, max_seq=args.ctx + args.gen + 1, cuda_graph=graph)
         decode_tps(session, prompt[:512], 8, 1)  # warm-up: Triton compiles, cuBLAS handles
         if mode.startswith("compiled"):
             print(f"torch.compile + capture took {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         tps = decode_tps(session, prompt, args.gen, args.rounds)
-        rows[mode] = {
+        name = mode if len(args.decode_kernels) == 1 and kern == "auto" else f"{mode} [{kern}]"
+        rows[name] = {
             "decode_tps": statistics.median(tps),
             "runs": tps,
             "pct_roofline": 100 * statistics.median(tps) / roofline,
         }
-        attn = ops.decode_config(cfg.n_head, session.cache)
+        attn[name] = ops.decode_config(cfg.n_head, session.cache, kernel=None if kern == "auto" else kern)
+        print(f"{name}: {statistics.median(tps):.1f} tok/s; decode attention {attn[name].get('backend')}",
+              file=sys.stderr)
         if args.profile and mode.startswith("compiled"):
-            rows[mode]["profile"] = profile_step(session, prompt, args.gen)
+            rows[name]["profile"] = profile_step(session, prompt, args.gen)
         del session
         torch.cuda.empty_cache()
     result = {

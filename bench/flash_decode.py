@@ -88,6 +88,11 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="also time, per problem, a copy of its bytes and a compute-free Triton read of its K and V",
     )
+    p.add_argument("--no-cluster", action="store_true", help="leave out the CUDA cluster kernel")
+    p.add_argument("--cluster-splits", nargs="+", default=["auto"], help="cluster kernel: 'auto' and/or CTAs a cluster")
+    p.add_argument("--cluster-stages", nargs="+", type=int, default=[0], help="cluster kernel: 0 = the default")
+    p.add_argument("--cluster-pdl", nargs="+", default=["auto"], help="cluster kernel: 'auto', 0 and/or 1")
+    p.add_argument("--ops-choice", action="store_true", help="also record engine.ops' measured kernel choice")
     p.add_argument("--profile", action="store_true", help="per-kernel device times (torch.profiler)")
     p.add_argument("--rep-ms", type=int, default=200, help="do_bench repetition time per measurement")
     p.add_argument("--interpret", action="store_true", help="one tiny config on the CPU (Triton interpreter)")
@@ -330,6 +335,50 @@ def ceiling_us(torch, triton, sets, kv_bytes: int, num_sms: int) -> dict[str, fl
     return out
 
 
+def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: ANN001
+    """The CUDA cluster kernel: its default and every asked variant, each checked then graph-replayed."""
+    q, k, _ = sets[0]
+    base = cd.decode_config(q, k)
+    variants = []
+    for splits, stages, pdl in itertools.product(args.cluster_splits, args.cluster_stages, args.cluster_pdl):
+        tile = {
+            "num_splits": base["num_splits"] if splits == "auto" else int(splits),
+            "stages": stages or base["stages"],
+            "pdl": base["pdl"] if pdl == "auto" else bool(int(pdl)),
+        }
+        if tile not in variants:
+            variants.append(tile)
+    default = {key: base[key] for key in ("num_splits", "stages", "pdl")}
+    if default not in variants:
+        variants.insert(0, default)
+    rows = []
+    for tile in variants:
+        row = {"config": {**base, **tile}, "default": tile == default}
+        try:
+            outs = [torch.full_like(x[0], float("nan")) for x in sets]
+            cd.flash_decode(*sets[0], lengths, scale, out=outs[0], **tile)
+            err = (outs[0].float() - ref).abs()
+            row["max_abs_err"] = err.max().item() if not outs[0].isnan().any() else float("nan")
+            row["rel_err"] = ((outs[0].float() - ref).norm() / ref.norm()).item()
+            calls = [
+                lambda x=x, o=o, t=tile: cd.flash_decode(*x, lengths, scale, out=o, **t)
+                for x, o in zip(sets, outs, strict=True)
+            ]
+            row["graph_us"] = graph_time_us(torch, calls)
+            if tile == default:
+                row["graph_us_again"] = graph_time_us(torch, calls)  # the spread of one version, timed twice
+        except Exception as exc:  # a variant may not launch (cluster too large for the device): record it
+            if tile == default:
+                raise
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        rows.append(row)
+        print(f"  cluster {tile}: {row.get('graph_us', row.get('error'))} us, err {row.get('max_abs_err')}",
+              file=sys.stderr)
+    fits = cd.max_active_clusters(q.device, q.dtype, q.shape[-1], base["stages"])
+    return {"cluster": rows[0] if rows[0]["default"] else next(r for r in rows if r["default"]),
+            "cluster_variants": rows, "cluster_max_active": fits}  # fmt: skip
+
+
 def time_sdpa(torch, F, do_bench, sets, scale, ref, cuda, rep_ms) -> dict:  # noqa: ANN001, N803
     """The same problem through torch SDPA with enable_gqa (q as a length-1 query sequence)."""
 
@@ -360,6 +409,7 @@ def main() -> None:
     import triton
     from triton.testing import do_bench
 
+    from kernels import cluster_decode as cd
     from kernels import flash_decode as fd
     from kernels.reference import decode_attention
 
@@ -387,6 +437,10 @@ def main() -> None:
         "dtype": "bfloat16",
         "rows": [],
     }
+    cluster_off = args.no_cluster or not cuda or cd.unavailable_reason(device)
+    if not args.no_cluster:
+        record["cluster_kernel"] = "available" if not cluster_off else (cd.unavailable_reason(device) or "no CUDA")
+        print(f"cluster kernel: {record['cluster_kernel']}", file=sys.stderr)
     if cuda:
         record["num_sms"] = fd.sm_count(device)
         record["l2_bytes"] = torch.cuda.get_device_properties(device).L2_cache_size
@@ -468,6 +522,15 @@ def main() -> None:
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             if tile == default:
                 row |= time_sdpa(torch, F, do_bench, sets, scale, ref, cuda, args.rep_ms)
+                if not cluster_off:
+                    row |= time_cluster(torch, cd, sets, lengths, scale, ref, args)
+                    c = row["cluster"]
+                    c["graph_pct_copy"] = 100 * kv_bytes / (c["graph_us"] * 1e-6) / record["copy_bytes_per_s"]
+                if args.ops_choice and cuda:
+                    from engine import ops
+
+                    choice = ops.choose_decode_kernel(q, k, v, lengths, scale)
+                    row["ops_choice"] = choice.record()
             if args.ceiling and cuda and tile == default:
                 row["ceiling"] = ceiling_us(torch, triton, sets, kv_bytes, record["num_sms"])
                 best_read = min(v for k, v in row["ceiling"].items() if k.startswith("read"))
@@ -529,6 +592,8 @@ def main() -> None:
     tuned = [r for r in record["rows"] if "graph_us" in r or "error" in r]
     if any(not r["default"] for r in tuned):
         print("\n" + tuning_table(tuned))
+    if any(len(r.get("cluster_variants", [])) > 1 for r in record["rows"]):
+        print("\n" + cluster_tuning_table(record["rows"]))
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
 
@@ -541,7 +606,8 @@ def table(rows: list[dict]) -> str:
     """The default config of each problem, graph-replayed: ours against SDPA and against the ceilings."""
     head = (
         "| shape | ctx | B | splits | ours µs | % copy | one pass µs (%) | partial alone µs "
-        "| read ceiling µs (%) | SDPA µs | SDPA % | speedup | max err |"
+        "| read ceiling µs (%) | SDPA µs | SDPA % | speedup | max err | cluster µs (again) | cluster % "
+        "| cluster splits | cluster err | ops picks |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in (r for r in rows if r["default"]):
@@ -560,8 +626,36 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['shape']} | {r['ctx']} | {r['batch']} | {r['config']['num_splits']} | {_fmt(r, 'graph_us')} "
             f"| {_fmt(r, 'graph_pct_copy', '.0f')} | {one_pass} | {_fmt(r, 'partial_only_graph_us')} | {ceiling} "
-            f"| {_fmt(r, 'sdpa_graph_us')} | {_fmt(r, 'sdpa_graph_pct_copy', '.0f')} | {gspeed} | {r['max_abs_err']:.1e} |"
+            f"| {_fmt(r, 'sdpa_graph_us')} | {_fmt(r, 'sdpa_graph_pct_copy', '.0f')} | {gspeed} | {r['max_abs_err']:.1e} "
+            f"| {cluster_cells(r)} | {r.get('ops_choice', {}).get('backend', '-')} |"
         )
+    return "\n".join(lines)
+
+
+def cluster_cells(r: dict) -> str:
+    """The cluster kernel's columns of a problem's row (dashes when it did not run)."""
+    c = r.get("cluster")
+    if not c or "graph_us" not in c:
+        return "- | - | - | -"
+    again = f" ({c['graph_us_again']:.1f})" if "graph_us_again" in c else ""
+    return (
+        f"{c['graph_us']:.1f}{again} | {c['graph_pct_copy']:.0f} | {c['config']['num_splits']} "
+        f"| {c['max_abs_err']:.1e}"
+    )
+
+
+def cluster_tuning_table(rows: list[dict]) -> str:
+    """Every timed cluster-kernel variant, best first within each problem."""
+    lines = ["| shape | ctx | B | splits | stages | pdl | graph µs | rel err |", "|---" * 8 + "|"]
+    for r in rows:
+        for v in sorted(r.get("cluster_variants", []), key=lambda v: v.get("graph_us", math.inf)):
+            c = v["config"]
+            mark = " (default)" if v["default"] else ""
+            timing = f"{v['graph_us']:.1f}" if "graph_us" in v else v["error"][:60]
+            lines.append(
+                f"| {r['shape']} | {r['ctx']} | {r['batch']} | {c['num_splits']}{mark} | {c['stages']} "
+                f"| {int(c['pdl'])} | {timing} | {v.get('rel_err', float('nan')):.1e} |"
+            )
     return "\n".join(lines)
 
 

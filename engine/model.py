@@ -129,6 +129,7 @@ class Block(nn.Module):
         self.w = LayerWeights.of(w)
         self.heads = Heads(cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.rms_eps)
         self.decode_splits: int | None = None  # None: the kernel's heuristic; an int pins it (A/B experiments)
+        self.decode_kernel: str | None = None  # None: ops' measured choice; a name pins it (A/B experiments)
         # the two dense halves of a layer; Transformer.compile() swaps in compiled versions (same math)
         self.pre = qkv_projection
         self.pre_decode = qkv_projection_into_cache
@@ -147,7 +148,8 @@ class Block(nn.Module):
             assert step is not None
             k_cache, v_cache = cache.k[layer], cache.v[layer]
             q = self.pre_decode(x, self.w, cos, sin, self.heads, k_cache, v_cache, step.rows, step.pos)
-            a = ops.decode_attention(q[:, :, 0], k_cache, v_cache, step.lengths, scale, self.decode_splits)[:, :, None]
+            a = ops.decode_attention(q[:, :, 0], k_cache, v_cache, step.lengths, scale, self.decode_splits,
+                                     self.decode_kernel)[:, :, None]
         return self.post(x, a, self.w, self.heads.eps)
 
 

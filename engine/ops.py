@@ -6,11 +6,14 @@ is a change here, not in the model.
 
 from __future__ import annotations
 
+import zlib
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from engine import kernel_choice
 from engine.kv_cache import KVCache
 from kernels import reference
 
@@ -37,11 +40,28 @@ def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
-def decode_backend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor) -> str:
-    """Which kernel decode attention uses for these inputs: 'triton-flash-decode' or 'torch-reference'."""
-    if q.is_cuda and not _flash_decode().unsupported_reasons(q, k_cache, v_cache, lengths):
-        return "triton-flash-decode"
-    return "torch-reference"
+# Decode-attention kernels in preference order (a near-tie in measured speed goes to the earlier one).
+DECODE_KERNELS = ("cuda-cluster-decode", "triton-flash-decode", "torch-reference")
+# Parity bar of a candidate against the fp32 reference at its shape (norm-relative error): bf16 rounds
+# the output to 8 bits (about 4e-3 relative per element), fp16 to 11.
+PARITY_TOLERANCE = {torch.bfloat16: 5e-3, torch.float16: 2e-3, torch.float32: 1e-4}
+
+
+@dataclass(frozen=True)
+class DecodeChoice:
+    """The decode-attention kernel chosen at one shape, and the trials behind the choice."""
+
+    backend: str
+    how: str  # "measured", "pinned splits", "graph capture (not measured)", "cpu"
+    trials: tuple[kernel_choice.Trial, ...] = ()
+
+    def record(self) -> dict[str, Any]:
+        """JSON form for the engine's `config`: the backend, how it was chosen, each candidate's result."""
+        return {"backend": self.backend, "chosen_by": self.how,
+                "candidates": {t.name: {"rel_err": t.rel_err, "us": t.us, "error": t.error} for t in self.trials}}
+
+
+_decode_choices: dict[tuple, DecodeChoice] = {}
 
 
 def _flash_decode():  # type: ignore[no-untyped-def]
@@ -51,6 +71,98 @@ def _flash_decode():  # type: ignore[no-untyped-def]
     return flash_decode
 
 
+def _cluster_decode():  # type: ignore[no-untyped-def]
+    from kernels import cluster_decode
+
+    return cluster_decode
+
+
+def _decode_candidates(scale: float) -> list[tuple[str, Any, Any]]:
+    """(name, run(q, k, v, lengths, out=), unsupported_reasons(q, k, v, lengths)) in preference order."""
+    cluster, triton_fd = _cluster_decode(), _flash_decode()
+
+    def torch_run(q, k, v, lengths, out):  # noqa: ANN001, ANN202
+        return out.copy_(reference.decode_attention(q, k, v, lengths, scale))
+
+    return [
+        ("cuda-cluster-decode", lambda q, k, v, n, out: cluster.flash_decode(q, k, v, n, scale, out=out),
+         cluster.unsupported_reasons),
+        ("triton-flash-decode", lambda q, k, v, n, out: triton_fd.flash_decode(q, k, v, n, scale, out=out),
+         triton_fd.unsupported_reasons),
+        ("torch-reference", torch_run, lambda *args: []),
+    ]  # fmt: skip
+
+
+def _trial_inputs(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, seed: int):  # noqa: ANN202
+    """Parity cases at the shape (full and ragged lengths, NaN past each length) and the timed copies."""
+    b, hq, d = q.shape
+    _, hkv, s_max, _ = k.shape
+    gen = torch.Generator(device=q.device).manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=q.device, dtype=q.dtype, generator=gen)
+
+    qs, ks, vs = randn(b, hq, d), randn(b, hkv, s_max, d), randn(b, hkv, s_max, d)
+    full = torch.full((b,), s_max, dtype=torch.int32, device=q.device)
+    ragged = torch.randint(1, s_max + 1, (b,), device=q.device, dtype=torch.int32, generator=gen)
+    ragged[0] = 1 if b > 1 else ragged[0]
+    cases, clean = [], []
+    for n in (full, ragged):
+        valid = torch.arange(s_max, device=q.device)[None, :] < n[:, None]  # [B, S_max]
+        poison = (~valid)[:, None, :, None]
+        cases.append((qs, ks.masked_fill(poison, float("nan")), vs.masked_fill(poison, float("nan")), n))
+        clean.append((qs, ks, vs, n))
+    kv_bytes = 2 * ks.numel() * ks.element_size()
+    l2 = torch.cuda.get_device_properties(q.device).L2_cache_size
+    copies = min(8, max(1, -(-3 * l2 // kv_bytes)))  # enough that the timing never finds K/V in the L2
+    timed = [(randn(b, hq, d), randn(b, hkv, s_max, d), randn(b, hkv, s_max, d), full) for _ in range(copies)]
+    return cases, clean, timed
+
+
+def choose_decode_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+                         scale: float) -> DecodeChoice:
+    """The fastest decode-attention kernel among those that pass the parity test at this shape (cached)."""
+    key = (str(q.device), q.dtype, tuple(q.shape), tuple(k_cache.shape), k_cache.stride(), v_cache.stride())
+    if key in _decode_choices:
+        return _decode_choices[key]
+    candidates = _decode_candidates(scale)
+    if torch.cuda.is_current_stream_capturing():  # nothing can be measured inside a capture: not cached
+        name = next(n for n, _, reasons in candidates[1:] if not reasons(q, k_cache, v_cache, lengths))
+        return DecodeChoice(name, "graph capture (not measured)")
+    unsupported = {n: reasons(q, k_cache, v_cache, lengths) for n, _, reasons in candidates}
+    cases, clean, timed = _trial_inputs(q, k_cache, lengths, seed=zlib.crc32(repr(key).encode()))
+    want = [reference.decode_attention(a.float(), b.float(), c.float(), n, scale) for a, b, c, n in clean]
+    trials = kernel_choice.run_trials(
+        [(n, run, (lambda *a, why=unsupported[n]: why)) for n, run, _ in candidates],
+        cases, want, PARITY_TOLERANCE.get(q.dtype, 5e-3), timed=timed)
+    choice = DecodeChoice(kernel_choice.pick(trials), "measured", tuple(trials))
+    _decode_choices[key] = choice
+    return choice
+
+
+def decode_backend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+                   num_splits: int | None = None, kernel: str | None = None) -> str:
+    """Which kernel decode attention uses for these inputs (one of DECODE_KERNELS).
+
+    On CUDA the fastest that passes the parity test at the shape; a pinned split count (the Triton
+    kernel's A/B experiments) takes the Triton kernel where it applies; elsewhere the torch reference.
+    `kernel` pins one by name (A/B experiments); ValueError if it cannot take these inputs.
+    """
+    if kernel is not None:
+        reasons = {n: why for n, _, why in _decode_candidates(1.0)}
+        if kernel not in reasons:
+            raise ValueError(f"unknown decode kernel {kernel!r}; known: {', '.join(DECODE_KERNELS)}")
+        why = reasons[kernel](q, k_cache, v_cache, lengths)
+        if why:
+            raise ValueError(f"decode kernel {kernel} cannot take these inputs: {'; '.join(why)}")
+        return kernel
+    if not q.is_cuda:
+        return "torch-reference"
+    if num_splits is not None and not _flash_decode().unsupported_reasons(q, k_cache, v_cache, lengths):
+        return "triton-flash-decode"
+    return choose_decode_kernel(q, k_cache, v_cache, lengths, q.shape[-1] ** -0.5).backend
+
+
 def decode_attention(
     q: torch.Tensor,  # [B, Hq, D] one new query per sequence
     k_cache: torch.Tensor,  # [B, Hkv, S_max, D]
@@ -58,19 +170,34 @@ def decode_attention(
     lengths: torch.Tensor,  # [B] int32 on q's device: valid positions per sequence
     scale: float,
     num_splits: int | None = None,
+    kernel: str | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
-    """One-token attention with device-side lengths (CUDA-graph safe): Triton on CUDA, reference elsewhere."""
-    if decode_backend(q, k_cache, v_cache, lengths) == "triton-flash-decode":
+    """One-token attention with device-side lengths (CUDA-graph safe), by the kernel `decode_backend` picks."""
+    backend = decode_backend(q, k_cache, v_cache, lengths, num_splits, kernel)
+    if backend == "cuda-cluster-decode":
+        return _cluster_decode().flash_decode(q, k_cache, v_cache, lengths, scale)
+    if backend == "triton-flash-decode":
         return _flash_decode().flash_decode(q, k_cache, v_cache, lengths, scale, num_splits=num_splits)
     return reference.decode_attention(q, k_cache, v_cache, lengths, scale)
 
 
-def decode_config(n_head: int, cache: KVCache, num_splits: int | None = None) -> dict[str, Any]:
-    """The effective decode-attention settings for a cache (backend, and the kernel's split count)."""
+def decode_config(n_head: int, cache: KVCache, num_splits: int | None = None,
+                  kernel: str | None = None) -> dict[str, Any]:
+    """The effective decode-attention settings for a cache: the backend, why, and its kernel's settings."""
     k = cache.k[0]  # [B, Hkv, S_max, D]
     q = k.new_empty(k.shape[0], n_head, k.shape[-1])
     lengths = torch.full((k.shape[0],), cache.max_seq, dtype=torch.int32, device=k.device)
-    backend = decode_backend(q, k, cache.v[0], lengths)
-    if backend != "triton-flash-decode":
+    backend = decode_backend(q, k, cache.v[0], lengths, num_splits, kernel)
+    if backend == "torch-reference" and not k.is_cuda:
         return {"backend": backend}
-    return {"backend": backend, **_flash_decode().decode_config(q, k, cache.v[0], lengths, num_splits=num_splits)}
+    if kernel is not None:
+        record: dict[str, Any] = {"backend": backend, "chosen_by": "pinned kernel"}
+    elif num_splits is not None and backend == "triton-flash-decode":
+        record = {"backend": backend, "chosen_by": "pinned splits"}
+    else:
+        record = choose_decode_kernel(q, k, cache.v[0], lengths, k.shape[-1] ** -0.5).record()
+    if backend == "cuda-cluster-decode":
+        return record | _cluster_decode().decode_config(q, k)
+    if backend == "triton-flash-decode":
+        return record | _flash_decode().decode_config(q, k, cache.v[0], lengths, num_splits=num_splits)
+    return record

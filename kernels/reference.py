@@ -50,7 +50,9 @@ def decode_attention(
     valid = torch.arange(s_max, device=q.device)[None, :] < lengths.to(q.device)[:, None]  # [B, S_max]
     scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, v.to(acc))  # [B, Hkv, G, D]
+    # a probability of 0 does not cancel a NaN or inf that the cache holds past a length: zero those rows
+    v_valid = v.to(acc).masked_fill(~valid[:, None, :, None], 0.0)
+    out = torch.matmul(probs, v_valid)  # [B, Hkv, G, D]
     return out.reshape(b, hq, d).to(q.dtype)
 
 

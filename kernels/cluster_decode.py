@@ -1,0 +1,240 @@
+"""Split-KV decode attention in CUDA C++ whose splits merge through thread-block-cluster shared memory.
+
+The kernel (``kernels/cuda/flash_decode_cluster.cu``) gives each (sequence, KV head) one cluster of
+``num_splits`` CTAs; each CTA streams its tiles of K and V through TMA into shared memory, serves
+the whole GQA group on the tensor cores, and the cluster merges its partial softmax states through
+distributed shared memory, with no second kernel and no round trip through HBM. It needs a Hopper
+GPU (sm_90) and nvcc: it is built on first use as a torch C++/CUDA extension. Where either is
+missing, ``unavailable_reason`` says why, and ``engine.ops`` falls back to Triton, then to PyTorch.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+KERNEL = "cuda-cluster-decode"
+HEAD_DIMS = (64, 128, 256)
+MAX_GQA_RATIO = 16  # the query group is padded to 16 mma rows
+MAX_CLUSTER = 16  # Hopper's largest (non-portable) cluster
+BLOCK_N = 64  # positions per K/V tile
+MIN_TILES_PER_SPLIT = 4  # fewer and the TMA pipeline has nothing to overlap
+# (head dim -> stages) instantiated in the .cu file; the first is the default. A stage holds one K and
+# one V tile (16 KiB each at d128); with one CTA per SM the ring may fill most of the 227 KiB.
+STAGES = {64: (8, 4), 128: (6, 4), 256: (3, 2)}
+PDL_DEFAULT = True  # launch early and wait on the device for the previous kernel (as the Triton path does)
+
+_SOURCES = ("flash_decode_cluster.cu", "binding.cpp")
+_CUDA_DIR = Path(__file__).resolve().parent / "cuda"
+# an -arch flag of ours replaces torch's own (one -gencode per TORCH_CUDA_ARCH_LIST entry): one target, once
+_CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v", "-lineinfo")
+
+
+def num_splits(
+    num_sms: int,
+    batch: int,
+    num_kv_heads: int,
+    ctx_len: int,
+    head_dim: int,
+    max_active_clusters: Mapping[int, int] | None = None,
+) -> int:
+    """CTAs per cluster (splits per sequence and KV head): a power of two up to 16 dividing the head dim.
+
+    As many as one wave of CTAs allows (at most one per SM, since a CTA fills an SM's shared memory),
+    each split keeping MIN_TILES_PER_SPLIT tiles; then halved until every cluster of the launch is
+    resident at once (``max_active_clusters``: size -> clusters that fit, as the device reports).
+    """
+    tiles = max(1, -(-ctx_len // BLOCK_N))
+    heads = max(1, batch * num_kv_heads)
+    limit = min(MAX_CLUSTER, head_dim // 4, max(1, num_sms // heads), max(1, tiles // MIN_TILES_PER_SPLIT))
+    splits = 1 << (limit.bit_length() - 1)  # the largest power of two <= limit
+    while splits > 1 and max_active_clusters is not None and max_active_clusters.get(splits, 0) < heads:
+        splits //= 2
+    return splits
+
+
+def split_table(num_sms: int = 132, head_dim: int = 128) -> list[dict[str, int]]:
+    """The heuristic's choices over batch, KV heads and context (for the docs and the tests)."""
+    rows = []
+    for batch in (1, 2, 4, 8, 16):
+        for hkv in (2, 4, 8):
+            for ctx in (64, 256, 1024, 4096, 16384, 32768):
+                rows.append({"batch": batch, "kv_heads": hkv, "ctx": ctx,
+                             "splits": num_splits(num_sms, batch, hkv, ctx, head_dim)})  # fmt: skip
+    return rows
+
+
+def _nvcc() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and (Path(home) / "bin" / "nvcc").exists():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def _source_digest() -> str:
+    h = hashlib.sha256()
+    for name in _SOURCES:
+        h.update((_CUDA_DIR / name).read_bytes())
+    h.update(" ".join(_CUDA_FLAGS).encode())
+    return h.hexdigest()[:12]
+
+
+@functools.cache
+def _build() -> tuple[object | None, str | None]:
+    """The built extension, or the reason there is none (built once per process, cached on disk by torch)."""
+    if not torch.cuda.is_available() or torch.version.cuda is None:
+        return None, "no CUDA device (or a CPU build of torch)"
+    if _nvcc() is None:
+        return None, "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
+    if shutil.which("ninja") is None:
+        try:
+            import ninja  # noqa: F401  # the pip package puts the binary beside the interpreter
+        except ImportError:
+            return None, "ninja not found (torch's extension builder needs it)"
+    from torch.utils import cpp_extension
+
+    try:
+        module = cpp_extension.load(
+            name=f"evalbot_cluster_decode_{_source_digest()}",
+            sources=[str(_CUDA_DIR / name) for name in _SOURCES],
+            extra_cuda_cflags=list(_CUDA_FLAGS),
+            extra_cflags=["-O2"],
+        )
+    except Exception as exc:  # a failed build is a reason to fall back, never a crash of the engine
+        return None, f"build failed: {type(exc).__name__}: {str(exc)[-600:]}"
+    return module, None
+
+
+def unavailable_reason(device: torch.device) -> str | None:
+    """Why the kernel cannot run on this device (None when it can); builds the extension on first call."""
+    if device.type != "cuda":
+        return f"device {device.type} is not CUDA"
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return (
+            f"compute capability {torch.cuda.get_device_capability(device)} is not 9.0 (the kernel is sm_90a)"
+        )
+    return _build()[1]
+
+
+def _module():  # type: ignore[no-untyped-def]
+    module, reason = _build()
+    if module is None:
+        raise RuntimeError(f"{KERNEL} unavailable: {reason}")
+    return module
+
+
+def unsupported_reasons(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor
+) -> list[str]:
+    """Why `flash_decode` cannot take these inputs; empty when it can (builds the extension if needed)."""
+    if q.dim() != 3 or k_cache.dim() != 4:
+        return [
+            f"expected q [B, Hq, D] and caches [B, Hkv, S_max, D], got {tuple(q.shape)}, {tuple(k_cache.shape)}"
+        ]
+    reasons = []
+    b, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    if v_cache.shape != k_cache.shape:
+        reasons.append(f"k and v caches differ in shape: {tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
+    if k_cache.shape[0] != b or k_cache.shape[3] != d:
+        reasons.append(f"cache {tuple(k_cache.shape)} does not match q {tuple(q.shape)} in batch or head dim")
+    if d not in HEAD_DIMS:
+        reasons.append(f"head dim {d} not in {HEAD_DIMS}")
+    if hkv == 0 or hq % hkv:
+        reasons.append(f"query heads {hq} not a multiple of kv heads {hkv}")
+    elif hq // hkv > MAX_GQA_RATIO:
+        reasons.append(f"GQA ratio {hq // hkv} > {MAX_GQA_RATIO}")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        reasons.append(f"dtype {q.dtype} is not float16 or bfloat16")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        reasons.append(f"dtypes differ: q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype}")
+    if any(t.stride(-1) != 1 for t in (q, k_cache, v_cache)):
+        reasons.append("last dim of q, k or v is not contiguous")
+    for name, t in (("k", k_cache), ("v", v_cache)):  # the tensor map's terms: 16-byte base and strides
+        if t.data_ptr() % 16 or any(t.stride(i) * t.element_size() % 16 for i in range(3) if t.shape[i] > 1):
+            reasons.append(f"{name} cache base or strides are not multiples of 16 bytes")
+    if lengths.dtype != torch.int32 or tuple(lengths.shape) != (b,):
+        reasons.append(f"lengths must be int32 [{b}], got {lengths.dtype} {tuple(lengths.shape)}")
+    devices = {t.device for t in (q, k_cache, v_cache, lengths)}
+    if len(devices) != 1:
+        reasons.append(f"tensors on different devices: {sorted(map(str, devices))}")
+    elif not reasons:
+        why = unavailable_reason(q.device)
+        if why:
+            reasons.append(why)
+    return reasons
+
+
+@functools.cache
+def max_active_clusters(
+    device: torch.device, dtype: torch.dtype, head_dim: int, stages: int
+) -> dict[int, int]:
+    """Clusters of each size (1..16) that the device holds at once for this kernel, as it reports them."""
+    code = 0 if dtype == torch.bfloat16 else 1
+    with torch.cuda.device(device):
+        return {c: int(_module().max_active_clusters(code, head_dim, stages, c)) for c in (1, 2, 4, 8, 16)}
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def decode_config(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_cache: torch.Tensor,  # [B, Hkv, S_max, D]
+    *,
+    num_splits: int | None = None,
+    stages: int | None = None,
+    pdl: bool | None = None,
+) -> dict[str, int | str | bool]:
+    """The settings `flash_decode` uses for these shapes (for the engine's `config` record)."""
+    b, _, d = q.shape
+    hkv, s_max = k_cache.shape[1], k_cache.shape[2]
+    stages = stages or STAGES[d][0]
+    if num_splits is None:
+        fits = max_active_clusters(q.device, q.dtype, d, stages)
+        num_splits, source = _split_heuristic(sm_count(q.device), b, hkv, s_max, d, fits), "heuristic"
+    else:
+        source = "override"
+    return {
+        "kernel": KERNEL,
+        "num_splits": num_splits,
+        "splits_from": source,
+        "block_n": BLOCK_N,
+        "stages": stages,
+        "pdl": PDL_DEFAULT if pdl is None else bool(pdl),
+        "smem_bytes": int(_module().smem_bytes(d, stages)),
+    }
+
+
+_split_heuristic = num_splits  # flash_decode's `num_splits` argument shadows the name
+
+
+def flash_decode(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_cache: torch.Tensor,  # [B, Hkv, S_max, D]
+    v_cache: torch.Tensor,  # [B, Hkv, S_max, D]
+    lengths: torch.Tensor,  # [B] int32 on q's device, 1 <= lengths[b] <= S_max
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,  # [B, Hq, D] in q's dtype
+    stages: int | None = None,
+    pdl: bool | None = None,
+) -> torch.Tensor:  # [B, Hq, D]
+    """One-token GQA attention over the first lengths[b] cache positions, merged inside clusters."""
+    cfg = decode_config(q, k_cache, num_splits=num_splits, stages=stages, pdl=pdl)
+    if out is None:
+        out = torch.empty_like(q)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    _module().launch(q, k_cache, v_cache, lengths, out, float(scale), cfg["num_splits"], cfg["stages"],
+                     cfg["pdl"], stream)  # fmt: skip
+    return out

@@ -1,0 +1,613 @@
+// Split-KV decode attention whose splits merge inside a thread-block cluster (Hopper, sm_90a).
+//
+// One cluster of C CTAs serves one (sequence, KV head). CTA `rank` of the cluster takes the KV tiles
+// rank, rank + C, rank + 2C, ... of the sequence's valid positions (interleaved, as the Triton kernel
+// does, so the CTAs of a cluster end close together), and serves every query head of the GQA group
+// against each tile, so K and V are read once per group. Tiles arrive through the tensor-memory
+// accelerator (TMA: `cp.async.bulk.tensor`, 128-byte swizzle) into a ring of STAGES shared-memory
+// buffers, fed by one producer warp and consumed by four warps of 16 positions each on the tensor
+// cores (mma.m16n8k16, bf16 or fp16 in, fp32 accumulate; the query group is padded to 16 rows).
+// Each CTA folds its four warps' softmax states into one (max, sum, unnormalised output) in its own
+// shared memory; after a cluster barrier CTA `rank` merges column slice `rank` of the head dim over
+// all C CTAs, reading their states through distributed shared memory (`cluster.map_shared_rank`).
+// No second kernel, no round trip through global memory for the partials.
+//
+// Lengths are read on the device and the grid depends only on host ints, so a launch can be
+// captured in a CUDA graph. With programmatic dependent launch the kernel may start before its
+// predecessor ends: it waits (griddepcontrol.wait) before reading q, the lengths or the cache.
+
+#include <cooperative_groups.h>
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+
+namespace cg = cooperative_groups;
+
+namespace fdc {
+
+constexpr int BLOCK_N = 64;                    // positions per K/V tile
+constexpr int WARP_ROWS = 16;                  // positions per consumer warp per tile (an mma k-step)
+constexpr int CONSUMERS = BLOCK_N / WARP_ROWS;  // consumer warps
+constexpr int THREADS = (CONSUMERS + 1) * 32;  // plus one producer warp
+constexpr int G_PAD = 16;                      // mma rows: the query group padded to 16
+constexpr int CHUNK = 64;                      // elements of one 128-byte swizzled row
+constexpr int MAX_CLUSTER = 16;                // Hopper's non-portable cluster limit
+constexpr int RED_PAD = 8;                     // floats of padding per row of the warps' partials (no bank conflicts)
+
+struct Params {
+  const uint16_t* q;  // [B, Hq, D] (raw 16-bit elements)
+  uint16_t* out;      // [B, Hq, D]
+  const int* lengths;  // [B]
+  long long stride_qb, stride_qh, stride_ob, stride_oh;  // elements
+  int num_kv_heads, group, s_max, num_splits;
+  float qk_scale;  // softmax scale * log2(e): scores are base-2 logits
+};
+
+template <int D>
+struct Layout {
+  static constexpr int CHUNKS = D / CHUNK;
+  static constexpr int TILE_BYTES = CHUNKS * BLOCK_N * 128;  // one of K or V
+  static constexpr int STAGE_BYTES = 2 * TILE_BYTES;
+  static constexpr int RED_BYTES = CONSUMERS * G_PAD * ((D + RED_PAD) * 4 + 8);
+  static constexpr int PART_BYTES = G_PAD * D * 4 + 2 * G_PAD * 4;
+};
+
+template <int D, int STAGES>
+constexpr int smem_bytes() {
+  // 1024 bytes of slack: the 128-byte swizzle needs 1024-aligned tiles
+  return 1024 + STAGES * Layout<D>::STAGE_BYTES + Layout<D>::PART_BYTES + 2 * STAGES * 8;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// One box of a 4-D tensor map (coordinates innermost first: element, position, head, sequence).
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+                                         int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                              uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+template <typename T>
+struct Elem;
+
+template <>
+struct Elem<__nv_bfloat16> {
+  __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  __device__ static __forceinline__ uint16_t store(float x) {
+    __nv_bfloat16 v = __float2bfloat16_rn(x);
+    return *reinterpret_cast<uint16_t*>(&v);
+  }
+};
+
+template <>
+struct Elem<__half> {
+  __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  __device__ static __forceinline__ uint16_t store(float x) {
+    __half v = __float2half_rn(x);
+    return *reinterpret_cast<uint16_t*>(&v);
+  }
+};
+
+// Byte offset of 16-byte unit `u` (of D / 8) of tile row `r` in a K or V tile: [D/64 chunks][64 rows][128 B],
+// the 16-byte units of a row XOR-ed with the row's low three bits (TMA's 128-byte swizzle).
+__device__ __forceinline__ uint32_t swizzled(int r, int u) {
+  return (u >> 3) * (BLOCK_N * 128) + r * 128 + (((u & 7) ^ (r & 7)) << 4);
+}
+
+template <typename T, int D, int STAGES>
+__global__ void __launch_bounds__(THREADS, 1)
+    decode_kernel(const __grid_constant__ CUtensorMap kmap,  // K cache [B, Hkv, S_max, D], box [64, 64, 1, 1]
+                  const __grid_constant__ CUtensorMap vmap,  // V cache, same
+                  const Params p) {
+  using L = Layout<D>;
+  static_assert(L::RED_BYTES <= STAGES * L::STAGE_BYTES, "the warps' partials reuse the stage buffers");
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* stages = smem;                                              // [STAGES][K tile, V tile]
+  float* part_acc = reinterpret_cast<float*>(smem + STAGES * L::STAGE_BYTES);  // [G_PAD][D] this CTA's state
+  float* part_m = part_acc + G_PAD * D;                                // [G_PAD] base-2 max
+  float* part_l = part_m + G_PAD;                                      // [G_PAD]
+  uint64_t* full = reinterpret_cast<uint64_t*>(part_l + G_PAD);        // [STAGES] tile landed
+  uint64_t* empty = full + STAGES;                                     // [STAGES] tile consumed
+
+  const int split = blockIdx.x;  // the CTA's rank in its cluster (the cluster spans blockIdx.x)
+  const int bh = blockIdx.y;
+  const int b = bh / p.num_kv_heads;
+  const int h = bh % p.num_kv_heads;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int G = p.group;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], CONSUMERS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  // launched early (PDL): q, the lengths and the cache are the previous kernels' writes
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+  __syncthreads();
+
+  const int length = min(p.lengths[b], p.s_max);  // a bad length must not read past the cache
+  const int n_tiles = (length + BLOCK_N - 1) / BLOCK_N;
+  const int my_tiles = split < n_tiles ? (n_tiles - 1 - split) / p.num_splits + 1 : 0;
+
+  float* red = reinterpret_cast<float*>(stages);           // [CONSUMERS][G_PAD][D + RED_PAD], after the loop
+  float* red_m = red + CONSUMERS * G_PAD * (D + RED_PAD);  // [CONSUMERS][G_PAD]
+  float* red_l = red_m + CONSUMERS * G_PAD;                // [CONSUMERS][G_PAD]
+
+  if (warp == CONSUMERS) {
+    // producer: one lane keeps STAGES tiles in flight
+    if (lane == 0) {
+      for (int i = 0; i < my_tiles; ++i) {
+        const int s = i % STAGES;
+        if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
+        mbar_expect_tx(&full[s], L::STAGE_BYTES);  // out-of-range rows are zero-filled and still counted
+        const int n0 = (split + i * p.num_splits) * BLOCK_N;
+        uint8_t* kst = stages + s * L::STAGE_BYTES;
+        uint8_t* vst = kst + L::TILE_BYTES;
+#pragma unroll
+        for (int c = 0; c < L::CHUNKS; ++c) tma_load(kst + c * BLOCK_N * 128, &kmap, &full[s], c * CHUNK, n0, h, b);
+#pragma unroll
+        for (int c = 0; c < L::CHUNKS; ++c) tma_load(vst + c * BLOCK_N * 128, &vmap, &full[s], c * CHUNK, n0, h, b);
+      }
+    }
+  } else {
+    // consumers: warp `warp` takes tile rows [p0, p0 + 16) of every tile
+    using E = Elem<T>;
+    const int g = lane >> 2;    // mma row (query head within the group) and its +8 twin
+    const int tig = lane & 3;  // thread in the quad
+    const int p0 = warp * WARP_ROWS;
+
+    uint32_t qa[D / 16][4];  // q as mma A fragments, one per 16-wide k-step of the head dim
+    {
+      const uint16_t* qrow = p.q + b * p.stride_qb + (long long)(h * G) * p.stride_qh;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = g + (r & 1) * 8;
+          const int col = kk * 16 + (r >> 1) * 8 + tig * 2;
+          uint32_t v = 0;
+          if (row < G) {
+            const uint16_t* e = qrow + row * p.stride_qh + col;
+            v = uint32_t(e[0]) | (uint32_t(e[1]) << 16);
+          }
+          qa[kk][r] = v;
+        }
+      }
+    }
+
+    float acc[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY};  // rows g and g + 8, base-2
+    float l_run[2] = {0.f, 0.f};              // this lane's share of the row sums
+
+    for (int i = 0; i < my_tiles; ++i) {
+      const int s = i % STAGES;
+      mbar_wait(&full[s], (i / STAGES) & 1);
+      const int n0 = (split + i * p.num_splits) * BLOCK_N;
+      const int valid = length - n0 - p0;  // valid rows among this warp's 16 (warp-uniform)
+      uint8_t* kst = stages + s * L::STAGE_BYTES;
+      uint8_t* vst = kst + L::TILE_BYTES;
+      if (valid > 0) {
+        if (valid < WARP_ROWS) {
+          // positions past the length hold whatever the cache holds (NaN, say); p is 0 there, but
+          // 0 * NaN is NaN, so zero those V rows (only this warp reads them)
+          const int units = (WARP_ROWS - valid) * (D / 8);
+          for (int e = lane; e < units; e += 32) {
+            const int r = p0 + valid + e / (D / 8);
+            *reinterpret_cast<uint4*>(vst + swizzled(r, e % (D / 8))) = make_uint4(0, 0, 0, 0);
+          }
+          // the next TMA write to this stage must come after these generic-proxy writes
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          __syncwarp();
+        }
+        const uint32_t kbase = smem_u32(kst);
+        const uint32_t vbase = smem_u32(vst);
+        const int mat = lane >> 3;  // which 8x8 matrix of an x4 ldmatrix this lane addresses
+
+        // scores S = q K^T: two 8-position n-tiles
+        float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const int r = p0 + (mat >> 1) * 8 + (lane & 7);
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4(kbase + swizzled(r, kk * 2 + (mat & 1)), b0, b1, b2, b3);
+          E::mma(sc[0], qa[kk], b0, b1);
+          E::mma(sc[1], qa[kk], b2, b3);
+        }
+        // scale, mask past the length, online softmax per row (the quad holds a row's 16 scores)
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int pos = nt * 8 + tig * 2 + (e & 1);  // 0..15 within the warp's rows
+            const float v = pos < valid ? sc[nt][e] * p.qk_scale : -INFINITY;
+            sc[nt][e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+          }
+        }
+        float base[2], alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+          const float m_new = fmaxf(m_run[r], mx[r]);
+          base[r] = m_new == -INFINITY ? 0.f : m_new;  // no -inf - -inf
+          alpha[r] = exp2f(m_run[r] - base[r]);
+          m_run[r] = m_new;
+        }
+        float rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            sc[nt][e] = exp2f(sc[nt][e] - base[e >> 1]);
+            rs[e >> 1] += sc[nt][e];
+          }
+        }
+        l_run[0] = l_run[0] * alpha[0] + rs[0];
+        l_run[1] = l_run[1] * alpha[1] + rs[1];
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          acc[n][0] *= alpha[0];
+          acc[n][1] *= alpha[0];
+          acc[n][2] *= alpha[1];
+          acc[n][3] *= alpha[1];
+        }
+        // P as an A fragment: the two score n-tiles' accumulators are exactly its layout
+        const uint32_t pa[4] = {E::pack(sc[0][0], sc[0][1]), E::pack(sc[0][2], sc[0][3]),
+                                E::pack(sc[1][0], sc[1][1]), E::pack(sc[1][2], sc[1][3])};
+        // O += P V: V read transposed, two 8-wide head-dim n-tiles per ldmatrix
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          const int r = p0 + (mat & 1) * 8 + (lane & 7);
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_trans(vbase + swizzled(r, n + (mat >> 1)), b0, b1, b2, b3);
+          E::mma(acc[n], pa, b0, b1);
+          E::mma(acc[n + 1], pa, b2, b3);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
+    }
+    // every consumer is done with every tile (the producer's copies all landed before they were
+    // consumed): the stage buffers now take the warps' partials
+    asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS * 32) : "memory");
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = g + half * 8;
+      if (row < G) {
+        float* dst = red + (warp * G_PAD + row) * (D + RED_PAD);
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+          *reinterpret_cast<float2*>(dst + n * 8 + tig * 2) = make_float2(acc[n][half * 2], acc[n][half * 2 + 1]);
+        if (tig == 0) {
+          red_m[warp * G_PAD + row] = m_run[half];
+          red_l[warp * G_PAD + row] = l_run[half];
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // this CTA's state: the four warps' states merged
+  for (int e = threadIdx.x; e < G * D; e += THREADS) {
+    const int row = e / D;
+    const int col = e % D;
+    float mw[CONSUMERS];
+    float mmax = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < CONSUMERS; ++w) {
+      mw[w] = red_m[w * G_PAD + row];
+      mmax = fmaxf(mmax, mw[w]);
+    }
+    const float base = mmax == -INFINITY ? 0.f : mmax;
+    float a = 0.f, l = 0.f;
+#pragma unroll
+    for (int w = 0; w < CONSUMERS; ++w) {
+      const float f = exp2f(mw[w] - base);
+      a += f * red[(w * G_PAD + row) * (D + RED_PAD) + col];
+      l += f * red_l[w * G_PAD + row];
+    }
+    if (p.num_splits == 1) {
+      p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(a / l);
+    } else {
+      part_acc[row * D + col] = a;
+      if (col == 0) {
+        part_m[row] = mmax;
+        part_l[row] = l;
+      }
+    }
+  }
+  if (p.num_splits == 1) return;
+
+  // the cluster's merge: CTA `rank` finishes head-dim columns [rank * D / C, (rank + 1) * D / C)
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every CTA's state is written (release/acquire at cluster scope)
+  const int C = p.num_splits;
+  const int cols = D / C;
+  for (int e = threadIdx.x; e < G * cols; e += THREADS) {
+    const int row = e / cols;
+    const int col = split * cols + e % cols;
+    float mc[MAX_CLUSTER];
+    float mmax = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < MAX_CLUSTER; ++c) {
+      mc[c] = c < C ? cluster.map_shared_rank(part_m, c)[row] : -INFINITY;
+      mmax = fmaxf(mmax, mc[c]);
+    }
+    float a = 0.f, l = 0.f;
+#pragma unroll
+    for (int c = 0; c < MAX_CLUSTER; ++c) {
+      if (c < C) {
+        const float f = exp2f(mc[c] - mmax);  // an empty split (-inf) weighs 0; some split is not empty
+        a += f * cluster.map_shared_rank(part_acc, c)[row * D + col];
+        l += f * cluster.map_shared_rank(part_l, c)[row];
+      }
+    }
+    p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(a / l);
+  }
+  // no CTA leaves while another still reads its shared memory (ordering nothing else: relaxed)
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");
+}
+
+// ---- host side ------------------------------------------------------------------------------------
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+static EncodeTiled encode_tiled(char* err, int errlen) {
+  static EncodeTiled fn = nullptr;
+  if (fn) return fn;
+  void* sym = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &sym, 12000, cudaEnableDefault, &q);
+  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !sym) {
+    snprintf(err, errlen, "cuTensorMapEncodeTiled not found in the driver (%s)", cudaGetErrorString(e));
+    return nullptr;
+  }
+  fn = reinterpret_cast<EncodeTiled>(sym);
+  return fn;
+}
+
+static int make_map(CUtensorMap* map, const void* base, int dtype, int D, int S_max, int Hkv, int B, long long sn,
+                    long long sh, long long sb, char* err, int errlen) {
+  EncodeTiled encode = encode_tiled(err, errlen);
+  if (!encode) return 1;
+  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(S_max), cuuint64_t(Hkv), cuuint64_t(B)};
+  const cuuint64_t strides[3] = {cuuint64_t(sn) * 2, cuuint64_t(sh) * 2, cuuint64_t(sb) * 2};  // bytes
+  const cuuint32_t box[4] = {CHUNK, BLOCK_N, 1, 1};
+  const cuuint32_t elem[4] = {1, 1, 1, 1};
+  CUresult r = encode(map, dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                      const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    snprintf(err, errlen, "cuTensorMapEncodeTiled failed (CUresult %d) for dims [%d, %d, %d, %d]", int(r), D,
+             S_max, Hkv, B);
+    return 1;
+  }
+  return 0;
+}
+
+template <typename T, int D, int STAGES>
+static int launch_t(const CUtensorMap& km, const CUtensorMap& vm, const Params& p, int batch, int pdl,
+                    cudaStream_t stream, char* err, int errlen) {
+  auto kernel = decode_kernel<T, D, STAGES>;
+  constexpr int smem = smem_bytes<D, STAGES>();
+  static bool configured = false;
+  if (!configured) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) {
+      snprintf(err, errlen, "cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+      return 1;
+    }
+    configured = true;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(p.num_splits, batch * p.num_kv_heads, 1);
+  cfg.blockDim = dim3(THREADS, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  int n = 0;
+  attrs[n].id = cudaLaunchAttributeClusterDimension;
+  attrs[n].val.clusterDim.x = p.num_splits;
+  attrs[n].val.clusterDim.y = 1;
+  attrs[n].val.clusterDim.z = 1;
+  ++n;
+  if (pdl) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, km, vm, p);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    snprintf(err, errlen, "launch (splits %d, D %d, stages %d, %d bytes of shared memory): %s", p.num_splits, D,
+             STAGES, smem, cudaGetErrorString(e));
+    return 1;
+  }
+  return 0;
+}
+
+template <typename T, int D, int STAGES>
+static int max_clusters_t(int cluster, int* out, char* err, int errlen) {
+  auto kernel = decode_kernel<T, D, STAGES>;
+  constexpr int smem = smem_bytes<D, STAGES>();
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(cluster, 1, 1);
+  cfg.blockDim = dim3(THREADS, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveClusters(out, kernel, &cfg);
+  if (e != cudaSuccess) {
+    snprintf(err, errlen, "cudaOccupancyMaxActiveClusters(cluster %d): %s", cluster, cudaGetErrorString(e));
+    return 1;
+  }
+  return 0;
+}
+
+// The instantiated (head dim, stages) pairs: the first of each head dim is the default.
+#define FDC_FOR_EACH(X) \
+  X(64, 8)              \
+  X(64, 4)              \
+  X(128, 6)             \
+  X(128, 4)             \
+  X(256, 3)             \
+  X(256, 2)
+
+}  // namespace fdc
+
+extern "C" int fdc_launch(const void* q, const void* k, const void* v, const int* lengths, void* out, int dtype,
+                          int B, int Hq, int Hkv, int D, int S_max, long long sqb, long long sqh, long long skb,
+                          long long skh, long long skn, long long svb, long long svh, long long svn, long long sob,
+                          long long soh, float scale, int num_splits, int stages, int pdl, void* stream, char* err,
+                          int errlen) {
+  using namespace fdc;
+  if (num_splits < 1 || num_splits > MAX_CLUSTER || (D % num_splits)) {
+    snprintf(err, errlen, "num_splits %d must be 1..%d and divide the head dim %d", num_splits, MAX_CLUSTER, D);
+    return 1;
+  }
+  if (Hkv < 1 || Hq % Hkv || Hq / Hkv > G_PAD) {
+    snprintf(err, errlen, "query heads %d over kv heads %d: the group must be 1..%d", Hq, Hkv, G_PAD);
+    return 1;
+  }
+  CUtensorMap km, vm;
+  if (make_map(&km, k, dtype, D, S_max, Hkv, B, skn, skh, skb, err, errlen)) return 1;
+  if (make_map(&vm, v, dtype, D, S_max, Hkv, B, svn, svh, svb, err, errlen)) return 1;
+  Params p;
+  p.q = static_cast<const uint16_t*>(q);
+  p.out = static_cast<uint16_t*>(out);
+  p.lengths = lengths;
+  p.stride_qb = sqb;
+  p.stride_qh = sqh;
+  p.stride_ob = sob;
+  p.stride_oh = soh;
+  p.num_kv_heads = Hkv;
+  p.group = Hq / Hkv;
+  p.s_max = S_max;
+  p.num_splits = num_splits;
+  p.qk_scale = scale * 1.4426950408889634f;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+#define FDC_CASE(DD, SS)                                                                   \
+  if (D == DD && stages == SS)                                                             \
+    return dtype == 0 ? launch_t<__nv_bfloat16, DD, SS>(km, vm, p, B, pdl, st, err, errlen) \
+                      : launch_t<__half, DD, SS>(km, vm, p, B, pdl, st, err, errlen);
+  FDC_FOR_EACH(FDC_CASE)
+#undef FDC_CASE
+  snprintf(err, errlen, "no kernel for head dim %d with %d stages", D, stages);
+  return 1;
+}
+
+extern "C" int fdc_max_active_clusters(int dtype, int D, int stages, int cluster, int* out, char* err, int errlen) {
+  using namespace fdc;
+#define FDC_CASE(DD, SS)                                                            \
+  if (D == DD && stages == SS)                                                      \
+    return dtype == 0 ? max_clusters_t<__nv_bfloat16, DD, SS>(cluster, out, err, errlen) \
+                      : max_clusters_t<__half, DD, SS>(cluster, out, err, errlen);
+  FDC_FOR_EACH(FDC_CASE)
+#undef FDC_CASE
+  snprintf(err, errlen, "no kernel for head dim %d with %d stages", D, stages);
+  return 1;
+}
+
+extern "C" int fdc_smem_bytes(int D, int stages) {
+  using namespace fdc;
+#define FDC_CASE(DD, SS) \
+  if (D == DD && stages == SS) return smem_bytes<DD, SS>();
+  FDC_FOR_EACH(FDC_CASE)
+#undef FDC_CASE
+  return -1;
+}

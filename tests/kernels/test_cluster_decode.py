@@ -1,0 +1,256 @@
+"""The cluster-merged CUDA decode kernel: its split heuristic and fallbacks here, its parity on the GPU.
+
+On a machine without a Hopper GPU and nvcc the kernel cannot run; the tests here check that it says
+why and that dispatch falls back. The ``gpu`` tests (run through the device tool on an H200) check
+it against the float64 reference from ctx 1 to 32k, batch 1 and 8, at the GQA ratios of the
+qwen2/qwen3 shapes, with NaN past every length, strided caches, and CUDA-graph replays.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cluster_decode as cd
+from kernels.reference import decode_attention
+
+CUDA = torch.cuda.is_available()
+HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
+
+
+# --- the split heuristic, on its own -------------------------------------------------------------
+
+
+def test_splits_examples_on_an_h200():
+    # 132 SMs, batch 1, 8 KV heads (qwen3-8b): 16 CTAs a cluster (128 CTAs); 4 KV heads: still 16, the
+    # cluster limit; short contexts keep 4 tiles a split; batch 8: 2 (128 CTAs)
+    ctxs = (1, 64, 256, 512, 1024, 4096, 16384, 32768)
+    assert [cd.num_splits(132, 1, 8, c, 128) for c in ctxs] == [1, 1, 1, 2, 4, 16, 16, 16]
+    assert [cd.num_splits(132, 1, 4, c, 256) for c in ctxs] == [1, 1, 1, 2, 4, 16, 16, 16]
+    assert [cd.num_splits(132, 8, 8, c, 128) for c in ctxs] == [1, 1, 1, 2, 2, 2, 2, 2]
+    assert cd.num_splits(132, 1, 2, 32768, 64) == 16  # qwen2.5-0.5b: 2 KV heads
+    assert cd.num_splits(132, 32, 8, 32768, 128) == 1  # 256 heads already fill the SMs
+
+
+def test_splits_fall_back_when_the_device_cannot_hold_the_clusters():
+    # a device that fits only 7 clusters of 16 at once (a GPC short of 16 free SMs) gets clusters of 8
+    fits = {1: 132, 2: 66, 4: 33, 8: 16, 16: 7}
+    assert cd.num_splits(132, 1, 8, 16384, 128, fits) == 8
+    assert cd.num_splits(132, 1, 8, 16384, 128, fits | {16: 8}) == 16
+    assert cd.num_splits(132, 1, 8, 16384, 128, {c: 0 for c in fits}) == 1
+
+
+@pytest.mark.parametrize("num_sms", [8, 78, 132])
+def test_splits_properties(num_sms):
+    for batch in (1, 3, 8, 64):
+        for hkv in (1, 2, 4, 8):
+            for d in cd.HEAD_DIMS:
+                for ctx in (1, 63, 64, 65, 255, 256, 1000, 4096, 16448, 32768, 131072):
+                    s = cd.num_splits(num_sms, batch, hkv, ctx, d)
+                    tiles = -(-ctx // cd.BLOCK_N)
+                    assert s & (s - 1) == 0 and 1 <= s <= cd.MAX_CLUSTER, "a power of two within a cluster"
+                    assert d % s == 0, "the merge gives each CTA an equal slice of the head dim"
+                    assert s == 1 or tiles // s >= cd.MIN_TILES_PER_SPLIT, "each split keeps enough tiles"
+                    assert s == 1 or batch * hkv * s <= num_sms, "one wave, at most one CTA per SM"
+                    bigger = 2 * s
+                    assert (
+                        bigger > cd.MAX_CLUSTER
+                        or batch * hkv * bigger > num_sms
+                        or tiles // bigger < cd.MIN_TILES_PER_SPLIT
+                    ), "no larger cluster would also fit"
+
+
+def test_split_table_is_the_heuristic():
+    rows = cd.split_table()
+    assert rows and all(
+        r["splits"] == cd.num_splits(132, r["batch"], r["kv_heads"], r["ctx"], 128) for r in rows
+    )
+
+
+# --- fallbacks where the kernel cannot run -------------------------------------------------------
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU's reasons")
+def test_cpu_says_why_the_kernel_cannot_run():
+    q = torch.randn(1, 8, 128, dtype=torch.bfloat16)
+    kv = torch.randn(1, 2, 64, 128, dtype=torch.bfloat16)
+    lengths = torch.ones(1, dtype=torch.int32)
+    assert cd.unavailable_reason(q.device) == "device cpu is not CUDA"
+    assert cd.unsupported_reasons(q, kv, kv, lengths) == ["device cpu is not CUDA"]
+    reason = cd._build()[1]
+    assert reason and ("no CUDA device" in reason or "nvcc" in reason)
+    with pytest.raises(RuntimeError, match="cuda-cluster-decode unavailable"):
+        cd._module()
+
+
+def test_unsupported_shapes_are_named():
+    q = torch.randn(1, 8, 128, dtype=torch.bfloat16)
+    kv = torch.randn(1, 2, 64, 128, dtype=torch.bfloat16)
+    lengths = torch.ones(1, dtype=torch.int32)
+
+    def reasons(**kw):
+        args = dict(q=q, k_cache=kv, v_cache=kv, lengths=lengths) | kw
+        return " ".join(cd.unsupported_reasons(**args))
+
+    assert "head dim 96" in reasons(q=q[..., :96], k_cache=kv[..., :96], v_cache=kv[..., :96])
+    assert "GQA ratio 32" in reasons(q=torch.randn(1, 64, 128, dtype=torch.bfloat16))
+    assert "not a multiple" in reasons(q=q[:, :7])
+    assert "float32" in reasons(q=q.float(), k_cache=kv.float(), v_cache=kv.float())
+    assert "dtypes differ" in reasons(v_cache=kv.half())
+    assert "int32" in reasons(lengths=lengths.long())
+    odd = torch.randn(1, 2, 64, 136, dtype=torch.bfloat16)[..., :128]  # 272-byte rows: a multiple of 16
+    assert "16 bytes" not in reasons(k_cache=odd, v_cache=odd)
+    shifted = torch.randn(1 * 2 * 64 * 128 + 4, dtype=torch.bfloat16)[4:].view(1, 2, 64, 128)  # base 8 B off
+    assert "k cache base or strides are not multiples of 16 bytes" in reasons(k_cache=shifted)
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU's path")
+def test_ops_falls_back_to_the_reference_on_the_cpu():
+    from engine import ops
+
+    q = torch.randn(1, 8, 64)
+    kv = torch.randn(1, 2, 32, 64)
+    assert ops.decode_backend(q, kv, kv, torch.full((1,), 32, dtype=torch.int32)) == "torch-reference"
+
+
+# --- the GPU -------------------------------------------------------------------------------------
+
+# (Hq, Hkv, D): the GQA ratios of the qwen2/qwen3 shapes
+QWEN_HEADS = [
+    (14, 2, 64),  # qwen2.5-0.5b (GQA 7)
+    (12, 2, 128),  # qwen2.5-1.5b (GQA 6)
+    (28, 4, 128),  # qwen2.5-7b (GQA 7)
+    (16, 8, 128),  # qwen3-0.6b/1.7b (GQA 2)
+    (32, 8, 128),  # qwen3-4b/8b (GQA 4)
+    (40, 8, 128),  # qwen3-14b (GQA 5)
+    (64, 8, 128),  # qwen3-32b, qwen2.5-72b (GQA 8)
+    (24, 4, 256),  # GQA 6 at d256 (the kernel benchmark's third shape)
+]
+
+gpu = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU")
+
+
+def _inputs(b, hq, hkv, d, s_max, lengths, dtype, seed, layout="bhsd"):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = 2 * torch.randn(b, hq, d, device="cuda", generator=g)
+    k = torch.randn(b, hkv, s_max, d, device="cuda", generator=g)
+    v = torch.randn(b, hkv, s_max, d, device="cuda", generator=g)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    n = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    valid = torch.arange(s_max, device="cuda")[None, :] < n[:, None]
+    k_nan = k.masked_fill(~valid[:, None, :, None], float("nan"))  # never read past a length
+    v_nan = v.masked_fill(~valid[:, None, :, None], float("nan"))
+    if layout == "bshd":  # caches stored [B, S, Hkv, D] (strided views)
+        k_nan = k_nan.transpose(1, 2).contiguous().transpose(1, 2)
+        v_nan = v_nan.transpose(1, 2).contiguous().transpose(1, 2)
+    return q, k, v, k_nan, v_nan, n
+
+
+def _check(out, q, k, v, n, scale, what):
+    ref = decode_attention(q.double(), k.double(), v.double(), n, scale)
+    assert not out.isnan().any(), f"{what}: NaN in the output (unwritten, or read past a length)"
+    err = (out.double() - ref).abs()
+    rel = ((out.double() - ref).norm() / ref.norm()).item()
+    tol = 5e-3 if q.dtype == torch.bfloat16 else 2e-3
+    worst = divmod(int(err.flatten().argmax()), q.shape[-1])
+    assert rel < tol, (
+        f"{what}: relative error {rel:.2e}; worst element (row, col) {worst}, {err.max().item():.3e}"
+    )
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("hq,hkv,d", QWEN_HEADS)
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("ctx", [1, 65, 1000, 4096, 16384, 32768])
+def test_gpu_matches_reference(hq, hkv, d, batch, ctx):
+    lengths = [ctx] + [max(1, (ctx * (7 + 13 * i)) % (ctx + 1)) for i in range(1, batch)]
+    q, k, v, k_nan, v_nan, n = _inputs(batch, hq, hkv, d, ctx, lengths, torch.bfloat16, seed=ctx + batch + hq)
+    out = torch.full_like(q, float("nan"))
+    cd.flash_decode(q, k_nan, v_nan, n, d**-0.5, out=out)
+    _check(
+        out,
+        q,
+        k,
+        v,
+        n,
+        d**-0.5,
+        f"B={batch} ctx={ctx} {hq}/{hkv} d{d} splits {cd.decode_config(q, k)['num_splits']}",
+    )
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("splits", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("stages_pick", [0, 1])
+@pytest.mark.parametrize("d", cd.HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_every_split_stage_and_dtype(splits, stages_pick, d, dtype):
+    hq, hkv, s_max = 8 if d == 256 else 16, 2, 3000
+    lengths = [3000, 1, 130, 2999]
+    q, k, v, k_nan, v_nan, n = _inputs(4, hq, hkv, d, s_max, lengths, dtype, seed=splits * 7 + d)
+    out = torch.full_like(q, float("nan"))
+    stages = cd.STAGES[d][stages_pick]
+    cd.flash_decode(q, k_nan, v_nan, n, 0.7 * d**-0.5, out=out, num_splits=splits, stages=stages)
+    _check(out, q, k, v, n, 0.7 * d**-0.5, f"splits {splits} stages {stages} d{d} {dtype}")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gpu_strided_caches_and_query(pdl):
+    lengths = [900, 17]
+    q, k, v, k_nan, v_nan, n = _inputs(2, 32, 8, 128, 1024, lengths, torch.bfloat16, seed=5, layout="bshd")
+    wide = torch.randn(2, 32, 256, device="cuda", dtype=torch.bfloat16)
+    wide[..., :128] = q
+    assert k_nan.stride(2) == 8 * 128 and not cd.unsupported_reasons(wide[..., :128], k_nan, v_nan, n)
+    out = torch.full_like(q, float("nan"))
+    cd.flash_decode(wide[..., :128], k_nan, v_nan, n, 0.1, out=out, pdl=pdl)
+    _check(out, q, k, v, n, 0.1, f"strided, pdl={pdl}")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (24, 4, 256), (14, 2, 64)])
+def test_gpu_cuda_graph_replay_follows_lengths(hq, hkv, d):
+    batch, s_max = 4, 8192
+    q, k, v, _, _, n = _inputs(batch, hq, hkv, d, s_max, [s_max] * batch, torch.bfloat16, seed=9)
+    out = torch.empty_like(q)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        cd.flash_decode(q, k, v, n, d**-0.5, out=out)  # build and configure outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cd.flash_decode(q, k, v, n, d**-0.5, out=out)
+    for lens in ([s_max, 1, 4000, 77], [5000, 8191, 64, 65]):
+        n.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        _check(out, q, k, v, n, d**-0.5, f"graph replay {lens}")
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_results_do_not_move_between_runs():
+    # a race shows as an output that changes between launches on the same inputs
+    q, _, _, k, v, n = _inputs(1, 32, 8, 128, 16384, [16384], torch.bfloat16, seed=3)
+    first = cd.flash_decode(q, k, v, n, 128**-0.5)
+    for _ in range(20):
+        assert torch.equal(cd.flash_decode(q, k, v, n, 128**-0.5), first)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_ops_chooses_among_kernels_that_passed():
+    from engine import ops
+
+    q, _, _, k, v, n = _inputs(1, 32, 8, 128, 4096, [4096], torch.bfloat16, seed=11)
+    choice = ops.choose_decode_kernel(q, k, v, n, 128**-0.5)
+    by = {t.name: t for t in choice.trials}
+    assert set(by) == set(ops.DECODE_KERNELS)
+    assert by[choice.backend].passed and choice.how == "measured"
+    fastest = min(t.us for t in choice.trials if t.passed)
+    assert by[choice.backend].us <= fastest * 1.01 + 1e-9
+    assert ops.decode_backend(q, k, v, n) == choice.backend  # cached per shape
