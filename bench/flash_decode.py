@@ -90,8 +90,13 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--no-cluster", action="store_true", help="leave out the CUDA cluster kernel")
     p.add_argument("--cluster-splits", nargs="+", default=["auto"], help="cluster kernel: 'auto' and/or CTAs a cluster")
-    p.add_argument("--cluster-stages", nargs="+", type=int, default=[0], help="cluster kernel: 0 = the default")
+    p.add_argument("--cluster-configs", choices=["default", "all"], default="default",
+                   help="cluster kernel: its default (stages, groups) or every instantiated one")
+    p.add_argument("--cluster-probe", action="store_true",
+                   help="cluster kernel: also time its stream-only probe (tiles loaded, no attention)")
     p.add_argument("--cluster-pdl", nargs="+", default=["auto"], help="cluster kernel: 'auto', 0 and/or 1")
+    p.add_argument("--cluster-layouts", nargs="+", default=["auto"], help="cluster kernel: 'auto', 0 and/or 1")
+    p.add_argument("--cluster-l2", nargs="+", default=["auto"], help="cluster kernel: 'auto' and/or 0-3 (L2 promotion)")
     p.add_argument("--ops-choice", action="store_true", help="also record engine.ops' measured kernel choice")
     p.add_argument("--profile", action="store_true", help="per-kernel device times (torch.profiler)")
     p.add_argument("--rep-ms", type=int, default=200, help="do_bench repetition time per measurement")
@@ -339,18 +344,26 @@ def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: A
     """The CUDA cluster kernel: its default and every asked variant, each checked then graph-replayed."""
     q, k, _ = sets[0]
     base = cd.decode_config(q, k)
+    configs = cd.CONFIGS[q.shape[-1]] if args.cluster_configs == "all" else [(base["stages"], base["groups"])]
     variants = []
-    for splits, stages, pdl in itertools.product(args.cluster_splits, args.cluster_stages, args.cluster_pdl):
+    for splits, (stages, groups), pdl, layout, l2 in itertools.product(
+        args.cluster_splits, configs, args.cluster_pdl, args.cluster_layouts, args.cluster_l2
+    ):
         tile = {
             "num_splits": base["num_splits"] if splits == "auto" else int(splits),
-            "stages": stages or base["stages"],
+            "stages": stages,
+            "groups": groups,
             "pdl": base["pdl"] if pdl == "auto" else bool(int(pdl)),
+            "layout": base["layout"] if layout == "auto" else int(layout),
+            "l2_promotion": base["l2_promotion"] if l2 == "auto" else int(l2),
         }
         if tile not in variants:
             variants.append(tile)
-    default = {key: base[key] for key in ("num_splits", "stages", "pdl")}
+    default = {key: base[key] for key in ("num_splits", "stages", "groups", "pdl", "layout", "l2_promotion")}
     if default not in variants:
         variants.insert(0, default)
+    if args.cluster_probe:
+        variants.append(default | {"probe": 1})
     rows = []
     for tile in variants:
         row = {"config": {**base, **tile}, "default": tile == default}
@@ -359,7 +372,7 @@ def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: A
             cd.flash_decode(*sets[0], lengths, scale, out=outs[0], **tile)
             err = (outs[0].float() - ref).abs()
             row["max_abs_err"] = err.max().item() if not outs[0].isnan().any() else float("nan")
-            row["rel_err"] = ((outs[0].float() - ref).norm() / ref.norm()).item()
+            row["rel_err"] = ((outs[0].float() - ref).norm() / ref.norm()).item()  # NaN for the probe
             calls = [
                 lambda x=x, o=o, t=tile: cd.flash_decode(*x, lengths, scale, out=o, **t)
                 for x, o in zip(sets, outs, strict=True)
@@ -374,7 +387,7 @@ def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: A
         rows.append(row)
         print(f"  cluster {tile}: {row.get('graph_us', row.get('error'))} us, err {row.get('max_abs_err')}",
               file=sys.stderr)
-    fits = cd.max_active_clusters(q.device, q.dtype, q.shape[-1], base["stages"])
+    fits = cd.max_active_clusters(q.device, q.dtype, q.shape[-1], base["stages"], base["groups"])
     return {"cluster": rows[0] if rows[0]["default"] else next(r for r in rows if r["default"]),
             "cluster_variants": rows, "cluster_max_active": fits}  # fmt: skip
 
@@ -646,15 +659,17 @@ def cluster_cells(r: dict) -> str:
 
 def cluster_tuning_table(rows: list[dict]) -> str:
     """Every timed cluster-kernel variant, best first within each problem."""
-    lines = ["| shape | ctx | B | splits | stages | pdl | graph µs | rel err |", "|---" * 8 + "|"]
+    lines = ["| shape | ctx | B | splits | stages | groups | pdl | layout | L2 promotion | graph µs | rel err |",
+             "|---" * 11 + "|"]
     for r in rows:
         for v in sorted(r.get("cluster_variants", []), key=lambda v: v.get("graph_us", math.inf)):
             c = v["config"]
-            mark = " (default)" if v["default"] else ""
+            mark = " (default)" if v["default"] else " (probe: no attention)" if c.get("probe") else ""
             timing = f"{v['graph_us']:.1f}" if "graph_us" in v else v["error"][:60]
             lines.append(
                 f"| {r['shape']} | {r['ctx']} | {r['batch']} | {c['num_splits']}{mark} | {c['stages']} "
-                f"| {int(c['pdl'])} | {timing} | {v.get('rel_err', float('nan')):.1e} |"
+                f"| {c['groups']} | {int(c['pdl'])} | {c['layout']} | {c['l2_promotion']} | {timing} "
+                f"| {v.get('rel_err', float('nan')):.1e} |"
             )
     return "\n".join(lines)
 

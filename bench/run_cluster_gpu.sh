@@ -16,9 +16,9 @@ t0 = time.time()
 from kernels import cluster_decode as cd
 dev = torch.device("cuda")
 print("unavailable:", cd.unavailable_reason(dev), f"({time.time() - t0:.1f} s)")
-for d, stages in cd.STAGES.items():
-    for s in stages:
-        print("d", d, "stages", s, "smem", cd._module().smem_bytes(d, s), "max active clusters", cd.max_active_clusters(dev, torch.bfloat16, d, s))
+for d, configs in cd.CONFIGS.items():
+    for s, g in configs:
+        print("d", d, "stages", s, "groups", g, "smem", cd._module().smem_bytes(d, s, g), "max active clusters", cd.max_active_clusters(dev, torch.bfloat16, d, s, g))
 q = torch.randn(1, 32, 128, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(1, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
 n = torch.full((1,), 4096, dtype=torch.int32, device="cuda")

@@ -25,10 +25,18 @@ MAX_GQA_RATIO = 16  # the query group is padded to 16 mma rows
 MAX_CLUSTER = 16  # Hopper's largest (non-portable) cluster
 BLOCK_N = 64  # positions per K/V tile
 MIN_TILES_PER_SPLIT = 4  # fewer and the TMA pipeline has nothing to overlap
-# (head dim -> stages) instantiated in the .cu file; the first is the default. A stage holds one K and
-# one V tile (16 KiB each at d128); with one CTA per SM the ring may fill most of the 227 KiB.
-STAGES = {64: (8, 4), 128: (6, 4), 256: (3, 2)}
-PDL_DEFAULT = True  # launch early and wait on the device for the previous kernel (as the Triton path does)
+# head dim -> the (stages, consumer groups) instantiated in the .cu file; the first is the default. A
+# stage holds one K and one V tile (16 KiB each at d128); with one CTA per SM the ring may fill most of
+# the 227 KiB. A group is four consumer warps on one tile; two groups keep two tiles in compute at once.
+CONFIGS = {64: ((8, 2), (4, 1)), 128: ((6, 2), (4, 2), (6, 1), (3, 1)), 256: ((3, 1), (2, 1))}
+# measured on the H200 (docs/benchmarks.md): launched early, a call's clusters wait on SMs the previous
+# call still needs; 0.5-12 us slower at batch 1, within 0.6% at batch 8
+PDL_DEFAULT = False
+# how a tile travels: 0 = one TMA box per 64 elements of the head dim ([D/64][64 positions][128 B] in shared
+# memory), 1 = one box per tile ([64 positions][D/64][128 B]); and the L2 promotion of its reads
+# (0 none, 1 64 B, 2 128 B, 3 256 B)
+LAYOUT_DEFAULT = 0
+L2_PROMOTION_DEFAULT = 3
 
 _SOURCES = ("flash_decode_cluster.cu", "binding.cpp")
 _CUDA_DIR = Path(__file__).resolve().parent / "cuda"
@@ -44,18 +52,18 @@ def num_splits(
     head_dim: int,
     max_active_clusters: Mapping[int, int] | None = None,
 ) -> int:
-    """CTAs per cluster (splits per sequence and KV head): a power of two up to 16 dividing the head dim.
+    """CTAs per cluster (splits per sequence and KV head), 1 to 16.
 
     As many as one wave of CTAs allows (at most one per SM, since a CTA fills an SM's shared memory),
-    each split keeping MIN_TILES_PER_SPLIT tiles; then halved until every cluster of the launch is
-    resident at once (``max_active_clusters``: size -> clusters that fit, as the device reports).
+    each split keeping MIN_TILES_PER_SPLIT tiles, and no more than keep every cluster of the launch
+    resident at once (``max_active_clusters``: size -> clusters that fit, as the device reports; on an
+    H200 only 7 clusters of 16 fit, since a cluster must sit in one GPC).
     """
     tiles = max(1, -(-ctx_len // BLOCK_N))
     heads = max(1, batch * num_kv_heads)
-    limit = min(MAX_CLUSTER, head_dim // 4, max(1, num_sms // heads), max(1, tiles // MIN_TILES_PER_SPLIT))
-    splits = 1 << (limit.bit_length() - 1)  # the largest power of two <= limit
+    splits = min(MAX_CLUSTER, head_dim, max(1, num_sms // heads), max(1, tiles // MIN_TILES_PER_SPLIT))
     while splits > 1 and max_active_clusters is not None and max_active_clusters.get(splits, 0) < heads:
-        splits //= 2
+        splits -= 1
     return splits
 
 
@@ -173,12 +181,13 @@ def unsupported_reasons(
 
 @functools.cache
 def max_active_clusters(
-    device: torch.device, dtype: torch.dtype, head_dim: int, stages: int
+    device: torch.device, dtype: torch.dtype, head_dim: int, stages: int, groups: int
 ) -> dict[int, int]:
-    """Clusters of each size (1..16) that the device holds at once for this kernel, as it reports them."""
+    """Clusters of each size (1 to 16) that the device holds at once for this kernel, as it reports them."""
     code = 0 if dtype == torch.bfloat16 else 1
     with torch.cuda.device(device):
-        return {c: int(_module().max_active_clusters(code, head_dim, stages, c)) for c in (1, 2, 4, 8, 16)}
+        module = _module()
+        return {c: int(module.max_active_clusters(code, head_dim, stages, groups, c)) for c in range(1, 17)}
 
 
 @functools.cache
@@ -193,14 +202,18 @@ def decode_config(
     *,
     num_splits: int | None = None,
     stages: int | None = None,
+    groups: int | None = None,
     pdl: bool | None = None,
+    layout: int | None = None,
+    l2_promotion: int | None = None,
 ) -> dict[str, int | str | bool]:
     """The settings `flash_decode` uses for these shapes (for the engine's `config` record)."""
     b, _, d = q.shape
     hkv, s_max = k_cache.shape[1], k_cache.shape[2]
-    stages = stages or STAGES[d][0]
+    stages = stages or CONFIGS[d][0][0]
+    groups = groups or next((g for s, g in CONFIGS[d] if s == stages), CONFIGS[d][0][1])
     if num_splits is None:
-        fits = max_active_clusters(q.device, q.dtype, d, stages)
+        fits = max_active_clusters(q.device, q.dtype, d, stages, groups)
         num_splits, source = _split_heuristic(sm_count(q.device), b, hkv, s_max, d, fits), "heuristic"
     else:
         source = "override"
@@ -210,8 +223,11 @@ def decode_config(
         "splits_from": source,
         "block_n": BLOCK_N,
         "stages": stages,
+        "groups": groups,
         "pdl": PDL_DEFAULT if pdl is None else bool(pdl),
-        "smem_bytes": int(_module().smem_bytes(d, stages)),
+        "layout": LAYOUT_DEFAULT if layout is None else int(layout),
+        "l2_promotion": L2_PROMOTION_DEFAULT if l2_promotion is None else int(l2_promotion),
+        "smem_bytes": int(_module().smem_bytes(d, stages, groups)),
     }
 
 
@@ -228,13 +244,18 @@ def flash_decode(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,  # [B, Hq, D] in q's dtype
     stages: int | None = None,
+    groups: int | None = None,
     pdl: bool | None = None,
+    layout: int | None = None,
+    l2_promotion: int | None = None,
+    probe: int = 0,  # diagnostics only: 1 streams the tiles and skips the attention (wrong output)
 ) -> torch.Tensor:  # [B, Hq, D]
     """One-token GQA attention over the first lengths[b] cache positions, merged inside clusters."""
-    cfg = decode_config(q, k_cache, num_splits=num_splits, stages=stages, pdl=pdl)
+    cfg = decode_config(q, k_cache, num_splits=num_splits, stages=stages, groups=groups, pdl=pdl, layout=layout,
+                        l2_promotion=l2_promotion)  # fmt: skip
     if out is None:
         out = torch.empty_like(q)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     _module().launch(q, k_cache, v_cache, lengths, out, float(scale), cfg["num_splits"], cfg["stages"],
-                     cfg["pdl"], stream)  # fmt: skip
+                     cfg["groups"], cfg["pdl"], probe, cfg["layout"], cfg["l2_promotion"], stream)  # fmt: skip
     return out

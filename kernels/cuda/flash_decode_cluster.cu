@@ -30,10 +30,9 @@ namespace cg = cooperative_groups;
 
 namespace fdc {
 
-constexpr int BLOCK_N = 64;                    // positions per K/V tile
-constexpr int WARP_ROWS = 16;                  // positions per consumer warp per tile (an mma k-step)
-constexpr int CONSUMERS = BLOCK_N / WARP_ROWS;  // consumer warps
-constexpr int THREADS = (CONSUMERS + 1) * 32;  // plus one producer warp
+constexpr int BLOCK_N = 64;                      // positions per K/V tile
+constexpr int WARP_ROWS = 16;                    // positions per consumer warp per tile (an mma k-step)
+constexpr int GROUP_WARPS = BLOCK_N / WARP_ROWS;  // consumer warps that share one tile
 constexpr int G_PAD = 16;                      // mma rows: the query group padded to 16
 constexpr int CHUNK = 64;                      // elements of one 128-byte swizzled row
 constexpr int MAX_CLUSTER = 16;                // Hopper's non-portable cluster limit
@@ -46,10 +45,16 @@ struct Params {
   long long stride_qb, stride_qh, stride_ob, stride_oh;  // elements
   int num_kv_heads, group, s_max, num_splits;
   float qk_scale;  // softmax scale * log2(e): scores are base-2 logits
+  int probe;       // diagnostics only: 1 = stream the tiles and skip the attention (the output is wrong)
+  int layout;      // 0: a tile is [D/64][64 positions][128 B] (D/64 boxes); 1: [64 positions][D/64][128 B] (one box)
 };
 
-template <int D>
+// GROUPS groups of GROUP_WARPS consumer warps: group g takes the CTA's tiles g, g + GROUPS, ..., so
+// GROUPS tiles are in compute at once; plus one producer warp.
+template <int D, int GROUPS>
 struct Layout {
+  static constexpr int CONSUMERS = GROUPS * GROUP_WARPS;
+  static constexpr int THREADS = (CONSUMERS + 1) * 32;
   static constexpr int CHUNKS = D / CHUNK;
   static constexpr int TILE_BYTES = CHUNKS * BLOCK_N * 128;  // one of K or V
   static constexpr int STAGE_BYTES = 2 * TILE_BYTES;
@@ -57,10 +62,11 @@ struct Layout {
   static constexpr int PART_BYTES = G_PAD * D * 4 + 2 * G_PAD * 4;
 };
 
-template <int D, int STAGES>
+template <int D, int STAGES, int GROUPS>
 constexpr int smem_bytes() {
   // 1024 bytes of slack: the 128-byte swizzle needs 1024-aligned tiles
-  return 1024 + STAGES * Layout<D>::STAGE_BYTES + Layout<D>::PART_BYTES + 2 * STAGES * 8;
+  using L = Layout<D, GROUPS>;
+  return 1024 + STAGES * L::STAGE_BYTES + L::PART_BYTES + 2 * STAGES * 8;
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -89,6 +95,16 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "@!done bra WAIT;\n"
       "}\n" ::"r"(smem_u32(bar)),
       "r"(parity)
+      : "memory");
+}
+
+// One box of a 5-D tensor map (coordinates innermost first: element, 64-element chunk, position, head,
+// sequence): a whole tile in one copy.
+__device__ __forceinline__ void tma_load5(void* dst, const CUtensorMap* map, uint64_t* bar, int n0, int h, int b) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %3, %4, %5, %6}], [%2];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(0), "r"(n0), "r"(h), "r"(b)
       : "memory");
 }
 
@@ -156,18 +172,23 @@ struct Elem<__half> {
   }
 };
 
-// Byte offset of 16-byte unit `u` (of D / 8) of tile row `r` in a K or V tile: [D/64 chunks][64 rows][128 B],
-// the 16-byte units of a row XOR-ed with the row's low three bits (TMA's 128-byte swizzle).
-__device__ __forceinline__ uint32_t swizzled(int r, int u) {
-  return (u >> 3) * (BLOCK_N * 128) + r * 128 + (((u & 7) ^ (r & 7)) << 4);
+// Byte offset of 16-byte unit `u` (of D / 8) of tile position `r` in a K or V tile of 128-byte lines, the
+// 16-byte units of a line XOR-ed with the line's low three bits (TMA's 128-byte swizzle). Layout 0 puts
+// chunk u / 8 of every position together ([D/64][64][128 B]); layout 1 keeps a position's chunks together.
+template <int CHUNKS>
+__device__ __forceinline__ uint32_t swizzled(int layout, int r, int u) {
+  const int line = layout ? r * CHUNKS + (u >> 3) : (u >> 3) * BLOCK_N + r;
+  return line * 128 + (((u & 7) ^ (line & 7)) << 4);
 }
 
-template <typename T, int D, int STAGES>
-__global__ void __launch_bounds__(THREADS, 1)
+template <typename T, int D, int STAGES, int GROUPS>
+__global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
     decode_kernel(const __grid_constant__ CUtensorMap kmap,  // K cache [B, Hkv, S_max, D], box [64, 64, 1, 1]
                   const __grid_constant__ CUtensorMap vmap,  // V cache, same
                   const Params p) {
-  using L = Layout<D>;
+  using L = Layout<D, GROUPS>;
+  constexpr int CONSUMERS = L::CONSUMERS;
+  constexpr int THREADS = L::THREADS;
   static_assert(L::RED_BYTES <= STAGES * L::STAGE_BYTES, "the warps' partials reuse the stage buffers");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -189,7 +210,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], CONSUMERS);
+      mbar_init(&empty[s], GROUP_WARPS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -216,10 +237,17 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int n0 = (split + i * p.num_splits) * BLOCK_N;
         uint8_t* kst = stages + s * L::STAGE_BYTES;
         uint8_t* vst = kst + L::TILE_BYTES;
+        if (p.layout) {
+          tma_load5(kst, &kmap, &full[s], n0, h, b);
+          tma_load5(vst, &vmap, &full[s], n0, h, b);
+        } else {
 #pragma unroll
-        for (int c = 0; c < L::CHUNKS; ++c) tma_load(kst + c * BLOCK_N * 128, &kmap, &full[s], c * CHUNK, n0, h, b);
+          for (int c = 0; c < L::CHUNKS; ++c)
+            tma_load(kst + c * BLOCK_N * 128, &kmap, &full[s], c * CHUNK, n0, h, b);
 #pragma unroll
-        for (int c = 0; c < L::CHUNKS; ++c) tma_load(vst + c * BLOCK_N * 128, &vmap, &full[s], c * CHUNK, n0, h, b);
+          for (int c = 0; c < L::CHUNKS; ++c)
+            tma_load(vst + c * BLOCK_N * 128, &vmap, &full[s], c * CHUNK, n0, h, b);
+        }
       }
     }
   } else {
@@ -227,7 +255,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     using E = Elem<T>;
     const int g = lane >> 2;    // mma row (query head within the group) and its +8 twin
     const int tig = lane & 3;  // thread in the quad
-    const int p0 = warp * WARP_ROWS;
+    const int p0 = (warp % GROUP_WARPS) * WARP_ROWS;
+    const int first = warp / GROUP_WARPS;  // this warp's group takes tiles first, first + GROUPS, ...
 
     uint32_t qa[D / 16][4];  // q as mma A fragments, one per 16-wide k-step of the head dim
     {
@@ -254,11 +283,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     float m_run[2] = {-INFINITY, -INFINITY};  // rows g and g + 8, base-2
     float l_run[2] = {0.f, 0.f};              // this lane's share of the row sums
 
-    for (int i = 0; i < my_tiles; ++i) {
+    for (int i = first; i < my_tiles; i += GROUPS) {
       const int s = i % STAGES;
       mbar_wait(&full[s], (i / STAGES) & 1);
       const int n0 = (split + i * p.num_splits) * BLOCK_N;
-      const int valid = length - n0 - p0;  // valid rows among this warp's 16 (warp-uniform)
+      const int valid = p.probe ? 0 : length - n0 - p0;  // valid rows among this warp's 16 (warp-uniform)
       uint8_t* kst = stages + s * L::STAGE_BYTES;
       uint8_t* vst = kst + L::TILE_BYTES;
       if (valid > 0) {
@@ -268,7 +297,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           const int units = (WARP_ROWS - valid) * (D / 8);
           for (int e = lane; e < units; e += 32) {
             const int r = p0 + valid + e / (D / 8);
-            *reinterpret_cast<uint4*>(vst + swizzled(r, e % (D / 8))) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4*>(vst + swizzled<L::CHUNKS>(p.layout, r, e % (D / 8))) = make_uint4(0, 0, 0, 0);
           }
           // the next TMA write to this stage must come after these generic-proxy writes
           asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -284,7 +313,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int kk = 0; kk < D / 16; ++kk) {
           const int r = p0 + (mat >> 1) * 8 + (lane & 7);
           uint32_t b0, b1, b2, b3;
-          ldsm_x4(kbase + swizzled(r, kk * 2 + (mat & 1)), b0, b1, b2, b3);
+          ldsm_x4(kbase + swizzled<L::CHUNKS>(p.layout, r, kk * 2 + (mat & 1)), b0, b1, b2, b3);
           E::mma(sc[0], qa[kk], b0, b1);
           E::mma(sc[1], qa[kk], b2, b3);
         }
@@ -336,7 +365,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int n = 0; n < D / 8; n += 2) {
           const int r = p0 + (mat & 1) * 8 + (lane & 7);
           uint32_t b0, b1, b2, b3;
-          ldsm_x4_trans(vbase + swizzled(r, n + (mat >> 1)), b0, b1, b2, b3);
+          ldsm_x4_trans(vbase + swizzled<L::CHUNKS>(p.layout, r, n + (mat >> 1)), b0, b1, b2, b3);
           E::mma(acc[n], pa, b0, b1);
           E::mma(acc[n + 1], pa, b2, b3);
         }
@@ -401,14 +430,14 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   if (p.num_splits == 1) return;
 
-  // the cluster's merge: CTA `rank` finishes head-dim columns [rank * D / C, (rank + 1) * D / C)
+  // the cluster's merge: CTA `rank` finishes head-dim columns rank, rank + C, rank + 2C, ... (any C <= 16)
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // every CTA's state is written (release/acquire at cluster scope)
   const int C = p.num_splits;
-  const int cols = D / C;
+  const int cols = (D - split + C - 1) / C;
   for (int e = threadIdx.x; e < G * cols; e += THREADS) {
     const int row = e / cols;
-    const int col = split * cols + e % cols;
+    const int col = split + (e % cols) * C;
     float mc[MAX_CLUSTER];
     float mmax = -INFINITY;
 #pragma unroll
@@ -452,16 +481,24 @@ static EncodeTiled encode_tiled(char* err, int errlen) {
 }
 
 static int make_map(CUtensorMap* map, const void* base, int dtype, int D, int S_max, int Hkv, int B, long long sn,
-                    long long sh, long long sb, char* err, int errlen) {
+                    long long sh, long long sb, int layout, int promotion, char* err, int errlen) {
   EncodeTiled encode = encode_tiled(err, errlen);
   if (!encode) return 1;
-  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(S_max), cuuint64_t(Hkv), cuuint64_t(B)};
-  const cuuint64_t strides[3] = {cuuint64_t(sn) * 2, cuuint64_t(sh) * 2, cuuint64_t(sb) * 2};  // bytes
-  const cuuint32_t box[4] = {CHUNK, BLOCK_N, 1, 1};
-  const cuuint32_t elem[4] = {1, 1, 1, 1};
-  CUresult r = encode(map, dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                      const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const cuuint32_t chunks = D / CHUNK;
+  // layout 0: [D, S, Hkv, B] in boxes of [64, 64, 1, 1]; layout 1: [64, D/64, S, Hkv, B], a tile one box
+  const cuuint64_t dims0[4] = {cuuint64_t(D), cuuint64_t(S_max), cuuint64_t(Hkv), cuuint64_t(B)};
+  const cuuint64_t strides0[3] = {cuuint64_t(sn) * 2, cuuint64_t(sh) * 2, cuuint64_t(sb) * 2};  // bytes
+  const cuuint32_t box0[4] = {CHUNK, BLOCK_N, 1, 1};
+  const cuuint64_t dims1[5] = {CHUNK, chunks, cuuint64_t(S_max), cuuint64_t(Hkv), cuuint64_t(B)};
+  const cuuint64_t strides1[4] = {CHUNK * 2, cuuint64_t(sn) * 2, cuuint64_t(sh) * 2, cuuint64_t(sb) * 2};
+  const cuuint32_t box1[5] = {CHUNK, chunks, BLOCK_N, 1, 1};
+  const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
+  const CUtensorMapL2promotion promo[4] = {CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
+                                           CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B};
+  CUresult r = encode(map, dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                      layout ? 5 : 4, const_cast<void*>(base), layout ? dims1 : dims0, layout ? strides1 : strides0,
+                      layout ? box1 : box0, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                      promo[promotion & 3], CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     snprintf(err, errlen, "cuTensorMapEncodeTiled failed (CUresult %d) for dims [%d, %d, %d, %d]", int(r), D,
              S_max, Hkv, B);
@@ -470,11 +507,11 @@ static int make_map(CUtensorMap* map, const void* base, int dtype, int D, int S_
   return 0;
 }
 
-template <typename T, int D, int STAGES>
+template <typename T, int D, int STAGES, int GROUPS>
 static int launch_t(const CUtensorMap& km, const CUtensorMap& vm, const Params& p, int batch, int pdl,
                     cudaStream_t stream, char* err, int errlen) {
-  auto kernel = decode_kernel<T, D, STAGES>;
-  constexpr int smem = smem_bytes<D, STAGES>();
+  auto kernel = decode_kernel<T, D, STAGES, GROUPS>;
+  constexpr int smem = smem_bytes<D, STAGES, GROUPS>();
   static bool configured = false;
   if (!configured) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -487,7 +524,7 @@ static int launch_t(const CUtensorMap& km, const CUtensorMap& vm, const Params& 
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.num_splits, batch * p.num_kv_heads, 1);
-  cfg.blockDim = dim3(THREADS, 1, 1);
+  cfg.blockDim = dim3(Layout<D, GROUPS>::THREADS, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attrs[2];
@@ -514,15 +551,15 @@ static int launch_t(const CUtensorMap& km, const CUtensorMap& vm, const Params& 
   return 0;
 }
 
-template <typename T, int D, int STAGES>
+template <typename T, int D, int STAGES, int GROUPS>
 static int max_clusters_t(int cluster, int* out, char* err, int errlen) {
-  auto kernel = decode_kernel<T, D, STAGES>;
-  constexpr int smem = smem_bytes<D, STAGES>();
+  auto kernel = decode_kernel<T, D, STAGES, GROUPS>;
+  constexpr int smem = smem_bytes<D, STAGES, GROUPS>();
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(cluster, 1, 1);
-  cfg.blockDim = dim3(THREADS, 1, 1);
+  cfg.blockDim = dim3(Layout<D, GROUPS>::THREADS, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeClusterDimension;
@@ -539,25 +576,28 @@ static int max_clusters_t(int cluster, int* out, char* err, int errlen) {
   return 0;
 }
 
-// The instantiated (head dim, stages) pairs: the first of each head dim is the default.
+// The instantiated (head dim, stages, consumer groups): the first of each head dim is the default. Two
+// groups (8 consumer warps, 288 threads) need more than the 224 registers a thread then gets at d256.
 #define FDC_FOR_EACH(X) \
-  X(64, 8)              \
-  X(64, 4)              \
-  X(128, 6)             \
-  X(128, 4)             \
-  X(256, 3)             \
-  X(256, 2)
+  X(64, 8, 2)           \
+  X(64, 4, 1)           \
+  X(128, 6, 2)          \
+  X(128, 4, 2)          \
+  X(128, 6, 1)          \
+  X(128, 3, 1)          \
+  X(256, 3, 1)          \
+  X(256, 2, 1)
 
 }  // namespace fdc
 
 extern "C" int fdc_launch(const void* q, const void* k, const void* v, const int* lengths, void* out, int dtype,
                           int B, int Hq, int Hkv, int D, int S_max, long long sqb, long long sqh, long long skb,
                           long long skh, long long skn, long long svb, long long svh, long long svn, long long sob,
-                          long long soh, float scale, int num_splits, int stages, int pdl, void* stream, char* err,
-                          int errlen) {
+                          long long soh, float scale, int num_splits, int stages, int groups, int pdl, int probe,
+                          int layout, int promotion, void* stream, char* err, int errlen) {
   using namespace fdc;
-  if (num_splits < 1 || num_splits > MAX_CLUSTER || (D % num_splits)) {
-    snprintf(err, errlen, "num_splits %d must be 1..%d and divide the head dim %d", num_splits, MAX_CLUSTER, D);
+  if (num_splits < 1 || num_splits > MAX_CLUSTER) {
+    snprintf(err, errlen, "num_splits %d must be 1..%d", num_splits, MAX_CLUSTER);
     return 1;
   }
   if (Hkv < 1 || Hq % Hkv || Hq / Hkv > G_PAD) {
@@ -565,8 +605,8 @@ extern "C" int fdc_launch(const void* q, const void* k, const void* v, const int
     return 1;
   }
   CUtensorMap km, vm;
-  if (make_map(&km, k, dtype, D, S_max, Hkv, B, skn, skh, skb, err, errlen)) return 1;
-  if (make_map(&vm, v, dtype, D, S_max, Hkv, B, svn, svh, svb, err, errlen)) return 1;
+  if (make_map(&km, k, dtype, D, S_max, Hkv, B, skn, skh, skb, layout, promotion, err, errlen)) return 1;
+  if (make_map(&vm, v, dtype, D, S_max, Hkv, B, svn, svh, svb, layout, promotion, err, errlen)) return 1;
   Params p;
   p.q = static_cast<const uint16_t*>(q);
   p.out = static_cast<uint16_t*>(out);
@@ -580,33 +620,36 @@ extern "C" int fdc_launch(const void* q, const void* k, const void* v, const int
   p.s_max = S_max;
   p.num_splits = num_splits;
   p.qk_scale = scale * 1.4426950408889634f;
+  p.probe = probe;
+  p.layout = layout;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-#define FDC_CASE(DD, SS)                                                                   \
-  if (D == DD && stages == SS)                                                             \
-    return dtype == 0 ? launch_t<__nv_bfloat16, DD, SS>(km, vm, p, B, pdl, st, err, errlen) \
-                      : launch_t<__half, DD, SS>(km, vm, p, B, pdl, st, err, errlen);
+#define FDC_CASE(DD, SS, GG)                                                                   \
+  if (D == DD && stages == SS && groups == GG)                                                 \
+    return dtype == 0 ? launch_t<__nv_bfloat16, DD, SS, GG>(km, vm, p, B, pdl, st, err, errlen) \
+                      : launch_t<__half, DD, SS, GG>(km, vm, p, B, pdl, st, err, errlen);
   FDC_FOR_EACH(FDC_CASE)
 #undef FDC_CASE
-  snprintf(err, errlen, "no kernel for head dim %d with %d stages", D, stages);
+  snprintf(err, errlen, "no kernel for d%d, %d stages, %d groups", D, stages, groups);
   return 1;
 }
 
-extern "C" int fdc_max_active_clusters(int dtype, int D, int stages, int cluster, int* out, char* err, int errlen) {
+extern "C" int fdc_max_active_clusters(int dtype, int D, int stages, int groups, int cluster, int* out, char* err,
+                                       int errlen) {
   using namespace fdc;
-#define FDC_CASE(DD, SS)                                                            \
-  if (D == DD && stages == SS)                                                      \
-    return dtype == 0 ? max_clusters_t<__nv_bfloat16, DD, SS>(cluster, out, err, errlen) \
-                      : max_clusters_t<__half, DD, SS>(cluster, out, err, errlen);
+#define FDC_CASE(DD, SS, GG)                                                                \
+  if (D == DD && stages == SS && groups == GG)                                              \
+    return dtype == 0 ? max_clusters_t<__nv_bfloat16, DD, SS, GG>(cluster, out, err, errlen) \
+                      : max_clusters_t<__half, DD, SS, GG>(cluster, out, err, errlen);
   FDC_FOR_EACH(FDC_CASE)
 #undef FDC_CASE
-  snprintf(err, errlen, "no kernel for head dim %d with %d stages", D, stages);
+  snprintf(err, errlen, "no kernel for d%d, %d stages, %d groups", D, stages, groups);
   return 1;
 }
 
-extern "C" int fdc_smem_bytes(int D, int stages) {
+extern "C" int fdc_smem_bytes(int D, int stages, int groups) {
   using namespace fdc;
-#define FDC_CASE(DD, SS) \
-  if (D == DD && stages == SS) return smem_bytes<DD, SS>();
+#define FDC_CASE(DD, SS, GG) \
+  if (D == DD && stages == SS && groups == GG) return smem_bytes<DD, SS, GG>();
   FDC_FOR_EACH(FDC_CASE)
 #undef FDC_CASE
   return -1;

@@ -21,23 +21,30 @@ HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 # --- the split heuristic, on its own -------------------------------------------------------------
 
 
+# clusters of each size an H200 holds at once with one CTA an SM (sizes 1, 2, 4, 8 and 16 as
+# cudaOccupancyMaxActiveClusters reported them on 2026-12-03; the others as GPCs of 16-18 SMs would)
+H200_CLUSTERS = {1: 132, 2: 66, 3: 42, 4: 30, 5: 24, 6: 21, 7: 16, 8: 15, 9: 8, 10: 8, 11: 8, 12: 8, 13: 8,
+                 14: 8, 15: 8, 16: 7}  # fmt: skip
+
+
 def test_splits_examples_on_an_h200():
-    # 132 SMs, batch 1, 8 KV heads (qwen3-8b): 16 CTAs a cluster (128 CTAs); 4 KV heads: still 16, the
+    # 132 SMs, batch 1, 8 KV heads (qwen3-8b): 16 CTAs a cluster (128 CTAs) by SMs; 4 KV heads: 16, the
     # cluster limit; short contexts keep 4 tiles a split; batch 8: 2 (128 CTAs)
     ctxs = (1, 64, 256, 512, 1024, 4096, 16384, 32768)
     assert [cd.num_splits(132, 1, 8, c, 128) for c in ctxs] == [1, 1, 1, 2, 4, 16, 16, 16]
     assert [cd.num_splits(132, 1, 4, c, 256) for c in ctxs] == [1, 1, 1, 2, 4, 16, 16, 16]
     assert [cd.num_splits(132, 8, 8, c, 128) for c in ctxs] == [1, 1, 1, 2, 2, 2, 2, 2]
+    assert [cd.num_splits(132, 1, 8, 256 * s, 128) for s in range(4, 10)] == [4, 5, 6, 7, 8, 9]  # any size
     assert cd.num_splits(132, 1, 2, 32768, 64) == 16  # qwen2.5-0.5b: 2 KV heads
     assert cd.num_splits(132, 32, 8, 32768, 128) == 1  # 256 heads already fill the SMs
 
 
 def test_splits_fall_back_when_the_device_cannot_hold_the_clusters():
-    # a device that fits only 7 clusters of 16 at once (a GPC short of 16 free SMs) gets clusters of 8
-    fits = {1: 132, 2: 66, 4: 33, 8: 16, 16: 7}
-    assert cd.num_splits(132, 1, 8, 16384, 128, fits) == 8
-    assert cd.num_splits(132, 1, 8, 16384, 128, fits | {16: 8}) == 16
-    assert cd.num_splits(132, 1, 8, 16384, 128, {c: 0 for c in fits}) == 1
+    # only 7 clusters of 16 fit at once (a cluster sits in one GPC): 8 heads get clusters of 15
+    assert cd.num_splits(132, 1, 8, 16384, 128, H200_CLUSTERS) == 15
+    assert cd.num_splits(132, 1, 8, 16384, 128, H200_CLUSTERS | {16: 8}) == 16
+    assert cd.num_splits(132, 1, 4, 16384, 256, H200_CLUSTERS) == 16  # 4 heads: 7 clusters of 16 suffice
+    assert cd.num_splits(132, 1, 8, 16384, 128, {c: 0 for c in H200_CLUSTERS}) == 1
 
 
 @pytest.mark.parametrize("num_sms", [8, 78, 132])
@@ -48,11 +55,10 @@ def test_splits_properties(num_sms):
                 for ctx in (1, 63, 64, 65, 255, 256, 1000, 4096, 16448, 32768, 131072):
                     s = cd.num_splits(num_sms, batch, hkv, ctx, d)
                     tiles = -(-ctx // cd.BLOCK_N)
-                    assert s & (s - 1) == 0 and 1 <= s <= cd.MAX_CLUSTER, "a power of two within a cluster"
-                    assert d % s == 0, "the merge gives each CTA an equal slice of the head dim"
+                    assert 1 <= s <= cd.MAX_CLUSTER, "within one cluster"
                     assert s == 1 or tiles // s >= cd.MIN_TILES_PER_SPLIT, "each split keeps enough tiles"
                     assert s == 1 or batch * hkv * s <= num_sms, "one wave, at most one CTA per SM"
-                    bigger = 2 * s
+                    bigger = s + 1
                     assert (
                         bigger > cd.MAX_CLUSTER
                         or batch * hkv * bigger > num_sms
@@ -181,18 +187,29 @@ def test_gpu_matches_reference(hq, hkv, d, batch, ctx):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("splits", [1, 2, 4, 8, 16])
-@pytest.mark.parametrize("stages_pick", [0, 1])
-@pytest.mark.parametrize("d", cd.HEAD_DIMS)
+@pytest.mark.parametrize("splits", [1, 2, 3, 4, 7, 8, 15, 16])
+@pytest.mark.parametrize("config", [(d, s, g) for d, cs in cd.CONFIGS.items() for s, g in cs])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_every_split_stage_and_dtype(splits, stages_pick, d, dtype):
+def test_gpu_every_split_config_and_dtype(splits, config, dtype):
+    d, stages, groups = config
     hq, hkv, s_max = 8 if d == 256 else 16, 2, 3000
     lengths = [3000, 1, 130, 2999]
     q, k, v, k_nan, v_nan, n = _inputs(4, hq, hkv, d, s_max, lengths, dtype, seed=splits * 7 + d)
     out = torch.full_like(q, float("nan"))
-    stages = cd.STAGES[d][stages_pick]
-    cd.flash_decode(q, k_nan, v_nan, n, 0.7 * d**-0.5, out=out, num_splits=splits, stages=stages)
-    _check(out, q, k, v, n, 0.7 * d**-0.5, f"splits {splits} stages {stages} d{d} {dtype}")
+    cd.flash_decode(q, k_nan, v_nan, n, 0.7 * d**-0.5, out=out, num_splits=splits, stages=stages, groups=groups)
+    _check(out, q, k, v, n, 0.7 * d**-0.5, f"splits {splits} stages {stages} groups {groups} d{d} {dtype}")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("l2", [0, 3])
+@pytest.mark.parametrize("d", cd.HEAD_DIMS)
+def test_gpu_tile_layouts(layout, l2, d):
+    q, k, v, k_nan, v_nan, n = _inputs(2, 8, 2, d, 2000, [2000, 70], torch.bfloat16, seed=d + layout)
+    out = torch.full_like(q, float("nan"))
+    cd.flash_decode(q, k_nan, v_nan, n, d**-0.5, out=out, layout=layout, l2_promotion=l2)
+    _check(out, q, k, v, n, d**-0.5, f"layout {layout} l2 {l2} d{d}")
 
 
 @pytest.mark.gpu
@@ -254,3 +271,53 @@ def test_gpu_ops_chooses_among_kernels_that_passed():
     fastest = min(t.us for t in choice.trials if t.passed)
     assert by[choice.backend].us <= fastest * 1.01 + 1e-9
     assert ops.decode_backend(q, k, v, n) == choice.backend  # cached per shape
+
+
+class _Binding:
+    """Stands in for the built extension: takes exactly the binding's arguments and records each launch."""
+
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, q, k, v, lengths, out, scale, num_splits, stages, groups, pdl, probe, layout, l2, stream):
+        assert isinstance(scale, float) and isinstance(pdl, bool) and isinstance(stream, int)
+        assert layout in (0, 1) and l2 in (0, 1, 2, 3)
+        self.launches.append(dict(num_splits=num_splits, stages=stages, groups=groups, pdl=pdl, probe=probe))
+
+    def max_active_clusters(self, dtype, head_dim, stages, groups, cluster):
+        return H200_CLUSTERS[cluster]
+
+    def smem_bytes(self, head_dim, stages, groups):
+        return 1000 * stages + groups
+
+
+def test_python_layer_hands_the_binding_its_arguments(monkeypatch):
+    # the glue between torch and the extension, exercised without a GPU: every instantiated config,
+    # the device's cluster limits reaching the heuristic, and the defaults
+    binding = _Binding()
+    monkeypatch.setattr(cd, "_build", lambda: (binding, None))
+    monkeypatch.setattr(cd, "sm_count", lambda device: 132)
+    cd.max_active_clusters.cache_clear()
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+
+    class _Stream:
+        cuda_stream = 1234
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    q = torch.empty(1, 32, 128, dtype=torch.bfloat16)
+    k = torch.empty(1, 8, 16384, 128, dtype=torch.bfloat16)
+    n = torch.full((1,), 16384, dtype=torch.int32)
+    cfg = cd.decode_config(q, k)
+    stages, groups = cd.CONFIGS[128][0]
+    # 16 CTAs a cluster would be wanted, but the device holds only 7 such clusters for 8 heads: 15
+    assert cfg | {"num_splits": 15, "stages": stages, "groups": groups, "pdl": cd.PDL_DEFAULT} == cfg
+    assert cfg["smem_bytes"] == 1000 * stages + groups
+    for d, configs in cd.CONFIGS.items():
+        for stages, groups in configs:
+            qd, kd = torch.empty(2, 8, d, dtype=torch.bfloat16), torch.empty(2, 2, 4096, d, dtype=torch.bfloat16)
+            cd.flash_decode(qd, kd, kd, n.repeat(2), 0.1, stages=stages, groups=groups, num_splits=4, pdl=True)
+            assert binding.launches[-1] == dict(num_splits=4, stages=stages, groups=groups, pdl=True, probe=0)
+    cd.flash_decode(q, k, k, n, 0.1)
+    assert binding.launches[-1] == dict(num_splits=15, stages=cd.CONFIGS[128][0][0],
+                                        groups=cd.CONFIGS[128][0][1], pdl=cd.PDL_DEFAULT, probe=0)  # fmt: skip
+    cd.max_active_clusters.cache_clear()
