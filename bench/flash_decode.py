@@ -97,6 +97,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cluster-pdl", nargs="+", default=["auto"], help="cluster kernel: 'auto', 0 and/or 1")
     p.add_argument("--cluster-layouts", nargs="+", default=["auto"], help="cluster kernel: 'auto', 0 and/or 1")
     p.add_argument("--cluster-l2", nargs="+", default=["auto"], help="cluster kernel: 'auto' and/or 0-3 (L2 promotion)")
+    p.add_argument("--cluster-orders", nargs="+", default=["auto"], help="cluster kernel: 'auto', 0 and/or 1")
     p.add_argument("--ops-choice", action="store_true", help="also record engine.ops' measured kernel choice")
     p.add_argument("--profile", action="store_true", help="per-kernel device times (torch.profiler)")
     p.add_argument("--rep-ms", type=int, default=200, help="do_bench repetition time per measurement")
@@ -346,8 +347,8 @@ def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: A
     base = cd.decode_config(q, k)
     configs = cd.CONFIGS[q.shape[-1]] if args.cluster_configs == "all" else [(base["stages"], base["groups"])]
     variants = []
-    for splits, (stages, groups), pdl, layout, l2 in itertools.product(
-        args.cluster_splits, configs, args.cluster_pdl, args.cluster_layouts, args.cluster_l2
+    for splits, (stages, groups), pdl, layout, l2, order in itertools.product(
+        args.cluster_splits, configs, args.cluster_pdl, args.cluster_layouts, args.cluster_l2, args.cluster_orders
     ):
         tile = {
             "num_splits": base["num_splits"] if splits == "auto" else int(splits),
@@ -356,10 +357,11 @@ def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: A
             "pdl": base["pdl"] if pdl == "auto" else bool(int(pdl)),
             "layout": base["layout"] if layout == "auto" else int(layout),
             "l2_promotion": base["l2_promotion"] if l2 == "auto" else int(l2),
+            "order": base["order"] if order == "auto" else int(order),
         }
         if tile not in variants:
             variants.append(tile)
-    default = {key: base[key] for key in ("num_splits", "stages", "groups", "pdl", "layout", "l2_promotion")}
+    default = {key: base[key] for key in ("num_splits", "stages", "groups", "pdl", "layout", "l2_promotion", "order")}
     if default not in variants:
         variants.insert(0, default)
     if args.cluster_probe:
@@ -659,8 +661,8 @@ def cluster_cells(r: dict) -> str:
 
 def cluster_tuning_table(rows: list[dict]) -> str:
     """Every timed cluster-kernel variant, best first within each problem."""
-    lines = ["| shape | ctx | B | splits | stages | groups | pdl | layout | L2 promotion | graph µs | rel err |",
-             "|---" * 11 + "|"]
+    lines = ["| shape | ctx | B | splits | stages | groups | pdl | layout | L2 promotion | order | graph µs | rel err |",
+             "|---" * 12 + "|"]
     for r in rows:
         for v in sorted(r.get("cluster_variants", []), key=lambda v: v.get("graph_us", math.inf)):
             c = v["config"]
@@ -668,7 +670,7 @@ def cluster_tuning_table(rows: list[dict]) -> str:
             timing = f"{v['graph_us']:.1f}" if "graph_us" in v else v["error"][:60]
             lines.append(
                 f"| {r['shape']} | {r['ctx']} | {r['batch']} | {c['num_splits']}{mark} | {c['stages']} "
-                f"| {c['groups']} | {int(c['pdl'])} | {c['layout']} | {c['l2_promotion']} | {timing} "
+                f"| {c['groups']} | {int(c['pdl'])} | {c['layout']} | {c['l2_promotion']} | {c['order']} | {timing} "
                 f"| {v.get('rel_err', float('nan')):.1e} |"
             )
     return "\n".join(lines)

@@ -37,6 +37,8 @@ PDL_DEFAULT = False
 # (0 none, 1 64 B, 2 128 B, 3 256 B)
 LAYOUT_DEFAULT = 0
 L2_PROMOTION_DEFAULT = 3
+# which tiles a split takes: 0 = tiles rank, rank + C, ... (its CTAs end close together), 1 = a contiguous run
+ORDER_DEFAULT = 0
 
 _SOURCES = ("flash_decode_cluster.cu", "binding.cpp")
 _CUDA_DIR = Path(__file__).resolve().parent / "cuda"
@@ -206,6 +208,7 @@ def decode_config(
     pdl: bool | None = None,
     layout: int | None = None,
     l2_promotion: int | None = None,
+    order: int | None = None,
 ) -> dict[str, int | str | bool]:
     """The settings `flash_decode` uses for these shapes (for the engine's `config` record)."""
     b, _, d = q.shape
@@ -227,6 +230,7 @@ def decode_config(
         "pdl": PDL_DEFAULT if pdl is None else bool(pdl),
         "layout": LAYOUT_DEFAULT if layout is None else int(layout),
         "l2_promotion": L2_PROMOTION_DEFAULT if l2_promotion is None else int(l2_promotion),
+        "order": ORDER_DEFAULT if order is None else int(order),
         "smem_bytes": int(_module().smem_bytes(d, stages, groups)),
     }
 
@@ -248,14 +252,16 @@ def flash_decode(
     pdl: bool | None = None,
     layout: int | None = None,
     l2_promotion: int | None = None,
+    order: int | None = None,
     probe: int = 0,  # diagnostics only: 1 streams the tiles and skips the attention (wrong output)
 ) -> torch.Tensor:  # [B, Hq, D]
     """One-token GQA attention over the first lengths[b] cache positions, merged inside clusters."""
     cfg = decode_config(q, k_cache, num_splits=num_splits, stages=stages, groups=groups, pdl=pdl, layout=layout,
-                        l2_promotion=l2_promotion)  # fmt: skip
+                        l2_promotion=l2_promotion, order=order)  # fmt: skip
     if out is None:
         out = torch.empty_like(q)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     _module().launch(q, k_cache, v_cache, lengths, out, float(scale), cfg["num_splits"], cfg["stages"],
-                     cfg["groups"], cfg["pdl"], probe, cfg["layout"], cfg["l2_promotion"], stream)  # fmt: skip
+                     cfg["groups"], cfg["pdl"], probe, cfg["layout"], cfg["l2_promotion"], cfg["order"],
+                     stream)  # fmt: skip
     return out

@@ -9,7 +9,7 @@ extern "C" int fdc_launch(const void* q, const void* k, const void* v, const int
                           int B, int Hq, int Hkv, int D, int S_max, long long sqb, long long sqh, long long skb,
                           long long skh, long long skn, long long svb, long long svh, long long svn, long long sob,
                           long long soh, float scale, int num_splits, int stages, int groups, int pdl, int probe,
-                          int layout, int promotion, void* stream, char* err, int errlen);
+                          int layout, int promotion, int order, void* stream, char* err, int errlen);
 extern "C" int fdc_max_active_clusters(int dtype, int D, int stages, int groups, int cluster, int* out, char* err,
                                        int errlen);
 extern "C" int fdc_smem_bytes(int D, int stages, int groups);
@@ -31,7 +31,7 @@ int64_t stride_of(const at::Tensor& t, int dim) {
 
 void launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lengths,
             const at::Tensor& out, double scale, int64_t num_splits, int64_t stages, int64_t groups, bool pdl,
-            int64_t probe, int64_t layout, int64_t promotion, int64_t stream) {
+            int64_t probe, int64_t layout, int64_t promotion, int64_t order, int64_t stream) {
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && lengths.is_cuda() && out.is_cuda(),
               "flash_decode_cluster: every tensor must be on the GPU");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.sizes() == k.sizes() && out.sizes() == q.sizes(),
@@ -50,7 +50,7 @@ void launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
                       stride_of(q, 0), stride_of(q, 1), stride_of(k, 0), stride_of(k, 1), stride_of(k, 2),
                       stride_of(v, 0), stride_of(v, 1), stride_of(v, 2), stride_of(out, 0), stride_of(out, 1),
                       float(scale), int(num_splits), int(stages), int(groups), pdl ? 1 : 0, int(probe), int(layout),
-                      int(promotion), reinterpret_cast<void*>(stream), err, sizeof(err));
+                      int(promotion), int(order), reinterpret_cast<void*>(stream), err, sizeof(err));
   TORCH_CHECK(rc == 0, "flash_decode_cluster: ", std::string(err));
 }
 

@@ -47,6 +47,7 @@ struct Params {
   float qk_scale;  // softmax scale * log2(e): scores are base-2 logits
   int probe;       // diagnostics only: 1 = stream the tiles and skip the attention (the output is wrong)
   int layout;      // 0: a tile is [D/64][64 positions][128 B] (D/64 boxes); 1: [64 positions][D/64][128 B] (one box)
+  int order;       // 0: CTA r takes tiles r, r + C, ... (interleaved); 1: a contiguous run of tiles
 };
 
 // GROUPS groups of GROUP_WARPS consumer warps: group g takes the CTA's tiles g, g + GROUPS, ..., so
@@ -221,7 +222,11 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
 
   const int length = min(p.lengths[b], p.s_max);  // a bad length must not read past the cache
   const int n_tiles = (length + BLOCK_N - 1) / BLOCK_N;
-  const int my_tiles = split < n_tiles ? (n_tiles - 1 - split) / p.num_splits + 1 : 0;
+  const int run = (n_tiles + p.num_splits - 1) / p.num_splits;  // tiles of a contiguous split
+  const int my_tiles = p.order ? max(0, min(run, n_tiles - split * run))
+                               : (split < n_tiles ? (n_tiles - 1 - split) / p.num_splits + 1 : 0);
+  // first position of this CTA's i-th tile
+  auto tile_start = [&](int i) { return (p.order ? split * run + i : split + i * p.num_splits) * BLOCK_N; };
 
   float* red = reinterpret_cast<float*>(stages);           // [CONSUMERS][G_PAD][D + RED_PAD], after the loop
   float* red_m = red + CONSUMERS * G_PAD * (D + RED_PAD);  // [CONSUMERS][G_PAD]
@@ -234,7 +239,7 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
         const int s = i % STAGES;
         if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
         mbar_expect_tx(&full[s], L::STAGE_BYTES);  // out-of-range rows are zero-filled and still counted
-        const int n0 = (split + i * p.num_splits) * BLOCK_N;
+        const int n0 = tile_start(i);
         uint8_t* kst = stages + s * L::STAGE_BYTES;
         uint8_t* vst = kst + L::TILE_BYTES;
         if (p.layout) {
@@ -286,7 +291,7 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
     for (int i = first; i < my_tiles; i += GROUPS) {
       const int s = i % STAGES;
       mbar_wait(&full[s], (i / STAGES) & 1);
-      const int n0 = (split + i * p.num_splits) * BLOCK_N;
+      const int n0 = tile_start(i);
       const int valid = p.probe ? 0 : length - n0 - p0;  // valid rows among this warp's 16 (warp-uniform)
       uint8_t* kst = stages + s * L::STAGE_BYTES;
       uint8_t* vst = kst + L::TILE_BYTES;
@@ -594,7 +599,7 @@ extern "C" int fdc_launch(const void* q, const void* k, const void* v, const int
                           int B, int Hq, int Hkv, int D, int S_max, long long sqb, long long sqh, long long skb,
                           long long skh, long long skn, long long svb, long long svh, long long svn, long long sob,
                           long long soh, float scale, int num_splits, int stages, int groups, int pdl, int probe,
-                          int layout, int promotion, void* stream, char* err, int errlen) {
+                          int layout, int promotion, int order, void* stream, char* err, int errlen) {
   using namespace fdc;
   if (num_splits < 1 || num_splits > MAX_CLUSTER) {
     snprintf(err, errlen, "num_splits %d must be 1..%d", num_splits, MAX_CLUSTER);
@@ -622,6 +627,7 @@ extern "C" int fdc_launch(const void* q, const void* k, const void* v, const int
   p.qk_scale = scale * 1.4426950408889634f;
   p.probe = probe;
   p.layout = layout;
+  p.order = order;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
 #define FDC_CASE(DD, SS, GG)                                                                   \
   if (D == DD && stages == SS && groups == GG)                                                 \

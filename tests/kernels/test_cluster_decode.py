@@ -204,12 +204,13 @@ def test_gpu_every_split_config_and_dtype(splits, config, dtype):
 @gpu
 @pytest.mark.parametrize("layout", [0, 1])
 @pytest.mark.parametrize("l2", [0, 3])
+@pytest.mark.parametrize("order", [0, 1])
 @pytest.mark.parametrize("d", cd.HEAD_DIMS)
-def test_gpu_tile_layouts(layout, l2, d):
-    q, k, v, k_nan, v_nan, n = _inputs(2, 8, 2, d, 2000, [2000, 70], torch.bfloat16, seed=d + layout)
+def test_gpu_tile_layouts_and_orders(layout, l2, order, d):
+    q, k, v, k_nan, v_nan, n = _inputs(3, 8, 2, d, 2000, [2000, 70, 1999], torch.bfloat16, seed=d + layout)
     out = torch.full_like(q, float("nan"))
-    cd.flash_decode(q, k_nan, v_nan, n, d**-0.5, out=out, layout=layout, l2_promotion=l2)
-    _check(out, q, k, v, n, d**-0.5, f"layout {layout} l2 {l2} d{d}")
+    cd.flash_decode(q, k_nan, v_nan, n, d**-0.5, out=out, layout=layout, l2_promotion=l2, order=order, num_splits=7)
+    _check(out, q, k, v, n, d**-0.5, f"layout {layout} l2 {l2} order {order} d{d}")
 
 
 @pytest.mark.gpu
@@ -279,9 +280,9 @@ class _Binding:
     def __init__(self):
         self.launches = []
 
-    def launch(self, q, k, v, lengths, out, scale, num_splits, stages, groups, pdl, probe, layout, l2, stream):
+    def launch(self, q, k, v, lengths, out, scale, num_splits, stages, groups, pdl, probe, layout, l2, order, stream):
         assert isinstance(scale, float) and isinstance(pdl, bool) and isinstance(stream, int)
-        assert layout in (0, 1) and l2 in (0, 1, 2, 3)
+        assert layout in (0, 1) and l2 in (0, 1, 2, 3) and order in (0, 1)
         self.launches.append(dict(num_splits=num_splits, stages=stages, groups=groups, pdl=pdl, probe=probe))
 
     def max_active_clusters(self, dtype, head_dim, stages, groups, cluster):
