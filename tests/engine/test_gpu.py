@@ -22,13 +22,16 @@ def synth64(tmp_path_factory):
                                                                            n_kv_head=2, head_dim=64, seed=3))
 
 
-def test_cuda_decode_uses_triton_and_matches_cpu_fp32(synth64):
+def test_cuda_decode_uses_a_measured_kernel_and_matches_cpu_fp32(synth64):
     cpu, gpu = load(synth64, "cpu"), load(synth64, "cuda")
     assert gpu.dtype == torch.bfloat16
     ids = tokens_of_length(cpu.tokenizer, 96)
     ref = Session(cpu, 128).generate(ids[:64], 32).token_ids
     s = Session(gpu, 128)
-    assert ops.decode_config(gpu.cfg.n_head, s.cache)["backend"] == "triton-flash-decode"
+    cfg = ops.decode_config(gpu.cfg.n_head, s.cache)
+    # the kernel that passed its parity test at this cache's shape and was fastest (the reference too may win)
+    assert cfg["backend"] in ops.DECODE_KERNELS and cfg["chosen_by"] == "measured"
+    assert cfg["candidates"][cfg["backend"]]["error"] is None
     ours = s.generate(ids[:64], 32).token_ids
     # bf16 weights and activations: greedy may drift at a near-tie, but the start must agree
     assert ours[:8] == ref[:8]
