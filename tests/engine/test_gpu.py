@@ -59,6 +59,11 @@ def test_compiled_graph_decode_writes_the_cache_like_prefill():
     # prefilling the same tokens must leave the same cache and predict the same tokens
     lm = load_random("qwen3-1.7b", "cuda", max_pos=1024)
     lm.transformer.compile()
+    # this test is about the cache writes, so it pins the decode kernel it was calibrated with: with the
+    # measured choice at this shape the teacher-forced agreement read 0.88 on an H200 (2026-12-03; cache
+    # errors 0.006), random weights' near-ties flipping under another kernel's rounding
+    for block in lm.transformer.blocks:
+        block.decode_kernel = "triton-flash-decode"
     prompt = torch.randint(0, lm.cfg.vocab_size, (300,), generator=torch.Generator().manual_seed(4)).tolist()
     s = Session(lm, 512, cuda_graph=True)
     first = int(s.forward(prompt).argmax())

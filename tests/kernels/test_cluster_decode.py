@@ -21,10 +21,10 @@ HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 # --- the split heuristic, on its own -------------------------------------------------------------
 
 
-# clusters of each size an H200 holds at once with one CTA an SM (sizes 1, 2, 4, 8 and 16 as
-# cudaOccupancyMaxActiveClusters reported them on 2026-12-03; the others as GPCs of 16-18 SMs would)
-H200_CLUSTERS = {1: 132, 2: 66, 3: 42, 4: 30, 5: 24, 6: 21, 7: 16, 8: 15, 9: 8, 10: 8, 11: 8, 12: 8, 13: 8,
-                 14: 8, 15: 8, 16: 7}  # fmt: skip
+# clusters of each size an H200 holds at once with one CTA an SM, as cudaOccupancyMaxActiveClusters
+# reported them for the default configs on 2026-12-03 (a cluster sits in one GPC)
+H200_CLUSTERS = {1: 132, 2: 66, 3: 39, 4: 30, 5: 22, 6: 17, 7: 15, 8: 15, 9: 9, 10: 7, 11: 7, 12: 7, 13: 7,
+                 14: 7, 15: 7, 16: 7}  # fmt: skip
 
 
 def test_splits_examples_on_an_h200():
@@ -40,8 +40,8 @@ def test_splits_examples_on_an_h200():
 
 
 def test_splits_fall_back_when_the_device_cannot_hold_the_clusters():
-    # only 7 clusters of 16 fit at once (a cluster sits in one GPC): 8 heads get clusters of 15
-    assert cd.num_splits(132, 1, 8, 16384, 128, H200_CLUSTERS) == 15
+    # only 7 clusters of 10 to 16 fit at once (a cluster sits in one GPC): 8 heads get clusters of 9
+    assert cd.num_splits(132, 1, 8, 16384, 128, H200_CLUSTERS) == 9
     assert cd.num_splits(132, 1, 8, 16384, 128, H200_CLUSTERS | {16: 8}) == 16
     assert cd.num_splits(132, 1, 4, 16384, 256, H200_CLUSTERS) == 16  # 4 heads: 7 clusters of 16 suffice
     assert cd.num_splits(132, 1, 8, 16384, 128, {c: 0 for c in H200_CLUSTERS}) == 1
@@ -310,8 +310,8 @@ def test_python_layer_hands_the_binding_its_arguments(monkeypatch):
     n = torch.full((1,), 16384, dtype=torch.int32)
     cfg = cd.decode_config(q, k)
     stages, groups = cd.CONFIGS[128][0]
-    # 16 CTAs a cluster would be wanted, but the device holds only 7 such clusters for 8 heads: 15
-    assert cfg | {"num_splits": 15, "stages": stages, "groups": groups, "pdl": cd.PDL_DEFAULT} == cfg
+    # 16 CTAs a cluster would be wanted, but the device holds only 7 such clusters for 8 heads: 9
+    assert cfg | {"num_splits": 9, "stages": stages, "groups": groups, "pdl": cd.PDL_DEFAULT} == cfg
     assert cfg["smem_bytes"] == 1000 * stages + groups
     for d, configs in cd.CONFIGS.items():
         for stages, groups in configs:
@@ -319,6 +319,6 @@ def test_python_layer_hands_the_binding_its_arguments(monkeypatch):
             cd.flash_decode(qd, kd, kd, n.repeat(2), 0.1, stages=stages, groups=groups, num_splits=4, pdl=True)
             assert binding.launches[-1] == dict(num_splits=4, stages=stages, groups=groups, pdl=True, probe=0)
     cd.flash_decode(q, k, k, n, 0.1)
-    assert binding.launches[-1] == dict(num_splits=15, stages=cd.CONFIGS[128][0][0],
+    assert binding.launches[-1] == dict(num_splits=9, stages=cd.CONFIGS[128][0][0],
                                         groups=cd.CONFIGS[128][0][1], pdl=cd.PDL_DEFAULT, probe=0)  # fmt: skip
     cd.max_active_clusters.cache_clear()
