@@ -58,13 +58,20 @@ class Failure:
         object.__setattr__(self, "log_tail", cap_text(str(self.log_tail), MAX_LOG_TAIL_CHARS, keep_end=True))
 
 
+# The decode clocks a verdict may score (at each context exactly one does; verdict.score_clocks picks it):
+# wall time, and the CPU time of the engine's process tree. "decode_utilization" pairs (CPU seconds per
+# wall second, head against main) decide between them and score nothing themselves.
+DECODE_METRICS = ("decode_tps", "decode_cpu_tps")
+UTILIZATION_METRIC = "decode_utilization"
+
+
 @dataclass(frozen=True)
 class ThroughputPairs:
     """Interleaved (base, head) throughput samples for one model at one context."""
 
     model: str
     context: int
-    metric: str  # "decode_tps" or "prefill_tps"
+    metric: str  # "decode_tps" (wall clock), "decode_cpu_tps" (the engine's CPU time), "prefill_tps"
     pairs: tuple[tuple[float, float], ...]
     guarded: bool = True  # a regression here rejects the PR
     scored: bool = True  # a gain here can earn a tier
@@ -75,6 +82,9 @@ class ThroughputPairs:
     # per pair, the process block it was measured in: pairs of one block share their processes, so the
     # CI treats blocks as clusters (stats.estimate_blocked); empty for fresh-process pairs
     blocks: tuple[int, ...] = ()
+    # per pair, whether main's process of its block was loaded first: blocks alternate, and the estimate
+    # is a crossover that cancels the load-order effect (stats.crossover); empty where nothing alternated
+    base_first: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -265,7 +275,7 @@ def _headline(v: Verdict) -> ContextEstimate | None:
     if v.status is Status.REJECT and regressions:
         return min(regressions, key=lambda e: e.ci_high)
     scored = [e for e in v.estimates if e.scored]
-    at = [e for e in scored if e.context == v.scored_context and e.metric == "decode_tps"]
+    at = [e for e in scored if e.context == v.scored_context and e.metric in DECODE_METRICS]
     at = at or [e for e in scored if e.context == v.scored_context]
     if at:
         return at[0]
@@ -273,7 +283,7 @@ def _headline(v: Verdict) -> ContextEstimate | None:
 
 
 def _lower_bound_gain(v: Verdict) -> float | None:
-    scored = [e for e in v.estimates if e.scored and e.metric == "decode_tps"]
+    scored = [e for e in v.estimates if e.scored and e.metric in DECODE_METRICS]
     if v.scored_context is not None:
         scored = [e for e in scored if e.context == v.scored_context] or scored
     return max((e.ci_low - 1 for e in scored), default=None)

@@ -48,7 +48,8 @@ _STATUS_ICON = {
     Status.INCONCLUSIVE: "🔁",
     Status.SKIPPED: "⏭️",
 }
-_METRIC_NAMES = {"decode_tps": "decode tok/s", "prefill_tps": "prefill tok/s"}
+_METRIC_NAMES = {"decode_tps": "decode tok/s", "decode_cpu_tps": "decode tok/CPU-s", "prefill_tps": "prefill tok/s",
+                 "decode_utilization": "CPU s per wall s"}
 
 
 # --- escaping (evalbot.markdown) -----------------------------------------------------------------

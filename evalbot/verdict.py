@@ -13,10 +13,13 @@ a guarded context.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 
 from evalbot import stats
 from evalbot.model import (
+    DECODE_METRICS,
+    UTILIZATION_METRIC,
     AccuracyResult,
     ContextEstimate,
     DecodeAudit,
@@ -57,6 +60,7 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
     if not estimates:
         return _verdict(rules, Status.INFRA_ERROR, reasons=("no throughput was measured",),
                         add=(rules.labels.infra_error,))
+    estimates = score_clocks(estimates, rules)
 
     audits = tuple(m.audits)
     main_audit = [a for a in audits if a.side is Side.BASE and not _audit_passes(a, _bar(a, audits, rules))]
@@ -67,7 +71,7 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
     gates = [*_throughput_gates(estimates, rules), *_audit_gates(audits, rules),
              *_accuracy_gates(m.accuracy, rules), *_spec_gates(m.spec, rules)]
     failed = [g for g in gates if not g.passed]
-    scored = [e for e in estimates if e.scored and e.metric == "decode_tps"]
+    scored = [e for e in estimates if e.scored and e.metric in DECODE_METRICS]
     best = max(scored, key=lambda e: (rules.tier_rank(e.tier), e.ci_low), default=None)
     mde = max((e.mde for e in scored), default=None)
     # correctness gates decide whatever the noise; the throughput gate only on a resolving measurement
@@ -96,6 +100,49 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
         reason = "no scored context"
     return _verdict(rules, Status.PASS, gates=tuple(gates), reasons=(reason,), add=tuple(add), estimates=estimates,
                     best=best if tier else None, mde=mde)
+
+
+def score_clocks(estimates: tuple[ContextEstimate, ...], rules: Rules) -> tuple[ContextEstimate, ...]:
+    """At each (model, context) exactly one decode clock scores. The CPU clock (the engine tree's CPU time,
+    which steal and preemption do not move) scores where the utilization ratio's CI lies within 1 +- the
+    tolerance: the head turns CPU time into wall time as main does, so CPU time measures its speed. Then
+    wall time stays guarded (a head may not be slower on it) but scores nothing. Elsewhere, or without a
+    CPU reading, wall time scores and the CPU estimate is shown only: a head that sleeps instead of
+    spinning, adds threads, or works outside the metered tree moves its utilization, and is judged on wall
+    time, where none of that helps."""
+    tol = rules.gates.timing.cpu_clock_tolerance
+    by_key = {(e.model, e.context, e.metric): e for e in estimates}
+    out = []
+    for e in estimates:
+        key = (e.model, e.context)
+        util = by_key.get((*key, UTILIZATION_METRIC))
+        cpu_ok = util is not None and 1 - tol <= util.ci_low and util.ci_high <= 1 + tol
+        if e.metric == UTILIZATION_METRIC or (e.metric == "decode_cpu_tps" and not cpu_ok):
+            e = dataclasses.replace(e, scored=False, guarded=False, tier=None, regression=False)
+        elif e.metric == "decode_tps" and cpu_ok and (*key, "decode_cpu_tps") in by_key:
+            e = dataclasses.replace(e, scored=False, tier=None)
+        out.append(e)
+    return tuple(out)
+
+
+def no_pair_could_change(throughput: Sequence[ThroughputPairs], rules: Rules) -> bool:
+    """The A/B runs' early stop: on the clock that scores at each context the MDE resolves the smallest tier
+    and no tier floor lies inside the CI, and no guarded CI straddles the regression bar, so further pairs
+    could narrow the intervals but not move the verdict."""
+    try:
+        estimates = score_clocks(tuple(_estimate(tp, rules) for tp in throughput), rules)
+    except stats.StatsError:
+        return False
+    floors = [1.0 + t.lower_bound for t in rules.tiers]
+    bar = rules.gates.no_regression.min_ratio
+    for e in estimates:
+        if e.guarded and e.ci_low < bar < e.ci_high:
+            return False
+        if e.scored and e.metric in DECODE_METRICS and (
+            e.mde > rules.tiers[0].lower_bound or any(e.ci_low < f < e.ci_high for f in floors)
+        ):
+            return False
+    return bool(estimates)
 
 
 def _settled(estimates: tuple[ContextEstimate, ...], best: ContextEstimate | None, rules: Rules) -> bool:
@@ -136,7 +183,7 @@ def _describe(f: Failure) -> str:
 
 
 def _estimate(tp: ThroughputPairs, rules: Rules) -> ContextEstimate:
-    est = stats.estimate_blocked(tp.pairs, tp.blocks) if tp.blocks else stats.estimate(tp.pairs)
+    est = stats.estimate_design(tp.pairs, tp.blocks, tp.base_first)
     cls = stats.classify(est, rules.tier_bounds, rules.gates.no_regression.min_ratio)
     bases = sorted(b for b, _ in tp.pairs)
     heads = sorted(h for _, h in tp.pairs)

@@ -7,7 +7,7 @@ The prose is the templates' (`comment.md.j2` and `_standing.md.j2`); this module
 from __future__ import annotations
 
 from evalbot import receipts, render, rounds
-from evalbot.model import Decision, PullRequest, Status, Verdict
+from evalbot.model import DECODE_METRICS, Decision, PullRequest, Status, Verdict
 from evalbot.policy import ClaimGap, TemplateFacts, claim_gap
 from evalbot.rules import LabelFamily, Rules
 from evalbot.store import EvaluationRecord
@@ -45,7 +45,7 @@ def measured_claim_gap(claim: TemplateFacts, v: Verdict, rules: Rules) -> ClaimG
     if claimed is None:
         return None
     h = v.headline
-    best = h if h and h.context == v.scored_context and h.metric == "decode_tps" else None
+    best = h if h and h.context == v.scored_context and h.metric in DECODE_METRICS else None
     measured = (best.ratio - 1.0) if best else None
     lower = (best.ci_low - 1.0) if best else None
     return claim_gap(claimed, lower, measured, rules)

@@ -1,11 +1,20 @@
 """The A/B measurement: warm serving processes in blocks, requests interleaved, the harness's clock.
 
-An evaluation runs a few process blocks. Each block starts a fresh serving process per side (loaded and
-warmed once), then times pairs of requests at every context, alternating which side goes first (A B, B
-A, ...). Every request gets a prompt no process has seen before (no prefix caching on the benchmark).
-While one side is timed the other is frozen. Between blocks the processes are replaced, so process-level
-variance (memory layout, allocator state) is in the data, and the CI treats blocks as clusters
-(`stats.estimate_blocked`).
+An evaluation runs an even number of process blocks. Each block starts a fresh serving process per side
+(loaded and warmed once), then times an even number of pairs of requests at every context, each side
+going first in half of them. Every request gets a prompt no process has seen before (no prefix caching
+on the benchmark). While one side is timed the other is frozen. Between blocks the processes are
+replaced, so process-level variance (memory layout, allocator state) is in the data.
+
+The blocks are a crossover: even blocks load main first, odd ones the PR. On a 2-core VM the process
+loaded second decoded about 1% faster (the probe in docs/benchmarks.md), which made identical code look
+faster at every context; alternating the order and estimating with the order as a factor
+(`stats.crossover`) cancels it and keeps it out of the interval. Pairs go to the contexts whose pairs
+vary most (`allocate`), and the runs stop as soon as no further pair could change the decision.
+
+Each request is clocked twice by the harness: wall time (timestamps of the streamed lines) and the CPU
+time of the engine's whole process tree (`cpumeter`), with the box's steal and the tree's context
+switches, for the verdict's choice of clock and the variance breakdown (bench/variance_breakdown.py).
 
 The box must stay quiet: before every block the harness waits for it, and a pair during which another
 process used the CPU is measured again.
@@ -23,7 +32,7 @@ from typing import Any
 from evalbot import stats
 from evalbot.evaluate import box
 from evalbot.evaluate.served import ServedProcess, ServeError, Timed, run_alone
-from evalbot.model import Side, ThroughputPairs
+from evalbot.model import UTILIZATION_METRIC, Side, ThroughputPairs
 from evalbot.rules import Profile, Quiet
 
 Launch = Callable[[Side], ServedProcess]
@@ -53,6 +62,20 @@ class Sample:
     decode_tps: float
     reported: dict[str, Any]  # the engine's own timings (diagnostics only)
     reported_n: Any = None
+    decode_s: float = 0.0  # wall, first token to last
+    decode_cpu_s: float | None = None  # the tree's CPU time over the same interval
+    prefill_cpu_s: float | None = None
+    steal_ticks: int = 0
+    switches: tuple[int, int] = (0, 0)
+    base_first: bool = True  # main's process of this block was loaded first
+    went_first: bool = True  # this side was timed first in its pair
+
+    @property
+    def decode_cpu_tps(self) -> float | None:
+        """Tokens per CPU-second of the tree, first token to last (None where not metered)."""
+        if self.decode_cpu_s is None or self.decode_cpu_s <= 0:
+            return None
+        return (len(self.tokens) - 1) / self.decode_cpu_s
 
     @property
     def self_report_gap(self) -> float | None:
@@ -86,68 +109,111 @@ class Run:
     box_samples: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _estimates(samples: list[Sample], ctx: int) -> stats.PairedEstimate | None:
-    pairs, blocks = pairs_at(samples, ctx, "decode")
+def _estimates(samples: list[Sample], ctx: int, metric: str = "decode") -> stats.PairedEstimate | None:
+    pairs, blocks, base_first = pairs_at(samples, ctx, metric)
     if len(set(blocks)) < 2:
         return None
-    return stats.estimate_blocked(pairs, blocks)
+    return stats.estimate_design(pairs, blocks, base_first)
 
 
-def pairs_at(samples: list[Sample], ctx: int, metric: str) -> tuple[list[tuple[float, float]], list[int]]:
-    """(base, head) throughput pairs at one context, with each pair's block."""
+METRICS = ("decode", "decode_cpu", "utilization", "prefill")
+
+
+def _value(s: Sample, metric: str) -> float | None:
+    if metric == "utilization":  # CPU seconds per wall second over the decode
+        return s.decode_cpu_s / s.decode_s if s.decode_cpu_s and s.decode_s > 0 else None
+    return {"decode": s.decode_tps, "decode_cpu": s.decode_cpu_tps, "prefill": s.prefill_tps}[metric]
+
+
+def pairs_at(samples: list[Sample], ctx: int, metric: str
+             ) -> tuple[list[tuple[float, float]], list[int], list[bool]]:
+    """(base, head) pairs of one metric at one context, with each pair's block and its load order; a pair
+    either side of which lacks the metric (an unmetered CPU clock) is left out."""
     by_key: dict[tuple[int, int], dict[Side, Sample]] = {}
     for s in samples:
         if s.context == ctx:
             by_key.setdefault((s.block, s.pair), {})[s.side] = s
-    pairs, blocks = [], []
+    pairs, blocks, base_first = [], [], []
     for (block, _), sides in sorted(by_key.items()):
         if Side.BASE in sides and Side.HEAD in sides:
-            b, h = sides[Side.BASE], sides[Side.HEAD]
-            pairs.append((b.decode_tps, h.decode_tps) if metric == "decode" else (b.prefill_tps, h.prefill_tps))
+            b, h = _value(sides[Side.BASE], metric), _value(sides[Side.HEAD], metric)
+            if b is None or h is None:
+                continue
+            pairs.append((b, h))
             blocks.append(block)
-    return pairs, blocks
+            base_first.append(sides[Side.BASE].base_first)
+    return pairs, blocks, base_first
 
 
 def throughput(samples: list[Sample], profile: Profile, model: str) -> list[ThroughputPairs]:
-    """Decode and prefill pairs per context, as the verdict reads them (blocks are the clusters)."""
+    """Decode (wall and CPU clock) and prefill pairs per context, as the verdict reads them: blocks are
+    the clusters and their load orders the crossover; the verdict decides which decode clock scores."""
     out = []
     for c in profile.contexts:
-        for metric, name, scored in (("decode", "decode_tps", c.scored), ("prefill", "prefill_tps", False)):
-            pairs, blocks = pairs_at(samples, c.ctx, metric)
-            out.append(ThroughputPairs(model, c.ctx, name, tuple(pairs), guarded=c.guarded, scored=scored,
-                                       blocks=tuple(blocks)))
+        for metric, name, scored in (("decode", "decode_tps", c.scored), ("decode_cpu", "decode_cpu_tps", c.scored),
+                                     ("utilization", UTILIZATION_METRIC, False), ("prefill", "prefill_tps", False)):
+            pairs, blocks, base_first = pairs_at(samples, c.ctx, metric)
+            if metric in ("decode_cpu", "utilization") and len(pairs) < 2:
+                continue  # not metered here
+            out.append(ThroughputPairs(model, c.ctx, name, tuple(pairs), guarded=c.guarded and metric != "utilization",
+                                       scored=scored, blocks=tuple(blocks), base_first=tuple(base_first)))
     return out
+
+
+def allocate(samples: list[Sample], contexts: list[int], per_context: int) -> dict[int, int]:
+    """Pairs per context in the next block: `per_context` each at first, then the block's total shared in
+    proportion to each context's pair variance (the noisier context gets more), each an even number >= 2
+    so both sides go first equally often."""
+    total = per_context * len(contexts)
+    var: dict[int, float] = {}
+    for ctx in contexts:
+        pairs, _, _ = pairs_at(samples, ctx, "decode")
+        if len(pairs) < 4:
+            return {c: per_context for c in contexts}
+        d = [math.log(h / b) for b, h in pairs]
+        mean = sum(d) / len(d)
+        var[ctx] = max(sum((x - mean) ** 2 for x in d) / (len(d) - 1), 1e-12)
+    weight = sum(var.values())
+    return {c: max(2, 2 * round(total * var[c] / weight / 2)) for c in contexts}
 
 
 Progress = Callable[[dict[str, Any]], None]
 
 
+Decided = Callable[[list["Sample"]], bool]
+
+
 def measure(profile: Profile, launch: Launch, prompts: Prompts, log: Log, *, max_pairs: int | None = None,
             request_timeout_s: float = 600.0, ready_timeout_s: float = 900.0,
-            quiet: Quiet | None = None, progress: Progress | None = None) -> tuple[Run, dict[Side, ServedProcess]]:
-    """Run blocks until every scored context's CI is narrow enough, or the pair cap, or the time budget.
+            quiet: Quiet | None = None, progress: Progress | None = None,
+            decided: Decided | None = None) -> tuple[Run, dict[Side, ServedProcess]]:
+    """Run pairs of blocks (the crossover: each load order once) until every scored context's CI is narrow
+    enough or `decided` says no further pair could change the verdict, or the pair cap, or the time budget.
     The last block's processes are returned still running (frozen), for the audit and the spec runs:
     the caller closes them."""
     m = profile.measurement
     quiet = quiet or profile.quiet
     cap = max_pairs or m.max_pairs
-    per_block = max(1, min(m.pairs_per_block, cap // 2))  # a cap still leaves two blocks
-    max_blocks = max(2, math.ceil(cap / per_block))
-    min_blocks = max(2, min(m.min_blocks, max_blocks))
+    per_block = 2 * max(1, math.ceil(min(m.pairs_per_block, max(cap // 2, 1)) / 2))  # even: ABBA
+    max_blocks = max(2, 2 * math.ceil(cap / per_block / 2))  # even: a whole crossover
+    min_blocks = max(2, min(2 * math.ceil(m.min_blocks / 2), max_blocks))
     gpu = profile.device == "cuda"
+    contexts = [c.ctx for c in profile.contexts]
     run = Run()
     start = time.monotonic()
     while True:
         block = run.blocks
         before, waited = box.wait_until_quiet(quiet, with_gpu=gpu, log=log)
         run.box_samples.append({"block": block + 1, "waited_s": round(waited, 1), **before.as_record(), **box.state()})
-        procs = _start_block(launch, ready_timeout_s, log)
+        base_first = block % 2 == 0
+        procs = _start_block(launch, ready_timeout_s, log, base_first)
         run.ready = {s.value: p.ready for s, p in procs.items()}
+        counts = allocate(run.samples, contexts, per_block)
         try:
             for c in profile.contexts:
-                for i in range(per_block):
+                for i in range(counts[c.ctx]):
                     pair = _pair(procs, block, i, c.ctx, prompts.next(c.ctx), m.decode_tokens, request_timeout_s,
-                                 quiet, gpu, log, run)
+                                 quiet, gpu, log, run, base_first)
                     run.samples += pair
                     b, h = sorted(pair, key=lambda x: x.side is Side.HEAD)
                     log(f"block {block + 1} ctx {c.ctx} pair {i + 1}: main {b.decode_tps:.2f} tok/s, "
@@ -165,18 +231,22 @@ def measure(profile: Profile, launch: Launch, prompts: Prompts, log: Log, *, max
             raise
         run.blocks += 1
         for c in profile.contexts:
-            est = _estimates(run.samples, c.ctx)
-            if est is not None:
-                log(f"ctx {c.ctx}: {est.ratio:.4f}x [{est.ci_low:.4f}, {est.ci_high:.4f}] over {run.blocks} blocks, "
-                    f"MDE {est.mde:.2%}")
+            for metric in ("decode", "decode_cpu"):
+                est = _estimates(run.samples, c.ctx, metric)
+                if est is not None:
+                    log(f"ctx {c.ctx} {metric}: {est.ratio:.4f}x [{est.ci_low:.4f}, {est.ci_high:.4f}] over "
+                        f"{run.blocks} blocks, MDE {est.mde:.2%}")
         elapsed = time.monotonic() - start
         why = None
+        whole = run.blocks % 2 == 0  # decide only on whole crossovers
         if run.blocks >= max_blocks:
             why = f"the pair cap ({cap} per context)"
-        elif run.blocks >= min_blocks and _done(run, profile, m.ci_half_width):
+        elif whole and run.blocks >= min_blocks and _done(run, profile, m.ci_half_width):
             why = f"every scored context's CI is within ±{m.ci_half_width:.1%}"
-        elif run.blocks >= min_blocks and elapsed * (run.blocks + 1) / run.blocks > m.time_budget_s:
-            why = f"another block would overrun the {m.time_budget_s} s budget"
+        elif whole and run.blocks >= min_blocks and decided is not None and decided(run.samples):
+            why = "no further pair could change the decision"
+        elif whole and run.blocks >= min_blocks and elapsed * (run.blocks + 2) / run.blocks > m.time_budget_s:
+            why = f"two more blocks would overrun the {m.time_budget_s} s budget"
         if why:
             log(f"A/B done after {run.blocks} blocks ({elapsed:.0f} s): {why}")
             return run, procs
@@ -193,12 +263,13 @@ def _done(run: Run, profile: Profile, half_width: float) -> bool:
     return True
 
 
-def _start_block(launch: Launch, timeout_s: float, log: Log) -> dict[Side, ServedProcess]:
+def _start_block(launch: Launch, timeout_s: float, log: Log, base_first: bool = True) -> dict[Side, ServedProcess]:
     """A fresh serving process per side, started one after the other (two loading at once on a small box
-    fight over its cores and memory bandwidth: 90 s instead of 30), each frozen once it is ready."""
+    fight over its cores and memory bandwidth: 90 s instead of 30), each frozen once it is ready; main
+    first when `base_first`, else the PR."""
     procs: dict[Side, ServedProcess] = {}
     try:
-        for side in (Side.BASE, Side.HEAD):
+        for side in (Side.BASE, Side.HEAD) if base_first else (Side.HEAD, Side.BASE):
             t0 = time.monotonic()
             p = procs[side] = launch(side)
             try:
@@ -219,9 +290,10 @@ def _close(procs: dict[Side, ServedProcess]) -> None:
 
 
 def _pair(procs: dict[Side, ServedProcess], block: int, i: int, ctx: int, prompt: list[int], gen: int,
-          timeout_s: float, quiet: Quiet, gpu: bool, log: Log, run: Run) -> list[Sample]:
-    """One interleaved pair (base first on even pairs), measured again if others used the box meanwhile."""
-    order = (Side.BASE, Side.HEAD) if i % 2 == 0 else (Side.HEAD, Side.BASE)
+          timeout_s: float, quiet: Quiet, gpu: bool, log: Log, run: Run, base_first: bool = True) -> list[Sample]:
+    """One interleaved pair, measured again if others used the box meanwhile. Main goes first on even
+    pairs of even blocks and odd pairs of odd blocks, so each side opens every block's first pair as often."""
+    order = (Side.BASE, Side.HEAD) if (i + block) % 2 == 0 else (Side.HEAD, Side.BASE)
     for _attempt in range(CONTAMINATED_RETRIES):
         snap = box.cpu_snapshot()
         out = []
@@ -232,7 +304,8 @@ def _pair(procs: dict[Side, ServedProcess], block: int, i: int, ctx: int, prompt
                     {"op": "generate", "prompt_ids": prompt, "max_new": gen}, timeout_s))
             except ServeError as exc:
                 raise SideError(side, exc.stage, str(exc), exc.tail) from exc
-            out.append(sample(side, ctx, block, i, prompt, gen, timed))
+            out.append(sample(side, ctx, block, i, prompt, gen, timed, base_first=base_first,
+                              went_first=side is order[0]))
         during = box.usage(snap, box.cpu_snapshot(), os.getpid())
         reason = box.busy_reason(during, quiet)
         if reason is None:
@@ -248,7 +321,8 @@ def _pair(procs: dict[Side, ServedProcess], block: int, i: int, ctx: int, prompt
 MAX_DECODE_TPS = 1e5  # faster than any engine: tokens that arrive this fast came in a burst
 
 
-def sample(side: Side, ctx: int, block: int, i: int, prompt: list[int], gen: int, t: Timed) -> Sample:
+def sample(side: Side, ctx: int, block: int, i: int, prompt: list[int], gen: int, t: Timed, *,
+           base_first: bool = True, went_first: bool = True) -> Sample:
     if len(t.tokens) != gen:
         raise SideError(side, "serve", f"asked for {gen} tokens, the engine streamed {len(t.tokens)}")
     if len(t.arrivals_ns) != gen:
@@ -258,9 +332,13 @@ def sample(side: Side, ctx: int, block: int, i: int, prompt: list[int], gen: int
         raise SideError(side, "serve", f"{gen} tokens arrived within {t.decode_s * 1e6:.0f} µs: a burst, not a "
                         "decode (they were computed before the first was sent)")
     reported = t.summary.get("timings") if isinstance(t.summary.get("timings"), dict) else {}
+    cpu = t.decode_cpu_s
+    if cpu is not None and cpu <= 0:
+        cpu = None  # a coarse meter (10 ms ticks) that did not move: no CPU reading for this request
     return Sample(side, ctx, block, i, tuple(prompt), t.tokens, ctx / t.prefill_s if t.prefill_s > 0 else 0.0,
                   t.decode_tps, {k: v for k, v in reported.items() if isinstance(v, (int, float))},
-                  t.summary.get("n"))
+                  t.summary.get("n"), decode_s=t.decode_s, decode_cpu_s=cpu, prefill_cpu_s=t.prefill_cpu_s,
+                  steal_ticks=t.steal_ticks, switches=t.switches, base_first=base_first, went_first=went_first)
 
 
 def random_prompts(vocab: int, seed: int) -> Callable[[int, int], list[int]]:

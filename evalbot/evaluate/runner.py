@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalbot.evaluate import abtest, audit, box, builds, checkout, prompts, sandbox, served
+from evalbot import verdict
+from evalbot.evaluate import abtest, audit, box, builds, checkout, cpumeter, prompts, sandbox, served
 from evalbot.evaluate.context import (
     SIDE_LABEL,
     EvalConfig,
@@ -220,7 +221,8 @@ def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int)
                             .measurement.time_budget_s + ctx.run_timeout_s)
         argv = [str(venv / "bin" / "python"), "-m", "engine", "serve", *model_args, "--max-seq", str(max_seq),
                 "--device", ctx.profile_device, "--warmup", str(max(1, warmup))]
-        return served.ServedProcess.start(SIDE_LABEL[side], spec, argv, no_sandbox=ctx.cfg.no_sandbox)
+        return served.ServedProcess.start(SIDE_LABEL[side], spec, argv, no_sandbox=ctx.cfg.no_sandbox,
+                                          meter=cpumeter.make_meter(side.value))
 
     return launch
 
@@ -255,9 +257,12 @@ def _measure_served(ctx: RunContext, profile: Profile, name: str, model_args: li
     source = tokenized if registry else None
     pool = abtest.Prompts(source or (lambda c, i: abtest.random_prompts(procs[Side.BASE].vocab, seed)(c, i)))
     try:
+        cpumeter.sweep_stale()
         run, procs = abtest.measure(profile, launch_tracked, pool, ctx.log, max_pairs=ctx.cfg.max_pairs,
                                     request_timeout_s=ctx.run_timeout_s, ready_timeout_s=ctx.run_timeout_s,
-                                    progress=ctx.cfg.progress)
+                                    progress=ctx.cfg.progress,
+                                    decided=lambda samples: verdict.no_pair_could_change(
+                                        abtest.throughput(samples, profile, name), ctx.cfg.rules))
         ctx.box_samples.extend(run.box_samples)
         gate = ctx.cfg.rules.gates.decode_audit
         chosen = audit.choose(run.samples, share=gate.share, minimum=gate.min_requests)

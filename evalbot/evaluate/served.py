@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from evalbot.evaluate import box, sandbox
+from evalbot.evaluate import box, cpumeter, sandbox
 
 PROTOCOL = "evalbot.serve/1"
 MAX_LINE_BYTES = 1 << 20
@@ -42,10 +42,12 @@ class ServeError(RuntimeError):
 
 @dataclass(frozen=True)
 class Line:
-    """One protocol line as the harness received it, with the harness's own arrival time."""
+    """One protocol line as the harness received it, with the harness's own arrival time and the CPU time
+    the engine's process tree had used by then (-1 where the meter could not be read)."""
 
     at_ns: int
     obj: dict[str, Any]
+    cpu_ns: int = -1
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,25 @@ class Timed:
     arrivals_ns: tuple[int, ...]  # per streamed line: when it arrived
     steps: tuple[tuple[int, ...], ...]  # tokens per streamed line (one each for generate)
     summary: dict[str, Any]
+    cpu_sent_ns: int = -1  # the tree's CPU time when the request was sent
+    cpu_arrivals_ns: tuple[int, ...] = ()  # per streamed line: the tree's CPU time when it arrived
+    switches: tuple[int, int] = (0, 0)  # voluntary, involuntary context switches of the tree during the request
+    steal_ticks: int = 0  # the machine's steal (all CPUs, /proc/stat) during the request
+
+    @property
+    def decode_cpu_s(self) -> float | None:
+        """CPU seconds the tree used from the first token to the last; None where not metered."""
+        c = self.cpu_arrivals_ns
+        if len(c) < 2 or min(c) < 0:
+            return None
+        return (c[-1] - c[0]) / 1e9
+
+    @property
+    def prefill_cpu_s(self) -> float | None:
+        """CPU seconds from sending the request to the first token; None where not metered."""
+        if not self.cpu_arrivals_ns or self.cpu_sent_ns < 0 or self.cpu_arrivals_ns[0] < 0:
+            return None
+        return (self.cpu_arrivals_ns[0] - self.cpu_sent_ns) / 1e9
 
     @property
     def prefill_s(self) -> float:
@@ -87,14 +108,19 @@ class ServedProcess:
     stderr_tail: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=256))
     frozen: bool = False
     max_output_bytes: int = 64 << 20
+    meter: cpumeter.Meter | None = None
     _count: int = 0
 
     @classmethod
-    def start(cls, label: str, spec: sandbox.SandboxSpec, argv: list[str], *, no_sandbox: bool) -> ServedProcess:
+    def start(cls, label: str, spec: sandbox.SandboxSpec, argv: list[str], *, no_sandbox: bool,
+              meter: cpumeter.Meter | None = None) -> ServedProcess:
         """Spawn the server and its reader threads (stdout lines timestamped, stderr kept as a tail); a
-        process whose output passes the spec's cap is stopped at once."""
-        sp = cls(label, sandbox.spawn(spec, argv, no_sandbox=no_sandbox),
-                 max_output_bytes=spec.limits.max_output_bytes)
+        process whose output passes the spec's cap is stopped at once. With a meter, the whole tree's CPU
+        time is read as each line arrives (a cgroup meter is entered before the sandbox starts)."""
+        proc = sandbox.spawn(spec, argv, no_sandbox=no_sandbox, prefix=meter.wrap([]) if meter else ())
+        if meter is not None:
+            meter.root_pid = proc.pid
+        sp = cls(label, proc, max_output_bytes=spec.limits.max_output_bytes, meter=meter)
         threading.Thread(target=sp._read_stdout, daemon=True).start()
         threading.Thread(target=sp._read_stderr, daemon=True).start()
         return sp
@@ -107,6 +133,7 @@ class ServedProcess:
         while True:
             raw = stream.readline(MAX_LINE_BYTES + 1)
             at = time.monotonic_ns()
+            cpu = self._cpu_ns()
             if not raw:
                 self.lines.put(None)
                 return
@@ -126,7 +153,15 @@ class ServedProcess:
                 self._stop(ServeError(f"{self.label}: printed a JSON {type(obj).__name__}, not an object",
                                       stage="protocol"))
                 return
-            self.lines.put(Line(at, obj))
+            self.lines.put(Line(at, obj, cpu))
+
+    def _cpu_ns(self) -> int:
+        if self.meter is None:
+            return -1
+        try:
+            return self.meter.read_ns()
+        except (OSError, ValueError):
+            return -1
 
     def _read_stderr(self) -> None:
         size = total = 0
@@ -189,6 +224,8 @@ class ServedProcess:
         rid = f"{body['op'][0]}{self._count}"
         req = {**body, "id": rid}
         data = (json.dumps(req, separators=(",", ":")) + "\n").encode()
+        before = self._reading()
+        steal0 = cpumeter.steal_ticks()
         sent = time.monotonic_ns()
         try:
             self.proc.stdin.write(data)
@@ -199,6 +236,7 @@ class ServedProcess:
         deadline = time.monotonic() + timeout_s
         tokens: list[int] = []
         arrivals: list[int] = []
+        cpus: list[int] = []
         steps: list[tuple[int, ...]] = []
         while True:
             line = self._next(deadline, timeout_s)
@@ -209,16 +247,30 @@ class ServedProcess:
             if obj.get("event") == "error":
                 raise ServeError(f"{self.label}: refused request {rid}: {str(obj.get('message'))[:500]}", self.tail())
             if obj.get("event") == "done":
-                return Timed(req, sent, tuple(tokens), tuple(arrivals), tuple(steps), obj)
+                after = self._reading()
+                switches = (after.voluntary_switches - before.voluntary_switches,
+                            after.involuntary_switches - before.involuntary_switches)
+                return Timed(req, sent, tuple(tokens), tuple(arrivals), tuple(steps), obj,
+                             cpu_sent_ns=before.cpu_ns, cpu_arrivals_ns=tuple(cpus), switches=switches,
+                             steal_ticks=cpumeter.steal_ticks() - steal0)
             got = [obj["tok"]] if "tok" in obj else obj.get("toks")
             if not isinstance(got, list) or not got or not all(
                     isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab for t in got):
                 raise ServeError(f"{self.label}: request {rid}: not a token line: {str(obj)[:200]}", self.tail())
             tokens += got
             arrivals.append(line.at_ns)
+            cpus.append(line.cpu_ns)
             steps.append(tuple(got))
             if len(tokens) > body.get("max_new", 0) + 1 and body["op"] != "score":
                 raise ServeError(f"{self.label}: request {rid}: more tokens than asked for", self.tail())
+
+    def _reading(self) -> cpumeter.Reading:
+        if self.meter is None:
+            return cpumeter.Reading(-1)
+        try:
+            return self.meter.read()
+        except (OSError, ValueError):
+            return cpumeter.Reading(-1)
 
     # -------------------------------------------------------------- freezing and ending
 
@@ -258,6 +310,8 @@ class ServedProcess:
             self.proc.wait(timeout=10)
         except Exception:  # noqa: BLE001
             pass
+        if self.meter is not None:
+            self.meter.close()
 
 
 def _signal(pid: int, sig: int) -> None:

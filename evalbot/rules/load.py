@@ -127,8 +127,14 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
     m = f.mapping(root, "gates", ("no_regression", "accuracy", "spec", *optional))
     timing = TimingGate()
     if "timing" in m:
-        tm = f.mapping(m["timing"], "gates.timing", ("max_self_report_gap",))
-        timing = TimingGate(f.fraction(tm["max_self_report_gap"], "gates.timing.max_self_report_gap"))
+        keys = ("max_self_report_gap", "cpu_clock_tolerance")
+        given = {key for key, _, _ in f.items(m["timing"], "gates.timing")}
+        tm = f.mapping(m["timing"], "gates.timing", tuple(k for k in keys if k in given or k == keys[0]))
+        timing = TimingGate(
+            f.fraction(tm["max_self_report_gap"], "gates.timing.max_self_report_gap"),
+            f.fraction(tm["cpu_clock_tolerance"], "gates.timing.cpu_clock_tolerance")
+            if "cpu_clock_tolerance" in tm else TimingGate.cpu_clock_tolerance,
+        )
     audit = DecodeAuditGate()
     if "decode_audit" in m:
         da = f.mapping(m["decode_audit"], "gates.decode_audit",

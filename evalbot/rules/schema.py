@@ -97,6 +97,12 @@ class TimingGate:
     # The harness times every token itself; an engine's own timings are diagnostics. When they differ
     # from the harness's clock by more than this share, the report says so (it decides nothing).
     max_self_report_gap: float = 0.2
+    # The decode clock that scores: the CPU time of the engine's process tree (read by the harness; blind to
+    # steal and preemption) where the head keeps its CPUs as busy per wall second as main does, i.e. the
+    # 95% CI of the head/main utilization ratio (CPU seconds per wall second) lies within 1 +- this;
+    # otherwise wall time. Wall time is guarded either way. Sleeping instead of spinning, more threads,
+    # work outside the metered tree: each moves the utilization, so each is judged on wall time.
+    cpu_clock_tolerance: float = 0.01
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,9 @@ def test_gpu_every_split_config_and_dtype(splits, config, dtype):
     lengths = [3000, 1, 130, 2999]
     q, k, v, k_nan, v_nan, n = _inputs(4, hq, hkv, d, s_max, lengths, dtype, seed=splits * 7 + d)
     out = torch.full_like(q, float("nan"))
-    cd.flash_decode(q, k_nan, v_nan, n, 0.7 * d**-0.5, out=out, num_splits=splits, stages=stages, groups=groups)
+    cd.flash_decode(
+        q, k_nan, v_nan, n, 0.7 * d**-0.5, out=out, num_splits=splits, stages=stages, groups=groups
+    )
     _check(out, q, k, v, n, 0.7 * d**-0.5, f"splits {splits} stages {stages} groups {groups} d{d} {dtype}")
 
 
@@ -209,7 +211,9 @@ def test_gpu_every_split_config_and_dtype(splits, config, dtype):
 def test_gpu_tile_layouts_and_orders(layout, l2, order, d):
     q, k, v, k_nan, v_nan, n = _inputs(3, 8, 2, d, 2000, [2000, 70, 1999], torch.bfloat16, seed=d + layout)
     out = torch.full_like(q, float("nan"))
-    cd.flash_decode(q, k_nan, v_nan, n, d**-0.5, out=out, layout=layout, l2_promotion=l2, order=order, num_splits=7)
+    cd.flash_decode(
+        q, k_nan, v_nan, n, d**-0.5, out=out, layout=layout, l2_promotion=l2, order=order, num_splits=7
+    )
     _check(out, q, k, v, n, d**-0.5, f"layout {layout} l2 {l2} order {order} d{d}")
 
 
@@ -280,7 +284,9 @@ class _Binding:
     def __init__(self):
         self.launches = []
 
-    def launch(self, q, k, v, lengths, out, scale, num_splits, stages, groups, pdl, probe, layout, l2, order, stream):
+    def launch(
+        self, q, k, v, lengths, out, scale, num_splits, stages, groups, pdl, probe, layout, l2, order, stream
+    ):
         assert isinstance(scale, float) and isinstance(pdl, bool) and isinstance(stream, int)
         assert layout in (0, 1) and l2 in (0, 1, 2, 3) and order in (0, 1)
         self.launches.append(dict(num_splits=num_splits, stages=stages, groups=groups, pdl=pdl, probe=probe))
@@ -315,8 +321,13 @@ def test_python_layer_hands_the_binding_its_arguments(monkeypatch):
     assert cfg["smem_bytes"] == 1000 * stages + groups
     for d, configs in cd.CONFIGS.items():
         for stages, groups in configs:
-            qd, kd = torch.empty(2, 8, d, dtype=torch.bfloat16), torch.empty(2, 2, 4096, d, dtype=torch.bfloat16)
-            cd.flash_decode(qd, kd, kd, n.repeat(2), 0.1, stages=stages, groups=groups, num_splits=4, pdl=True)
+            qd, kd = (
+                torch.empty(2, 8, d, dtype=torch.bfloat16),
+                torch.empty(2, 2, 4096, d, dtype=torch.bfloat16),
+            )
+            cd.flash_decode(
+                qd, kd, kd, n.repeat(2), 0.1, stages=stages, groups=groups, num_splits=4, pdl=True
+            )
             assert binding.launches[-1] == dict(num_splits=4, stages=stages, groups=groups, pdl=True, probe=0)
     cd.flash_decode(q, k, k, n, 0.1)
     assert binding.launches[-1] == dict(num_splits=9, stages=cd.CONFIGS[128][0][0],
