@@ -97,7 +97,7 @@ def breakdown(samples: list[abtest.Sample]) -> dict:
         invol = [s.switches[1] for s in at]
         row["steal_ticks_per_request"] = statistics.fmean(steal)
         row["involuntary_switches_per_request"] = statistics.fmean(invol)
-        row["utilization"] = {side.value: statistics.fmean(s.decode_cpu_s / s.decode_s for s in at
+        row["utilization_by_side"] = {side.value: statistics.fmean(s.decode_cpu_s / s.decode_s for s in at
                                                            if s.side is side and s.decode_cpu_s)
                               for side in (Side.BASE, Side.HEAD)}
         # do the noisy pairs coincide with steal or preemption? |wall residual - CPU residual| vs steal
@@ -127,7 +127,7 @@ def table(result: dict) -> str:
     lines.append("|---|---|---|---|---|---|---|")
     for ctx, row in result["contexts"].items():
         po, fp = row["pair_order_effect"], row["first_pair_minus_rest"]
-        u = row["utilization"]
+        u = row["utilization_by_side"]
         corr = row.get("wall_cpu_gap_vs_interference_corr")
         lines.append(f"| {ctx} | {'-' if po is None else f'{100 * po:+.2f}%'} | {'-' if fp is None else f'{100 * fp:+.2f}%'} "
                      f"| {row['steal_ticks_per_request']:.2f} | {row['involuntary_switches_per_request']:.1f} "
@@ -186,9 +186,9 @@ def main() -> None:
     result = {"date": box.now(), "box": box.identity(), "meter": cpumeter.describe(meters[0]) if meters else None,
               "blocks": run.blocks, "wall_s": round(time.monotonic() - t0, 1), **breakdown(run.samples),
               "samples": [dataclasses.asdict(s) | {"prompt": len(s.prompt), "tokens": len(s.tokens)} for s in run.samples]}
-    print(table(result))
-    if args.out:
+    if args.out:  # before the table: a run is minutes of measurement
         Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(table(result))
 
 
 if __name__ == "__main__":
