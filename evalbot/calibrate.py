@@ -29,7 +29,7 @@ from typing import Any
 
 from evalbot import judge
 from evalbot.evaluate import checkout, prompts, runner
-from evalbot.model import ContextEstimate, Measurements, Status, Verdict
+from evalbot.model import DECODE_METRICS, ContextEstimate, Measurements, Status, Verdict
 from evalbot.store import Calibration
 
 PRIMARY_METRIC = "decode_tps"  # the metric tiers are scored on; the row's MDE and noise are its
@@ -104,8 +104,11 @@ def summarize(runs: Sequence[AARun], *, box: str, at: str) -> CalibrationSummary
             per_metric.setdefault(e.metric, []).append((e, pairs.get((e.model, e.context, e.metric), ()), r))
     rows = []
     for (model, context), per_metric in sorted(found.items()):
-        metric = PRIMARY_METRIC if PRIMARY_METRIC in per_metric else sorted(per_metric)[0]
-        primary = per_metric[metric]
+        # the clock that scored in each run (wall or CPU time, verdict.score_clocks), else the wall clock
+        scored = [entry for m in DECODE_METRICS for entry in per_metric.get(m, []) if entry[0].scored]
+        metric = "/".join(sorted({e.metric for e, _, _ in scored})) if scored else (
+            PRIMARY_METRIC if PRIMARY_METRIC in per_metric else sorted(per_metric)[0])
+        primary = scored or per_metric[metric]
         # a run is a false positive here if any metric's estimate at this context was called
         called: dict[int, tuple[bool, bool]] = {}
         for entries in per_metric.values():

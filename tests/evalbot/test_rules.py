@@ -75,7 +75,7 @@ def test_shipped_defaults(rules):
     assert gpu.guarded_contexts == gpu.scored_contexts == (128, 512, 4096, 16384, 32768)
     assert cpu.guarded_contexts == (128, 512)
     assert (gpu.measurement.ci_half_width, cpu.measurement.ci_half_width) == (0.0015, 0.004)
-    assert (cpu.measurement.pairs_per_block, cpu.measurement.min_blocks) == (3, 4)
+    assert (cpu.measurement.pairs_per_block, cpu.measurement.min_blocks) == (2, 6)
     assert gpu.measurement.min_blocks >= 2 and cpu.quiet.max_wait_s > 0 and gpu.quiet.max_gpu_util > 0
     for p in (gpu, cpu):
         m = p.measurement
