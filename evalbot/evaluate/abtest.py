@@ -194,8 +194,12 @@ def measure(profile: Profile, launch: Launch, prompts: Prompts, log: Log, *, max
     m = profile.measurement
     quiet = quiet or profile.quiet
     cap = max_pairs or m.max_pairs
-    per_block = 2 * max(1, math.ceil(min(m.pairs_per_block, max(cap // 2, 1)) / 2))  # even: ABBA
-    max_blocks = max(2, 2 * math.ceil(cap / per_block / 2))  # even: a whole crossover
+    # pairs per context per block: even (ABBA within a block), but small enough that the cap still buys
+    # 4 blocks (the smallest crossover: 2 of each load order; 2 blocks leave 1 degree of freedom); one pair
+    # per block where the cap is that tight (the pair order then alternates across the blocks); never more
+    # pairs than the cap
+    per_block = max(1, min(2 * math.ceil(m.pairs_per_block / 2), 2 * (cap // 8) or cap // 4))
+    max_blocks = max(2, 2 * (cap // (2 * per_block)))  # even: whole crossovers
     min_blocks = max(2, min(2 * math.ceil(m.min_blocks / 2), max_blocks))
     gpu = profile.device == "cuda"
     contexts = [c.ctx for c in profile.contexts]
