@@ -252,10 +252,10 @@ def test_the_meter_counts_children_and_threads(kind):
             while time.thread_time() < s: pass
         threads = [threading.Thread(target=spin, args=(0.6,)) for _ in range(2)]
         for t in threads: t.start()
-        child = subprocess.Popen([sys.executable, "-c", %r])
+        child = subprocess.Popen([sys.executable, "-c", CHILD])
         for t in threads: t.join()
         child.wait()
-    """ % SPIN.format(s=0.6)
+    """.replace("CHILD", repr(SPIN.format(s=0.6)))
     used, wall = _run_metered(kind, _burner(body))
     assert used > 1.6, f"{kind}: {used:.2f} CPU s for two threads and a child, each spinning 0.6 CPU s"
 
