@@ -177,6 +177,17 @@ def allocate(samples: list[Sample], contexts: list[int], per_context: int) -> di
     return {c: max(2, 2 * round(total * var[c] / weight / 2)) for c in contexts}
 
 
+def design(pairs_per_block: int, min_blocks: int, cap: int) -> tuple[int, int, int]:
+    """(pairs per context per block, most blocks, fewest blocks) for a pair cap per context. A block's
+    pairs are even (ABBA within it) but few enough that the cap still buys 4 blocks (the smallest
+    crossover, 2 of each load order: 2 blocks leave 1 degree of freedom), one where the cap is that tight
+    (the pair order then alternates across the blocks); blocks come in whole crossovers, and never more
+    pairs than the cap (2 at the least)."""
+    per_block = max(1, min(2 * math.ceil(pairs_per_block / 2), 2 * (cap // 8) or cap // 4))
+    most = max(2, 2 * (cap // (2 * per_block)))
+    return per_block, most, max(2, min(2 * math.ceil(min_blocks / 2), most))
+
+
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -194,13 +205,7 @@ def measure(profile: Profile, launch: Launch, prompts: Prompts, log: Log, *, max
     m = profile.measurement
     quiet = quiet or profile.quiet
     cap = max_pairs or m.max_pairs
-    # pairs per context per block: even (ABBA within a block), but small enough that the cap still buys
-    # 4 blocks (the smallest crossover: 2 of each load order; 2 blocks leave 1 degree of freedom); one pair
-    # per block where the cap is that tight (the pair order then alternates across the blocks); never more
-    # pairs than the cap
-    per_block = max(1, min(2 * math.ceil(m.pairs_per_block / 2), 2 * (cap // 8) or cap // 4))
-    max_blocks = max(2, 2 * (cap // (2 * per_block)))  # even: whole crossovers
-    min_blocks = max(2, min(2 * math.ceil(m.min_blocks / 2), max_blocks))
+    per_block, max_blocks, min_blocks = design(m.pairs_per_block, m.min_blocks, cap)
     gpu = profile.device == "cuda"
     contexts = [c.ctx for c in profile.contexts]
     run = Run()
@@ -212,7 +217,9 @@ def measure(profile: Profile, launch: Launch, prompts: Prompts, log: Log, *, max
         base_first = block % 2 == 0
         procs = _start_block(launch, ready_timeout_s, log, base_first)
         run.ready = {s.value: p.ready for s, p in procs.items()}
-        counts = allocate(run.samples, contexts, per_block)
+        # the noisier context gets more of the block, but no context more pairs in all than the cap
+        counts = {c: min(n, max(cap - len(pairs_at(run.samples, c, "decode")[0]), 0))
+                  for c, n in allocate(run.samples, contexts, per_block).items()}
         try:
             for c in profile.contexts:
                 for i in range(counts[c.ctx]):

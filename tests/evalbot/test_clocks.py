@@ -308,3 +308,16 @@ def test_steal_and_the_describe_line():
     with pytest.raises(ValueError):
         cpumeter.parse_steal("intr 5")
     assert cpumeter.describe(cpumeter.TreeMeter()).startswith("proc-tree (")
+
+
+def test_the_design_never_exceeds_the_cap_and_buys_a_crossover_where_it_can():
+    for ppb in (1, 2, 3, 6):
+        for cap in range(1, 65):
+            per_block, most, fewest = abtest.design(ppb, 6, cap)
+            assert per_block * most <= max(cap, 2) and most % 2 == 0 and 2 <= fewest <= most
+            if cap >= 4:
+                assert most >= 4  # 2 blocks of each load order: the crossover's interval has J - 2 dof
+            if per_block > 1:
+                assert per_block % 2 == 0
+    assert abtest.design(2, 6, 32) == (2, 16, 6)  # the shipped cpu profile
+    assert abtest.design(2, 6, 4) == (1, 4, 4)  # the demo's --max-pairs 4

@@ -1,0 +1,29 @@
+"""The A/A summary's arithmetic: the sign test and the table read from calibrate's own output files."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("cpu_judge_summary", ROOT / "bench" / "cpu_judge_summary.py")
+summary = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(summary)
+
+
+def test_sign_test_is_the_exact_two_sided_binomial():
+    assert summary.sign_test(5, 10) == 1.0
+    assert abs(summary.sign_test(9, 10) - 22 / 1024) < 1e-12  # the issue's 9 of 10: p = 0.021
+    assert summary.sign_test(0, 0) == 1.0
+
+
+def test_aa_rows_read_calibrate_json_and_its_log(tmp_path, capsys):
+    row = {"context": 128, "mde": 0.009, "details": {"ratios": [1.003], "ci": [[0.995, 1.011]], "metric": "decode_cpu_tps"}}
+    (tmp_path / "aa1.json").write_text(json.dumps({"rows": [row]}))
+    (tmp_path / "aa1.err").write_text("evalbot: x\nevalbot: calibration run 1/1: PASS\n")
+    (tmp_path / "aa2.json").write_text("")
+    (tmp_path / "aa2.err").write_text("Traceback\nOSError: disk\n")
+    rows = summary.aa_rows(tmp_path)
+    assert [r["verdict"] for r in rows] == ["PASS", "failed: OSError: disk"]
+    summary.print_aa(rows)
+    out = capsys.readouterr().out
+    assert "1.0030x [0.9950, 1.0110], 0.90% (decode_cpu_tps)" in out and "head faster in 1 of 1" in out
