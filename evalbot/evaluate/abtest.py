@@ -160,10 +160,17 @@ def throughput(samples: list[Sample], profile: Profile, model: str) -> list[Thro
     return out
 
 
-def allocate(samples: list[Sample], contexts: list[int], per_context: int) -> dict[int, int]:
+def allocate(samples: list[Sample], contexts: list[int], per_context: int, cap: int | None = None) -> dict[int, int]:
     """Pairs per context in the next block: `per_context` each at first, then the block's total shared in
     proportion to each context's pair variance (the noisier context gets more), each an even number >= 2
-    so both sides go first equally often."""
+    so both sides go first equally often; with a `cap`, never past `cap` pairs at a context in all."""
+    counts = _share(samples, contexts, per_context)
+    if cap is None:
+        return counts
+    return {c: min(n, max(cap - len(pairs_at(samples, c, "decode")[0]), 0)) for c, n in counts.items()}
+
+
+def _share(samples: list[Sample], contexts: list[int], per_context: int) -> dict[int, int]:
     total = per_context * len(contexts)
     var: dict[int, float] = {}
     for ctx in contexts:
@@ -217,9 +224,7 @@ def measure(profile: Profile, launch: Launch, prompts: Prompts, log: Log, *, max
         base_first = block % 2 == 0
         procs = _start_block(launch, ready_timeout_s, log, base_first)
         run.ready = {s.value: p.ready for s, p in procs.items()}
-        # the noisier context gets more of the block, but no context more pairs in all than the cap
-        counts = {c: min(n, max(cap - len(pairs_at(run.samples, c, "decode")[0]), 0))
-                  for c, n in allocate(run.samples, contexts, per_block).items()}
+        counts = allocate(run.samples, contexts, per_block, cap)
         try:
             for c in profile.contexts:
                 for i in range(counts[c.ctx]):

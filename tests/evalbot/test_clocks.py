@@ -202,6 +202,10 @@ def test_allocation_gives_the_noisier_context_more_pairs_in_even_numbers():
     counts = abtest.allocate(samples, [128, 512], 4)
     assert counts[128] > counts[512] >= 2 and all(n % 2 == 0 for n in counts.values())
     assert abtest.allocate(samples[:4], [128, 512], 4) == {128: 4, 512: 4}  # too few pairs yet: even split
+    # the cap binds per context: 8 measured at each, a cap of 10 leaves 2 more, a cap of 8 none
+    assert abtest.allocate(samples, [128, 512], 4, cap=10) == {128: 2, 512: 2}
+    assert abtest.allocate(samples, [128, 512], 4, cap=8) == {128: 0, 512: 0}
+    assert abtest.allocate(samples, [128, 512], 4, cap=64) == counts
 
 
 def test_pairs_carry_their_block_and_load_order_and_the_utilization():
