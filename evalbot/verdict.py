@@ -5,8 +5,10 @@ Order of precedence: a skipped evaluation is SKIPPED; a failure that is not the 
 contributor; otherwise every gate is evaluated and a failed correctness gate (accuracy, speculative
 decoding, the decode audit) is a REJECT; main failing the decode audit too is INFRA_ERROR. Then the A/B pairs must have resolved the smallest tier: with
 an MDE above its floor at any scored context, the outcome is INCONCLUSIVE (infra-class, measured
-again), never a tier, a "PASS, no tier" or a regression. The one exception is a verdict no further
-pair could change: the top tier earned, and no guarded context anywhere near a regression. Tiers come from the lower bound of the gain's
+again), never a "PASS, no tier". What a wide interval still proves stands: a guarded CI wholly below the
+regression bar, at least an MDE below 1, is a REJECT, and a tier earned by the CI's lower bound at a context precise enough for that
+tier (its MDE at most the tier's floor) is a PASS where every imprecise context's CI lies wholly above the
+bar (more pairs could only raise the tier). Tiers come from the lower bound of the gain's
 95% CI at the strongest scored context; a regression needs the CI's upper bound below the tolerance at
 a guarded context.
 """
@@ -74,19 +76,17 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
     scored = [e for e in estimates if e.scored and e.metric in DECODE_METRICS]
     best = max(scored, key=lambda e: (rules.tier_rank(e.tier), e.ci_low), default=None)
     mde = max((e.mde for e in scored), default=None)
-    # correctness gates decide whatever the noise; the throughput gate only on a resolving measurement
-    if any(g.kind is not GateKind.REGRESSION for g in failed):
+    # correctness gates decide whatever the noise, and so does a regression its context resolves
+    if any(g.kind is not GateKind.REGRESSION for g in failed) or any(_proven_regression(e) for e in estimates):
         return _reject(rules, gates, failed, estimates, best, mde)
     floor = rules.tiers[0]
-    unresolved = [e for e in scored if e.mde > floor.lower_bound]
-    if unresolved and not _settled(estimates, best, rules):
+    unresolved = _unresolved(estimates, scored, best, rules)
+    if unresolved:
         reasons = tuple(f"inconclusive: at ctx {e.context} the A/B pairs resolve only gains of {e.mde:.1%} "
                         f"(MDE, {e.n} pairs), above {floor.name}'s floor of {floor.lower_bound:.1%}; the PR will "
                         f"be measured again" for e in unresolved)
         return _verdict(rules, Status.INCONCLUSIVE, gates=tuple(gates), reasons=reasons,
                         add=(rules.labels.inconclusive,), estimates=estimates, mde=mde)
-    if failed:
-        return _reject(rules, gates, failed, estimates, best, mde)
     tier = best.tier if best else None
     add = [rules.labels.verified]
     if tier:
@@ -145,17 +145,28 @@ def no_pair_could_change(throughput: Sequence[ThroughputPairs], rules: Rules) ->
     return bool(estimates)
 
 
-def _settled(estimates: tuple[ContextEstimate, ...], best: ContextEstimate | None, rules: Rules) -> bool:
-    """Whether no number of further pairs could change the outcome, however noisy these were: the top tier
-    is earned (its floor is below the CI's lower bound, and tiers never go higher) with every guarded
-    measurement clearly not slower (its CI's lower bound clears the regression tolerance), or a guarded
-    measurement regressed by as much as the top tier would gain (upper bound <= 1 / (1 + its floor))."""
-    top = rules.tiers[-1]
+def _proven_regression(e: ContextEstimate) -> bool:
+    """A guarded CI wholly below the regression bar, from a context precise enough for the slowdown it shows:
+    the upper bound at least an MDE below 1. The mirror of a tier's rule (below): equal code reads that slow
+    about as rarely as it earns a tier, however noisy the box, where a bare CI below the bar would call 2.5%
+    of very noisy A/A runs a regression."""
+    return e.regression and e.ci_high * (1.0 + e.mde) <= 1.0
+
+
+def _unresolved(estimates: tuple[ContextEstimate, ...], scored: list[ContextEstimate], best: ContextEstimate | None,
+                rules: Rules) -> list[ContextEstimate]:
+    """The contexts whose imprecision could change the verdict. An MDE above the smallest tier's floor at a
+    scored context leaves "no tier" and "no regression" unproven there, and so does a regression read too
+    imprecisely to stand. A tier stands where the context that earned it resolves that tier (its MDE at most
+    the tier's floor: a 4x speedup read at a 61% MDE earns a +50% tier, and equal code cannot, since its
+    CI's lower bound would have to clear the floor by about 2 standard errors more than an MDE's worth).
+    Then a scored context whose CI lies wholly above the regression bar is resolved however wide: more
+    pairs there could only raise the tier."""
+    floor = rules.tiers[0].lower_bound
     bar = rules.gates.no_regression.min_ratio
-    guarded = [e for e in estimates if e.guarded]
-    if best is not None and best.tier == top.name and all(e.ci_low >= bar for e in guarded):
-        return True
-    return any(e.regression and e.ci_high <= 1.0 / (1.0 + top.lower_bound) for e in guarded)
+    earned = best is not None and best.tier is not None and best.mde <= rules.tier(best.tier).lower_bound
+    imprecise = [e for e in scored if e.mde > floor and not (earned and e.ci_low >= bar)]
+    return imprecise + [e for e in estimates if e.regression and e not in imprecise]
 
 
 def _reject(rules: Rules, gates: list[Gate], failed: list[Gate], estimates: tuple[ContextEstimate, ...],
