@@ -142,6 +142,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=2, help="pairs per context per block (even)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS of each engine (0: every core)")
     ap.add_argument("--no-sandbox", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -162,7 +163,8 @@ def main() -> None:
         scratch = work / f"{side.value}-{time.monotonic_ns()}"
         scratch.mkdir()
         env = sandbox.scrub_env(os.environ) | {"HOME": str(scratch), "TMPDIR": str(scratch), "PYTHONDONTWRITEBYTECODE": "1",
-                                               "OMP_NUM_THREADS": str(os.cpu_count() or 1), "PYTHONHASHSEED": "0"}
+                                               "OMP_NUM_THREADS": str(args.threads or os.cpu_count() or 1),
+                                               "PYTHONHASHSEED": "0"}
         spec = sandbox.SandboxSpec(
             ro_binds=tuple(dict.fromkeys([*sandbox.system_ro_binds(), ROOT, Path(sys.prefix), model.parent])),
             scratch=scratch, workdir=ROOT, env=env, limits=sandbox.Limits(timeout_s=3600, memory_bytes=48 << 30))
@@ -183,7 +185,7 @@ def main() -> None:
     run, last = abtest.measure(profile, tracked, pool, lambda msg: print(msg, file=sys.stderr))
     for p in last.values():
         p.close()
-    result = {"date": box.now(), "box": box.identity(), "meter": cpumeter.describe(meters[0]) if meters else None,
+    result = {"date": box.now(), "box": box.identity(), "threads": args.threads or os.cpu_count(), "meter": cpumeter.describe(meters[0]) if meters else None,
               "blocks": run.blocks, "wall_s": round(time.monotonic() - t0, 1), **breakdown(run.samples),
               "samples": [dataclasses.asdict(s) | {"prompt": len(s.prompt), "tokens": len(s.tokens)} for s in run.samples]}
     if args.out:  # before the table: a run is minutes of measurement

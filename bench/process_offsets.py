@@ -1,0 +1,115 @@
+"""How much one fresh serving process differs from the next, under each engine environment.
+
+The A/B's between-block variance is the sum of two sources: process offsets (a fresh process decodes a few
+percent faster or slower than the next one, for its whole life: memory placement, page sizes, allocator
+state) and the pairs' own noise. This probe separates them directly: it starts fresh serving processes one
+at a time, cycling through the environments asked for (so drift of the box falls on all of them alike),
+times `--requests` decode requests in each, and reports per environment the within-process sd of a
+request's decode rate and the between-process sd of the process means (less what the within-process noise
+explains).
+
+    python bench/process_offsets.py --processes 8 --env base: --env thp:THP_MEM_ALLOC_ENABLE=1 --out offsets.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from evalbot.evaluate import abtest, box, cpumeter, sandbox, served  # noqa: E402
+
+
+def parse_env(text: str) -> tuple[str, dict[str, str]]:
+    """`name:K=V,K=V` -> (name, {K: V}); the key NOASLR=1 runs the engine under `setarch -R` instead."""
+    name, _, rest = text.partition(":")
+    pairs = [kv.split("=", 1) for kv in rest.split(",") if kv]
+    return name, {k: v for k, v in pairs}
+
+
+def split(per_process: list[list[float]]) -> dict[str, float]:
+    """Within-process sd and between-process sd (of log rates), by one-way ANOVA."""
+    logs = [[math.log(x) for x in xs] for xs in per_process if len(xs) >= 2]
+    within = [x - statistics.fmean(v) for v in logs for x in v]
+    dof = sum(len(v) - 1 for v in logs)
+    sw2 = sum(x * x for x in within) / dof
+    means = [statistics.fmean(v) for v in logs]
+    n = statistics.fmean(len(v) for v in logs)
+    sm2 = statistics.variance(means) if len(means) >= 2 else float("nan")
+    return {"processes": len(logs), "requests_per_process": n, "within_sd": math.sqrt(sw2),
+            "between_sd": math.sqrt(max(0.0, sm2 - sw2 / n)), "process_mean_sd": math.sqrt(sm2),
+            "mean_rate": math.exp(statistics.fmean(means))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--processes", type=int, default=8, help="per environment")
+    ap.add_argument("--requests", type=int, default=6, help="timed requests per process")
+    ap.add_argument("--ctx", type=int, default=128)
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--env", action="append", default=[], help="name:K=V,K=V (repeatable); default base:")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    from engine.registry import resolve  # the bench may import the engine; the bot never does
+
+    model = resolve(args.model)
+    envs = [parse_env(e) for e in (args.env or ["base:"])]
+    work = Path(tempfile.mkdtemp(prefix="evalbot-offsets-"))
+    rates: dict[str, list[list[float]]] = {name: [] for name, _ in envs}
+    cpu_rates: dict[str, list[list[float]]] = {name: [] for name, _ in envs}
+    t0 = time.monotonic()
+    for i in range(args.processes):
+        for name, extra in envs:
+            scratch = work / f"{name}-{i}"
+            scratch.mkdir()
+            env = sandbox.scrub_env(os.environ) | {"HOME": str(scratch), "TMPDIR": str(scratch), "PYTHONHASHSEED": "0",
+                                                   "OMP_NUM_THREADS": str(os.cpu_count() or 1)} | extra
+            spec = sandbox.SandboxSpec(
+                ro_binds=tuple(dict.fromkeys([*sandbox.system_ro_binds(), ROOT, Path(sys.prefix), model.parent])),
+                scratch=scratch, workdir=ROOT, env=env, limits=sandbox.Limits(timeout_s=3600, memory_bytes=48 << 30))
+            prefix = ["setarch", os.uname().machine, "-R"] if extra.get("NOASLR") == "1" else []
+            argv = [*prefix, sys.executable, "-m", "engine", "serve", "--model", str(model), "--max-seq",
+                    str(args.ctx + args.tokens + 16), "--warmup", "1"]
+            meter = cpumeter.make_meter(name)
+            p = served.ServedProcess.start(name, spec, argv, no_sandbox=True, meter=meter)
+            try:
+                p.wait_ready(900)
+                source = abtest.random_prompts(p.vocab, 11)
+                xs, cs = [], []
+                for r in range(args.requests):
+                    t = p.request({"op": "generate", "prompt_ids": source(args.ctx, 1000 * i + r),
+                                   "max_new": args.tokens}, 600)
+                    xs.append(t.decode_tps)
+                    if t.decode_cpu_s:
+                        cs.append((len(t.tokens) - 1) / t.decode_cpu_s)
+            finally:
+                p.close()
+            rates[name].append(xs)
+            cpu_rates[name].append(cs)
+            print(f"{name} process {i + 1}: " + " ".join(f"{x:.2f}" for x in xs), file=sys.stderr)
+    result = {"date": box.now(), "box": box.identity(), "args": vars(args), "wall_s": round(time.monotonic() - t0, 1),
+              "envs": {name: {"env": extra, "wall": split(rates[name]),
+                              "cpu": split(cpu_rates[name]) if all(len(c) >= 2 for c in cpu_rates[name]) else None,
+                              "rates": rates[name]} for name, extra in envs}}
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print("| env | processes | requests each | tok/s | within-process sd | between-process sd |")
+    print("|---|---|---|---|---|---|")
+    for name, row in result["envs"].items():
+        w = row["wall"]
+        print(f"| {name} | {w['processes']} | {w['requests_per_process']:.0f} | {w['mean_rate']:.2f} | "
+              f"{100 * w['within_sd']:.2f}% | {100 * w['between_sd']:.2f}% |")
+
+
+if __name__ == "__main__":
+    main()
