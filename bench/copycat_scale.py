@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evalbot.copycat import PrMeta  # noqa: E402
-from evalbot.copycat_fingerprint import (  # noqa: E402
+from evalbot.copycat import CopycatIndex, PrMeta, check  # noqa: E402
+from evalbot.copycat.fingerprint import (  # noqa: E402
     FilePrint,
     Fingerprint,
     PrPrint,
@@ -43,7 +43,6 @@ from evalbot.copycat_fingerprint import (  # noqa: E402
     normalize,
     winnow,
 )
-from evalbot.copycat_index import CopycatIndex, check  # noqa: E402
 from evalbot.model import FileChange, PullRequest  # noqa: E402
 from evalbot.rules import default_rules_dir, load_rules  # noqa: E402
 from evalbot.store import create_copycat_tables  # noqa: E402

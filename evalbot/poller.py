@@ -17,7 +17,7 @@ from pathlib import Path
 from evalbot import dispatch, rounds, times
 from evalbot.github import GitHubPort
 from evalbot.judge import Evaluator, Judgement
-from evalbot.ledger_book import LedgerBook
+from evalbot.ledgers import LedgerBook
 from evalbot.mirror import Mirror
 from evalbot.model import (
     Decision,
@@ -35,7 +35,7 @@ from evalbot.publish import Publisher
 from evalbot.rules import LabelFamily, Rules
 from evalbot.store import DEFAULT_MAX_ATTEMPTS as MAX_ATTEMPTS
 from evalbot.store import EvalKey, EvaluationRecord, Store
-from evalbot.verdict_comment import verdict_decision
+from evalbot.verdict import verdict_decision
 
 Log = Callable[[str], None]
 # (a PR's facts) -> labels, comment lines, close, or None; the copycat hook

@@ -43,7 +43,7 @@ _TILES = {64: (128, 4, 4), 128: (64, 4, 4), 256: (64, 4, 3)}
 # 4k-32k, batch 1 and 8, for GQA-4 and GQA-8 d128 and GQA-6 d256: the fastest of the four in 16 of the
 # 18 cases and within 0.1 us in the other two (d256 at 16k-32k, batch 1); against the earlier rule (32
 # wide, 4 warps at d128) 0.1-0.6 us faster at d128, batch 1, and 0.3-0.8 us at batch 8
-# (bench/results/flash_decode_combine_h200_2026-11-30f.json).
+# (docs/results/flash_decode_combine_h200_2026-11-30f.json).
 _COMBINE_WARPS = 1
 _COMBINE_WIDE_SPLITS = 16
 
@@ -395,7 +395,7 @@ def _partial(
     # Split s takes the tiles s, s + S, s + 2S, ... of this sequence's own length, so a short sequence
     # in a batch captured for a long one still spreads over all its programs (splits past its last
     # tile are empty). Interleaved, not contiguous runs: on the H200 0.2-1.0 us faster at 4k-32k,
-    # batch 1 (the slowest program of a call ends sooner; bench/results/*2026-11-30e*).
+    # batch 1 (the slowest program of a call ends sooner; docs/results/*2026-11-30e*).
     length = tl.minimum(tl.load(Lengths + b), s_max)  # a bad length must not read past the cache
     if TRACE:  # the timer read waits for the length (a register input of the asm)
         t_len = tl.inline_asm_elementwise(

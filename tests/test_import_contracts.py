@@ -54,6 +54,10 @@ VIOLATIONS = [
     ("evalbot/policy/cap.py", "from evalbot import render", "pure deciders import no I/O module and no renderer"),
     ("evalbot/model.py", "from evalbot import verdict", "bot layers"),
     ("evalbot/codec.py", "from evalbot import verdict", "bot layers"),
+    ("evalbot/verdict/decide.py", "from evalbot import store", "pure deciders import no I/O module and no renderer"),
+    ("evalbot/copycat/containment.py", "import sqlite3", "pure deciders import no I/O module and no renderer"),
+    ("evalbot/copycat/strikes.py", "from evalbot import verdict", "bot layers"),  # verdict sits above copycat
+    ("evalbot/rounds.py", "from evalbot import copycat", "bot layers"),  # siblings
     ("evalbot/evaluate/box.py", "from evalbot import publish", "bot layers"),
     ("evalbot/stats.py", "import torch", "evalbot talks to the engine only through its CLI"),
 ]

@@ -214,7 +214,7 @@ def _poll(ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | No
     settings = BotSettings(bot_login=bot_login, automerge_env=automerge_allowed(ctx.rules, os.environ),
                            ledger_remote=ctx.remote(), worker=worker_id())  # fmt: skip
     with ctx.store() as store:
-        from evalbot.screen import CopycatScreen
+        from evalbot.copycat import CopycatScreen
 
         mirror = Mirror(ctx.remote(), work / "mirror.git")
         bot = Bot(gh, store, ctx.rules, settings, mirror,
@@ -385,7 +385,7 @@ def _block(ctx: Ctx, user: str, reason: str, *, add: bool) -> None:
              f"already {verb}ed")
         return
     from evalbot import times
-    from evalbot.ledger_book import LedgerBook
+    from evalbot.ledgers import LedgerBook
 
     with ctx.store() as store:
         changed = (store.block if add else store.unblock)(user, reason, by)

@@ -23,12 +23,12 @@ def copycat() -> None:
 def scan(directory: Path, rules_dir: Path | None, as_json: bool) -> None:
     """Check NNNN-author.diff files in opening order (a base/ tree stands for main): band, the most
     contained earlier PR, and the containment."""
-    from evalbot import copycat_scan
+    from evalbot import copycat
 
     rules = load_rules_or_exit(rules_dir)
     try:
-        rows = copycat_scan.scan(directory, rules)
-    except copycat_scan.ScanError as exc:
+        rows = copycat.scan(directory, rules)
+    except copycat.ScanError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(r) for r in rows]))

@@ -30,7 +30,7 @@ _HEADER = b"SQLite format 3\x00"
 _KIND = re.compile(r"[a-z][a-z0-9_-]*")
 
 
-# The copycat index (evalbot.copycat_index). Also run on their own by an index held in memory
+# The copycat index (evalbot.copycat.index). Also run on their own by an index held in memory
 # (``create_copycat_tables``), hence IF NOT EXISTS.
 COPYCAT_TABLES: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS copycat_prs (
@@ -317,7 +317,7 @@ class Db:
 
     def open_connection(self) -> sqlite3.Connection:
         """A second connection to the store's file, with its pragmas and Python's implicit transactions,
-        for modules that keep their own tables in it (copycat_index): ``with conn:`` commits or rolls back."""
+        for modules that keep their own tables in it (evalbot.copycat.index): ``with conn:`` commits or rolls back."""
         conn = sqlite3.connect(self.path, timeout=self._busy_timeout_ms / 1000)
         conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
         conn.execute("PRAGMA synchronous = FULL")

@@ -25,7 +25,7 @@ from evalbot.poller import Bot, BotSettings
 from evalbot.render import MARKER
 from evalbot.rules import default_rules_dir, load_rules, rules_hash
 from evalbot.store import Store
-from evalbot.verdict import decide
+from evalbot.verdict.decide import decide
 from tests.github_double.gitrepo import BareRepo, add_git_pull
 from tests.github_double.serve import serve
 

@@ -22,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from evalbot.cli import main as cli_main
+from evalbot.copycat.screen import CopycatScreen
 from evalbot.github import PyGithubAdapter
 from evalbot.judge import local_evaluator
 from evalbot.ledgers import BLOCKED_PATH, FLAGGED_PATH, parse_blocked, parse_flagged, read_ledgers
@@ -29,7 +30,6 @@ from evalbot.mirror import Mirror
 from evalbot.poller import Bot, BotSettings
 from evalbot.render import MARKER
 from evalbot.rules import load_rules
-from evalbot.screen import CopycatScreen
 from evalbot.store import Store
 from tests.evalbot.test_fixture_e2e import write_rules
 from tests.fixtures import fixture_engine_branches as fb

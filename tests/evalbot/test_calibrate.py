@@ -22,7 +22,7 @@ from evalbot.judge import Judgement
 from evalbot.model import Failure, Measurements, Provenance, Side, Status, ThroughputPairs
 from evalbot.rules import default_rules_dir, load_rules
 from evalbot.store import Store, iso
-from evalbot.verdict import decide
+from evalbot.verdict.decide import decide
 from tests.evalbot.test_fixture_e2e import write_rules
 from tests.fixtures import fixture_engine_branches as fb
 

@@ -22,7 +22,7 @@ from evalbot import stats
 from evalbot.evaluate import abtest, cpumeter
 from evalbot.model import Measurements, Provenance, Side, Status, ThroughputPairs
 from evalbot.rules import default_rules_dir, load_rules
-from evalbot.verdict import decide, no_pair_could_change, score_clocks
+from evalbot.verdict.decide import decide, no_pair_could_change, score_clocks
 
 PY = sys.executable
 PROV = Provenance("repo", "a" * 40, "b" * 40, "a" * 40, "0" * 64, "cpu")
@@ -167,7 +167,7 @@ def test_without_a_cpu_reading_wall_time_scores(rules):
 
 
 def test_score_clocks_scores_exactly_one_decode_clock_per_context(rules):
-    from evalbot.verdict import _estimate
+    from evalbot.verdict.decide import _estimate
 
     tps = [*_both(128, 1.02, 1.02, 1.0), *_both(512, 1.0, 1.1, 0.9, seed=7)]
     est = score_clocks(tuple(_estimate(t, rules) for t in tps), rules)

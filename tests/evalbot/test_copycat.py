@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evalbot.copycat import (
+from evalbot.copycat.containment import (
     Band,
     PrMeta,
     assess,
@@ -21,7 +21,7 @@ from evalbot.copycat import (
     size_in_lines,
     utc,
 )
-from evalbot.copycat_fingerprint import (
+from evalbot.copycat.fingerprint import (
     added_lines,
     fingerprint_pr,
     fingerprint_source,
@@ -30,9 +30,9 @@ from evalbot.copycat_fingerprint import (
     normalize,
     winnow,
 )
-from evalbot.copycat_index import CopycatIndex
-from evalbot.copycat_index import check as index_check
-from evalbot.copycat_strikes import prior_warnings, standing
+from evalbot.copycat.index import CopycatIndex
+from evalbot.copycat.index import check as index_check
+from evalbot.copycat.strikes import prior_warnings, standing
 from evalbot.model import FileChange, PullRequest
 from evalbot.rules import default_rules_dir, load_rules
 

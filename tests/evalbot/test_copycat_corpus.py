@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import unidiff
 
-from evalbot.copycat import Band, CopycatFinding, PrMeta
-from evalbot.copycat_fingerprint import kgram_hashes, normalize
-from evalbot.copycat_index import CopycatIndex, check
+from evalbot.copycat.containment import Band, CopycatFinding, PrMeta
+from evalbot.copycat.fingerprint import kgram_hashes, normalize
+from evalbot.copycat.index import CopycatIndex, check
 from evalbot.model import FileChange, PullRequest
 from evalbot.rules import Rules, default_rules_dir, load_rules
 

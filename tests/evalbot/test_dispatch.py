@@ -46,7 +46,7 @@ from evalbot.model import (
 )
 from evalbot.rules import default_rules_dir, load_rules, rules_hash
 from evalbot.store import Store
-from evalbot.verdict import decide
+from evalbot.verdict.decide import decide
 from tests.github_double.serve import Double, FakeClock
 from tests.github_double.state import Fault, zip_bytes
 

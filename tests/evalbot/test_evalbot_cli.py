@@ -70,7 +70,7 @@ def test_render_preview(tmp_path):
     from evalbot.codec import to_dict
     from evalbot.model import Measurements, Provenance, ThroughputPairs
     from evalbot.rules import load_rules
-    from evalbot.verdict import decide
+    from evalbot.verdict.decide import decide
 
     rng = random.Random(1)
     pairs = tuple((100.0 + i, (100.0 + i) * 1.05 * (1 + rng.gauss(0, 0.003))) for i in range(10))

@@ -34,7 +34,7 @@ from evalbot.poller import Bot, BotSettings
 from evalbot.render import COMMENT_MAX_CHARS, MARKER, escape_md
 from evalbot.rules import Rules, default_rules_dir, load_rules, rules_hash
 from evalbot.store import Store
-from evalbot.verdict import decide
+from evalbot.verdict.decide import decide
 from tests.github_double.gitrepo import BareRepo, add_git_pull
 from tests.github_double.state import Fault
 
@@ -226,7 +226,7 @@ def test_a_422_from_github_on_one_pr_does_not_stop_the_poll(contest):
 
 def test_a_file_name_that_is_not_utf8_in_main_does_not_stop_the_poll(contest, tmp_path):
     """main gains a file whose name is not UTF-8 (the copycat screen lists main's files)."""
-    from evalbot.screen import CopycatScreen
+    from evalbot.copycat.screen import CopycatScreen
 
     contest.repo.commit("main", {"engine/\udcffbad.py": b"x = 1\n"}, "odd name", author=("M", "m@e.com"),
                         when=contest.state.tick())

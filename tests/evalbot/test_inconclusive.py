@@ -16,7 +16,7 @@ import pytest
 from evalbot import stats
 from evalbot.model import AccuracyResult, Measurements, Provenance, Status, ThroughputPairs
 from evalbot.rules import Rules, default_rules_dir, load_rules
-from evalbot.verdict import decide
+from evalbot.verdict.decide import decide
 
 RULES = load_rules(default_rules_dir())
 CPU = RULES.profile("cpu")

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.ledger_book import BY_FILE, LedgerBook
 from evalbot.ledgers import (
     BLOCKED_PATH,
     BlockedEntry,
@@ -18,6 +17,7 @@ from evalbot.ledgers import (
     read_ledgers,
     reconcile_blocked,
 )
+from evalbot.ledgers.book import BY_FILE, LedgerBook
 from evalbot.store import Store
 
 T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)

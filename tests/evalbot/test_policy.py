@@ -192,7 +192,7 @@ class TestSensitivePaths:
     @pytest.mark.parametrize(
         "path, hit",
         [
-            ("evalbot/verdict.py", True),
+            ("evalbot/verdict/decide.py", True),
             ("rules/tiers.yaml", True),
             (".github/workflows/ci.yml", True),
             ("engine/cli.py", True),

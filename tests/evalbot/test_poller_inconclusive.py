@@ -12,7 +12,7 @@ from evalbot.model import Measurements, Provenance, Status, ThroughputPairs
 from evalbot.poller import Bot, BotSettings
 from evalbot.rules import default_rules_dir, load_rules
 from evalbot.store import DEFAULT_MAX_ATTEMPTS, Store
-from evalbot.verdict import decide
+from evalbot.verdict.decide import decide
 from tests.evalbot.test_poller_actions import BODY
 from tests.github_double.gitrepo import BareRepo, add_git_pull
 

@@ -335,7 +335,7 @@ def case_inconclusive_noisy_box():
     """A/B pairs too noisy to resolve the +2% tier floor: INCONCLUSIVE (measured again), with the box's
     state across the pairs and the reference's identity in the provenance block."""
     from evalbot.rules import default_rules_dir, load_rules
-    from evalbot.verdict import decide
+    from evalbot.verdict.decide import decide
 
     samples = tuple({"model": MODEL, "context": ctx, "pair": i + 1, "at": f"2025-03-01T12:0{i}:00Z",
                      "load1": 1.1 + 0.1 * i, "other_cores": 0.02 * i, "during_other_cores": 0.05 + 0.01 * i,

@@ -7,9 +7,9 @@ import re
 import subprocess
 from pathlib import Path
 
+from evalbot.copycat.screen import CopycatScreen
 from evalbot.model import FileChange, PullRequest
 from evalbot.rules import default_rules_dir, load_rules
-from evalbot.screen import CopycatScreen
 from evalbot.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from evalbot.model import (
     ThroughputPairs,
 )
 from evalbot.rules import LabelFamily, default_rules_dir, load_rules
-from evalbot.verdict import decide
+from evalbot.verdict.decide import decide
 
 
 @pytest.fixture(scope="module")

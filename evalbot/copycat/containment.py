@@ -1,10 +1,10 @@
 """Copycat decisions: who could have been copied, how much of a PR they hold, and the band from rules.
 
-A PR's own fingerprints are its winnowed fingerprints (``copycat_fingerprint``) less base code:
+A PR's own fingerprints are its winnowed fingerprints (``fingerprint``) less base code:
 those on main when it was opened, those seen in more than ``boilerplate_max_prs`` other PRs, and
 those of PRs merged before it was opened. Its score against an earlier PR is the share of its own
 fingerprints that PR also has (containment), overall and per file; the original is the eligible PR
-with the highest score. Everything here is pure: ``copycat_index`` gathers the same ``Evidence``
+with the highest score. Everything here is pure: ``index`` gathers the same ``Evidence``
 from SQLite, ``gather`` from PRs in memory.
 
 Times are taken as of the newer PR's creation, so a re-check later gives the same answer: a PR that
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from evalbot import times
-from evalbot.copycat_fingerprint import PrPrint, fingerprint_pr
+from evalbot.copycat.fingerprint import PrPrint, fingerprint_pr
 from evalbot.model import PullRequest
 from evalbot.rules import Copycat, Rules
 
@@ -264,7 +264,7 @@ def gather(
     main: frozenset[int],
     boilerplate_max_prs: int,
 ) -> Evidence:
-    """Evidence by scanning PRs in memory (``copycat_index`` answers the same from SQLite)."""
+    """Evidence by scanning PRs in memory (``index`` answers the same from SQLite)."""
     others = [(m, p) for m, p in others if m.number != meta.number]
     counts: dict[int, int] = {}
     for _, p in others:

@@ -1,6 +1,6 @@
 """The copycat screen the poller runs before queueing an evaluation: index, check, band, strikes.
 
-The decisions are the pure ones of `copycat` and `copycat_strikes`; this module only gathers what they
+The decisions are the pure ones of `containment` and `strikes`; this module only gathers what they
 need (the index in the store's file, main's k-grams from the mirror, the author's strikes) and turns
 a finding into a `model.Decision` for the poller to apply. A maintainer's `clear` of a PR exempts it from the screen.
 """
@@ -11,10 +11,11 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from evalbot import copycat_strikes, git, times
-from evalbot.copycat import Band, PrMeta
-from evalbot.copycat_fingerprint import fingerprint_source
-from evalbot.copycat_index import CopycatIndex, check
+from evalbot import git, times
+from evalbot.copycat import strikes as copycat_strikes
+from evalbot.copycat.containment import Band, PrMeta
+from evalbot.copycat.fingerprint import fingerprint_source
+from evalbot.copycat.index import CopycatIndex, check
 from evalbot.model import Decision, Notice, PullRequest
 from evalbot.rules import LabelFamily, Rules
 from evalbot.store import Store

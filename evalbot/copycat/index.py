@@ -12,9 +12,9 @@ import json
 import sqlite3
 from collections.abc import Iterable, Iterator
 
-from evalbot.copycat import CopycatFinding, Evidence, PrMeta, assess, size_in_lines, utc
-from evalbot.copycat import before as is_before
-from evalbot.copycat_fingerprint import PrPrint, fingerprint_pr
+from evalbot.copycat.containment import CopycatFinding, Evidence, PrMeta, assess, size_in_lines, utc
+from evalbot.copycat.containment import before as is_before
+from evalbot.copycat.fingerprint import PrPrint, fingerprint_pr
 from evalbot.model import PullRequest
 from evalbot.rules import Rules
 from evalbot.store import create_copycat_tables, require_tables

@@ -16,9 +16,9 @@ from pathlib import Path
 import unidiff
 
 from evalbot import times
-from evalbot.copycat import Band, PrMeta
-from evalbot.copycat_fingerprint import fingerprint_source
-from evalbot.copycat_index import CopycatIndex, check
+from evalbot.copycat.containment import Band, PrMeta
+from evalbot.copycat.fingerprint import fingerprint_source
+from evalbot.copycat.index import CopycatIndex, check
 from evalbot.model import FileChange, PullRequest
 from evalbot.rules import Rules, is_login
 

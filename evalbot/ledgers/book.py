@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from datetime import datetime
 
-from evalbot import ledgers
+from evalbot.ledgers import files as ledgers
 from evalbot.model import cap_text
 from evalbot.rules import is_login
 from evalbot.store import BlockEvent, Store

@@ -5,7 +5,7 @@ They are written by the bot as git commits (on `LEDGER_BRANCH`, so that a ledger
 main and so never forces every open PR to be measured again), and re-read by it: a maintainer may
 edit either file by hand. FLAGGED.md is taken as found; blocked-contributors.txt is the export of the
 store's blocklist (its one source), and a hand edit of it is read back as a block or an unblock
-(`reconcile_blocked`; `ledger_book` does the I/O). Rendering, parsing and reconciling are pure;
+(`reconcile_blocked`; `book` does the I/O). Rendering, parsing and reconciling are pure;
 `read_ledgers` and `commit_ledgers` are the only I/O, through git.
 """
 
