@@ -34,7 +34,7 @@ from evalbot.policy import IntakeContext, TemplateFacts, intake, parse_body
 from evalbot.publish import Publisher
 from evalbot.rules import LabelFamily, Rules
 from evalbot.store import DEFAULT_MAX_ATTEMPTS as MAX_ATTEMPTS
-from evalbot.store import EvalKey, EvaluationRecord, Store
+from evalbot.store import EvalKey, EvaluationRecord, LeaseKeeper, Store
 from evalbot.verdict import verdict_decision
 
 Log = Callable[[str], None]
@@ -55,6 +55,7 @@ class BotSettings:
     force_listing_every: int = 12  # a full (unconditional) listing every this many polls
     profile: str = "cpu"  # what dispatched evaluations measure (actions mode)
     work_dir: Path = Path("evalbot-work")  # where artifacts are unpacked (actions mode)
+    lease_ttl_s: float = 120.0  # the store's poller lease lapses this long after the last heartbeat
 
 
 @dataclass
@@ -87,7 +88,8 @@ class Bot:
 
     def __init__(self, gh: GitHubPort, store: Store, rules: Rules, settings: BotSettings, mirror: Mirror,
                  evaluator: Evaluator, log: Log, *, screen: Screen | None = None,
-                 now: Callable[[], datetime] = times.now, dry_run: bool = False):  # fmt: skip
+                 now: Callable[[], datetime] = times.now, dry_run: bool = False,
+                 lease: LeaseKeeper | None = None, owner_gone: Callable[[str], bool] = lambda _owner: False):  # fmt: skip
         self.gh, self.store, self.rules, self.settings, self.mirror = gh, store, rules, settings, mirror
         self.evaluator, self.log, self.screen, self.now = evaluator, log, screen, now
         self.publisher = Publisher(gh, store, bot_login=settings.bot_login, log=log, dry_run=dry_run)
@@ -97,6 +99,11 @@ class Bot:
         self._polls = 0
         self._listing: tuple[PullRequest, ...] = ()
         self._dispatch_runs: dispatch.DispatchRuns | None = None
+        # one poller per store, held in the store itself (the caller's keeper, already holding it, or the
+        # bot's own, taken at the first poll); `owner_gone` says when another holder no longer runs
+        self._lease = lease if lease is not None or dry_run else LeaseKeeper(
+            store, settings.worker, settings.lease_ttl_s, gone=owner_gone)
+        self._leased = lease is not None
 
     # ------------------------------------------------------------------ the loop
 
@@ -104,6 +111,8 @@ class Bot:
         """One step: gather the facts, decide (pure) and apply for every open PR, measure what is queued,
         rank the round and merge its winner, record. Each PR's step is contained: one PR, however
         hostile, never stops the poll."""
+        self.take_lease()
+        self._check_lease()
         p = self._p = _Poll()
         listing = self._gather()
         if listing is None:
@@ -126,8 +135,8 @@ class Bot:
         if not self.dry_run:
             self.publisher.reconcile()
             if self._polls == 0:
-                # one poller per state file (`evalbot poll` holds its lock), so a claim another worker id
-                # holds when this one starts belongs to a process that is gone; a live one is never taken
+                # one poller per store (this one holds the store's poller lease), so a claim another worker
+                # id holds when this one starts belongs to a process that is gone; a live one is never taken
                 self.store.requeue_claims(except_worker=self.settings.worker)
                 self._requeue_own_claims()
         listing = self.gh.list_open_pulls(force=self._polls % self.settings.force_listing_every == 0)
@@ -143,9 +152,26 @@ class Bot:
             set_main(self._p.main_sha)
         return sorted((s for s in self._listing if s.base_ref == self.settings.main_branch), key=lambda s: s.number)
 
+    def take_lease(self) -> None:
+        """Hold the store's poller lease from now until `close`; LeaseHeldError names another live holder."""
+        if self._lease is not None and not self._leased:
+            self._lease.start()
+            self._leased = True
+
+    def close(self) -> None:
+        """Stop the lease's heartbeat and give the lease up."""
+        if self._lease is not None and self._leased:
+            self._lease.stop()
+            self._leased = False
+
+    def _check_lease(self) -> None:
+        if self._lease is not None:
+            self._lease.check()  # LeaseLostError: another poller took the store over; act no more
+
     def _contained(self, pr: int | None, step: str, call: Callable[[], object]) -> Exception | None:
         """Run one PR's step; whatever it raises is logged and noted for that PR (and returned), and the
-        poll goes on with the others."""
+        poll goes on with the others. A lost lease stops the poll before the step: nothing more is done."""
+        self._check_lease()
         try:
             call()
             return None

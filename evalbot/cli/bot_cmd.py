@@ -9,8 +9,6 @@ token, the receipt signing key) are read here from the environment and passed do
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import os
 import secrets
@@ -157,25 +155,22 @@ def worker_id() -> str:
     return f"{socket.gethostname()[:40]}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-@contextlib.contextmanager
-def _poller_lock(state: Path):  # noqa: ANN202
-    """An exclusive lock beside the state file for as long as this poller runs; a second poller on the
-    same state refuses to start instead of fighting the first over claims and comments."""
-    state.parent.mkdir(parents=True, exist_ok=True)
-    path = state.with_name(state.name + ".lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+def owner_gone(owner: str) -> bool:
+    """Whether a lease owner (a worker id, host:pid:random) is a process of this host that no longer runs:
+    its lease is taken over at once instead of when it lapses. Another host's owner is never judged here."""
+    parts = owner.split(":")
+    if len(parts) != 3 or parts[0] != socket.gethostname()[:40] or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
-            raise click.ClickException(f"another evalbot poll ({holder}) is running on {state}; refusing to "
-                                       "start a second one on the same state file") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 @click.command()
@@ -185,18 +180,22 @@ def _poller_lock(state: Path):  # noqa: ANN202
 @profile_option
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--max-pairs", type=int, default=None, help="cap A/B pairs per context")
+@click.option("--wait", "wait_s", type=int, default=0, show_default=True,
+              help="while another poller holds this store's lease, wait up to this many seconds for it")
 def poll(
-    ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | None, max_pairs: int | None
+    ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | None, max_pairs: int | None, wait_s: int
 ) -> None:
-    """Poll GitHub: intake every open PR, evaluate what is new, publish, rank the round, merge the winner."""
-    with _poller_lock(ctx.state):  # first: a second poller on this state refuses before doing anything
-        _poll(ctx, once, interval, profile, work_dir, max_pairs)
+    """Poll GitHub: intake every open PR, evaluate what is new, publish, rank the round, merge the winner.
+    One poller per store: the store holds a lease (owner, heartbeat, expiry) that a second one refuses on."""
+    _poll(ctx, once, interval, profile, work_dir, max_pairs, wait_s)
 
 
-def _poll(ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | None, max_pairs: int | None) -> None:
+def _poll(ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | None, max_pairs: int | None,
+          wait_s: int = 0) -> None:
     check_profile(ctx.rules, profile)
     from evalbot import receipts
-    from evalbot.github import GitHubError, GitHubUnavailable
+    from evalbot.copycat import CopycatScreen
+    from evalbot.github import GitHubError
     from evalbot.judge import local_evaluator
     from evalbot.mirror import Mirror
     from evalbot.poller import Bot, BotSettings
@@ -206,42 +205,76 @@ def _poll(ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | No
     work = work_dir or ctx.state.parent / "work"
     log = functools.partial(click.echo, err=True)
     gh = ctx.github()
-    # the bot's own comments are found by author: never let a user's copy of the marker count as ours
+    # the bot's own comments are found by author: never let a user's copy of the marker count as ours; asked
+    # before the store is opened, so that an outage leaves no state file behind
     try:
         bot_login = ctx.bot_login or gh.authenticated_login() or ACTIONS_LOGIN
     except GitHubError as exc:
         raise click.ClickException(f"GitHub: {exc}; nothing was done (or pass --bot-login)") from exc
+    worker = worker_id()
     settings = BotSettings(bot_login=bot_login, automerge_env=automerge_allowed(ctx.rules, os.environ),
-                           ledger_remote=ctx.remote(), worker=worker_id())  # fmt: skip
+                           ledger_remote=ctx.remote(), worker=worker)  # fmt: skip
     with ctx.store() as store:
-        from evalbot.copycat import CopycatScreen
+        # before anything is read from or written to the store: a second poller on it refuses or waits
+        lease = None if ctx.dry_run else _wait_for_lease(store, worker, wait_s, log)
+        try:
+            mirror = Mirror(ctx.remote(), work / "mirror.git")
+            bot = Bot(gh, store, ctx.rules, settings, mirror,
+                      local_evaluator(ctx.rules, profile, work, log, key=key, max_pairs=max_pairs), log,
+                      screen=CopycatScreen(store, ctx.rules, mirror.path), dry_run=ctx.dry_run,
+                      lease=lease)  # fmt: skip
+            _poll_loop(bot, once, interval, log)
+        finally:
+            if lease is not None:
+                lease.stop()
 
-        mirror = Mirror(ctx.remote(), work / "mirror.git")
-        bot = Bot(gh, store, ctx.rules, settings, mirror,
-                  local_evaluator(ctx.rules, profile, work, log, key=key, max_pairs=max_pairs), log,
-                  screen=CopycatScreen(store, ctx.rules, mirror.path), dry_run=ctx.dry_run)  # fmt: skip
-        while True:
-            try:
-                report = bot.poll_once()
-            except GitHubUnavailable as exc:
-                # an infrastructure fault: what was queued or half-done is in the state and resumes next poll
-                if once:
-                    raise click.ClickException(
-                        f"GitHub unavailable, poll given up (the next one resumes): {exc}"
-                    ) from exc
-                log(f"GitHub unavailable, polling again in {interval} s: {exc}")
-                time.sleep(interval)
-                continue
-            if report.idle:
-                click.echo("nothing changed on GitHub; nothing queued")
-            else:
-                click.echo(f"main {report.main_sha[:12]}: saw {report.seen}, evaluated {report.evaluated}, "
-                           f"merged {report.merged}")  # fmt: skip
-                for note in report.notes:
-                    click.echo(f"  {note}")
+
+def _wait_for_lease(store: Store, worker: str, wait_s: int, log: Callable[[str], None]) -> Any:
+    """The store's poller lease, held (heartbeat running) by this process; waits up to wait_s while another
+    live poller holds it, then refuses naming that holder."""
+    from evalbot.poller import BotSettings
+    from evalbot.store import LeaseHeldError, LeaseKeeper
+
+    keeper = LeaseKeeper(store, worker, BotSettings.lease_ttl_s, gone=owner_gone)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            keeper.start()
+            return keeper
+        except LeaseHeldError as exc:
+            if time.monotonic() >= deadline:
+                raise click.ClickException(
+                    f"{exc}; refusing to start a second poller on this store (--wait SECONDS waits for it)"
+                ) from None
+            log(f"waiting for the store's poller lease: {exc}")
+            time.sleep(min(5.0, max(deadline - time.monotonic(), 0.1)))
+
+
+def _poll_loop(bot: Any, once: bool, interval: int, log: Callable[[str], None]) -> None:
+    from evalbot.github import GitHubUnavailable
+
+    while True:
+        try:
+            report = bot.poll_once()
+        except GitHubUnavailable as exc:
+            # an infrastructure fault: what was queued or half-done is in the state and resumes next poll
             if once:
-                return
+                raise click.ClickException(
+                    f"GitHub unavailable, poll given up (the next one resumes): {exc}"
+                ) from exc
+            log(f"GitHub unavailable, polling again in {interval} s: {exc}")
             time.sleep(interval)
+            continue
+        if report.idle:
+            click.echo("nothing changed on GitHub; nothing queued")
+        else:
+            click.echo(f"main {report.main_sha[:12]}: saw {report.seen}, evaluated {report.evaluated}, "
+                       f"merged {report.merged}")  # fmt: skip
+            for note in report.notes:
+                click.echo(f"  {note}")
+        if once:
+            return
+        time.sleep(interval)
 
 
 # ---------------------------------------------------------------- status, rerun, hold

@@ -6,7 +6,8 @@
 - ``actions``: GitHub side effects in two phases, so a restart never repeats one;
 - ``moderation``: strikes, the blocklist (its one source; the ledger file is an export), holds, clears;
 - ``rounds``: rounds against one main, and the ledger of merges and credits;
-- ``calibrations``: runner A/A calibrations.
+- ``calibrations``: runner A/A calibrations;
+- ``lease``: named leases in the file itself (one poller per store, whatever path it was opened by).
 
 Durability. Every write is one ``BEGIN IMMEDIATE`` transaction, so a crash leaves each change whole or
 absent. ``synchronous=FULL``: in WAL mode NORMAL may lose the last commits on power loss; a lost
@@ -35,18 +36,19 @@ from evalbot.store.db import (
     iso,
     require_tables,
 )
+from evalbot.store.lease import POLLER, LeaseHeldError, LeaseKeeper, LeaseLostError, LeaseRecord, Leases
 from evalbot.store.moderation import BlockEvent, Clear, Hold, Moderation, Strike
 from evalbot.store.queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, EvalKey, EvaluationRecord, Queue
 from evalbot.store.rounds import LedgerEntry, Round, RoundMember, Rounds
 
 
-class Store(Queue, Actions, Moderation, Rounds, Calibrations):
+class Store(Queue, Actions, Moderation, Rounds, Calibrations, Leases):
     """The bot's SQLite state. Open with ``Store(path)``; use as a context manager or call ``close()``."""
 
 
 __all__ = [
     "BUSY_TIMEOUT_MS", "DEFAULT_LEASE_S", "DEFAULT_MAX_ATTEMPTS", "SCHEMA_VERSION", "ActionPendingError",
     "ActionRecord", "BlockEvent", "Calibration", "Clear", "CorruptStoreError", "EvalKey", "EvaluationRecord",
-    "Hold", "LedgerEntry", "Round", "RoundMember", "SchemaError", "Store", "StoreBusyError", "StoreError",
+    "Hold", "LeaseHeldError", "LeaseKeeper", "LeaseLostError", "LeaseRecord", "LedgerEntry", "POLLER", "Round", "RoundMember", "SchemaError", "Store", "StoreBusyError", "StoreError",
     "Strike", "action_key", "create_copycat_tables", "iso", "require_tables",
 ]

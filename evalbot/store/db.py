@@ -21,7 +21,7 @@ from typing import Any, Self
 from evalbot import times
 from evalbot.codec import to_dict
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 10_000
 
 
@@ -141,10 +141,17 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         """DROP TABLE IF EXISTS penalties""",
         """DROP TABLE IF EXISTS poll_state""",
     ),
+    # leases held inside the file (evalbot.store.lease): one poller per store, whatever path opened it
+    5: (
+        """CREATE TABLE leases (
+            name TEXT PRIMARY KEY, owner TEXT NOT NULL, acquired_at TEXT NOT NULL, heartbeat_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL
+        ) STRICT""",
+    ),
 }
 _TABLES = frozenset(
     "meta evaluations actions strikes blocklist_events rounds round_members ledger holds clears calibrations "
-    "dispatch_runs copycat_prs copycat_postings copycat_lines copycat_main".split()
+    "dispatch_runs copycat_prs copycat_postings copycat_lines copycat_main leases".split()
 )
 
 

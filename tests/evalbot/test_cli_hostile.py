@@ -112,16 +112,6 @@ def test_rules_check_on_5000_deep_yaml(tmp_path):
     one_line_error(evalbot("rules", "check", str(rules)))
 
 
-def test_a_second_poller_on_the_same_state_refuses_to_start(tmp_path):
-    from evalbot.cli.bot_cmd import _poller_lock
-
-    state = tmp_path / "state.db"
-    with _poller_lock(state):
-        proc = evalbot("poll", "--once", "--state", str(state), "--repo", "o/r", env={"GITHUB_TOKEN": "x"})
-    out = one_line_error(proc)
-    assert "another evalbot poll" in out and str(os.getpid()) in out
-
-
 def test_worker_ids_differ_between_processes():
     code = "from evalbot.cli.bot_cmd import worker_id; print(worker_id())"
     ids = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout

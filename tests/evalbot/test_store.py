@@ -550,9 +550,9 @@ def test_a_version_3_store_moves_every_table_into_the_migrations_and_keeps_its_d
         conn.execute("INSERT INTO strikes (author, pr, reason, at) VALUES ('m', 4, 'copy', ?)", (iso(T0),))
     conn.close()
     with Store(db) as store:
-        assert store.schema_version == SCHEMA_VERSION == 4
+        assert store.schema_version == SCHEMA_VERSION == 5
         tables = {r[0] for r in store.open_connection().execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert {"dispatch_runs", "copycat_prs", "copycat_postings", "copycat_lines", "copycat_main"} <= tables
+        assert {"dispatch_runs", "copycat_prs", "copycat_postings", "copycat_lines", "copycat_main", "leases"} <= tables
         assert not {"penalties", "poll_state"} & tables
         assert [s.pr for s in store.strikes("m")] == [4]
         assert store.open_connection().execute("SELECT author FROM copycat_prs").fetchall() == [("alice",)]
