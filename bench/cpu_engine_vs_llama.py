@@ -19,8 +19,22 @@ from datetime import date
 
 
 def run(module: str, model: str, ctx: int, gen: int, threads: int) -> dict:
-    cmd = [sys.executable, "-m", module, "bench", "--model", model, "--ctx", str(ctx), "--gen", str(gen),
-           "--runs", "1", "--threads", str(threads)]
+    cmd = [
+        sys.executable,
+        "-m",
+        module,
+        "bench",
+        "--model",
+        model,
+        "--ctx",
+        str(ctx),
+        "--gen",
+        str(gen),
+        "--runs",
+        "1",
+        "--threads",
+        str(threads),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
@@ -52,21 +66,40 @@ def main() -> None:
             for label, module in sides.items():
                 rec = run(module, args.model, ctx, args.gen, args.threads)
                 results.setdefault((label, ctx), []).append(rec)
-                print(f"ctx {ctx} round {r + 1}: {label}: prefill {rec['prefill_tps']:.1f} tok/s, "
-                      f"decode {rec['decode_tps']:.2f} tok/s", file=sys.stderr)
-    versions = {label: recs[0]["config"].get("torch") or recs[0]["config"].get("llama_cpp")
-                for (label, _), recs in results.items()}
-    print(f"Machine: {cpu_name()}, {os.cpu_count()} cores, {args.threads} threads per side; {date.today()}; "
-          f"model {args.model}; gen {args.gen}; {args.rounds} interleaved rounds, median (min–max).\n")
+                print(
+                    f"ctx {ctx} round {r + 1}: {label}: prefill {rec['prefill_tps']:.1f} tok/s, "
+                    f"decode {rec['decode_tps']:.2f} tok/s",
+                    file=sys.stderr,
+                )
+    versions = {
+        label: recs[0]["config"].get("torch") or recs[0]["config"].get("llama_cpp")
+        for (label, _), recs in results.items()
+    }
+    print(
+        f"Machine: {cpu_name()}, {os.cpu_count()} cores, {args.threads} threads per side; {date.today()}; "
+        f"model {args.model}; gen {args.gen}; {args.rounds} interleaved rounds, median (min–max).\n"
+    )
     print("| engine | ctx | prefill tok/s | decode tok/s |")
     print("|---|---|---|---|")
     for (label, ctx), recs in results.items():
         pre = [x["prefill_tps"] for x in recs]
         dec = [x["decode_tps"] for x in recs]
-        print(f"| {label} ({versions[label]}) | {ctx} | {statistics.median(pre):.1f} ({min(pre):.1f}–{max(pre):.1f}) "
-              f"| {statistics.median(dec):.2f} ({min(dec):.2f}–{max(dec):.2f}) |")
-    print("\n<!-- raw: " + json.dumps({f"{k[0]}@{k[1]}": [
-        {"prefill_tps": x["prefill_tps"], "decode_tps": x["decode_tps"]} for x in v] for k, v in results.items()}) + " -->")
+        print(
+            f"| {label} ({versions[label]}) | {ctx} | {statistics.median(pre):.1f} ({min(pre):.1f}–{max(pre):.1f}) "
+            f"| {statistics.median(dec):.2f} ({min(dec):.2f}–{max(dec):.2f}) |"
+        )
+    print(
+        "\n<!-- raw: "
+        + json.dumps(
+            {
+                f"{k[0]}@{k[1]}": [
+                    {"prefill_tps": x["prefill_tps"], "decode_tps": x["decode_tps"]} for x in v
+                ]
+                for k, v in results.items()
+            }
+        )
+        + " -->"
+    )
 
 
 if __name__ == "__main__":

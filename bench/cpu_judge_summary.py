@@ -63,26 +63,36 @@ def print_aa(rows: list[dict]) -> None:
     tiers = sum(v.startswith("PASS ") for v in verdicts)
     rejects = sum(v.startswith("REJECT") for v in verdicts)
     inconclusive = sum(v.startswith("INCONCLUSIVE") for v in verdicts)
-    print(f"\nruns {len(rows)}: false tiers {tiers}, REJECT {rejects}, INCONCLUSIVE {inconclusive}, "
-          f"other {len(rows) - tiers - rejects - inconclusive - sum(v == 'PASS' for v in verdicts)}")
+    print(
+        f"\nruns {len(rows)}: false tiers {tiers}, REJECT {rejects}, INCONCLUSIVE {inconclusive}, "
+        f"other {len(rows) - tiers - rejects - inconclusive - sum(v == 'PASS' for v in verdicts)}"
+    )
     for c in contexts:
         got = [r["ctx"][c] for r in rows if c in r["ctx"]]
         wins = sum(g[0] > 1.0 for g in got)
         mdes = sorted(g[3] for g in got)
-        print(f"ctx {c}: head faster in {wins} of {len(got)} (sign test p = {sign_test(wins, len(got)):.3f}); "
-              f"MDE median {mdes[len(mdes) // 2]:.2%}, max {mdes[-1]:.2%}; CIs covering 1.0: "
-              f"{sum(g[1] <= 1.0 <= g[2] for g in got)} of {len(got)}")
+        print(
+            f"ctx {c}: head faster in {wins} of {len(got)} (sign test p = {sign_test(wins, len(got)):.3f}); "
+            f"MDE median {mdes[len(mdes) // 2]:.2%}, max {mdes[-1]:.2%}; CIs covering 1.0: "
+            f"{sum(g[1] <= 1.0 <= g[2] for g in got)} of {len(got)}"
+        )
 
 
 def print_evaluations(out: Path) -> None:
     log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
-    took = {m.group(1) + m.group(2): m.group(3) for m in re.finditer(r"(speedup|slowdown) (\d+): exit \d+ in (\d+) s", log)}
+    took = {
+        m.group(1) + m.group(2): m.group(3)
+        for m in re.finditer(r"(speedup|slowdown) (\d+): exit \d+ in (\d+) s", log)
+    }
     for result in sorted(out.glob("*/result.json")):
         name = result.parent.name
         v = json.loads(result.read_text())["verdict"]
         shown = [e for e in v.get("estimates", []) if e.get("scored") or e.get("guarded")]
-        est = "; ".join(f"ctx {e['context']} {e['metric']} {e['ratio']:.4f}x [{e['ci_low']:.4f}, {e['ci_high']:.4f}]"
-                        f"{' scored' if e.get('scored') else ''}" for e in shown)
+        est = "; ".join(
+            f"ctx {e['context']} {e['metric']} {e['ratio']:.4f}x [{e['ci_low']:.4f}, {e['ci_high']:.4f}]"
+            f"{' scored' if e.get('scored') else ''}"
+            for e in shown
+        )
         print(f"| {name} | {v['status']} {v.get('tier') or ''} | {est} | {took.get(name, '?')} s |")
 
 

@@ -107,10 +107,18 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out")
-    ap.add_argument("--modes", nargs="+", default=["eager", "cuda-graph", "compiled + cuda-graph"],
-                    choices=["eager", "cuda-graph", "compiled + cuda-graph"])
-    ap.add_argument("--decode-kernels", nargs="+", default=["auto"],
-                    help="'auto' (ops' measured choice) and/or kernel names (engine.ops.DECODE_KERNELS), pinned")
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        default=["eager", "cuda-graph", "compiled + cuda-graph"],
+        choices=["eager", "cuda-graph", "compiled + cuda-graph"],
+    )
+    ap.add_argument(
+        "--decode-kernels",
+        nargs="+",
+        default=["auto"],
+        help="'auto' (ops' measured choice) and/or kernel names (engine.ops.DECODE_KERNELS), pinned",
+    )
     ap.add_argument(
         "--profile", action="store_true", help="per-kernel device time of a compiled, graphed decode step"
     )
@@ -152,8 +160,10 @@ def main() -> None:
             "pct_roofline": 100 * statistics.median(tps) / roofline,
         }
         attn[name] = ops.decode_config(cfg.n_head, session.cache, kernel=None if kern == "auto" else kern)
-        print(f"{name}: {statistics.median(tps):.1f} tok/s; decode attention {attn[name].get('backend')}",
-              file=sys.stderr)
+        print(
+            f"{name}: {statistics.median(tps):.1f} tok/s; decode attention {attn[name].get('backend')}",
+            file=sys.stderr,
+        )
         if args.profile and mode.startswith("compiled"):
             rows[name]["profile"] = profile_step(session, prompt, args.gen)
         del session

@@ -89,14 +89,27 @@ def parse_args() -> argparse.Namespace:
         help="also time, per problem, a copy of its bytes and a compute-free Triton read of its K and V",
     )
     p.add_argument("--no-cluster", action="store_true", help="leave out the CUDA cluster kernel")
-    p.add_argument("--cluster-splits", nargs="+", default=["auto"], help="cluster kernel: 'auto' and/or CTAs a cluster")
-    p.add_argument("--cluster-configs", choices=["default", "all"], default="default",
-                   help="cluster kernel: its default (stages, groups) or every instantiated one")
-    p.add_argument("--cluster-probe", action="store_true",
-                   help="cluster kernel: also time its stream-only probe (tiles loaded, no attention)")
+    p.add_argument(
+        "--cluster-splits", nargs="+", default=["auto"], help="cluster kernel: 'auto' and/or CTAs a cluster"
+    )
+    p.add_argument(
+        "--cluster-configs",
+        choices=["default", "all"],
+        default="default",
+        help="cluster kernel: its default (stages, groups) or every instantiated one",
+    )
+    p.add_argument(
+        "--cluster-probe",
+        action="store_true",
+        help="cluster kernel: also time its stream-only probe (tiles loaded, no attention)",
+    )
     p.add_argument("--cluster-pdl", nargs="+", default=["auto"], help="cluster kernel: 'auto', 0 and/or 1")
-    p.add_argument("--cluster-layouts", nargs="+", default=["auto"], help="cluster kernel: 'auto', 0 and/or 1")
-    p.add_argument("--cluster-l2", nargs="+", default=["auto"], help="cluster kernel: 'auto' and/or 0-3 (L2 promotion)")
+    p.add_argument(
+        "--cluster-layouts", nargs="+", default=["auto"], help="cluster kernel: 'auto', 0 and/or 1"
+    )
+    p.add_argument(
+        "--cluster-l2", nargs="+", default=["auto"], help="cluster kernel: 'auto' and/or 0-3 (L2 promotion)"
+    )
     p.add_argument("--cluster-orders", nargs="+", default=["auto"], help="cluster kernel: 'auto', 0 and/or 1")
     p.add_argument("--ops-choice", action="store_true", help="also record engine.ops' measured kernel choice")
     p.add_argument("--profile", action="store_true", help="per-kernel device times (torch.profiler)")
@@ -348,7 +361,12 @@ def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: A
     configs = cd.CONFIGS[q.shape[-1]] if args.cluster_configs == "all" else [(base["stages"], base["groups"])]
     variants = []
     for splits, (stages, groups), pdl, layout, l2, order in itertools.product(
-        args.cluster_splits, configs, args.cluster_pdl, args.cluster_layouts, args.cluster_l2, args.cluster_orders
+        args.cluster_splits,
+        configs,
+        args.cluster_pdl,
+        args.cluster_layouts,
+        args.cluster_l2,
+        args.cluster_orders,
     ):
         tile = {
             "num_splits": base["num_splits"] if splits == "auto" else int(splits),
@@ -361,7 +379,9 @@ def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: A
         }
         if tile not in variants:
             variants.append(tile)
-    default = {key: base[key] for key in ("num_splits", "stages", "groups", "pdl", "layout", "l2_promotion", "order")}
+    default = {
+        key: base[key] for key in ("num_splits", "stages", "groups", "pdl", "layout", "l2_promotion", "order")
+    }
     if default not in variants:
         variants.insert(0, default)
     if args.cluster_probe:
@@ -387,8 +407,10 @@ def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: A
                 raise
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         rows.append(row)
-        print(f"  cluster {tile}: {row.get('graph_us', row.get('error'))} us, err {row.get('max_abs_err')}",
-              file=sys.stderr)
+        print(
+            f"  cluster {tile}: {row.get('graph_us', row.get('error'))} us, err {row.get('max_abs_err')}",
+            file=sys.stderr,
+        )
     fits = cd.max_active_clusters(q.device, q.dtype, q.shape[-1], base["stages"], base["groups"])
     return {"cluster": rows[0] if rows[0]["default"] else next(r for r in rows if r["default"]),
             "cluster_variants": rows, "cluster_max_active": fits}  # fmt: skip
@@ -454,7 +476,9 @@ def main() -> None:
     }
     cluster_off = args.no_cluster or not cuda or cd.unavailable_reason(device)
     if not args.no_cluster:
-        record["cluster_kernel"] = "available" if not cluster_off else (cd.unavailable_reason(device) or "no CUDA")
+        record["cluster_kernel"] = (
+            "available" if not cluster_off else (cd.unavailable_reason(device) or "no CUDA")
+        )
         print(f"cluster kernel: {record['cluster_kernel']}", file=sys.stderr)
     if cuda:
         record["num_sms"] = fd.sm_count(device)
@@ -661,8 +685,10 @@ def cluster_cells(r: dict) -> str:
 
 def cluster_tuning_table(rows: list[dict]) -> str:
     """Every timed cluster-kernel variant, best first within each problem."""
-    lines = ["| shape | ctx | B | splits | stages | groups | pdl | layout | L2 promotion | order | graph µs | rel err |",
-             "|---" * 12 + "|"]
+    lines = [
+        "| shape | ctx | B | splits | stages | groups | pdl | layout | L2 promotion | order | graph µs | rel err |",
+        "|---" * 12 + "|",
+    ]
     for r in rows:
         for v in sorted(r.get("cluster_variants", []), key=lambda v: v.get("graph_us", math.inf)):
             c = v["config"]

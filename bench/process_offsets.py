@@ -45,9 +45,14 @@ def split(per_process: list[list[float]]) -> dict[str, float]:
     means = [statistics.fmean(v) for v in logs]
     n = statistics.fmean(len(v) for v in logs)
     sm2 = statistics.variance(means) if len(means) >= 2 else float("nan")
-    return {"processes": len(logs), "requests_per_process": n, "within_sd": math.sqrt(sw2),
-            "between_sd": math.sqrt(max(0.0, sm2 - sw2 / n)), "process_mean_sd": math.sqrt(sm2),
-            "mean_rate": math.exp(statistics.fmean(means))}
+    return {
+        "processes": len(logs),
+        "requests_per_process": n,
+        "within_sd": math.sqrt(sw2),
+        "between_sd": math.sqrt(max(0.0, sm2 - sw2 / n)),
+        "process_mean_sd": math.sqrt(sm2),
+        "mean_rate": math.exp(statistics.fmean(means)),
+    }
 
 
 def main() -> None:
@@ -72,14 +77,39 @@ def main() -> None:
         for name, extra in envs:
             scratch = work / f"{name}-{i}"
             scratch.mkdir()
-            env = sandbox.scrub_env(os.environ) | {"HOME": str(scratch), "TMPDIR": str(scratch), "PYTHONHASHSEED": "0",
-                                                   "OMP_NUM_THREADS": str(os.cpu_count() or 1)} | extra
+            env = (
+                sandbox.scrub_env(os.environ)
+                | {
+                    "HOME": str(scratch),
+                    "TMPDIR": str(scratch),
+                    "PYTHONHASHSEED": "0",
+                    "OMP_NUM_THREADS": str(os.cpu_count() or 1),
+                }
+                | extra
+            )
             spec = sandbox.SandboxSpec(
-                ro_binds=tuple(dict.fromkeys([*sandbox.system_ro_binds(), ROOT, Path(sys.prefix), model.parent])),
-                scratch=scratch, workdir=ROOT, env=env, limits=sandbox.Limits(timeout_s=3600, memory_bytes=48 << 30))
+                ro_binds=tuple(
+                    dict.fromkeys([*sandbox.system_ro_binds(), ROOT, Path(sys.prefix), model.parent])
+                ),
+                scratch=scratch,
+                workdir=ROOT,
+                env=env,
+                limits=sandbox.Limits(timeout_s=3600, memory_bytes=48 << 30),
+            )
             prefix = ["setarch", os.uname().machine, "-R"] if extra.get("NOASLR") == "1" else []
-            argv = [*prefix, sys.executable, "-m", "engine", "serve", "--model", str(model), "--max-seq",
-                    str(args.ctx + args.tokens + 16), "--warmup", "1"]
+            argv = [
+                *prefix,
+                sys.executable,
+                "-m",
+                "engine",
+                "serve",
+                "--model",
+                str(model),
+                "--max-seq",
+                str(args.ctx + args.tokens + 16),
+                "--warmup",
+                "1",
+            ]
             meter = cpumeter.make_meter(name)
             p = served.ServedProcess.start(name, spec, argv, no_sandbox=True, meter=meter)
             try:
@@ -87,8 +117,14 @@ def main() -> None:
                 source = abtest.random_prompts(p.vocab, 11)
                 xs, cs = [], []
                 for r in range(args.requests):
-                    t = p.request({"op": "generate", "prompt_ids": source(args.ctx, 1000 * i + r),
-                                   "max_new": args.tokens}, 600)
+                    t = p.request(
+                        {
+                            "op": "generate",
+                            "prompt_ids": source(args.ctx, 1000 * i + r),
+                            "max_new": args.tokens,
+                        },
+                        600,
+                    )
                     xs.append(t.decode_tps)
                     if t.decode_cpu_s:
                         cs.append((len(t.tokens) - 1) / t.decode_cpu_s)
@@ -97,18 +133,31 @@ def main() -> None:
             rates[name].append(xs)
             cpu_rates[name].append(cs)
             print(f"{name} process {i + 1}: " + " ".join(f"{x:.2f}" for x in xs), file=sys.stderr)
-    result = {"date": box.now(), "box": box.identity(), "args": vars(args), "wall_s": round(time.monotonic() - t0, 1),
-              "envs": {name: {"env": extra, "wall": split(rates[name]),
-                              "cpu": split(cpu_rates[name]) if all(len(c) >= 2 for c in cpu_rates[name]) else None,
-                              "rates": rates[name]} for name, extra in envs}}
+    result = {
+        "date": box.now(),
+        "box": box.identity(),
+        "args": vars(args),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "envs": {
+            name: {
+                "env": extra,
+                "wall": split(rates[name]),
+                "cpu": split(cpu_rates[name]) if all(len(c) >= 2 for c in cpu_rates[name]) else None,
+                "rates": rates[name],
+            }
+            for name, extra in envs
+        },
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print("| env | processes | requests each | tok/s | within-process sd | between-process sd |")
     print("|---|---|---|---|---|---|")
     for name, row in result["envs"].items():
         w = row["wall"]
-        print(f"| {name} | {w['processes']} | {w['requests_per_process']:.0f} | {w['mean_rate']:.2f} | "
-              f"{100 * w['within_sd']:.2f}% | {100 * w['between_sd']:.2f}% |")
+        print(
+            f"| {name} | {w['processes']} | {w['requests_per_process']:.0f} | {w['mean_rate']:.2f} | "
+            f"{100 * w['within_sd']:.2f}% | {100 * w['between_sd']:.2f}% |"
+        )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,11 @@ def _request(proc, q: queue.Queue, rid: str, prompt: list[int], n: int) -> dict:
             stamps.append(t)
         elif obj.get("event") == "done":
             gaps = [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:], strict=False)]
-            return {"harness_decode_s": (stamps[-1] - stamps[0]) / 1e9, "engine_decode_s": obj["timings"]["decode_s"],
-                    "gaps_ms": gaps}
+            return {
+                "harness_decode_s": (stamps[-1] - stamps[0]) / 1e9,
+                "engine_decode_s": obj["timings"]["decode_s"],
+                "gaps_ms": gaps,
+            }
         elif obj.get("event") == "error":
             raise RuntimeError(obj.get("message"))
 
@@ -72,9 +75,25 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     max_seq = args.ctx + max(args.tokens) + 1
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--random-weights", "--shape", args.shape,
-                             "--device", args.device, "--max-seq", str(max_seq)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "engine",
+            "serve",
+            "--random-weights",
+            "--shape",
+            args.shape,
+            "--device",
+            args.device,
+            "--max-seq",
+            str(max_seq),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
     q: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
     t0 = time.monotonic()
@@ -87,11 +106,19 @@ def main() -> int:
             break
     vocab = ready["config"]["vocab_size"]
     rng = random.Random(11)
-    result = {"shape": args.shape, "device": args.device, "ctx": args.ctx, "ready_s": round(time.monotonic() - t0, 1),
-              "cuda_graph": ready.get("config", {}).get("cuda_graph"), "runs": {}}
+    result = {
+        "shape": args.shape,
+        "device": args.device,
+        "ctx": args.ctx,
+        "ready_s": round(time.monotonic() - t0, 1),
+        "cuda_graph": ready.get("config", {}).get("cuda_graph"),
+        "runs": {},
+    }
     for n in args.tokens:
-        rows = [_request(proc, q, f"r{n}-{i}", [rng.randrange(vocab) for _ in range(args.ctx)], n)
-                for i in range(args.requests)]
+        rows = [
+            _request(proc, q, f"r{n}-{i}", [rng.randrange(vocab) for _ in range(args.ctx)], n)
+            for i in range(args.requests)
+        ]
         h = [r["harness_decode_s"] for r in rows]
         e = [r["engine_decode_s"] for r in rows]
         gaps = [g for r in rows for g in r["gaps_ms"]]
@@ -99,14 +126,22 @@ def main() -> int:
         # the time each request lost to gaps over 2x the median: does it explain the spread?
         lost = [sum(g - med for g in r["gaps_ms"] if g > 2 * med) / 1e3 for r in rows]
         result["runs"][str(n)] = {
-            "requests": len(rows), "harness_tok_s_mean": round((n - 1) / statistics.mean(h), 2),
-            "harness_cv": round(_cv(h), 5), "engine_cv": round(_cv(e), 5),
-            "gap_ms_median": round(med, 3), "gap_ms_p99": round(_pct(gaps, 0.99), 3), "gap_ms_max": round(max(gaps), 3),
+            "requests": len(rows),
+            "harness_tok_s_mean": round((n - 1) / statistics.mean(h), 2),
+            "harness_cv": round(_cv(h), 5),
+            "engine_cv": round(_cv(e), 5),
+            "gap_ms_median": round(med, 3),
+            "gap_ms_p99": round(_pct(gaps, 0.99), 3),
+            "gap_ms_max": round(max(gaps), 3),
             "stall_s_per_request": [round(x, 4) for x in lost],
             "harness_cv_without_stalls": round(_cv([a - b for a, b in zip(h, lost, strict=True)]), 5),
-            "harness_decode_s": [round(x, 5) for x in h], "engine_decode_s": [round(x, 5) for x in e],
+            "harness_decode_s": [round(x, 5) for x in h],
+            "engine_decode_s": [round(x, 5) for x in e],
         }
-        print(json.dumps({k: v for k, v in result["runs"][str(n)].items() if not isinstance(v, list)}), flush=True)
+        print(
+            json.dumps({k: v for k, v in result["runs"][str(n)].items() if not isinstance(v, list)}),
+            flush=True,
+        )
     proc.stdin.write(json.dumps({"op": "shutdown"}) + "\n")
     proc.stdin.flush()
     proc.wait(timeout=60)

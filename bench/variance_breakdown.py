@@ -66,9 +66,15 @@ def _components(d: dict[tuple[int, int, int], float], base_first: dict[int, bool
     sb2_total = sum(r * r for r in resid) / max(1, len(resid) - 2)
     n_per = statistics.fmean(len(v) for v in blocks.values())
     sb2 = max(0.0, sb2_total - sw2 / n_per)
-    return {"pairs": len(d), "blocks": len(blocks), "within_sd": math.sqrt(sw2), "between_sd": math.sqrt(sb2),
-            "block_mean_sd": math.sqrt(sb2_total), "load_order_effect": gamma,
-            "mean": statistics.fmean(d.values())}
+    return {
+        "pairs": len(d),
+        "blocks": len(blocks),
+        "within_sd": math.sqrt(sw2),
+        "between_sd": math.sqrt(sb2),
+        "block_mean_sd": math.sqrt(sb2_total),
+        "load_order_effect": gamma,
+        "mean": statistics.fmean(d.values()),
+    }
 
 
 def breakdown(samples: list[abtest.Sample]) -> dict:
@@ -86,24 +92,41 @@ def breakdown(samples: list[abtest.Sample]) -> dict:
         by: dict[tuple[int, int], list[abtest.Sample]] = {}
         for s in at:
             by.setdefault((s.block, s.pair), []).append(s)
-        order = [math.log(next(x for x in v if x.went_first).decode_tps / next(x for x in v if not x.went_first).decode_tps)
-                 for v in by.values() if len(v) == 2]
+        order = [
+            math.log(
+                next(x for x in v if x.went_first).decode_tps
+                / next(x for x in v if not x.went_first).decode_tps
+            )
+            for v in by.values()
+            if len(v) == 2
+        ]
         row["pair_order_effect"] = statistics.fmean(order) if order else None
         wall = _log_ratio(at, "decode")
         first_pair = [x for (c, b, p), x in wall.items() if p == 0]
         rest = [x for (c, b, p), x in wall.items() if p > 0]
-        row["first_pair_minus_rest"] = (statistics.fmean(first_pair) - statistics.fmean(rest)) if first_pair and rest else None
+        row["first_pair_minus_rest"] = (
+            (statistics.fmean(first_pair) - statistics.fmean(rest)) if first_pair and rest else None
+        )
         steal = [s.steal_ticks for s in at]
         invol = [s.switches[1] for s in at]
         row["steal_ticks_per_request"] = statistics.fmean(steal)
         row["involuntary_switches_per_request"] = statistics.fmean(invol)
-        row["utilization_by_side"] = {side.value: statistics.fmean(s.decode_cpu_s / s.decode_s for s in at
-                                                           if s.side is side and s.decode_cpu_s)
-                              for side in (Side.BASE, Side.HEAD)}
+        row["utilization_by_side"] = {
+            side.value: statistics.fmean(
+                s.decode_cpu_s / s.decode_s for s in at if s.side is side and s.decode_cpu_s
+            )
+            for side in (Side.BASE, Side.HEAD)
+        }
         # do the noisy pairs coincide with steal or preemption? |wall residual - CPU residual| vs steal
         cpu = _log_ratio(at, "decode_cpu")
-        gap = [(abs(wall[k] - cpu[k]), sum(s.steal_ticks + s.switches[1] for s in at if (s.block, s.pair) == k[1:]))
-               for k in wall if k in cpu]
+        gap = [
+            (
+                abs(wall[k] - cpu[k]),
+                sum(s.steal_ticks + s.switches[1] for s in at if (s.block, s.pair) == k[1:]),
+            )
+            for k in wall
+            if k in cpu
+        ]
         if len(gap) >= 4 and len({g for g, _ in gap}) > 1 and len({x for _, x in gap}) > 1:
             row["wall_cpu_gap_vs_interference_corr"] = statistics.correlation(*zip(*gap, strict=True))
         out["contexts"][ctx] = row
@@ -112,26 +135,34 @@ def breakdown(samples: list[abtest.Sample]) -> dict:
 
 def table(result: dict) -> str:
     """The breakdown as a markdown table (per context and clock; sds and effects in % of the ratio)."""
-    lines = ["| ctx | clock | pairs | blocks | within-block sd | between-block sd | load-order effect | mean |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| ctx | clock | pairs | blocks | within-block sd | between-block sd | load-order effect | mean |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for ctx, row in result["contexts"].items():
         for metric in ("decode", "decode_cpu", "utilization"):
             c = row.get(metric)
             if c:
-                lines.append(f"| {ctx} | {metric} | {c['pairs']} | {c['blocks']} | {100 * c['within_sd']:.2f}% | "
-                             f"{100 * c['between_sd']:.2f}% | {100 * c['load_order_effect']:+.2f}% | "
-                             f"{100 * c['mean']:+.2f}% |")
+                lines.append(
+                    f"| {ctx} | {metric} | {c['pairs']} | {c['blocks']} | {100 * c['within_sd']:.2f}% | "
+                    f"{100 * c['between_sd']:.2f}% | {100 * c['load_order_effect']:+.2f}% | "
+                    f"{100 * c['mean']:+.2f}% |"
+                )
     lines.append("")
-    lines.append("| ctx | pair-order effect | first pair minus rest | steal ticks/request | involuntary switches/request "
-                 "| utilization main / PR | corr(wall-CPU gap, interference) |")
+    lines.append(
+        "| ctx | pair-order effect | first pair minus rest | steal ticks/request | involuntary switches/request "
+        "| utilization main / PR | corr(wall-CPU gap, interference) |"
+    )
     lines.append("|---|---|---|---|---|---|---|")
     for ctx, row in result["contexts"].items():
         po, fp = row["pair_order_effect"], row["first_pair_minus_rest"]
         u = row["utilization_by_side"]
         corr = row.get("wall_cpu_gap_vs_interference_corr")
-        lines.append(f"| {ctx} | {'-' if po is None else f'{100 * po:+.2f}%'} | {'-' if fp is None else f'{100 * fp:+.2f}%'} "
-                     f"| {row['steal_ticks_per_request']:.2f} | {row['involuntary_switches_per_request']:.1f} "
-                     f"| {u['base']:.3f} / {u['head']:.3f} | {'-' if corr is None else f'{corr:+.2f}'} |")
+        lines.append(
+            f"| {ctx} | {'-' if po is None else f'{100 * po:+.2f}%'} | {'-' if fp is None else f'{100 * fp:+.2f}%'} "
+            f"| {row['steal_ticks_per_request']:.2f} | {row['involuntary_switches_per_request']:.1f} "
+            f"| {u['base']:.3f} / {u['head']:.3f} | {'-' if corr is None else f'{corr:+.2f}'} |"
+        )
     return "\n".join(lines)
 
 
@@ -151,9 +182,15 @@ def main() -> None:
     model = resolve(args.model)
     rules = load_rules(default_rules_dir())
     cpu = rules.profile("cpu")
-    m = dataclasses.replace(cpu.measurement, decode_tokens=args.tokens, pairs_per_block=args.pairs,
-                            min_blocks=args.blocks, max_pairs=args.blocks * args.pairs, ci_half_width=1e-9,
-                            time_budget_s=10**6)
+    m = dataclasses.replace(
+        cpu.measurement,
+        decode_tokens=args.tokens,
+        pairs_per_block=args.pairs,
+        min_blocks=args.blocks,
+        max_pairs=args.blocks * args.pairs,
+        ci_half_width=1e-9,
+        time_budget_s=10**6,
+    )
     contexts = tuple(dataclasses.replace(cpu.contexts[0], ctx=c) for c in args.contexts)
     profile = dataclasses.replace(cpu, contexts=contexts, measurement=m)
     work = Path(tempfile.mkdtemp(prefix="evalbot-breakdown-"))
@@ -162,14 +199,32 @@ def main() -> None:
     def launch(side: Side) -> served.ServedProcess:
         scratch = work / f"{side.value}-{time.monotonic_ns()}"
         scratch.mkdir()
-        env = sandbox.scrub_env(os.environ) | {"HOME": str(scratch), "TMPDIR": str(scratch), "PYTHONDONTWRITEBYTECODE": "1",
-                                               "OMP_NUM_THREADS": str(args.threads or os.cpu_count() or 1),
-                                               "PYTHONHASHSEED": "0"}
+        env = sandbox.scrub_env(os.environ) | {
+            "HOME": str(scratch),
+            "TMPDIR": str(scratch),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OMP_NUM_THREADS": str(args.threads or os.cpu_count() or 1),
+            "PYTHONHASHSEED": "0",
+        }
         spec = sandbox.SandboxSpec(
             ro_binds=tuple(dict.fromkeys([*sandbox.system_ro_binds(), ROOT, Path(sys.prefix), model.parent])),
-            scratch=scratch, workdir=ROOT, env=env, limits=sandbox.Limits(timeout_s=3600, memory_bytes=48 << 30))
-        argv = [sys.executable, "-m", "engine", "serve", "--model", str(model), "--max-seq",
-                str(max(args.contexts) + args.tokens + 16), "--warmup", "1"]
+            scratch=scratch,
+            workdir=ROOT,
+            env=env,
+            limits=sandbox.Limits(timeout_s=3600, memory_bytes=48 << 30),
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "engine",
+            "serve",
+            "--model",
+            str(model),
+            "--max-seq",
+            str(max(args.contexts) + args.tokens + 16),
+            "--warmup",
+            "1",
+        ]
         meter = cpumeter.make_meter(side.value)
         meters.append(meter)
         return served.ServedProcess.start(side.value, spec, argv, no_sandbox=args.no_sandbox, meter=meter)
@@ -185,9 +240,18 @@ def main() -> None:
     run, last = abtest.measure(profile, tracked, pool, lambda msg: print(msg, file=sys.stderr))
     for p in last.values():
         p.close()
-    result = {"date": box.now(), "box": box.identity(), "threads": args.threads or os.cpu_count(), "meter": cpumeter.describe(meters[0]) if meters else None,
-              "blocks": run.blocks, "wall_s": round(time.monotonic() - t0, 1), **breakdown(run.samples),
-              "samples": [dataclasses.asdict(s) | {"prompt": len(s.prompt), "tokens": len(s.tokens)} for s in run.samples]}
+    result = {
+        "date": box.now(),
+        "box": box.identity(),
+        "threads": args.threads or os.cpu_count(),
+        "meter": cpumeter.describe(meters[0]) if meters else None,
+        "blocks": run.blocks,
+        "wall_s": round(time.monotonic() - t0, 1),
+        **breakdown(run.samples),
+        "samples": [
+            dataclasses.asdict(s) | {"prompt": len(s.prompt), "tokens": len(s.tokens)} for s in run.samples
+        ],
+    }
     if args.out:  # before the table: a run is minutes of measurement
         Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(table(result))

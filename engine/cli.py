@@ -45,15 +45,31 @@ def _config(lm: gen.LoadedModel, session: gen.Session, **extra: Any) -> dict[str
         "cuda_graph": session.graph is not None,
         "random_weights": lm.random_weights,
         "torch": torch.__version__,
-        "decode_attention": ops.decode_config(cfg.n_head, session.cache, lm.transformer.blocks[0].decode_splits),
+        "decode_attention": ops.decode_config(
+            cfg.n_head, session.cache, lm.transformer.blocks[0].decode_splits
+        ),
         **extra,
     }
 
 
-def _record(command: str, lm: gen.LoadedModel, config: dict[str, Any], timings: dict[str, float],
-            counts: dict[str, int], **fields: Any) -> dict[str, Any]:
-    return make_record(command, engine=ENGINE_NAME, model_sha256=lm.sha256, device=str(lm.device), config=config,
-                       timings={"load_s": lm.load_s, **timings}, counts=counts, **fields)
+def _record(
+    command: str,
+    lm: gen.LoadedModel,
+    config: dict[str, Any],
+    timings: dict[str, float],
+    counts: dict[str, int],
+    **fields: Any,
+) -> dict[str, Any]:
+    return make_record(
+        command,
+        engine=ENGINE_NAME,
+        model_sha256=lm.sha256,
+        device=str(lm.device),
+        config=config,
+        timings={"load_s": lm.load_s, **timings},
+        counts=counts,
+        **fields,
+    )
 
 
 def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
@@ -74,19 +90,32 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
             sys.stderr.write(utf8.decode(tok.token_to_piece(token)))
             sys.stderr.flush()
 
-    out = session.generate(prompt_ids, args.max_new, params, stop_ids=tok.eot_ids if args.stop else frozenset(),
-                           on_token=stream)
+    out = session.generate(
+        prompt_ids, args.max_new, params, stop_ids=tok.eot_ids if args.stop else frozenset(), on_token=stream
+    )
     if not args.quiet:
         sys.stderr.write(utf8.decode(b"", final=True) + "\n")
     n_new = len(out.token_ids)
     decode_steps = max(n_new - 1, 0)  # the first new token comes out of prefill
-    config = _config(lm, session, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                     seed=params.seed, chat=args.chat)
+    config = _config(
+        lm,
+        session,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        seed=params.seed,
+        chat=args.chat,
+    )
     return _record(
-        "generate", lm, config,
+        "generate",
+        lm,
+        config,
         timings={"prefill_s": out.prefill_s, "decode_s": out.decode_s},
         counts={"prompt_tokens": len(prompt_ids), "new_tokens": n_new, "decode_steps": decode_steps},
-        prompt=text, token_ids=out.token_ids, text=tok.decode(out.token_ids), stop_reason=out.stop_reason,
+        prompt=text,
+        token_ids=out.token_ids,
+        text=tok.decode(out.token_ids),
+        stop_reason=out.stop_reason,
         prefill_tps=len(prompt_ids) / out.prefill_s if out.prefill_s else 0.0,
         decode_tps=decode_steps / out.decode_s if out.decode_s else 0.0,
     )
@@ -114,7 +143,9 @@ def _bench_model(args: argparse.Namespace, extra_positions: int = 1) -> gen.Load
     if args.random_weights:
         if not args.shape:
             raise ValueError("--random-weights needs --shape (one of: " + ", ".join(sorted(SHAPES)) + ")")
-        return gen.load_random(args.shape, args.device, seed=args.seed, max_pos=args.ctx + args.gen + extra_positions)
+        return gen.load_random(
+            args.shape, args.device, seed=args.seed, max_pos=args.ctx + args.gen + extra_positions
+        )
     if not args.model:
         raise ValueError("bench needs --model, or --random-weights --shape NAME")
     return gen.load(args.model, args.device)
@@ -137,22 +168,43 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
     t_warm = time.perf_counter()
     for _ in range(args.warmup):
         bench_once(session, prompt[: min(len(prompt), 64)], min(args.gen, 4))
-    warmup_s = time.perf_counter() - t_warm  # compile and caches settle here; reported so nothing goes untimed
+    warmup_s = (
+        time.perf_counter() - t_warm
+    )  # compile and caches settle here; reported so nothing goes untimed
     prefill, decode = [], []
     for r in range(args.runs):
         p, d = bench_once(session, prompt, args.gen)
         prefill.append(args.ctx / p)
         decode.append(args.gen / d)
-        print(f"run {r + 1}/{args.runs}: prefill {prefill[-1]:.1f} tok/s, decode {decode[-1]:.2f} tok/s", file=sys.stderr)
-    config = _config(lm, session, ctx=args.ctx, gen=args.gen, runs=args.runs, warmup=args.warmup, compile=compiled,
-                     prompt="random ids" if lm.tokenizer is None else args.prompt_file or "engine/data/corpus.txt tiled")
+        print(
+            f"run {r + 1}/{args.runs}: prefill {prefill[-1]:.1f} tok/s, decode {decode[-1]:.2f} tok/s",
+            file=sys.stderr,
+        )
+    config = _config(
+        lm,
+        session,
+        ctx=args.ctx,
+        gen=args.gen,
+        runs=args.runs,
+        warmup=args.warmup,
+        compile=compiled,
+        prompt="random ids" if lm.tokenizer is None else args.prompt_file or "engine/data/corpus.txt tiled",
+    )
     return _record(
-        "bench", lm, config,
-        timings={"warmup_s": warmup_s, "prefill_s": sum(args.ctx / x for x in prefill),
-                 "decode_s": sum(args.gen / x for x in decode)},
+        "bench",
+        lm,
+        config,
+        timings={
+            "warmup_s": warmup_s,
+            "prefill_s": sum(args.ctx / x for x in prefill),
+            "decode_s": sum(args.gen / x for x in decode),
+        },
         counts={"ctx": args.ctx, "gen": args.gen, "runs": args.runs},
-        prefill_tps=statistics.median(prefill), decode_tps=statistics.median(decode),
-        prefill_tps_runs=prefill, decode_tps_runs=decode, random_weights=lm.random_weights,
+        prefill_tps=statistics.median(prefill),
+        decode_tps=statistics.median(decode),
+        prefill_tps_runs=prefill,
+        decode_tps_runs=decode,
+        random_weights=lm.random_weights,
     )
 
 
@@ -161,7 +213,9 @@ def cmd_score(args: argparse.Namespace) -> dict[str, Any]:
     text = Path(args.text_file).read_text(encoding="utf-8")
     ids = lm.tokenizer.encode(text)
     if len(ids) < args.positions + 1:
-        raise ValueError(f"{args.text_file} has {len(ids)} tokens; scoring {args.positions} positions needs {args.positions + 1}")
+        raise ValueError(
+            f"{args.text_file} has {len(ids)} tokens; scoring {args.positions} positions needs {args.positions + 1}"
+        )
     ids = ids[: args.positions + 1]
     session = gen.Session(lm, max_seq=len(ids))
     t0 = time.perf_counter()
@@ -175,9 +229,16 @@ def cmd_score(args: argparse.Namespace) -> dict[str, Any]:
     nll = (-logprobs.gather(1, targets[:, None]).squeeze(1)).tolist()
     mean_nll = float(np.mean(nll))
     record = _record(
-        "score", lm, _config(lm, session), timings={"score_s": score_s},
+        "score",
+        lm,
+        _config(lm, session),
+        timings={"score_s": score_s},
         counts={"positions": args.positions, "n_vocab": int(arr.shape[1])},
-        path=str(out), token_ids=ids, argmax=logprobs.argmax(-1).tolist(), nll=nll, mean_nll=mean_nll,
+        path=str(out),
+        token_ids=ids,
+        argmax=logprobs.argmax(-1).tolist(),
+        nll=nll,
+        mean_nll=mean_nll,
         ppl=float(np.exp(mean_nll)),
     )
     Path(str(out) + ".json").write_text(json.dumps(record))
@@ -202,7 +263,9 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
     if args.draft is not None:
         draft_lm = gen.load(args.draft, args.device)
         if draft_lm.cfg.vocab_size != lm.cfg.vocab_size:
-            raise ValueError(f"draft vocabulary {draft_lm.cfg.vocab_size} differs from the target's {lm.cfg.vocab_size}")
+            raise ValueError(
+                f"draft vocabulary {draft_lm.cfg.vocab_size} differs from the target's {lm.cfg.vocab_size}"
+            )
         drafter: spec.Drafter = spec.DraftModelDrafter(gen.Session(draft_lm, max_seq=max_seq))
     else:
         drafter = spec.NgramDrafter(args.ngram)
@@ -216,29 +279,59 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
         spec_tps.append((len(out.token_ids) - 1) / out.decode_s)
         runs.append(out.token_ids)
         hist.update(out.accept_hist)
-        print(f"run {r + 1}/{args.runs}: AR {ar_tps[-1]:.2f} tok/s, spec {spec_tps[-1]:.2f} tok/s, "
-              f"tau {out.mean_accept:.2f}", file=sys.stderr)
+        print(
+            f"run {r + 1}/{args.runs}: AR {ar_tps[-1]:.2f} tok/s, spec {spec_tps[-1]:.2f} tok/s, "
+            f"tau {out.mean_accept:.2f}",
+            file=sys.stderr,
+        )
     assert ar is not None
     steps = sum(hist.values())
     report = spec.lossless_report(ar.token_ids, runs) if params.greedy else None
     divergence = report.first_divergence if report else None
-    config = _config(lm, target, drafter=drafter.name, draft_model_sha256=draft_lm.sha256 if draft_lm else None,
-                     block_size=args.block, ctx=args.ctx, gen=args.gen, runs=args.runs,
-                     temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
-                     prompt=("repetitive random ids" if lm.random_weights else args.prompt_file or "engine/data/corpus.txt tiled"))
+    config = _config(
+        lm,
+        target,
+        drafter=drafter.name,
+        draft_model_sha256=draft_lm.sha256 if draft_lm else None,
+        block_size=args.block,
+        ctx=args.ctx,
+        gen=args.gen,
+        runs=args.runs,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        seed=params.seed,
+        prompt=(
+            "repetitive random ids"
+            if lm.random_weights
+            else args.prompt_file or "engine/data/corpus.txt tiled"
+        ),
+    )
     return _record(
-        "spec", lm, config,
-        timings={"ar_decode_s": sum((len(ar.token_ids) - 1) / x for x in ar_tps),
-                 "spec_decode_s": sum((args.gen - 1) / x for x in spec_tps)},
+        "spec",
+        lm,
+        config,
+        timings={
+            "ar_decode_s": sum((len(ar.token_ids) - 1) / x for x in ar_tps),
+            "spec_decode_s": sum((args.gen - 1) / x for x in spec_tps),
+        },
         counts={"ctx": args.ctx, "gen": args.gen, "runs": args.runs, "verify_steps": steps},
-        ar_tps=statistics.median(ar_tps), spec_tps=statistics.median(spec_tps),
-        ar_tps_runs=ar_tps, spec_tps_runs=spec_tps,
-        mean_accept=sum(k * v for k, v in hist.items()) / steps, block_size=args.block,
+        ar_tps=statistics.median(ar_tps),
+        spec_tps=statistics.median(spec_tps),
+        ar_tps_runs=ar_tps,
+        spec_tps_runs=spec_tps,
+        mean_accept=sum(k * v for k, v in hist.items()) / steps,
+        block_size=args.block,
         accept_hist={str(k): hist[k] for k in range(1, args.block + 1)},
-        lossless=report.lossless if report else None, lossless_runs=report.lossless_runs if report else None,
+        lossless=report.lossless if report else None,
+        lossless_runs=report.lossless_runs if report else None,
         first_divergence=divergence,
-        ar_margin_at_divergence=ar.margins[divergence] if divergence is not None and divergence < len(ar.margins) else None,
-        ar_token_ids=ar.token_ids, spec_token_ids=runs[0], random_weights=lm.random_weights,
+        ar_margin_at_divergence=ar.margins[divergence]
+        if divergence is not None and divergence < len(ar.margins)
+        else None,
+        ar_token_ids=ar.token_ids,
+        spec_token_ids=runs[0],
+        random_weights=lm.random_weights,
     )
 
 
@@ -247,8 +340,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, model_required: bool = True) -> None:
-        p.add_argument("--model", required=model_required,
-                       help="registry name (see python -m engine.registry list) or GGUF path")
+        p.add_argument(
+            "--model",
+            required=model_required,
+            help="registry name (see python -m engine.registry list) or GGUF path",
+        )
         p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
         p.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
 
@@ -269,14 +365,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="prefill and decode throughput at a context length")
     common(b, model_required=False)
-    b.add_argument("--random-weights", action="store_true", help="time a real shape with random weights (no file)")
+    b.add_argument(
+        "--random-weights", action="store_true", help="time a real shape with random weights (no file)"
+    )
     b.add_argument("--shape", choices=sorted(SHAPES), help="the shape for --random-weights")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--prompt-file", help="prompt text, cut or tiled to --ctx tokens (default: the bundled corpus)")
+    b.add_argument(
+        "--prompt-file", help="prompt text, cut or tiled to --ctx tokens (default: the bundled corpus)"
+    )
     b.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="decode eagerly on CUDA")
-    b.add_argument("--num-splits", type=int, default=None, help="pin the flash-decode KV split count (A/B only)")
-    b.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile each layer's dense halves (default: on for CUDA, off for the CPU)")
+    b.add_argument(
+        "--num-splits", type=int, default=None, help="pin the flash-decode KV split count (A/B only)"
+    )
+    b.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile each layer's dense halves (default: on for CUDA, off for the CPU)",
+    )
     b.add_argument("--ctx", type=int, required=True, help="context tokens before decoding")
     b.add_argument("--gen", type=int, default=32, help="decode steps timed after the context")
     b.add_argument("--runs", type=int, default=1)
@@ -289,18 +395,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--positions", type=int, required=True)
     s.add_argument("--out", required=True, help="where to write the (P, V) float32 .npy")
     s.set_defaults(func=cmd_score)
-    sp = sub.add_parser("spec", help="speculative decoding vs autoregressive: speed, acceptance, losslessness")
+    sp = sub.add_parser(
+        "spec", help="speculative decoding vs autoregressive: speed, acceptance, losslessness"
+    )
     common(sp, model_required=False)
-    sp.add_argument("--random-weights", action="store_true", help="a real shape with random weights (timing only)")
+    sp.add_argument(
+        "--random-weights", action="store_true", help="a real shape with random weights (timing only)"
+    )
     sp.add_argument("--shape", choices=sorted(SHAPES), help="the shape for --random-weights")
     drafters = sp.add_mutually_exclusive_group(required=True)
     drafters.add_argument("--draft", help="draft model (same tokenizer): registry name or GGUF path")
     drafters.add_argument("--ngram", type=int, help="n-gram prompt lookup with suffixes up to N tokens")
     sp.add_argument("--ctx", type=int, required=True, help="prompt tokens")
     sp.add_argument("--gen", type=int, default=64)
-    sp.add_argument("--block", type=int, default=DEFAULT_BLOCK, help="most tokens committed per target pass (B)")
+    sp.add_argument(
+        "--block", type=int, default=DEFAULT_BLOCK, help="most tokens committed per target pass (B)"
+    )
     sp.add_argument("--runs", type=int, default=3)
-    sp.add_argument("--prompt-file", help="prompt text, cut or tiled to --ctx tokens (default: the bundled corpus)")
+    sp.add_argument(
+        "--prompt-file", help="prompt text, cut or tiled to --ctx tokens (default: the bundled corpus)"
+    )
     sp.add_argument("--temperature", type=float, default=0.0)
     sp.add_argument("--top-k", type=int, default=0)
     sp.add_argument("--top-p", type=float, default=1.0)

@@ -35,7 +35,9 @@ class ModelConfig:
         return self.n_head // self.n_kv_head
 
     @classmethod
-    def from_metadata(cls, meta: Mapping[str, Any], tensor_names: set[str] | frozenset[str] = frozenset()) -> ModelConfig:
+    def from_metadata(
+        cls, meta: Mapping[str, Any], tensor_names: set[str] | frozenset[str] = frozenset()
+    ) -> ModelConfig:
         """Build a config from GGUF metadata and the tensor names (for bias/norm/tied detection)."""
         arch = meta.get("general.architecture")
         if arch not in ("qwen2", "qwen3"):
@@ -57,7 +59,9 @@ class ModelConfig:
         if vocab is None:
             tokens = meta.get("tokenizer.ggml.tokens")
             if tokens is None:
-                raise ConfigError("neither {arch}.vocab_size nor tokenizer.ggml.tokens gives the vocabulary size")
+                raise ConfigError(
+                    "neither {arch}.vocab_size nor tokenizer.ggml.tokens gives the vocabulary size"
+                )
             vocab = len(tokens)
         names = set(tensor_names)
         return cls(

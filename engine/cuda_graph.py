@@ -18,7 +18,9 @@ class GraphedDecode:
 
     def __init__(self, transformer: Transformer, cache: KVCache, batch: int = 1, warmup: int = 2):
         if cache.length:
-            raise ValueError("capture the decode graph before the cache holds anything: warm-up writes position 0")
+            raise ValueError(
+                "capture the decode graph before the cache holds anything: warm-up writes position 0"
+            )
         device = cache.k.device
         self.ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.pos = torch.zeros(batch, dtype=torch.long, device=device)

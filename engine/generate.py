@@ -45,8 +45,9 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load(model: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
-         max_pos: int | None = None) -> LoadedModel:
+def load(
+    model: str | Path, device: str = "cpu", dtype: torch.dtype | None = None, max_pos: int | None = None
+) -> LoadedModel:
     """Resolve, validate and dequantize a GGUF model once; max_pos bounds the RoPE table."""
     t0 = time.perf_counter()
     path = resolve(str(model))
@@ -60,16 +61,29 @@ def load(model: str | Path, device: str = "cpu", dtype: torch.dtype | None = Non
     return LoadedModel(path, model_sha256(path), cfg, tok, transformer, dev, time.perf_counter() - t0)
 
 
-def load_random(shape: str, device: str = "cuda", dtype: torch.dtype | None = None, seed: int = 0,
-                max_pos: int | None = None) -> LoadedModel:
+def load_random(
+    shape: str,
+    device: str = "cuda",
+    dtype: torch.dtype | None = None,
+    seed: int = 0,
+    max_pos: int | None = None,
+) -> LoadedModel:
     """A real model shape with random weights, built on the device (for timing only)."""
     t0 = time.perf_counter()
     cfg = shape_config(shape)
     dev = torch.device(device)
     dt = dtype or default_dtype(dev)
     transformer = random_transformer(cfg, dev, dt, seed, max_pos)
-    return LoadedModel(None, shape_digest(cfg, seed), cfg, None, transformer, dev, time.perf_counter() - t0,
-                       random_weights=True)
+    return LoadedModel(
+        None,
+        shape_digest(cfg, seed),
+        cfg,
+        None,
+        transformer,
+        dev,
+        time.perf_counter() - t0,
+        random_weights=True,
+    )
 
 
 @dataclass
@@ -92,8 +106,13 @@ def _margin(logits: torch.Tensor) -> float:
 class Session:
     """One sequence's KV cache plus the model: prefill, step, generate, score."""
 
-    def __init__(self, model: LoadedModel, max_seq: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 cuda_graph: bool = True):
+    def __init__(
+        self,
+        model: LoadedModel,
+        max_seq: int,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        cuda_graph: bool = True,
+    ):
         cfg = model.cfg
         if max_seq > cfg.context_length:
             raise ValueError(f"{max_seq} positions exceed the model's context length {cfg.context_length}")
@@ -164,12 +183,19 @@ class Session:
     def reset(self) -> None:
         self.cache.truncate(0)
 
-    def generate(self, prompt_ids: Sequence[int], max_new: int, params: SamplingParams | None = None,
-                 stop_ids: frozenset[int] = frozenset(),
-                 on_token: Callable[[int], None] | None = None) -> Generation:
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new: int,
+        params: SamplingParams | None = None,
+        stop_ids: frozenset[int] = frozenset(),
+        on_token: Callable[[int], None] | None = None,
+    ) -> Generation:
         """Prefill the prompt, then decode up to max_new tokens (stopping at a stop id)."""
         if len(prompt_ids) + max_new > self.cache.max_seq:
-            raise ValueError(f"prompt {len(prompt_ids)} + {max_new} new tokens exceed the cache ({self.cache.max_seq})")
+            raise ValueError(
+                f"prompt {len(prompt_ids)} + {max_new} new tokens exceed the cache ({self.cache.max_seq})"
+            )
         params = params or SamplingParams()
         self.reset()
         out = Generation(list(prompt_ids))

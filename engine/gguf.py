@@ -46,8 +46,15 @@ class MissingTensor(GGUFError):
 
 
 __all__ = [
-    "GGUFFile", "GGUFError", "BadMagic", "UnsupportedVersion", "TruncatedFile", "UnsupportedArchitecture",
-    "MissingTensor", "UnsupportedTensorType", "TensorInfo",
+    "GGUFFile",
+    "GGUFError",
+    "BadMagic",
+    "UnsupportedVersion",
+    "TruncatedFile",
+    "UnsupportedArchitecture",
+    "MissingTensor",
+    "UnsupportedTensorType",
+    "TensorInfo",
 ]
 
 
@@ -106,7 +113,9 @@ class GGUFFile:
             self._reader = _Reader(self.path, "r")
         except (ValueError, IndexError, OverflowError, MemoryError) as exc:
             # gguf-py reads the directory with raw memmap offsets: a cut-off file shows up here.
-            raise TruncatedFile(f"{self.path}: cannot read the GGUF directory ({exc}); the file is truncated or corrupt") from exc
+            raise TruncatedFile(
+                f"{self.path}: cannot read the GGUF directory ({exc}); the file is truncated or corrupt"
+            ) from exc
         size = self.path.stat().st_size
         self.tensors: dict[str, TensorInfo] = {}
         for t in self._reader.tensors:

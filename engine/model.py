@@ -26,7 +26,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * weight.float()).to(x.dtype)
 
 
-def rope_tables(head_dim: int, max_pos: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    head_dim: int, max_pos: int, base: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables [max_pos, head_dim/2] for NEOX RoPE, computed in float64 then rounded."""
     inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # [D/2]
     ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
@@ -58,8 +60,17 @@ class LayerWeights(NamedTuple):
 
     @classmethod
     def of(cls, w: dict[str, torch.Tensor]) -> LayerWeights:
-        return cls(w["attn_norm"], w["wqkv"], w.get("bqkv"), w.get("q_norm"), w.get("k_norm"), w["wo"],
-                   w["ffn_norm"], w["w_gate_up"], w["w_down"])
+        return cls(
+            w["attn_norm"],
+            w["wqkv"],
+            w.get("bqkv"),
+            w.get("q_norm"),
+            w.get("k_norm"),
+            w["wo"],
+            w["ffn_norm"],
+            w["w_gate_up"],
+            w["w_down"],
+        )
 
 
 class Heads(NamedTuple):
@@ -71,8 +82,9 @@ class Heads(NamedTuple):
     eps: float
 
 
-def qkv_projection(x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor,
-                   heads: Heads) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def qkv_projection(
+    x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, heads: Heads
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pre-norm, fused q/k/v projection, qwen3's q/k norms and RoPE: ([B,Hq,T,D], [B,Hkv,T,D], [B,Hkv,T,D])."""
     b, t, _ = x.shape
     hq, hkv, hd, eps = heads
@@ -88,9 +100,17 @@ def qkv_projection(x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: tor
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def qkv_projection_into_cache(x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, heads: Heads,
-                              k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
-                              pos: torch.Tensor) -> torch.Tensor:
+def qkv_projection_into_cache(
+    x: torch.Tensor,
+    w: LayerWeights,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    heads: Heads,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    rows: torch.Tensor,
+    pos: torch.Tensor,
+) -> torch.Tensor:
     """Decode: `qkv_projection` of one token per sequence, whose key and value are stored in the layer's
     caches ([B, Hkv, S_max, D]) at [rows[b], :, pos[b]]; returns q [B, Hq, 1, D].
 
@@ -128,15 +148,26 @@ class Block(nn.Module):
         self.cfg = cfg
         self.w = LayerWeights.of(w)
         self.heads = Heads(cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.rms_eps)
-        self.decode_splits: int | None = None  # None: the kernel's heuristic; an int pins it (A/B experiments)
+        self.decode_splits: int | None = (
+            None  # None: the kernel's heuristic; an int pins it (A/B experiments)
+        )
         self.decode_kernel: str | None = None  # None: ops' measured choice; a name pins it (A/B experiments)
         # the two dense halves of a layer; Transformer.compile() swaps in compiled versions (same math)
         self.pre = qkv_projection
         self.pre_decode = qkv_projection_into_cache
         self.post = attention_output_and_ffn
 
-    def forward(self, x: torch.Tensor, layer: int, cache: KVCache, pos: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor, n_ctx: int | None, step: DecodeStep | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        layer: int,
+        cache: KVCache,
+        pos: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        n_ctx: int | None,
+        step: DecodeStep | None = None,
+    ) -> torch.Tensor:
         """n_ctx given: T new tokens at shared positions pos (prefill). None: one token per sequence (step)."""
         scale = self.heads.dim**-0.5
         if n_ctx is not None:
@@ -148,16 +179,23 @@ class Block(nn.Module):
             assert step is not None
             k_cache, v_cache = cache.k[layer], cache.v[layer]
             q = self.pre_decode(x, self.w, cos, sin, self.heads, k_cache, v_cache, step.rows, step.pos)
-            a = ops.decode_attention(q[:, :, 0], k_cache, v_cache, step.lengths, scale, self.decode_splits,
-                                     self.decode_kernel)[:, :, None]
+            a = ops.decode_attention(
+                q[:, :, 0], k_cache, v_cache, step.lengths, scale, self.decode_splits, self.decode_kernel
+            )[:, :, None]
         return self.post(x, a, self.w, self.heads.eps)
 
 
 class Transformer(nn.Module):
     """A qwen2/qwen3 decoder over a preallocated KV cache."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], layers: list[dict[str, torch.Tensor]],
-                 max_pos: int, device: torch.device):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        layers: list[dict[str, torch.Tensor]],
+        max_pos: int,
+        device: torch.device,
+    ):
         super().__init__()
         self.cfg = cfg
         self.tok_embd = weights["tok_embd"]  # [V, d_model]
@@ -217,8 +255,9 @@ class Transformer(nn.Module):
         return F.linear(x, self.w_out).float()
 
 
-def load_transformer(gf: GGUFFile, cfg: ModelConfig, max_pos: int, device: torch.device,
-                     dtype: torch.dtype) -> Transformer:
+def load_transformer(
+    gf: GGUFFile, cfg: ModelConfig, max_pos: int, device: torch.device, dtype: torch.dtype
+) -> Transformer:
     """Dequantize a GGUF's weights once into a Transformer of the given dtype on the given device."""
 
     def get(name: str) -> torch.Tensor:

@@ -57,8 +57,11 @@ class DecodeChoice:
 
     def record(self) -> dict[str, Any]:
         """JSON form for the engine's `config`: the backend, how it was chosen, each candidate's result."""
-        return {"backend": self.backend, "chosen_by": self.how,
-                "candidates": {t.name: {"rel_err": t.rel_err, "us": t.us, "error": t.error} for t in self.trials}}
+        return {
+            "backend": self.backend,
+            "chosen_by": self.how,
+            "candidates": {t.name: {"rel_err": t.rel_err, "us": t.us, "error": t.error} for t in self.trials},
+        }
 
 
 _decode_choices: dict[tuple, DecodeChoice] = {}
@@ -119,8 +122,9 @@ def _trial_inputs(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, seed:
     return cases, clean, timed
 
 
-def choose_decode_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
-                         scale: float) -> DecodeChoice:
+def choose_decode_kernel(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, scale: float
+) -> DecodeChoice:
     """The fastest decode-attention kernel among those that pass the parity test at this shape (cached)."""
     key = (str(q.device), q.dtype, tuple(q.shape), tuple(k_cache.shape), k_cache.stride(), v_cache.stride())
     if key in _decode_choices:
@@ -134,14 +138,24 @@ def choose_decode_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     want = [reference.decode_attention(a.float(), b.float(), c.float(), n, scale) for a, b, c, n in clean]
     trials = kernel_choice.run_trials(
         [(n, run, (lambda *a, why=unsupported[n]: why)) for n, run, _ in candidates],
-        cases, want, PARITY_TOLERANCE.get(q.dtype, 5e-3), timed=timed)
+        cases,
+        want,
+        PARITY_TOLERANCE.get(q.dtype, 5e-3),
+        timed=timed,
+    )
     choice = DecodeChoice(kernel_choice.pick(trials), "measured", tuple(trials))
     _decode_choices[key] = choice
     return choice
 
 
-def decode_backend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
-                   num_splits: int | None = None, kernel: str | None = None) -> str:
+def decode_backend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    lengths: torch.Tensor,
+    num_splits: int | None = None,
+    kernel: str | None = None,
+) -> str:
     """Which kernel decode attention uses for these inputs (one of DECODE_KERNELS).
 
     On CUDA the fastest that passes the parity test at the shape; a pinned split count (the Triton
@@ -181,8 +195,9 @@ def decode_attention(
     return reference.decode_attention(q, k_cache, v_cache, lengths, scale)
 
 
-def decode_config(n_head: int, cache: KVCache, num_splits: int | None = None,
-                  kernel: str | None = None) -> dict[str, Any]:
+def decode_config(
+    n_head: int, cache: KVCache, num_splits: int | None = None, kernel: str | None = None
+) -> dict[str, Any]:
     """The effective decode-attention settings for a cache: the backend, why, and its kernel's settings."""
     k = cache.k[0]  # [B, Hkv, S_max, D]
     q = k.new_empty(k.shape[0], n_head, k.shape[-1])

@@ -198,22 +198,34 @@ def cmd_audit(args: argparse.Namespace) -> dict[str, Any]:
             continue
         try:
             item = json.loads(line)
-            ok = isinstance(item, dict) and isinstance(item.get("key"), str) and all(
-                isinstance(item.get(f), list) and item[f] and all(isinstance(t, int) for t in item[f])
-                for f in ("prompt", "tokens"))
+            ok = (
+                isinstance(item, dict)
+                and isinstance(item.get("key"), str)
+                and all(
+                    isinstance(item.get(f), list) and item[f] and all(isinstance(t, int) for t in item[f])
+                    for f in ("prompt", "tokens")
+                )
+            )
         except ValueError:
             ok = False
         if not ok:
-            raise ReferenceFailure(f"{args.requests}:{number}: expected {{key, prompt: [ids], tokens: [ids]}}")
+            raise ReferenceFailure(
+                f"{args.requests}:{number}: expected {{key, prompt: [ids], tokens: [ids]}}"
+            )
         items.append(item)
     t0 = time.perf_counter()
     results = audit_sequences(path, items, model_sha=sha, n_threads=args.threads)
     Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in results))
-    return make_record("audit", engine=ENGINE_NAME, model_sha256=sha, device="cpu",
-                       config={"flash_attn": FLASH_ATTN, "reference_build": build_identity()},
-                       timings={"audit_s": time.perf_counter() - t0},
-                       counts={"sequences": len(items), "cached": sum(r["cached"] for r in results)},
-                       path=str(args.out))
+    return make_record(
+        "audit",
+        engine=ENGINE_NAME,
+        model_sha256=sha,
+        device="cpu",
+        config={"flash_attn": FLASH_ATTN, "reference_build": build_identity()},
+        timings={"audit_s": time.perf_counter() - t0},
+        counts={"sequences": len(items), "cached": sum(r["cached"] for r in results)},
+        path=str(args.out),
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

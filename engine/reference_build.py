@@ -53,7 +53,15 @@ CMAKE_ARGS = (
     "-DLLAVA_BUILD=OFF",
 )
 # Features that must never be compiled in, as llama.cpp's system info names them.
-FORBIDDEN_FEATURES = ("AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AMX_INT8", "AMX_BF16", "AVX_VNNI")
+FORBIDDEN_FEATURES = (
+    "AVX512",
+    "AVX512_VBMI",
+    "AVX512_VNNI",
+    "AVX512_BF16",
+    "AMX_INT8",
+    "AMX_BF16",
+    "AVX_VNNI",
+)
 # AVX-512 code uses zmm (and k mask) registers; AMX uses tmm tiles. Either in the disassembly fails.
 _FORBIDDEN_REGISTER = re.compile(r"%(zmm\d+|tmm\d)\b")
 _LIB_GLOB = ("libggml*.so*", "libllama*.so*")
@@ -91,7 +99,11 @@ def cached_wheel(root: Path | None = None) -> Path | None:
 def build_environ(environ: dict[str, str], jobs: int) -> dict[str, str]:
     """The environment of the sdist build: our flags, all cores, nothing native inherited."""
     env = {k: v for k, v in environ.items() if k not in ("CMAKE_ARGS", "CFLAGS", "CXXFLAGS", "FORCE_CMAKE")}
-    return env | {"CMAKE_ARGS": " ".join(CMAKE_ARGS), "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs), "FORCE_CMAKE": "1"}
+    return env | {
+        "CMAKE_ARGS": " ".join(CMAKE_ARGS),
+        "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs),
+        "FORCE_CMAKE": "1",
+    }
 
 
 def build_wheel(root: Path | None = None, log=print) -> Path:  # noqa: ANN001
@@ -101,15 +113,35 @@ def build_wheel(root: Path | None = None, log=print) -> Path:  # noqa: ANN001
         return hit
     folder = (root or wheel_cache_root()) / f"{VERSION}-{build_key()}"
     folder.parent.mkdir(parents=True, exist_ok=True)
-    log(f"building llama-cpp-python {VERSION} from source, portable ({' '.join(CMAKE_ARGS)}); this takes a while")
+    log(
+        f"building llama-cpp-python {VERSION} from source, portable ({' '.join(CMAKE_ARGS)}); this takes a while"
+    )
     with tempfile.TemporaryDirectory(prefix=f".{folder.name}-", dir=folder.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-binary", "llama-cpp-python",
-               "--no-cache-dir", "-w", tmp, f"llama-cpp-python=={VERSION}"]
-        proc = subprocess.run(cmd, env=build_environ(dict(os.environ), os.cpu_count() or 1),
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-binary",
+            "llama-cpp-python",
+            "--no-cache-dir",
+            "-w",
+            tmp,
+            f"llama-cpp-python=={VERSION}",
+        ]
+        proc = subprocess.run(
+            cmd,
+            env=build_environ(dict(os.environ), os.cpu_count() or 1),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
-            raise BuildFailure(f"building llama-cpp-python {VERSION} failed (exit {proc.returncode}):\n{tail}")
+            raise BuildFailure(
+                f"building llama-cpp-python {VERSION} failed (exit {proc.returncode}):\n{tail}"
+            )
         wheels = sorted(Path(tmp).glob("llama_cpp_python-*.whl"))
         if not wheels:
             raise BuildFailure(f"pip wheel succeeded but left no llama_cpp_python wheel in {tmp}")
@@ -212,7 +244,9 @@ def portability_problems(ident: dict[str, Any]) -> list[str]:
     """Why an installed reference is not the pinned portable build (empty when it is)."""
     problems = []
     if ident.get("llama_cpp_python") != VERSION:
-        problems.append(f"llama-cpp-python {ident.get('llama_cpp_python')} is installed, the pin is {VERSION}")
+        problems.append(
+            f"llama-cpp-python {ident.get('llama_cpp_python')} is installed, the pin is {VERSION}"
+        )
     bad = sorted(set(ident.get("features", ())) & set(FORBIDDEN_FEATURES))
     if bad:
         problems.append(f"it was compiled with {', '.join(bad)} (a native build?)")
@@ -263,25 +297,41 @@ def install(log=print) -> Path:  # noqa: ANN001
     wheel = build_wheel(log=log)
     if installed_matches(wheel):
         return wheel
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", "-q", str(wheel)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", "-q", str(wheel)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise BuildFailure(f"installing {wheel.name} failed: {(proc.stdout + proc.stderr).strip()[-2000:]}")
     # llama-cpp-python's own runtime dependencies (numpy, jinja2, diskcache, typing-extensions)
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", str(wheel)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", str(wheel)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
-        raise BuildFailure(f"installing the dependencies of {wheel.name} failed: {proc.stderr.strip()[-2000:]}")
+        raise BuildFailure(
+            f"installing the dependencies of {wheel.name} failed: {proc.stderr.strip()[-2000:]}"
+        )
     return wheel
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.reference_build", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.reference_build", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("install", help="build (once, cached) and install the pinned portable wheel")
     sub.add_parser("identity", help="print the installed reference's identity as JSON")
-    check = sub.add_parser("check-isa", help="fail if any installed llama.cpp library holds AVX-512 or AMX code")
-    check.add_argument("--lib-dir", type=Path, default=None, help="scan this folder instead of the installed one")
+    check = sub.add_parser(
+        "check-isa", help="fail if any installed llama.cpp library holds AVX-512 or AMX code"
+    )
+    check.add_argument(
+        "--lib-dir", type=Path, default=None, help="scan this folder instead of the installed one"
+    )
     sub.add_parser("flags", help="print the pinned CMake flags")
     args = parser.parse_args(argv)
     try:
@@ -295,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             folder = args.lib_dir or installed_lib_dir()
             if folder is None:
-                raise BuildFailure("llama-cpp-python is not installed; run: python -m engine.reference_build install")
+                raise BuildFailure(
+                    "llama-cpp-python is not installed; run: python -m engine.reference_build install"
+                )
             offenders = scan_folder(folder)
             if offenders:
                 print(f"error: AVX-512 or AMX code in {folder}: {json.dumps(offenders)}", file=sys.stderr)

@@ -71,7 +71,8 @@ def build_identity() -> dict[str, Any]:
     problems = reference_build.portability_problems(ident)
     if problems:
         raise ReferenceFailure(
-            "the installed llama.cpp is not the pinned portable reference build: " + "; ".join(problems)
+            "the installed llama.cpp is not the pinned portable reference build: "
+            + "; ".join(problems)
             + ". Rebuild it with: python -m engine.reference_build install"
         )
     return ident
@@ -313,9 +314,19 @@ _AUDIT_SCHEMA = "evalbot.reference.audit/1"
 
 
 def _audit_key(model_sha: str, build: dict[str, Any], prompt: list[int], tokens: list[int]) -> str:
-    blob = json.dumps({"schema": _AUDIT_SCHEMA, "model_sha256": model_sha, "lib_sha256": build.get("lib_sha256"),
-                       "cmake_args": build.get("cmake_args"), "llama_cpp": build.get("llama_cpp_python"),
-                       "flash_attn": FLASH_ATTN, "prompt": prompt, "tokens": tokens}, separators=(",", ":"))
+    blob = json.dumps(
+        {
+            "schema": _AUDIT_SCHEMA,
+            "model_sha256": model_sha,
+            "lib_sha256": build.get("lib_sha256"),
+            "cmake_args": build.get("cmake_args"),
+            "llama_cpp": build.get("llama_cpp_python"),
+            "flash_attn": FLASH_ATTN,
+            "prompt": prompt,
+            "tokens": tokens,
+        },
+        separators=(",", ":"),
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -326,7 +337,11 @@ def _row_summary(logits: np.ndarray) -> tuple[int, float]:
 
 
 def audit_sequences(
-    model_path: Path, items: list[dict[str, Any]], *, model_sha: str | None = None, n_threads: int | None = None
+    model_path: Path,
+    items: list[dict[str, Any]],
+    *,
+    model_sha: str | None = None,
+    n_threads: int | None = None,
 ) -> list[dict[str, Any]]:
     """For each {key, prompt, tokens}: llama.cpp's argmax and top-2 margin at every position that
     predicts one of the tokens, teacher-forced on those tokens. Sequences sharing a prompt evaluate it
@@ -340,13 +355,18 @@ def audit_sequences(
         prompt, tokens = [int(t) for t in item["prompt"]], [int(t) for t in item["tokens"]]
         key = _audit_key(sha, build, prompt, tokens)
         try:
-            out[item["key"]] = {"key": item["key"], **json.loads((root / f"{key}.json").read_text()), "cached": True}
+            out[item["key"]] = {
+                "key": item["key"],
+                **json.loads((root / f"{key}.json").read_text()),
+                "cached": True,
+            }
         except (OSError, ValueError):
             todo.setdefault(tuple(prompt), []).append((item, key))
     if todo:
         longest = max(len(p) + max(len(i["tokens"]) for i, _ in group) for p, group in todo.items())
-        llm, _ = open_llama(model_path, aligned_ctx(longest + 1), logits_all=False,
-                            n_threads=n_threads or default_threads())
+        llm, _ = open_llama(
+            model_path, aligned_ctx(longest + 1), logits_all=False, n_threads=n_threads or default_threads()
+        )
         try:
             for prompt, group in todo.items():
                 llm.reset()

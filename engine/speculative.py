@@ -33,8 +33,9 @@ class Drafter(Protocol):
     def begin(self, prompt: Sequence[int]) -> None:
         """Start a new sequence (prefill a draft model, index a prompt)."""
 
-    def propose(self, committed: Sequence[int], k: int, params: SamplingParams,
-                gen: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+    def propose(
+        self, committed: Sequence[int], k: int, params: SamplingParams, gen: torch.Generator | None
+    ) -> tuple[list[int], torch.Tensor | None]:
         """Up to k draft tokens, and their draft distributions [len, V] (None: deterministic, one-hot)."""
 
     def commit(self, committed: Sequence[int]) -> None:
@@ -53,8 +54,9 @@ class NgramDrafter:
     def begin(self, prompt: Sequence[int]) -> None:
         pass
 
-    def propose(self, committed: Sequence[int], k: int, params: SamplingParams,
-                gen: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+    def propose(
+        self, committed: Sequence[int], k: int, params: SamplingParams, gen: torch.Generator | None
+    ) -> tuple[list[int], torch.Tensor | None]:
         return lookup(committed, self.n, k), None
 
     def commit(self, committed: Sequence[int]) -> None:
@@ -90,8 +92,9 @@ class DraftModelDrafter:
         if len(prompt) > 1:
             self.session.forward(prompt[:-1])
 
-    def propose(self, committed: Sequence[int], k: int, params: SamplingParams,
-                gen: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+    def propose(
+        self, committed: Sequence[int], k: int, params: SamplingParams, gen: torch.Generator | None
+    ) -> tuple[list[int], torch.Tensor | None]:
         if k <= 0:
             return [], None
         s = self.session
@@ -117,8 +120,10 @@ class DraftModelDrafter:
 # A verifier maps (target logits [k+1, V], drafts, draft probs, params, generator) to
 # (number of drafts accepted, the token the target adds). Pluggable so that tests can prove that a
 # wrong one is caught by the lossless check.
-Verifier = Callable[[torch.Tensor, list[int], "torch.Tensor | None", SamplingParams, "torch.Generator | None"],
-                    tuple[int, int]]
+Verifier = Callable[
+    [torch.Tensor, list[int], "torch.Tensor | None", SamplingParams, "torch.Generator | None"],
+    tuple[int, int],
+]
 
 
 def verify_greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
@@ -131,8 +136,13 @@ def verify_greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
     return n, best[n]
 
 
-def verify_sampling(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, params: SamplingParams,
-                    gen: torch.Generator | None) -> tuple[int, int]:
+def verify_sampling(
+    logits: torch.Tensor,
+    drafts: list[int],
+    q: torch.Tensor | None,
+    params: SamplingParams,
+    gen: torch.Generator | None,
+) -> tuple[int, int]:
     """Rejection sampling: accept x with prob min(1, p(x)/q(x)); on rejection draw from norm(max(p - q, 0))."""
     p = probabilities(logits, params)  # [k+1, V], the target's distributions after temperature/top-k/top-p
     for i, x in enumerate(drafts):
@@ -154,8 +164,13 @@ def verify_sampling(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | N
     return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=gen))
 
 
-def default_verifier(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, params: SamplingParams,
-                     gen: torch.Generator | None) -> tuple[int, int]:
+def default_verifier(
+    logits: torch.Tensor,
+    drafts: list[int],
+    q: torch.Tensor | None,
+    params: SamplingParams,
+    gen: torch.Generator | None,
+) -> tuple[int, int]:
     """Greedy prefix match at temperature 0, rejection sampling otherwise."""
     if params.greedy:
         return verify_greedy(logits, drafts)
@@ -181,16 +196,25 @@ class SpecGeneration:
         return sum(k * v for k, v in self.accept_hist.items()) / self.steps if self.steps else 0.0
 
 
-def speculative_generate(target: Session, drafter: Drafter, prompt: Sequence[int], max_new: int,
-                         block_size: int = DEFAULT_BLOCK, params: SamplingParams | None = None,
-                         stop_ids: frozenset[int] = frozenset(), verifier: Verifier = default_verifier,
-                         on_step: Callable[[list[int]], None] | None = None) -> SpecGeneration:
+def speculative_generate(
+    target: Session,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    max_new: int,
+    block_size: int = DEFAULT_BLOCK,
+    params: SamplingParams | None = None,
+    stop_ids: frozenset[int] = frozenset(),
+    verifier: Verifier = default_verifier,
+    on_step: Callable[[list[int]], None] | None = None,
+) -> SpecGeneration:
     """Generate max_new tokens with the target, B-1 drafted tokens checked per target forward pass.
     `on_step` receives the tokens each step commits, the prefill's first token as a step of its own."""
     if block_size < 1:
         raise ValueError(f"block size must be >= 1, got {block_size}")
     if len(prompt) + max_new > target.cache.max_seq:
-        raise ValueError(f"prompt {len(prompt)} + {max_new} new tokens exceed the cache ({target.cache.max_seq})")
+        raise ValueError(
+            f"prompt {len(prompt)} + {max_new} new tokens exceed the cache ({target.cache.max_seq})"
+        )
     params = params or SamplingParams()
     gen = None if params.greedy else make_generator(params)
     out = SpecGeneration()
@@ -249,7 +273,12 @@ def lossless_report(ar_tokens: Sequence[int], spec_runs: Sequence[Sequence[int]]
     for run in spec_runs:
         if list(run) == list(ar_tokens):
             continue
-        diff = next((i for i, (a, b) in enumerate(zip(ar_tokens, run, strict=False)) if a != b), min(len(ar_tokens), len(run)))
+        diff = next(
+            (i for i, (a, b) in enumerate(zip(ar_tokens, run, strict=False)) if a != b),
+            min(len(ar_tokens), len(run)),
+        )
         firsts.append(diff)
     ok = len(spec_runs) - len(firsts)
-    return LosslessReport(int(not firsts and bool(spec_runs)), ok, len(spec_runs), min(firsts) if firsts else None)
+    return LosslessReport(
+        int(not firsts and bool(spec_runs)), ok, len(spec_runs), min(firsts) if firsts else None
+    )

@@ -19,9 +19,7 @@ import numpy as np
 from engine.prompts import corpus_text
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-QWEN2_PRE_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+QWEN2_PRE_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 
 @dataclass(frozen=True)
@@ -46,13 +44,16 @@ def train_vocab(vocab_size: int) -> tuple[list[str], list[str]]:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRE_REGEX), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(SPECIALS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size - len(SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator([corpus_text()], trainer)
@@ -100,14 +101,20 @@ def write(path: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> Path:
     def normal(*shape: int, std: float) -> np.ndarray:
         return (rng.standard_normal(shape) * std).astype(np.float32)
 
-    def add(name: str, arr: np.ndarray, qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32) -> None:
+    def add(
+        name: str, arr: np.ndarray, qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
+    ) -> None:
         if qtype == gguf.GGMLQuantizationType.F32:
             w.add_tensor(name, arr)
         else:
             w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
 
     d, hd, hq, hkv = spec.d_model, spec.head_dim, spec.n_head, spec.n_kv_head
-    q8, f16, bf16 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16
+    q8, f16, bf16 = (
+        gguf.GGMLQuantizationType.Q8_0,
+        gguf.GGMLQuantizationType.F16,
+        gguf.GGMLQuantizationType.BF16,
+    )
     add("token_embd.weight", normal(vocab, d, std=1.0), q8)
     add("output_norm.weight", 1.0 + normal(d, std=0.1))
     if not spec.tied_output:
@@ -139,14 +146,20 @@ def write(path: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.synthetic", description="write a tiny random GGUF model")
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.synthetic", description="write a tiny random GGUF model"
+    )
     parser.add_argument("path")
     parser.add_argument("--arch", choices=("qwen2", "qwen3"), default="qwen3")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tied", action="store_true")
     args = parser.parse_args(argv)
     head_dim = 32 if args.arch == "qwen3" else 16
-    print(write(args.path, SyntheticSpec(arch=args.arch, head_dim=head_dim, seed=args.seed, tied_output=args.tied)))
+    print(
+        write(
+            args.path, SyntheticSpec(arch=args.arch, head_dim=head_dim, seed=args.seed, tied_output=args.tied)
+        )
+    )
     return 0
 
 

@@ -106,8 +106,11 @@ def summarize(runs: Sequence[AARun], *, box: str, at: str) -> CalibrationSummary
     for (model, context), per_metric in sorted(found.items()):
         # the clock that scored in each run (wall or CPU time, verdict.score_clocks), else the wall clock
         scored = [entry for m in DECODE_METRICS for entry in per_metric.get(m, []) if entry[0].scored]
-        metric = "/".join(sorted({e.metric for e, _, _ in scored})) if scored else (
-            PRIMARY_METRIC if PRIMARY_METRIC in per_metric else sorted(per_metric)[0])
+        metric = (
+            "/".join(sorted({e.metric for e, _, _ in scored}))
+            if scored
+            else (PRIMARY_METRIC if PRIMARY_METRIC in per_metric else sorted(per_metric)[0])
+        )
         primary = scored or per_metric[metric]
         # a run is a false positive here if any metric's estimate at this context was called
         called: dict[int, tuple[bool, bool]] = {}
@@ -190,6 +193,8 @@ def run(cfg: runner.EvalConfig, runs: int, log: runner.Log, *, judge_fn: Judge =
         if not completed(v):  # what the maintainer needs to fix the box: the stage, and the stderr tail
             for f in judged.measurements.failures:
                 tail = f.log_tail.strip()[-1500:]
-                log(f"calibration run {i}/{runs}: {f.side.value} {f.stage}: {f.message}"
-                    + (f"\n{tail}" if tail else ""))
+                log(
+                    f"calibration run {i}/{runs}: {f.side.value} {f.stage}: {f.message}"
+                    + (f"\n{tail}" if tail else "")
+                )
     return out

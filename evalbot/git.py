@@ -18,8 +18,19 @@ from typing import IO, Any
 
 DEFAULT_TIMEOUT_S = 600.0
 # variables that choose which repository, index or objects git uses
-_RELOCATING = frozenset({"GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
-                         "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_PREFIX", "GIT_CEILING_DIRECTORIES"})
+_RELOCATING = frozenset(
+    {
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_COMMON_DIR",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+        "GIT_NAMESPACE",
+        "GIT_PREFIX",
+        "GIT_CEILING_DIRECTORIES",
+    }
+)
 
 
 class GitError(RuntimeError):
@@ -40,32 +51,51 @@ def _show(args: tuple[str, ...]) -> str:
     return f"git {shlex.join(args[:3])}{' ...' if len(args) > 3 else ''}"
 
 
-def run(repo: Path | str, *args: str, env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-        text: bool = True) -> subprocess.CompletedProcess[Any]:
+def run(
+    repo: Path | str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    text: bool = True,
+) -> subprocess.CompletedProcess[Any]:
     """Run git in repo and return what it did, whatever its exit code; GitError only if it could not run."""
     try:
-        return subprocess.run(_argv(repo, args), capture_output=True, stdin=subprocess.DEVNULL, timeout=timeout,
-                              env=environ(env), **({"text": True, "errors": "surrogateescape"} if text else {}))
+        return subprocess.run(
+            _argv(repo, args),
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+            env=environ(env),
+            **({"text": True, "errors": "surrogateescape"} if text else {}),
+        )
     except FileNotFoundError as exc:
         raise GitError(f"git is not installed: {exc}") from exc
     except subprocess.TimeoutExpired as exc:
         raise GitError(f"`{_show(args)}` in {repo} took longer than {timeout:g} s") from exc
 
 
-def out(repo: Path | str, *args: str, env: Mapping[str, str] | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S) -> str:
+def out(
+    repo: Path | str, *args: str, env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S
+) -> str:
     """git's standard output; GitError (with the end of its stderr) when it exits non-zero."""
     proc = run(repo, *args, env=env, timeout=timeout)
     if proc.returncode != 0:
-        raise GitError(f"`{_show(args)}` failed in {repo}: {proc.stderr.strip()[-500:] or f'exit {proc.returncode}'}")
+        raise GitError(
+            f"`{_show(args)}` failed in {repo}: {proc.stderr.strip()[-500:] or f'exit {proc.returncode}'}"
+        )
     return proc.stdout
 
 
 def stream(repo: Path | str, *args: str) -> subprocess.Popen[bytes]:
     """Start git with its standard output as a byte stream (``git archive``); the caller waits on it."""
     try:
-        return subprocess.Popen(_argv(repo, args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, env=environ())
+        return subprocess.Popen(
+            _argv(repo, args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=environ(),
+        )
     except FileNotFoundError as exc:
         raise GitError(f"git is not installed: {exc}") from exc
 

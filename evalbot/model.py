@@ -153,7 +153,9 @@ class Provenance:
     model_sha256s: dict[str, str] = field(default_factory=dict)
     engine_build: dict[str, Any] = field(default_factory=dict)
     box: dict[str, Any] = field(default_factory=dict)
-    measured_sha: str = ""  # what was built and timed: the head merged into main (the head when it holds main)
+    measured_sha: str = (
+        ""  # what was built and timed: the head merged into main (the head when it holds main)
+    )
     # per model: the llama.cpp reference's identity (version, pinned build flags, sha256 of its libraries)
     reference: dict[str, Any] = field(default_factory=dict)
     prompt_seed: int | None = None
@@ -197,8 +199,13 @@ class GateKind(enum.StrEnum):
     HEAD = "head"  # the head's own build or run failed
 
 
-_KIND_OF_NAME = (("no regression", GateKind.REGRESSION), ("decode agreement", GateKind.DECODE_AUDIT),
-                 ("accuracy", GateKind.ACCURACY), ("spec", GateKind.SPEC), ("head", GateKind.HEAD))
+_KIND_OF_NAME = (
+    ("no regression", GateKind.REGRESSION),
+    ("decode agreement", GateKind.DECODE_AUDIT),
+    ("accuracy", GateKind.ACCURACY),
+    ("spec", GateKind.SPEC),
+    ("head", GateKind.HEAD),
+)
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,9 @@ class _Poll:
     labels: dict[int, set[str]] = field(default_factory=dict)  # each PR's labels as this poll left them
     claims: dict[int, TemplateFacts] = field(default_factory=dict)  # each PR's description, parsed once
     protected: dict[int, set[str]] = field(default_factory=dict)  # blocking labels present when it began
-    stopped: dict[int, str] = field(default_factory=dict)  # why intake stops a PR that has a verdict at its head
+    stopped: dict[int, str] = field(
+        default_factory=dict
+    )  # why intake stops a PR that has a verdict at its head
 
 
 class Bot:
@@ -101,8 +103,11 @@ class Bot:
         self._dispatch_runs: dispatch.DispatchRuns | None = None
         # one poller per store, held in the store itself (the caller's keeper, already holding it, or the
         # bot's own, taken at the first poll); `owner_gone` says when another holder no longer runs
-        self._lease = lease if lease is not None or dry_run else LeaseKeeper(
-            store, settings.worker, settings.lease_ttl_s, gone=owner_gone)
+        self._lease = (
+            lease
+            if lease is not None or dry_run
+            else LeaseKeeper(store, settings.worker, settings.lease_ttl_s, gone=owner_gone)
+        )
         self._leased = lease is not None
 
     # ------------------------------------------------------------------ the loop
@@ -150,7 +155,9 @@ class Bot:
         set_main = getattr(self.screen, "set_main", None)
         if set_main is not None and not self.dry_run:
             set_main(self._p.main_sha)
-        return sorted((s for s in self._listing if s.base_ref == self.settings.main_branch), key=lambda s: s.number)
+        return sorted(
+            (s for s in self._listing if s.base_ref == self.settings.main_branch), key=lambda s: s.number
+        )
 
     def take_lease(self) -> None:
         """Hold the store's poller lease from now until `close`; LeaseHeldError names another live holder."""
@@ -296,7 +303,9 @@ class Bot:
             rec := self.store.claim_next(self.settings.worker, **({"lease_s": lease} if lease else {}))
         ) is not None:
             key, pr = rec.key, facts.get(rec.key.pr)
-            failed = self._contained(key.pr, "evaluation", lambda k=key, p=pr: self._evaluate(k, p, main_sha, actions))
+            failed = self._contained(
+                key.pr, "evaluation", lambda k=key, p=pr: self._evaluate(k, p, main_sha, actions)
+            )
             if failed is not None:
                 why = f"{type(failed).__name__}: {cap_text(str(failed), 500)}"
                 self._contained(key.pr, "recording the infra error",
@@ -320,7 +329,9 @@ class Bot:
             self._needs_rebase(pr, why)
             self._note(pr.number, why)
             return
-        self.log(f"#{key.pr}: evaluating {key.head_sha[:12]} (as {target[:12]}) against main {key.base_sha[:12]}")
+        self.log(
+            f"#{key.pr}: evaluating {key.head_sha[:12]} (as {target[:12]}) against main {key.base_sha[:12]}"
+        )
         # evaluate measures the same deterministic merge of the head into main
         judged = self.evaluator(pr, self.mirror.path, key.base_sha, key.head_sha)
         self._finish(key, judged)
@@ -336,7 +347,9 @@ class Bot:
     def _finish(self, key: EvalKey, judged: Judgement) -> None:
         """Record a measured evaluation (the round publishes it); an INCONCLUSIVE one is queued again,
         within the store's attempt limit, since the box, not the PR, failed to resolve it."""
-        self.store.finish_evaluation(key, self.settings.worker, judged.verdict, judged.measurements, judged.receipt)
+        self.store.finish_evaluation(
+            key, self.settings.worker, judged.verdict, judged.measurements, judged.receipt
+        )
         self._p.report.evaluated.append(key.pr)
         rec = self.store.evaluation(key)
         if judged.verdict.status is Status.INCONCLUSIVE and rec is not None and rec.attempts < MAX_ATTEMPTS:
@@ -438,9 +451,15 @@ class Bot:
                 claim = p.claims.get(pr.number)
                 if claim is None:  # a PR intake did not read this poll (on hold): parse it now, once
                     claim = p.claims[pr.number] = parse_body(pr.body)
-                decision = verdict_decision(pr, records[d.pr], self.rules, claim,
-                                            cleared=self.store.cleared(pr.number, pr.head_sha),
-                                            round_note=d.comment or "", stopped=p.stopped.get(pr.number, ""))
+                decision = verdict_decision(
+                    pr,
+                    records[d.pr],
+                    self.rules,
+                    claim,
+                    cleared=self.store.cleared(pr.number, pr.head_sha),
+                    round_note=d.comment or "",
+                    stopped=p.stopped.get(pr.number, ""),
+                )
                 if decision is not None:
                     self._apply(pr, decision)
 
@@ -452,10 +471,14 @@ class Bot:
                 self._contained(number, "promoting", lambda n=number: self._relabel(
                     facts[n], {self.rules.labels.merge_first}, owned))  # fmt: skip
             outcome: list[str] = []
-            self._contained(number, "merging", lambda n=number, o=outcome: o.append(self._maybe_merge(facts[n],
-                                                                                                     records[n])))
+            self._contained(
+                number,
+                "merging",
+                lambda n=number, o=outcome: o.append(self._maybe_merge(facts[n], records[n])),
+            )
             if outcome != ["refused"]:
                 break
+
     def _record_round(self, ranking: rounds.RoundRanking, facts: dict[int, PullRequest]) -> None:
         """The round against this main, in the store: its ranked PRs and their lower-bound gains."""
         if self.dry_run or not ranking.order:
@@ -488,13 +511,17 @@ class Bot:
         blocker = rounds.merge_blocker(rec.verdict, rec.key.head_sha, rec.key.base_sha, fresh, main_now, self.rules,
                                        main_branch=self.settings.main_branch, automerge_env=self.settings.automerge_env,
                                        held=self.store.hold_for(pr.number) is not None)  # fmt: skip
-        if blocker is None:  # a speed verdict is no licence to weaken the tests: CI must pass on the measured head
+        if (
+            blocker is None
+        ):  # a speed verdict is no licence to weaken the tests: CI must pass on the measured head
             ci = rounds.ci_verdict(self._ci_runs(rec.key.head_sha), self.rules)
             blocker = rounds.MergeBlocker(ci) if ci else None
         if blocker is not None:
             self._note(pr.number, f"not merged: {blocker.why}")
             if blocker.measure_again and not self.dry_run:
-                self.store.enqueue_evaluation(EvalKey(pr.number, fresh.head_sha, main_now, self.rules.rules_hash))
+                self.store.enqueue_evaluation(
+                    EvalKey(pr.number, fresh.head_sha, main_now, self.rules.rules_hash)
+                )
             return "no"
         title = f"{pr.title} (#{pr.number})"
         message = f"Merged by evalbot at the measured head {rec.key.head_sha}: {rec.verdict.status.value} {rec.verdict.tier}"

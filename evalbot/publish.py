@@ -129,7 +129,9 @@ class Publisher:
             "labels", pr, head_sha, {"now": sorted(set(current)), "add": change.add, "remove": change.remove}
         )
         # planned from the live labels: one the bot set and a human removed is restored, key or no key
-        if not self.store.begin_action(key, {"pr": pr, "add": change.add, "remove": change.remove}, redo=True):
+        if not self.store.begin_action(
+            key, {"pr": pr, "add": change.add, "remove": change.remove}, redo=True
+        ):
             return LabelChange((), ())
         if change.add:
             self.gh.add_labels(pr, change.add)

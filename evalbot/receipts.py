@@ -164,8 +164,12 @@ def build_receipt(
     # None: an offline evaluation of two revisions, not tied to a pull request
     if pr is not None and (isinstance(pr, bool) or not isinstance(pr, int) or pr <= 0):
         raise ReceiptError(f"pr must be a positive int or None, got {pr!r}")
-    for name, sha in (("head_sha", head_sha), ("base_sha", base_sha), ("harness_sha", harness_sha),
-                      *((("measured_sha", measured_sha),) if measured_sha is not None else ())):
+    for name, sha in (
+        ("head_sha", head_sha),
+        ("base_sha", base_sha),
+        ("harness_sha", harness_sha),
+        *((("measured_sha", measured_sha),) if measured_sha is not None else ()),
+    ):
         _check_hex(name, sha, _GIT_SHA, "a 40-character git sha")
     _check_hex("rules_hash", rules_hash, _SHA256, "a 64-character sha256")
     _require("model_sha256s", model_sha256s, Mapping, "a mapping of model name to sha256")

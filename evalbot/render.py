@@ -29,8 +29,10 @@ from evalbot.stats import MDE_POWER
 MARKER = "<!-- evalbot:result -->"
 STATE_SCHEMA = 2
 COMMENT_MAX_CHARS = 65536  # GitHub refuses (422) a longer issue comment
-_TRIMMED_NOTE = ("\n\n> **Trimmed:** this comment was cut to fit GitHub's {limit:,}-character limit; "
-                 "`result.json` and the signed receipt hold everything.\n")
+_TRIMMED_NOTE = (
+    "\n\n> **Trimmed:** this comment was cut to fit GitHub's {limit:,}-character limit; "
+    "`result.json` and the signed receipt hold everything.\n"
+)
 
 # Base64 has no '-' or '>', so no value in the state can close the HTML comment early.
 _STATE_RE = re.compile(r"<!-- evalbot:state ([A-Za-z0-9+/=]*) -->")
@@ -48,8 +50,12 @@ _STATUS_ICON = {
     Status.INCONCLUSIVE: "🔁",
     Status.SKIPPED: "⏭️",
 }
-_METRIC_NAMES = {"decode_tps": "decode tok/s", "decode_cpu_tps": "decode tok/CPU-s", "prefill_tps": "prefill tok/s",
-                 "decode_utilization": "CPU s per wall s"}
+_METRIC_NAMES = {
+    "decode_tps": "decode tok/s",
+    "decode_cpu_tps": "decode tok/CPU-s",
+    "prefill_tps": "prefill tok/s",
+    "decode_utilization": "CPU s per wall s",
+}
 
 
 # --- escaping (evalbot.markdown) -----------------------------------------------------------------
@@ -204,8 +210,14 @@ def _make_environment(folder: Path, *, html: bool, **filters: Any) -> jinja2.Env
 @functools.cache
 def _environment() -> jinja2.Environment:
     # Markdown, not HTML: autoescape would mangle it. Untrusted fields go through the md filter instead.
-    return _make_environment(_TEMPLATES, html=False, md=escape_md, fenced=fenced, sha=_sha,
-                             metric=lambda name: _METRIC_NAMES.get(name) or escape_md(name))
+    return _make_environment(
+        _TEMPLATES,
+        html=False,
+        md=escape_md,
+        fenced=fenced,
+        sha=_sha,
+        metric=lambda name: _METRIC_NAMES.get(name) or escape_md(name),
+    )
 
 
 def _gates_at(gates: Iterable[Gate], model: str, context: int | None) -> list[Gate]:
@@ -229,8 +241,11 @@ def _context(verdict: Verdict, measurements: Measurements, signature_status: str
     spec = [
         {
             "s": s,
-            "gates": [g for g in gates if g.kind is GateKind.SPEC and g.model in (None, s.target)
-                      and g.context in (None, s.context)],  # a row's own context: each is measured apart
+            "gates": [
+                g
+                for g in gates
+                if g.kind is GateKind.SPEC and g.model in (None, s.target) and g.context in (None, s.context)
+            ],  # a row's own context: each is measured apart
             "ar_ratio": _geomean_ratio(s.ar_pairs),
             "spec_ratio": _geomean_ratio(s.spec_pairs),
         }
@@ -338,7 +353,9 @@ def render_comment(verdict: Verdict, measurements: Measurements, *, signature_st
                    standing: Standing | None = None) -> str:  # fmt: skip
     """The PR comment (markdown) for one evaluation, with the hidden marker and embedded state."""
     template = _environment().get_template("comment.md.j2")
-    return template.render(_context(verdict, measurements, signature_status) | {"standing": standing or Standing()})
+    return template.render(
+        _context(verdict, measurements, signature_status) | {"standing": standing or Standing()}
+    )
 
 
 def render_notice(
@@ -357,7 +374,9 @@ def render_notice(
 def render_prose(prose: Iterable[Prose]) -> str:
     """The rules' prose for a PR (markdown), each from its template under ``templates/notices/``, in order."""
     env = _environment()
-    return "\n\n".join(env.get_template(f"notices/{p.template}.md.j2").render(dict(p.data)).strip() for p in prose)
+    return "\n\n".join(
+        env.get_template(f"notices/{p.template}.md.j2").render(dict(p.data)).strip() for p in prose
+    )
 
 
 def render_verdict_file(path: str | os.PathLike[str]) -> str:
@@ -425,8 +444,14 @@ def site_time(value: Any) -> str:
 
 @functools.cache
 def _site_environment() -> jinja2.Environment:
-    return _make_environment(_SITE_TEMPLATES, html=True, text=_site_text, sha=_site_sha, when=site_time,
-                             metric=lambda name: _METRIC_NAMES.get(name) or _site_text(name, 30))
+    return _make_environment(
+        _SITE_TEMPLATES,
+        html=True,
+        text=_site_text,
+        sha=_site_sha,
+        when=site_time,
+        metric=lambda name: _METRIC_NAMES.get(name) or _site_text(name, 30),
+    )
 
 
 def render_site_page(template: str, context: dict[str, Any]) -> str:

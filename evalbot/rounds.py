@@ -136,13 +136,20 @@ def approval_needed(paths: Iterable[str], labels: Iterable[str], rules: Rules) -
     am = rules.automerge
     if not am.approval_paths or am.approval_label in set(labels):
         return None
-    hits = [p for p in paths if any(p == a or (a.endswith("/") and p.startswith(a)) or p.endswith("/" + a)
-                                   for a in am.approval_paths)]
+    hits = [
+        p
+        for p in paths
+        if any(
+            p == a or (a.endswith("/") and p.startswith(a)) or p.endswith("/" + a) for a in am.approval_paths
+        )
+    ]
     if not hits:
         return None
     shown = ", ".join(hits[:5]) + (" …" if len(hits) > 5 else "")
-    return (f"it changes files that are not benchmark code ({shown}): it merges on a speed verdict only once a "
-            f"maintainer adds the {am.approval_label!r} label")
+    return (
+        f"it changes files that are not benchmark code ({shown}): it merges on a speed verdict only once a "
+        f"maintainer adds the {am.approval_label!r} label"
+    )
 
 
 def ci_verdict(runs: Iterable[WorkflowRun], rules: Rules) -> str | None:

@@ -268,10 +268,14 @@ def _log_ratios(pairs: Sequence[tuple[float, float]]) -> list[float]:
         except (TypeError, ValueError):
             raise StatsError(f"pair {i} is {pair!r}, not a (base, head) pair") from None
         # log(h) - log(b), not log(h / b): swapping the pair then negates it exactly.
-        d = math.log(_checked_value(head, f"pair {i} head")) - math.log(_checked_value(base, f"pair {i} base"))
+        d = math.log(_checked_value(head, f"pair {i} head")) - math.log(
+            _checked_value(base, f"pair {i} base")
+        )
         if abs(d) > _MAX_LOG_RATIO:
-            raise StatsError(f"pair {i}: head/base is {math.exp(min(d, 700)):.3g}, beyond the 1e6x either way "
-                             "a throughput comparison can mean")
+            raise StatsError(
+                f"pair {i}: head/base is {math.exp(min(d, 700)):.3g}, beyond the 1e6x either way "
+                "a throughput comparison can mean"
+            )
         out.append(d)
     return out
 
@@ -334,8 +338,9 @@ def estimate(pairs: Sequence[tuple[float, float]], confidence: float = 0.95) -> 
     return _t_estimate(_log_ratios(pairs), len(pairs), confidence)
 
 
-def estimate_blocked(pairs: Sequence[tuple[float, float]], blocks: Sequence[int],
-                     confidence: float = 0.95) -> PairedEstimate:
+def estimate_blocked(
+    pairs: Sequence[tuple[float, float]], blocks: Sequence[int], confidence: float = 0.95
+) -> PairedEstimate:
     """The paired estimate with process blocks as clusters: pairs measured in the same pair of serving
     processes share those processes' offsets, so the interval is a t-interval over the blocks' mean
     log-ratios (J blocks, J - 1 degrees of freedom), and so is the MDE. With one block (or no blocks
@@ -363,9 +368,15 @@ def _from_se(mean: float, se: float, df: int, sd: float, n_pairs: int, confidenc
         p_value = _t_upper_tail(t_stat, df) if t_stat >= 0 else 1.0 - _t_upper_tail(-t_stat, df)
     alpha = (1.0 - confidence) / 2.0
     return PairedEstimate(
-        n=n_pairs, ratio=math.exp(mean), ci_low=math.exp(mean - hw), ci_high=math.exp(mean + hw), half_width=hw,
-        sd_log=sd, mde=math.expm1((t_quantile(1.0 - alpha, df) + t_quantile(MDE_POWER, df)) * se),
-        p_value=p_value, confidence=confidence,
+        n=n_pairs,
+        ratio=math.exp(mean),
+        ci_low=math.exp(mean - hw),
+        ci_high=math.exp(mean + hw),
+        half_width=hw,
+        sd_log=sd,
+        mde=math.expm1((t_quantile(1.0 - alpha, df) + t_quantile(MDE_POWER, df)) * se),
+        p_value=p_value,
+        confidence=confidence,
     )
 
 
@@ -378,8 +389,12 @@ class Crossover:
     blocks_each: tuple[int, int]  # blocks with the base loaded first, with the head loaded first
 
 
-def crossover(pairs: Sequence[tuple[float, float]], blocks: Sequence[int], base_first: Sequence[bool],
-              confidence: float = 0.95) -> Crossover:
+def crossover(
+    pairs: Sequence[tuple[float, float]],
+    blocks: Sequence[int],
+    base_first: Sequence[bool],
+    confidence: float = 0.95,
+) -> Crossover:
     """The paired estimate of a crossover design: each process block loads one side first, and the blocks
     alternate. A block's mean log-ratio is theta + gamma * s_b + noise (s_b = +1 when the base loaded first,
     -1 otherwise); theta is the mean of the two order groups' means, so a fixed load-order effect gamma
@@ -399,7 +414,9 @@ def crossover(pairs: Sequence[tuple[float, float]], blocks: Sequence[int], base_
     first = [m for b, m in means.items() if order_of[b]]
     second = [m for b, m in means.items() if not order_of[b]]
     if len(first) < 2 or len(second) < 2:
-        raise StatsError(f"a crossover needs at least 2 blocks of each load order, got {len(first)} and {len(second)}")
+        raise StatsError(
+            f"a crossover needs at least 2 blocks of each load order, got {len(first)} and {len(second)}"
+        )
     m1, m0 = math.fsum(first) / len(first), math.fsum(second) / len(second)
     df = len(first) + len(second) - 2
     ss = math.fsum((x - m1) ** 2 for x in first) + math.fsum((x - m0) ** 2 for x in second)
@@ -410,8 +427,12 @@ def crossover(pairs: Sequence[tuple[float, float]], blocks: Sequence[int], base_
     return Crossover(est, (m1 - m0) / 2.0, (len(first), len(second)))
 
 
-def estimate_design(pairs: Sequence[tuple[float, float]], blocks: Sequence[int] = (),
-                    base_first: Sequence[bool] = (), confidence: float = 0.95) -> PairedEstimate:
+def estimate_design(
+    pairs: Sequence[tuple[float, float]],
+    blocks: Sequence[int] = (),
+    base_first: Sequence[bool] = (),
+    confidence: float = 0.95,
+) -> PairedEstimate:
     """The estimate the measurement's design calls for: a crossover where blocks alternate the load order
     (at least 2 of each), blocks as clusters where they do not, plain pairs without blocks."""
     if base_first and blocks:

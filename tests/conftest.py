@@ -34,4 +34,7 @@ def synthetic_qwen3(tmp_path_factory):
 def synthetic_qwen2(tmp_path_factory):
     from engine.synthetic import SyntheticSpec, write
 
-    return write(tmp_path_factory.mktemp("synth") / "qwen2.gguf", SyntheticSpec(arch="qwen2", head_dim=16, seed=2, tied_output=True))
+    return write(
+        tmp_path_factory.mktemp("synth") / "qwen2.gguf",
+        SyntheticSpec(arch="qwen2", head_dim=16, seed=2, tied_output=True),
+    )

@@ -17,7 +17,11 @@ def test_sign_test_is_the_exact_two_sided_binomial():
 
 
 def test_aa_rows_read_calibrate_json_and_its_log(tmp_path, capsys):
-    row = {"context": 128, "mde": 0.009, "details": {"ratios": [1.003], "ci": [[0.995, 1.011]], "metric": "decode_cpu_tps"}}
+    row = {
+        "context": 128,
+        "mde": 0.009,
+        "details": {"ratios": [1.003], "ci": [[0.995, 1.011]], "metric": "decode_cpu_tps"},
+    }
     (tmp_path / "aa1.json").write_text(json.dumps({"rows": [row]}))
     (tmp_path / "aa1.err").write_text("evalbot: x\nevalbot: calibration run 1/1: PASS\n")
     (tmp_path / "aa2.json").write_text("")

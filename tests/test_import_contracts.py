@@ -24,7 +24,9 @@ pytestmark = pytest.mark.skipif(not LINT.exists(), reason="import-linter is not 
 def tree(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("contracts")
     for pkg in ("evalbot", "engine", "kernels"):
-        shutil.copytree(ROOT / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__", "data", "templates"))
+        shutil.copytree(
+            ROOT / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__", "data", "templates")
+        )
     shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
     return root
 
@@ -51,11 +53,23 @@ VIOLATIONS = [
     ("evalbot/times.py", "import sqlite3", "pure deciders import no I/O module and no renderer"),
     ("evalbot/publish.py", "import jinja2", "jinja2 only in evalbot.render"),
     ("evalbot/rounds.py", "from evalbot import store", "pure deciders import no I/O module and no renderer"),
-    ("evalbot/policy/cap.py", "from evalbot import render", "pure deciders import no I/O module and no renderer"),
+    (
+        "evalbot/policy/cap.py",
+        "from evalbot import render",
+        "pure deciders import no I/O module and no renderer",
+    ),
     ("evalbot/model.py", "from evalbot import verdict", "bot layers"),
     ("evalbot/codec.py", "from evalbot import verdict", "bot layers"),
-    ("evalbot/verdict/decide.py", "from evalbot import store", "pure deciders import no I/O module and no renderer"),
-    ("evalbot/copycat/containment.py", "import sqlite3", "pure deciders import no I/O module and no renderer"),
+    (
+        "evalbot/verdict/decide.py",
+        "from evalbot import store",
+        "pure deciders import no I/O module and no renderer",
+    ),
+    (
+        "evalbot/copycat/containment.py",
+        "import sqlite3",
+        "pure deciders import no I/O module and no renderer",
+    ),
     ("evalbot/copycat/strikes.py", "from evalbot import verdict", "bot layers"),  # verdict sits above copycat
     ("evalbot/rounds.py", "from evalbot import copycat", "bot layers"),  # siblings
     ("evalbot/evaluate/box.py", "from evalbot import publish", "bot layers"),
@@ -63,7 +77,9 @@ VIOLATIONS = [
 ]
 
 
-@pytest.mark.parametrize(("path", "line", "contract"), VIOLATIONS, ids=[v[1] + " in " + v[0] for v in VIOLATIONS])
+@pytest.mark.parametrize(
+    ("path", "line", "contract"), VIOLATIONS, ids=[v[1] + " in " + v[0] for v in VIOLATIONS]
+)
 def test_a_deliberate_violation_breaks_its_contract(tree: Path, path: str, line: str, contract: str):
     target = tree / path
     original = target.read_text()
@@ -73,5 +89,5 @@ def test_a_deliberate_violation_breaks_its_contract(tree: Path, path: str, line:
     finally:
         target.write_text(original)
     assert got.returncode != 0, f"{line!r} in {path} broke nothing"
-    broken = got.stdout[got.stdout.index("Broken contracts"):] if "Broken contracts" in got.stdout else ""
+    broken = got.stdout[got.stdout.index("Broken contracts") :] if "Broken contracts" in got.stdout else ""
     assert contract in " ".join(broken.split()), got.stdout[-3000:]

@@ -10,7 +10,9 @@ from pathlib import Path
 from evalbot.evaluate import abtest
 from evalbot.model import Side
 
-spec = importlib.util.spec_from_file_location("vb", Path(__file__).resolve().parents[1] / "bench" / "variance_breakdown.py")
+spec = importlib.util.spec_from_file_location(
+    "vb", Path(__file__).resolve().parents[1] / "bench" / "variance_breakdown.py"
+)
 vb = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(vb)
 
@@ -25,9 +27,25 @@ def _samples(order_effect=0.01, block_sd=0.005, pair_sd=0.004, blocks=12, pairs=
             base = 10.0
             head = base * math.exp(offset + rng.gauss(0, pair_sd))
             for side, tps in ((Side.BASE, base), (Side.HEAD, head)):
-                out.append(abtest.Sample(side, 128, b, i, (1,), tuple(range(25)), 100.0, tps, {}, decode_s=24 / tps,
-                                         decode_cpu_s=47 / tps, steal_ticks=1, switches=(3, 2), base_first=first,
-                                         went_first=(side is Side.BASE) == ((i + b) % 2 == 0)))
+                out.append(
+                    abtest.Sample(
+                        side,
+                        128,
+                        b,
+                        i,
+                        (1,),
+                        tuple(range(25)),
+                        100.0,
+                        tps,
+                        {},
+                        decode_s=24 / tps,
+                        decode_cpu_s=47 / tps,
+                        steal_ticks=1,
+                        switches=(3, 2),
+                        base_first=first,
+                        went_first=(side is Side.BASE) == ((i + b) % 2 == 0),
+                    )
+                )
     return out
 
 

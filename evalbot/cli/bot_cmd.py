@@ -88,7 +88,9 @@ def bot_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The options every bot command takes, folded into one Ctx argument."""
 
     @state_option
-    @click.option("--repo", "repo", default=None, envvar=REPO_ENV, show_envvar=True, help="OWNER/NAME on GitHub")
+    @click.option(
+        "--repo", "repo", default=None, envvar=REPO_ENV, show_envvar=True, help="OWNER/NAME on GitHub"
+    )
     @click.option("--api-url", default="https://api.github.com", show_default=True)
     @click.option(
         "--git-remote", default=None, help="git URL to fetch from and push ledgers to (default: GitHub)"
@@ -100,8 +102,14 @@ def bot_options(f: Callable[..., Any]) -> Callable[..., Any]:
     )
     @rules_option
     @click.option("--dry-run", is_flag=True, help="show what would change and change nothing")
-    @click.option("--by", default="maintainer", envvar="USER", show_envvar=True, show_default=True,
-                  help="who a hold, clear, block or unblock is recorded as")
+    @click.option(
+        "--by",
+        default="maintainer",
+        envvar="USER",
+        show_envvar=True,
+        show_default=True,
+        help="who a hold, clear, block or unblock is recorded as",
+    )
     @functools.wraps(f)
     def wrapper(state, repo, api_url, git_remote, bot_login, rules_dir, dry_run, by, **kw):  # noqa: ANN001, ANN202
         ctx = Ctx(resolve_state(state), repo or None,
@@ -118,8 +126,10 @@ def _say(ctx: Ctx, message: str) -> None:
 def _login(value: str) -> str:
     """A GitHub login, checked with the one pattern before anything changes."""
     if not is_login(value):
-        raise click.ClickException(f"{value[:80]!r} is not a GitHub login (letters, digits and hyphens, at most 39 "
-                                   "characters, not starting with a hyphen); nothing changed")
+        raise click.ClickException(
+            f"{value[:80]!r} is not a GitHub login (letters, digits and hyphens, at most 39 "
+            "characters, not starting with a hyphen); nothing changed"
+        )
     return value
 
 
@@ -180,18 +190,37 @@ def owner_gone(owner: str) -> bool:
 @profile_option
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--max-pairs", type=int, default=None, help="cap A/B pairs per context")
-@click.option("--wait", "wait_s", type=int, default=0, show_default=True,
-              help="while another poller holds this store's lease, wait up to this many seconds for it")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=int,
+    default=0,
+    show_default=True,
+    help="while another poller holds this store's lease, wait up to this many seconds for it",
+)
 def poll(
-    ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | None, max_pairs: int | None, wait_s: int
+    ctx: Ctx,
+    once: bool,
+    interval: int,
+    profile: str,
+    work_dir: Path | None,
+    max_pairs: int | None,
+    wait_s: int,
 ) -> None:
     """Poll GitHub: intake every open PR, evaluate what is new, publish, rank the round, merge the winner.
     One poller per store: the store holds a lease (owner, heartbeat, expiry) that a second one refuses on."""
     _poll(ctx, once, interval, profile, work_dir, max_pairs, wait_s)
 
 
-def _poll(ctx: Ctx, once: bool, interval: int, profile: str, work_dir: Path | None, max_pairs: int | None,
-          wait_s: int = 0) -> None:
+def _poll(
+    ctx: Ctx,
+    once: bool,
+    interval: int,
+    profile: str,
+    work_dir: Path | None,
+    max_pairs: int | None,
+    wait_s: int = 0,
+) -> None:
     check_profile(ctx.rules, profile)
     from evalbot import receipts
     from evalbot.copycat import CopycatScreen
@@ -414,8 +443,12 @@ def _block(ctx: Ctx, user: str, reason: str, *, add: bool) -> None:
         if ctx.state.exists():
             with Store(ctx.state) as store:
                 blocked = {e.login.lower() for e in store.blocklist()}
-        _say(ctx, f"{verb} {user} ({reason})" if (user.lower() in blocked) != add else f"nothing: {user} is "
-             f"already {verb}ed")
+        _say(
+            ctx,
+            f"{verb} {user} ({reason})"
+            if (user.lower() in blocked) != add
+            else f"nothing: {user} is already {verb}ed",
+        )
         return
     from evalbot import times
     from evalbot.ledgers import LedgerBook

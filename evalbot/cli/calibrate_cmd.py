@@ -58,7 +58,11 @@ def _log(message: str) -> None:
 @click.option("--spec/--no-spec", default=True, help="run the speculative-decoding gates in each run")
 @click.option("--accuracy/--no-accuracy", default=True, help="run the llama.cpp accuracy gates in each run")
 @click.option(
-    "--box", default=None, envvar=BOX_ENV, show_envvar=True, help="this box's name in the store (default: the host name)"
+    "--box",
+    default=None,
+    envvar=BOX_ENV,
+    show_envvar=True,
+    help="this box's name in the store (default: the host name)",
 )
 @state_option
 @click.option(

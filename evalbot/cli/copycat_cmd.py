@@ -35,5 +35,7 @@ def scan(directory: Path, rules_dir: Path | None, as_json: bool) -> None:
         return
     for r in rows:
         original = f"#{r.original:04d}" if r.original is not None else "-"
-        click.echo(f"#{r.number:04d} {r.author:<20} {r.band:<13} {original:<6} containment {r.containment:.0%}"
-                   f" literal {r.literal_overlap:.0%}")
+        click.echo(
+            f"#{r.number:04d} {r.author:<20} {r.band:<13} {original:<6} containment {r.containment:.0%}"
+            f" literal {r.literal_overlap:.0%}"
+        )

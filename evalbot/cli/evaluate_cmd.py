@@ -25,29 +25,69 @@ EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED:
 
 
 @click.command()
-@click.option("--repo", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="a local git repository (or clone) holding both revisions")
+@click.option(
+    "--repo",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="a local git repository (or clone) holding both revisions",
+)
 @click.option("--base", required=True, help="the trusted revision (main)")
 @click.option("--head", required=True, help="the revision under test")
 @rules_option
 @profile_option
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("evalbot-out"), show_default=True)
+@click.option(
+    "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("evalbot-out"), show_default=True
+)
 @click.option("--json", "as_json", is_flag=True, help="print result.json on stdout")
-@click.option("--no-sandbox", is_flag=True, help="run engine code without bubblewrap (only for code you trust)")
+@click.option(
+    "--no-sandbox", is_flag=True, help="run engine code without bubblewrap (only for code you trust)"
+)
 @click.option("--seed", type=int, default=None, help="prompt draw seed (default: a fresh random one)")
 @click.option("--spec/--no-spec", default=True, help="run the speculative-decoding gates")
-@click.option("--spec-drafter", type=click.Choice(["ngram", "draft"]), default="ngram", show_default=True,
-              help="n-gram lookup on the profile's model, or the rules' draft/target model pair")
+@click.option(
+    "--spec-drafter",
+    type=click.Choice(["ngram", "draft"]),
+    default="ngram",
+    show_default=True,
+    help="n-gram lookup on the profile's model, or the rules' draft/target model pair",
+)
 @click.option("--accuracy/--no-accuracy", default=True, help="run the llama.cpp accuracy gates")
-@click.option("--max-pairs", type=int, default=None, help="cap A/B pairs per context (default: the profile's)")
-@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="worktrees, venvs and build logs (default: ~/.cache/evalbot/work)")
-@click.option("--pr", type=int, default=None, help="the PR number, recorded in the result and signed into the receipt")
-@click.option("--key", "key_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help=f"Ed25519 private key for the receipt (default: ${SIGNING_KEY_ENV}; none: 'unsigned')")
-def evaluate(repo: Path, base: str, head: str, rules_dir: Path | None, profile: str, out: Path, as_json: bool,
-             no_sandbox: bool, seed: int | None, spec: bool, spec_drafter: str, accuracy: bool, max_pairs: int | None,
-             work_dir: Path | None, pr: int | None, key_path: Path | None) -> None:
+@click.option(
+    "--max-pairs", type=int, default=None, help="cap A/B pairs per context (default: the profile's)"
+)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="worktrees, venvs and build logs (default: ~/.cache/evalbot/work)",
+)
+@click.option(
+    "--pr", type=int, default=None, help="the PR number, recorded in the result and signed into the receipt"
+)
+@click.option(
+    "--key",
+    "key_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help=f"Ed25519 private key for the receipt (default: ${SIGNING_KEY_ENV}; none: 'unsigned')",
+)
+def evaluate(
+    repo: Path,
+    base: str,
+    head: str,
+    rules_dir: Path | None,
+    profile: str,
+    out: Path,
+    as_json: bool,
+    no_sandbox: bool,
+    seed: int | None,
+    spec: bool,
+    spec_drafter: str,
+    accuracy: bool,
+    max_pairs: int | None,
+    work_dir: Path | None,
+    pr: int | None,
+    key_path: Path | None,
+) -> None:
     """Build base and head, measure them interleaved on this box, gate against llama.cpp, and judge."""
     rules = load_rules_or_exit(rules_dir)
     check_profile(rules, profile)
@@ -56,11 +96,26 @@ def evaluate(repo: Path, base: str, head: str, rules_dir: Path | None, profile: 
         key = receipts.load_private_key(raw_key) if raw_key else None
     except receipts.ReceiptError as exc:
         raise click.ClickException(f"signing key: {exc}") from exc
-    work = (work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work").resolve()
+    work = (
+        work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work"
+    ).resolve()
     with reporter() as (log, progress):
-        cfg = runner.EvalConfig(repo=repo.resolve(), base=base, head=head, rules=rules, profile=profile,
-                                work_root=work, no_sandbox=no_sandbox, seed=seed, spec=spec, spec_drafter=spec_drafter,
-                                accuracy=accuracy, max_pairs=max_pairs, pr=pr, progress=progress)
+        cfg = runner.EvalConfig(
+            repo=repo.resolve(),
+            base=base,
+            head=head,
+            rules=rules,
+            profile=profile,
+            work_root=work,
+            no_sandbox=no_sandbox,
+            seed=seed,
+            spec=spec,
+            spec_drafter=spec_drafter,
+            accuracy=accuracy,
+            max_pairs=max_pairs,
+            pr=pr,
+            progress=progress,
+        )
         judged = judge.judge(cfg, log, key)
     m, v, receipt = judged.measurements, judged.verdict, judged.receipt
     status = judged.signature_status
@@ -70,8 +125,9 @@ def evaluate(repo: Path, base: str, head: str, rules_dir: Path | None, profile: 
     (out / "report.md").write_text(render.render_comment(v, m, signature_status=status))
     receipts.dump(receipt, out / "receipt.json")
     click.echo(f"{v.status.value}{' ' + v.tier if v.tier else ''}: {'; '.join(v.reasons)[:400]}", err=True)
-    click.echo(f"wrote {out / 'report.md'}, {out / 'result.json'}, {out / 'receipt.json'} ({status})", err=True)
+    click.echo(
+        f"wrote {out / 'report.md'}, {out / 'result.json'}, {out / 'receipt.json'} ({status})", err=True
+    )
     if as_json:
         click.echo(json.dumps(result))
     sys.exit(EXIT[v.status])
-

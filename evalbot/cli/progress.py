@@ -24,8 +24,14 @@ def _status(state: dict[int, dict[str, Any]], stage: str) -> Any:  # noqa: ANN40
         table.add_column(col, justify="right")
     for ctx, e in sorted(state.items()):
         ci = e.get("ci")
-        table.add_row(str(ctx), f"{e['block']}/{e['blocks_max']}", f"{e['pairs']}/{e['pairs_max']}",
-                      f"{e['ratio']:.4f}x", f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "—", f"{e['eta_s']:.0f} s")
+        table.add_row(
+            str(ctx),
+            f"{e['block']}/{e['blocks_max']}",
+            f"{e['pairs']}/{e['pairs_max']}",
+            f"{e['ratio']:.4f}x",
+            f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "—",
+            f"{e['eta_s']:.0f} s",
+        )
     return table
 
 

@@ -31,9 +31,15 @@ def receipt() -> None:
 
 @receipt.command()
 @click.argument("body_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--key", "key_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help=f"private key file (PEM or base64 raw); default: ${SIGNING_KEY_ENV}")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="where to write (default: stdout)")
+@click.option(
+    "--key",
+    "key_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help=f"private key file (PEM or base64 raw); default: ${SIGNING_KEY_ENV}",
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), help="where to write (default: stdout)"
+)
 def sign(body_file: Path, key_path: Path | None, out: Path | None) -> None:
     """Sign a receipt body (or re-sign a receipt's body). Without a key the receipt says 'unsigned'."""
     try:
@@ -55,8 +61,12 @@ def sign(body_file: Path, key_path: Path | None, out: Path | None) -> None:
 
 @receipt.command()
 @click.argument("receipt_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--key", "key_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help=f"the signer's public key (PEM or base64 raw); default: ${VERIFY_KEY_ENV}")
+@click.option(
+    "--key",
+    "key_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help=f"the signer's public key (PEM or base64 raw); default: ${VERIFY_KEY_ENV}",
+)
 def verify(receipt_file: Path, key_path: Path | None) -> None:
     """Check a receipt's signature against the given public key; exit 1 if it does not verify."""
     raw = _key_bytes(key_path, VERIFY_KEY_ENV, "public")

@@ -10,8 +10,13 @@ from evalbot import render as render_mod
 
 
 @click.command()
-@click.option("--verdict", "verdict_file", required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path), help="a result.json")
+@click.option(
+    "--verdict",
+    "verdict_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="a result.json",
+)
 def render(verdict_file: Path) -> None:
     """Print the markdown comment the bot would post for this result."""
     try:

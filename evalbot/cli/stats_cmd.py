@@ -12,8 +12,13 @@ from evalbot.cli.options import load_rules_or_exit, rules_option
 
 
 @click.command()
-@click.option("--pairs", "pairs_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="TSV or CSV with a header naming `base` and `head`, one interleaved pair per row")
+@click.option(
+    "--pairs",
+    "pairs_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TSV or CSV with a header naming `base` and `head`, one interleaved pair per row",
+)
 @rules_option
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")
 def stats(pairs_file: Path, rules_dir: Path | None, as_json: bool) -> None:
@@ -27,16 +32,30 @@ def stats(pairs_file: Path, rules_dir: Path | None, as_json: bool) -> None:
     tolerance = rules.gates.no_regression.min_ratio
     cls = stats_mod.classify(est, rules.tier_bounds, tolerance)
     if as_json:
-        click.echo(json.dumps({
-            "n": est.n, "ratio": est.ratio, "ci_low": est.ci_low, "ci_high": est.ci_high, "gain": est.gain,
-            "lower_bound_gain": est.lower_bound_gain, "half_width": est.half_width, "mde": est.mde,
-            "p_value": est.p_value, "tier": cls.tier, "regression": cls.regression, "rules_hash": rules.rules_hash,
-        }))
+        click.echo(
+            json.dumps(
+                {
+                    "n": est.n,
+                    "ratio": est.ratio,
+                    "ci_low": est.ci_low,
+                    "ci_high": est.ci_high,
+                    "gain": est.gain,
+                    "lower_bound_gain": est.lower_bound_gain,
+                    "half_width": est.half_width,
+                    "mde": est.mde,
+                    "p_value": est.p_value,
+                    "tier": cls.tier,
+                    "regression": cls.regression,
+                    "rules_hash": rules.rules_hash,
+                }
+            )
+        )
         return
     click.echo(f"pairs      {est.n}")
     click.echo(f"ratio      {est.ratio:.4f}x  ({est.gain:+.2%})")
-    click.echo(f"95% CI     [{est.ci_low:.4f}x, {est.ci_high:.4f}x]  ({est.ci_low - 1:+.2%} .. {est.ci_high - 1:+.2%})")
+    click.echo(
+        f"95% CI     [{est.ci_low:.4f}x, {est.ci_high:.4f}x]  ({est.ci_low - 1:+.2%} .. {est.ci_high - 1:+.2%})"
+    )
     click.echo(f"tier       {cls.tier or 'none'}  (from the CI's lower bound)")
     click.echo(f"regression {'yes' if cls.regression else 'no'}  (CI upper bound vs {tolerance}x)")
     click.echo(f"MDE        {est.mde:.2%}  (smallest gain these pairs detect with 80% power)")
-

@@ -20,7 +20,22 @@ from evalbot.copycat.screen import CopycatScreen
 from evalbot.copycat.strikes import Standing, prior_warnings, standing
 
 __all__ = [
-    "Band", "CopycatFinding", "CopycatIndex", "CopycatScreen", "Evidence", "PrMeta", "PrPrint", "ScanError",
-    "ScanRow", "Standing", "assess", "check", "fingerprint_pr", "fingerprint_source", "gather", "prior_warnings",
-    "scan", "standing",
+    "Band",
+    "CopycatFinding",
+    "CopycatIndex",
+    "CopycatScreen",
+    "Evidence",
+    "PrMeta",
+    "PrPrint",
+    "ScanError",
+    "ScanRow",
+    "Standing",
+    "assess",
+    "check",
+    "fingerprint_pr",
+    "fingerprint_source",
+    "gather",
+    "prior_warnings",
+    "scan",
+    "standing",
 ]

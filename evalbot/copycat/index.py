@@ -19,7 +19,12 @@ from evalbot.model import PullRequest
 from evalbot.rules import Rules
 from evalbot.store import create_copycat_tables, require_tables
 
-_TABLES = ("copycat_prs", "copycat_postings", "copycat_lines", "copycat_main")  # the store's migrations make them
+_TABLES = (
+    "copycat_prs",
+    "copycat_postings",
+    "copycat_lines",
+    "copycat_main",
+)  # the store's migrations make them
 
 # A tiny PR is compared literally with the PRs holding its rarest line; a line in more PRs than
 # this is idiom (`return out`), and a PR made only of such lines is not looked up literally.

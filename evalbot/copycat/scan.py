@@ -84,7 +84,9 @@ def base_kgrams(base: Path, k: int) -> frozenset[int]:
     out: set[int] = set()
     for path in sorted(base.rglob("*")):
         if path.is_file() and path.suffix in _CODE and path.stat().st_size < 2_000_000:
-            out |= fingerprint_source(str(path.relative_to(base)), path.read_text("utf-8", errors="replace"), k)
+            out |= fingerprint_source(
+                str(path.relative_to(base)), path.read_text("utf-8", errors="replace"), k
+            )
     return frozenset(out)
 
 

@@ -25,12 +25,15 @@ _STRIKE = "copycat:"
 _WARN = "copycat-warn:"
 _STOPPED = "stopped by the copycat screen"
 
+
 def main_kgrams(mirror: Path, sha: str, k: int) -> frozenset[int]:
     """Every k-gram of main's code files at `sha` (base code: copying main is not copying a PR)."""
     # -z and surrogateescape: a file name that is not UTF-8 is still a name, never a crash of every poll
     listed = git.run(mirror, "ls-tree", "-r", "-z", "--name-only", sha, timeout=120, text=False)
     if listed.returncode != 0:
-        raise git.GitError(f"git ls-tree {sha} failed in {mirror}: {listed.stderr.decode(errors='replace')[-300:]}")
+        raise git.GitError(
+            f"git ls-tree {sha} failed in {mirror}: {listed.stderr.decode(errors='replace')[-300:]}"
+        )
     listing = listed.stdout
     names = [n for n in listing.decode("utf-8", errors="surrogateescape").split("\0") if n]
     out: set[int] = set()
@@ -42,6 +45,7 @@ def main_kgrams(mirror: Path, sha: str, k: int) -> frozenset[int]:
         if shown.returncode == 0 and len(shown.stdout) < 2_000_000:
             out |= fingerprint_source(name, shown.stdout.decode("utf-8", errors="replace"), k)
     return frozenset(out)
+
 
 class CopycatScreen:
     """Callable as the poller's `screen`: PR -> Decision (its earlier PRs are in the index)."""
@@ -95,12 +99,25 @@ class CopycatScreen:
         lines = (head, *finding.reasons)
         if finding.band is Band.COPYCAT:
             self._strike(pr, f"{_STRIKE} {finding.score:.0%} of #{finding.original}", finding.strike)
-            return Decision((lab.copycat,), owned, False, Notice("screen", lab.copycat, lines),
-                            close=lab.copycat if finding.close else None, flag=lab.copycat, note=_STOPPED)
+            return Decision(
+                (lab.copycat,),
+                owned,
+                False,
+                Notice("screen", lab.copycat, lines),
+                close=lab.copycat if finding.close else None,
+                flag=lab.copycat,
+                note=_STOPPED,
+            )
         if finding.counts_as_warning:
             self._strike(pr, f"{_WARN} {finding.score:.0%} of #{finding.original}", True)
-        return Decision((lab.copycat_warn,), owned, False, Notice("screen", lab.copycat_warn, lines),
-                        flag=lab.copycat_warn, note=_STOPPED)
+        return Decision(
+            (lab.copycat_warn,),
+            owned,
+            False,
+            Notice("screen", lab.copycat_warn, lines),
+            flag=lab.copycat_warn,
+            note=_STOPPED,
+        )
 
     def _strike(self, pr: PullRequest, reason: str, record: bool) -> None:
         if not record:

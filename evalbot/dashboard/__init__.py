@@ -25,5 +25,20 @@ from evalbot.dashboard.data import (
 )
 from evalbot.dashboard.site import SiteReport, build_site, paginate
 
-__all__ = ["PAGE_LIMIT_BYTES", "PER_PAGE", "FrontierPoint", "LedgerFiles", "SiteReport", "build_site", "downsample",
-           "forest", "frontier", "ledger_view", "merges", "outcome", "paginate", "read_ledger_dir", "verdict_history"]
+__all__ = [
+    "PAGE_LIMIT_BYTES",
+    "PER_PAGE",
+    "FrontierPoint",
+    "LedgerFiles",
+    "SiteReport",
+    "build_site",
+    "downsample",
+    "forest",
+    "frontier",
+    "ledger_view",
+    "merges",
+    "outcome",
+    "paginate",
+    "read_ledger_dir",
+    "verdict_history",
+]

@@ -325,9 +325,7 @@ def forest(estimates: Sequence[ContextEstimate], width: int = 720) -> Forest | N
     for i, e in enumerate(usable):
         kind = "regression" if e.regression else "gain" if e.ci_low > 1.0 else "even"
         d = 2 if all(abs(v - 1.0) < 0.0095 for v in (e.ratio, e.ci_low, e.ci_high)) else 1
-        text = (
-            f"{signed_pct(e.ratio - 1, d)} [{signed_pct(e.ci_low - 1, d)}, {signed_pct(e.ci_high - 1, d)}]"
-        )
+        text = f"{signed_pct(e.ratio - 1, d)} [{signed_pct(e.ci_low - 1, d)}, {signed_pct(e.ci_high - 1, d)}]"
         label = f"{clip_text(e.model, 26)} · {e.context} · {METRICS.get(e.metric, clip_text(e.metric, 10))}"
         rows.append(
             ForestRow(
@@ -489,5 +487,3 @@ def blocked_rows(view: LedgerView, store_blocks: Iterable[Any]) -> list[BlockedR
             prior.login if prior else b.login, prior.file_reason if prior else None, b
         )
     return [rows[k] for k in sorted(rows)]
-
-

@@ -151,5 +151,3 @@ def _thin(points: Sequence[NoisePoint], limit: int = MAX_PLOT_POINTS) -> list[No
         out.append(NoisePoint(run[len(run) // 2].at, max(p.noise_cv for p in run), max(p.mde for p in run),
                               max(p.false_positive_rate for p in run), sum(p.rows for p in run)))  # fmt: skip
     return out
-
-

@@ -29,7 +29,6 @@ Two modules: ``checks`` (pure: the request, the handle, and every check of what 
 ``client`` (the GitHub calls, the handles kept in the store, and the poller's entry points).
 """
 
-
 from __future__ import annotations
 
 from evalbot.dispatch.checks import *  # noqa: F403

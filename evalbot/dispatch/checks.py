@@ -271,4 +271,25 @@ def short_verdict(v: Verdict) -> str:
     return f"{v.status.value}{' ' + v.tier if v.tier else ''}"
 
 
-__all__ = ["ARTIFACT_PREFIX", "ArtifactProblem", "DISCOVERY_S", "DispatchHandle", "DispatchRequest", "Failed", "Finished", "Outcome", "Pending", "RECEIPT_FILE", "RESULT_FILE", "RUN_LIST_LIMIT", "RunnerLookup", "check_artifact", "infra_verdict", "names_request", "new_request", "retry_request", "trust_problem", "workflow_inputs"]
+__all__ = [
+    "ARTIFACT_PREFIX",
+    "ArtifactProblem",
+    "DISCOVERY_S",
+    "DispatchHandle",
+    "DispatchRequest",
+    "Failed",
+    "Finished",
+    "Outcome",
+    "Pending",
+    "RECEIPT_FILE",
+    "RESULT_FILE",
+    "RUN_LIST_LIMIT",
+    "RunnerLookup",
+    "check_artifact",
+    "infra_verdict",
+    "names_request",
+    "new_request",
+    "retry_request",
+    "trust_problem",
+    "workflow_inputs",
+]

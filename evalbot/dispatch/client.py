@@ -90,8 +90,9 @@ def poll(
                 handle = _with_runner(handle, runner_of)
                 minutes = (now - handle.dispatched_at).total_seconds() / 60
                 cancelled = _cancel(gh, run.id)
-                return _failed(rules, handle, f"run {run.id} still {run.status} after {minutes:.0f} minutes"
-                               f"{cancelled}")
+                return _failed(
+                    rules, handle, f"run {run.id} still {run.status} after {minutes:.0f} minutes{cancelled}"
+                )
             return Pending(handle, f"run {run.id} {run.status}")
         if run.conclusion not in READABLE_CONCLUSIONS:
             handle = _with_runner(handle, runner_of)

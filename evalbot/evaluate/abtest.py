@@ -125,8 +125,9 @@ def _value(s: Sample, metric: str) -> float | None:
     return {"decode": s.decode_tps, "decode_cpu": s.decode_cpu_tps, "prefill": s.prefill_tps}[metric]
 
 
-def pairs_at(samples: list[Sample], ctx: int, metric: str
-             ) -> tuple[list[tuple[float, float]], list[int], list[bool]]:
+def pairs_at(
+    samples: list[Sample], ctx: int, metric: str
+) -> tuple[list[tuple[float, float]], list[int], list[bool]]:
     """(base, head) pairs of one metric at one context, with each pair's block and its load order; a pair
     either side of which lacks the metric (an unmetered CPU clock) is left out."""
     by_key: dict[tuple[int, int], dict[Side, Sample]] = {}
@@ -150,17 +151,33 @@ def throughput(samples: list[Sample], profile: Profile, model: str) -> list[Thro
     the clusters and their load orders the crossover; the verdict decides which decode clock scores."""
     out = []
     for c in profile.contexts:
-        for metric, name, scored in (("decode", "decode_tps", c.scored), ("decode_cpu", "decode_cpu_tps", c.scored),
-                                     ("utilization", UTILIZATION_METRIC, False), ("prefill", "prefill_tps", False)):
+        for metric, name, scored in (
+            ("decode", "decode_tps", c.scored),
+            ("decode_cpu", "decode_cpu_tps", c.scored),
+            ("utilization", UTILIZATION_METRIC, False),
+            ("prefill", "prefill_tps", False),
+        ):
             pairs, blocks, base_first = pairs_at(samples, c.ctx, metric)
             if metric in ("decode_cpu", "utilization") and len(pairs) < 2:
                 continue  # not metered here
-            out.append(ThroughputPairs(model, c.ctx, name, tuple(pairs), guarded=c.guarded and metric != "utilization",
-                                       scored=scored, blocks=tuple(blocks), base_first=tuple(base_first)))
+            out.append(
+                ThroughputPairs(
+                    model,
+                    c.ctx,
+                    name,
+                    tuple(pairs),
+                    guarded=c.guarded and metric != "utilization",
+                    scored=scored,
+                    blocks=tuple(blocks),
+                    base_first=tuple(base_first),
+                )
+            )
     return out
 
 
-def allocate(samples: list[Sample], contexts: list[int], per_context: int, cap: int | None = None) -> dict[int, int]:
+def allocate(
+    samples: list[Sample], contexts: list[int], per_context: int, cap: int | None = None
+) -> dict[int, int]:
     """Pairs per context in the next block: `per_context` each at first, then the block's total shared in
     proportion to each context's pair variance (the noisier context gets more), each an even number >= 2
     so both sides go first equally often; with a `cap`, never past `cap` pairs at a context in all."""
@@ -201,10 +218,19 @@ Progress = Callable[[dict[str, Any]], None]
 Decided = Callable[[list["Sample"]], bool]
 
 
-def measure(profile: Profile, launch: Launch, prompts: Prompts, log: Log, *, max_pairs: int | None = None,
-            request_timeout_s: float = 600.0, ready_timeout_s: float = 900.0,
-            quiet: Quiet | None = None, progress: Progress | None = None,
-            decided: Decided | None = None) -> tuple[Run, dict[Side, ServedProcess]]:
+def measure(
+    profile: Profile,
+    launch: Launch,
+    prompts: Prompts,
+    log: Log,
+    *,
+    max_pairs: int | None = None,
+    request_timeout_s: float = 600.0,
+    ready_timeout_s: float = 900.0,
+    quiet: Quiet | None = None,
+    progress: Progress | None = None,
+    decided: Decided | None = None,
+) -> tuple[Run, dict[Side, ServedProcess]]:
     """Run pairs of blocks (the crossover: each load order once) until every scored context's CI is narrow
     enough or `decided` says no further pair could change the verdict, or the pair cap, or the time budget.
     The last block's processes are returned still running (frozen), for the audit and the spec runs:
@@ -220,7 +246,9 @@ def measure(profile: Profile, launch: Launch, prompts: Prompts, log: Log, *, max
     while True:
         block = run.blocks
         before, waited = box.wait_until_quiet(quiet, with_gpu=gpu, log=log)
-        run.box_samples.append({"block": block + 1, "waited_s": round(waited, 1), **before.as_record(), **box.state()})
+        run.box_samples.append(
+            {"block": block + 1, "waited_s": round(waited, 1), **before.as_record(), **box.state()}
+        )
         base_first = block % 2 == 0
         procs = _start_block(launch, ready_timeout_s, log, base_first)
         run.ready = {s.value: p.ready for s, p in procs.items()}
@@ -228,20 +256,42 @@ def measure(profile: Profile, launch: Launch, prompts: Prompts, log: Log, *, max
         try:
             for c in profile.contexts:
                 for i in range(counts[c.ctx]):
-                    pair = _pair(procs, block, i, c.ctx, prompts.next(c.ctx), m.decode_tokens, request_timeout_s,
-                                 quiet, gpu, log, run, base_first)
+                    pair = _pair(
+                        procs,
+                        block,
+                        i,
+                        c.ctx,
+                        prompts.next(c.ctx),
+                        m.decode_tokens,
+                        request_timeout_s,
+                        quiet,
+                        gpu,
+                        log,
+                        run,
+                        base_first,
+                    )
                     run.samples += pair
                     b, h = sorted(pair, key=lambda x: x.side is Side.HEAD)
-                    log(f"block {block + 1} ctx {c.ctx} pair {i + 1}: main {b.decode_tps:.2f} tok/s, "
-                        f"PR {h.decode_tps:.2f} tok/s ({h.decode_tps / b.decode_tps - 1:+.1%})")
+                    log(
+                        f"block {block + 1} ctx {c.ctx} pair {i + 1}: main {b.decode_tps:.2f} tok/s, "
+                        f"PR {h.decode_tps:.2f} tok/s ({h.decode_tps / b.decode_tps - 1:+.1%})"
+                    )
                     if progress is not None:
                         est = _estimates(run.samples, c.ctx)
                         n = len(pairs_at(run.samples, c.ctx, "decode")[0])
-                        progress({"stage": "A/B", "block": block + 1, "blocks_max": max_blocks, "context": c.ctx,
-                                  "pairs": n, "pairs_max": max_blocks * per_block,
-                                  "ratio": est.ratio if est else h.decode_tps / b.decode_tps,
-                                  "ci": (est.ci_low, est.ci_high) if est else None,
-                                  "eta_s": max(m.time_budget_s - (time.monotonic() - start), 0.0)})
+                        progress(
+                            {
+                                "stage": "A/B",
+                                "block": block + 1,
+                                "blocks_max": max_blocks,
+                                "context": c.ctx,
+                                "pairs": n,
+                                "pairs_max": max_blocks * per_block,
+                                "ratio": est.ratio if est else h.decode_tps / b.decode_tps,
+                                "ci": (est.ci_low, est.ci_high) if est else None,
+                                "eta_s": max(m.time_budget_s - (time.monotonic() - start), 0.0),
+                            }
+                        )
         except BaseException:
             _close(procs)
             raise
@@ -250,8 +300,10 @@ def measure(profile: Profile, launch: Launch, prompts: Prompts, log: Log, *, max
             for metric in ("decode", "decode_cpu"):
                 est = _estimates(run.samples, c.ctx, metric)
                 if est is not None:
-                    log(f"ctx {c.ctx} {metric}: {est.ratio:.4f}x [{est.ci_low:.4f}, {est.ci_high:.4f}] over "
-                        f"{run.blocks} blocks, MDE {est.mde:.2%}")
+                    log(
+                        f"ctx {c.ctx} {metric}: {est.ratio:.4f}x [{est.ci_low:.4f}, {est.ci_high:.4f}] over "
+                        f"{run.blocks} blocks, MDE {est.mde:.2%}"
+                    )
         elapsed = time.monotonic() - start
         why = None
         whole = run.blocks % 2 == 0  # decide only on whole crossovers
@@ -279,7 +331,9 @@ def _done(run: Run, profile: Profile, half_width: float) -> bool:
     return True
 
 
-def _start_block(launch: Launch, timeout_s: float, log: Log, base_first: bool = True) -> dict[Side, ServedProcess]:
+def _start_block(
+    launch: Launch, timeout_s: float, log: Log, base_first: bool = True
+) -> dict[Side, ServedProcess]:
     """A fresh serving process per side, started one after the other (two loading at once on a small box
     fight over its cores and memory bandwidth: 90 s instead of 30), main first when `base_first`, else the
     PR; both are frozen once both are ready. The first waits idle (reading its stdin), not frozen, while the
@@ -293,7 +347,9 @@ def _start_block(launch: Launch, timeout_s: float, log: Log, base_first: bool = 
             try:
                 p.wait_ready(timeout_s)
             except ServeError as exc:
-                raise SideError(side, exc.stage, f"the serving engine did not start: {exc}", exc.tail) from exc
+                raise SideError(
+                    side, exc.stage, f"the serving engine did not start: {exc}", exc.tail
+                ) from exc
             log(f"{p.label}'s serving engine ready in {time.monotonic() - t0:.1f} s")
         for p in procs.values():
             p.freeze()
@@ -308,8 +364,20 @@ def _close(procs: dict[Side, ServedProcess]) -> None:
         p.close()
 
 
-def _pair(procs: dict[Side, ServedProcess], block: int, i: int, ctx: int, prompt: list[int], gen: int,
-          timeout_s: float, quiet: Quiet, gpu: bool, log: Log, run: Run, base_first: bool = True) -> list[Sample]:
+def _pair(
+    procs: dict[Side, ServedProcess],
+    block: int,
+    i: int,
+    ctx: int,
+    prompt: list[int],
+    gen: int,
+    timeout_s: float,
+    quiet: Quiet,
+    gpu: bool,
+    log: Log,
+    run: Run,
+    base_first: bool = True,
+) -> list[Sample]:
     """One interleaved pair, measured again if others used the box meanwhile. Main goes first on even
     pairs of even blocks and odd pairs of odd blocks, so each side opens every block's first pair as often."""
     order = (Side.BASE, Side.HEAD) if (i + block) % 2 == 0 else (Side.HEAD, Side.BASE)
@@ -319,18 +387,40 @@ def _pair(procs: dict[Side, ServedProcess], block: int, i: int, ctx: int, prompt
         for side in order:
             other = [p for s, p in procs.items() if s is not side]
             try:
-                timed = run_alone(procs[side], other, lambda side=side: procs[side].request(
-                    {"op": "generate", "prompt_ids": prompt, "max_new": gen}, timeout_s))
+                timed = run_alone(
+                    procs[side],
+                    other,
+                    lambda side=side: procs[side].request(
+                        {"op": "generate", "prompt_ids": prompt, "max_new": gen}, timeout_s
+                    ),
+                )
             except ServeError as exc:
                 raise SideError(side, exc.stage, str(exc), exc.tail) from exc
-            out.append(sample(side, ctx, block, i, prompt, gen, timed, base_first=base_first,
-                              went_first=side is order[0]))
+            out.append(
+                sample(
+                    side,
+                    ctx,
+                    block,
+                    i,
+                    prompt,
+                    gen,
+                    timed,
+                    base_first=base_first,
+                    went_first=side is order[0],
+                )
+            )
         during = box.usage(snap, box.cpu_snapshot(), os.getpid())
         reason = box.busy_reason(during, quiet)
         if reason is None:
-            run.box_samples.append({"block": block + 1, "context": ctx, "pair": i + 1,
-                                    "during_other_cores": round(during.other_cores, 3),
-                                    "during_others_top": [f"{n} {c:.2f}" for n, c in during.top]})
+            run.box_samples.append(
+                {
+                    "block": block + 1,
+                    "context": ctx,
+                    "pair": i + 1,
+                    "during_other_cores": round(during.other_cores, 3),
+                    "during_others_top": [f"{n} {c:.2f}" for n, c in during.top],
+                }
+            )
             return out
         log(f"pair measured again: while it ran, {reason}")
         box.wait_until_quiet(quiet, with_gpu=gpu, log=log)
@@ -340,24 +430,57 @@ def _pair(procs: dict[Side, ServedProcess], block: int, i: int, ctx: int, prompt
 MAX_DECODE_TPS = 1e5  # faster than any engine: tokens that arrive this fast came in a burst
 
 
-def sample(side: Side, ctx: int, block: int, i: int, prompt: list[int], gen: int, t: Timed, *,
-           base_first: bool = True, went_first: bool = True) -> Sample:
+def sample(
+    side: Side,
+    ctx: int,
+    block: int,
+    i: int,
+    prompt: list[int],
+    gen: int,
+    t: Timed,
+    *,
+    base_first: bool = True,
+    went_first: bool = True,
+) -> Sample:
     if len(t.tokens) != gen:
         raise SideError(side, "serve", f"asked for {gen} tokens, the engine streamed {len(t.tokens)}")
     if len(t.arrivals_ns) != gen:
-        raise SideError(side, "serve", f"{gen} tokens arrived in {len(t.arrivals_ns)} lines; a generate request "
-                        "streams one line per token")
+        raise SideError(
+            side,
+            "serve",
+            f"{gen} tokens arrived in {len(t.arrivals_ns)} lines; a generate request "
+            "streams one line per token",
+        )
     if t.decode_tps > MAX_DECODE_TPS:
-        raise SideError(side, "serve", f"{gen} tokens arrived within {t.decode_s * 1e6:.0f} µs: a burst, not a "
-                        "decode (they were computed before the first was sent)")
+        raise SideError(
+            side,
+            "serve",
+            f"{gen} tokens arrived within {t.decode_s * 1e6:.0f} µs: a burst, not a "
+            "decode (they were computed before the first was sent)",
+        )
     reported = t.summary.get("timings") if isinstance(t.summary.get("timings"), dict) else {}
     cpu = t.decode_cpu_s
     if cpu is not None and cpu <= 0:
         cpu = None  # a coarse meter (10 ms ticks) that did not move: no CPU reading for this request
-    return Sample(side, ctx, block, i, tuple(prompt), t.tokens, ctx / t.prefill_s if t.prefill_s > 0 else 0.0,
-                  t.decode_tps, {k: v for k, v in reported.items() if isinstance(v, (int, float))},
-                  t.summary.get("n"), decode_s=t.decode_s, decode_cpu_s=cpu, prefill_cpu_s=t.prefill_cpu_s,
-                  steal_ticks=t.steal_ticks, switches=t.switches, base_first=base_first, went_first=went_first)
+    return Sample(
+        side,
+        ctx,
+        block,
+        i,
+        tuple(prompt),
+        t.tokens,
+        ctx / t.prefill_s if t.prefill_s > 0 else 0.0,
+        t.decode_tps,
+        {k: v for k, v in reported.items() if isinstance(v, (int, float))},
+        t.summary.get("n"),
+        decode_s=t.decode_s,
+        decode_cpu_s=cpu,
+        prefill_cpu_s=t.prefill_cpu_s,
+        steal_ticks=t.steal_ticks,
+        switches=t.switches,
+        base_first=base_first,
+        went_first=went_first,
+    )
 
 
 def random_prompts(vocab: int, seed: int) -> Callable[[int, int], list[int]]:

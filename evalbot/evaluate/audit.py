@@ -21,8 +21,9 @@ from evalbot.model import DecodeAudit, Side
 MAX_LISTED = 10  # disagreements named per audit
 
 
-def choose(samples: Sequence[Sample], rng_seed: int | None = None, *, share: float = 0.25,
-           minimum: int = 4) -> list[Sample]:
+def choose(
+    samples: Sequence[Sample], rng_seed: int | None = None, *, share: float = 0.25, minimum: int = 4
+) -> list[Sample]:
     """The samples to audit: per context, max(minimum, ceil(share * pairs)) pairs (all if fewer), both sides."""
     import random
 
@@ -44,8 +45,13 @@ def key(s: Sample) -> str:
     return f"{s.side.value}-ctx{s.context}-b{s.block + 1}-p{s.pair + 1}"
 
 
-def judge(model: str, reference: str, chosen: Iterable[Sample], answers: Mapping[str, Mapping[str, Any]],
-          near_tie: float) -> list[DecodeAudit]:
+def judge(
+    model: str,
+    reference: str,
+    chosen: Iterable[Sample],
+    answers: Mapping[str, Mapping[str, Any]],
+    near_tie: float,
+) -> list[DecodeAudit]:
     """Per (side, context): how many generated tokens the reference agrees with, and every disagreement
     that is not a near-tie (reference margin >= near_tie), named by request, position and margin."""
     groups: dict[tuple[Side, int], list[Sample]] = {}
@@ -58,8 +64,12 @@ def judge(model: str, reference: str, chosen: Iterable[Sample], answers: Mapping
         for s in samples:
             a = answers.get(key(s))
             argmax, margin = (a or {}).get("argmax"), (a or {}).get("margin")
-            if not isinstance(argmax, list) or not isinstance(margin, list) or len(argmax) != len(s.tokens) \
-                    or len(margin) != len(s.tokens):
+            if (
+                not isinstance(argmax, list)
+                or not isinstance(margin, list)
+                or len(argmax) != len(s.tokens)
+                or len(margin) != len(s.tokens)
+            ):
                 raise ValueError(f"the reference gave no answer for {key(s)}")
             for pos, (tok, ref, gap) in enumerate(zip(s.tokens, argmax, margin, strict=True)):
                 tokens += 1
@@ -68,11 +78,30 @@ def judge(model: str, reference: str, chosen: Iterable[Sample], answers: Mapping
                 elif gap < near_tie:
                     ties += 1
                 else:
-                    violations.append({"request": key(s), "position": pos, "token": tok, "reference": ref,
-                                       "margin": round(float(gap), 4)})
+                    violations.append(
+                        {
+                            "request": key(s),
+                            "position": pos,
+                            "token": tok,
+                            "reference": ref,
+                            "margin": round(float(gap), 4),
+                        }
+                    )
         violations.sort(key=lambda v: -v["margin"])
-        out.append(DecodeAudit(model, ctx, side, reference, len(samples), tokens, agree, ties, len(violations),
-                               tuple(violations[:MAX_LISTED])))
+        out.append(
+            DecodeAudit(
+                model,
+                ctx,
+                side,
+                reference,
+                len(samples),
+                tokens,
+                agree,
+                ties,
+                len(violations),
+                tuple(violations[:MAX_LISTED]),
+            )
+        )
     return out
 
 
@@ -80,5 +109,6 @@ def requests_file(chosen: Sequence[Sample]) -> str:
     """The reference's input: one {key, prompt, tokens} JSON line per audited request."""
     import json
 
-    return "".join(json.dumps({"key": key(s), "prompt": list(s.prompt), "tokens": list(s.tokens)}) + "\n"
-                   for s in chosen)
+    return "".join(
+        json.dumps({"key": key(s), "prompt": list(s.prompt), "tokens": list(s.tokens)}) + "\n" for s in chosen
+    )

@@ -69,8 +69,11 @@ class Usage:
 
     def as_record(self) -> dict[str, Any]:
         """The box-state fields a report and a receipt carry."""
-        rec: dict[str, Any] = {"other_cores": round(self.other_cores, 3), "window_s": round(self.window_s, 2),
-                               "others_top": [f"{n} {c:.2f}" for n, c in self.top]}
+        rec: dict[str, Any] = {
+            "other_cores": round(self.other_cores, 3),
+            "window_s": round(self.window_s, 2),
+            "others_top": [f"{n} {c:.2f}" for n, c in self.top],
+        }
         if self.gpu is not None:
             rec |= {"gpu_util": self.gpu.util, "gpu_other_apps": list(self.gpu.apps)}
         return rec
@@ -121,13 +124,19 @@ def cpu_snapshot(proc: Path = PROC) -> CpuSnapshot:
 
 def gpu_state() -> GpuState | None:
     """Utilization and compute processes of the first GPU, or None without nvidia-smi."""
-    util = sandbox.run_trusted(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                               timeout_s=20)
+    util = sandbox.run_trusted(
+        ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"], timeout_s=20
+    )
     if util.returncode != 0 or not util.stdout.strip():
         return None
-    apps = sandbox.run_trusted(["nvidia-smi", "--query-compute-apps=process_name", "--format=csv,noheader"],
-                               timeout_s=20)
-    names = tuple(Path(x.strip()).name for x in apps.stdout.splitlines() if x.strip()) if apps.returncode == 0 else ()
+    apps = sandbox.run_trusted(
+        ["nvidia-smi", "--query-compute-apps=process_name", "--format=csv,noheader"], timeout_s=20
+    )
+    names = (
+        tuple(Path(x.strip()).name for x in apps.stdout.splitlines() if x.strip())
+        if apps.returncode == 0
+        else ()
+    )
     try:
         value = float(util.stdout.split()[0])
     except (ValueError, IndexError):
@@ -153,7 +162,9 @@ def tree(procs: dict[int, ProcInfo], root: int) -> set[int]:
     return out
 
 
-def usage(a: CpuSnapshot, b: CpuSnapshot, root: int, hz: int | None = None, gpu: GpuState | None = None) -> Usage:
+def usage(
+    a: CpuSnapshot, b: CpuSnapshot, root: int, hz: int | None = None, gpu: GpuState | None = None
+) -> Usage:
     """What others and this evaluation (root's tree) used between snapshots a and b."""
     hz = hz or _clock_ticks()
     window = max(b.at - a.at, 1e-6)
@@ -173,8 +184,9 @@ def usage(a: CpuSnapshot, b: CpuSnapshot, root: int, hz: int | None = None, gpu:
         if delta > 0:
             by_name[info.comm] = by_name.get(info.comm, 0) + delta
     top = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_N]
-    return Usage(window, other / hz / window, own / hz / window,
-                 tuple((name, t / hz / window) for name, t in top), gpu)
+    return Usage(
+        window, other / hz / window, own / hz / window, tuple((name, t / hz / window) for name, t in top), gpu
+    )
 
 
 def busy_reason(u: Usage, limits: Quiet) -> str | None:
@@ -182,19 +194,24 @@ def busy_reason(u: Usage, limits: Quiet) -> str | None:
     parts = []
     if u.other_cores > limits.max_other_cores:
         named = ", ".join(f"{n} ({c:.2f})" for n, c in u.top) or "short-lived processes"
-        parts.append(f"other processes used {u.other_cores:.2f} cores (limit {limits.max_other_cores:g}): {named}")
+        parts.append(
+            f"other processes used {u.other_cores:.2f} cores (limit {limits.max_other_cores:g}): {named}"
+        )
     if u.gpu is not None and (u.gpu.util > limits.max_gpu_util or u.gpu.apps):
         apps = ", ".join(u.gpu.apps) or "no listed process"
-        parts.append(f"the GPU is {u.gpu.util:.0f}% busy (limit {limits.max_gpu_util:g}%) with our engines "
-                     f"stopped: {apps}")
+        parts.append(
+            f"the GPU is {u.gpu.util:.0f}% busy (limit {limits.max_gpu_util:g}%) with our engines "
+            f"stopped: {apps}"
+        )
     return "; ".join(parts) or None
 
 
 # ---------------------------------------------------------------- waiting
 
 
-def measure(root: int, window_s: float, *, with_gpu: bool,
-            sleep: Callable[[float], None] = time.sleep) -> Usage:
+def measure(
+    root: int, window_s: float, *, with_gpu: bool, sleep: Callable[[float], None] = time.sleep
+) -> Usage:
     """Sample for window_s and return what others used meanwhile."""
     a = cpu_snapshot()
     sleep(window_s)
@@ -202,10 +219,16 @@ def measure(root: int, window_s: float, *, with_gpu: bool,
     return usage(a, b, root, gpu=gpu_state() if with_gpu else None)
 
 
-def wait_until_quiet(limits: Quiet, *, with_gpu: bool, log: Callable[[str], None],
-                     root: int | None = None, sample: Callable[[], Usage] | None = None,
-                     clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                     ) -> tuple[Usage, float]:
+def wait_until_quiet(
+    limits: Quiet,
+    *,
+    with_gpu: bool,
+    log: Callable[[str], None],
+    root: int | None = None,
+    sample: Callable[[], Usage] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[Usage, float]:
     """The first quiet sample and the seconds waited for it; BoxBusy past limits.max_wait_s."""
     pid = os.getpid() if root is None else root
     take = sample or (lambda: measure(pid, limits.sample_s, with_gpu=with_gpu, sleep=sleep))
@@ -237,8 +260,13 @@ def identity() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "os": f"{platform.system()} {platform.release()}",
-            "python": platform.python_version(), "gpu": gpu_identity()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "gpu": gpu_identity(),
+    }
 
 
 def state() -> dict[str, Any]:
@@ -250,14 +278,24 @@ def state() -> dict[str, Any]:
         out["load1"] = None
     gpu = gpu_identity()
     if gpu:
-        out |= {"gpu_clock_sm": gpu["clock_sm"], "gpu_clock_mem": gpu["clock_mem"], "gpu_temp": gpu["temperature"]}
+        out |= {
+            "gpu_clock_sm": gpu["clock_sm"],
+            "gpu_clock_mem": gpu["clock_mem"],
+            "gpu_temp": gpu["temperature"],
+        }
     return out
 
 
 def gpu_identity() -> dict[str, str] | None:
     """Name, driver, clocks and temperature of the first GPU, or None without nvidia-smi."""
-    res = sandbox.run_trusted(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu",
-                               "--format=csv,noheader"], timeout_s=20)
+    res = sandbox.run_trusted(
+        [
+            "nvidia-smi",
+            "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu",
+            "--format=csv,noheader",
+        ],
+        timeout_s=20,
+    )
     if res.returncode != 0 or not res.stdout.strip():
         return None
     name, driver, sm, mem, temp = (x.strip() for x in res.stdout.splitlines()[0].split(",")[:5])

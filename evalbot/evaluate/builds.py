@@ -77,10 +77,6 @@ print(json.dumps({
 """
 
 
-
-
-
-
 @dataclass(frozen=True)
 class BuildResult:
     """The outcome of build_env(); on failure, failure_stage says whose fault it is ('build' or 'toolchain')."""
@@ -104,31 +100,7 @@ class BuildResult:
 # ---------------------------------------------------------------- git
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 # ---------------------------------------------------------------- checkouts
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 # ---------------------------------------------------------------- builds

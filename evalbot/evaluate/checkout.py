@@ -24,8 +24,10 @@ from evalbot.evaluate.files import TMP_NAME, read_json, remove, write_json_atomi
 
 _SHA = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")  # sha1 or sha256 object names
 
+
 class BuildError(RuntimeError):
     """A revision cannot be resolved or checked out; the message says which and why."""
+
 
 @dataclass(frozen=True)
 class Worktree:
@@ -36,17 +38,20 @@ class Worktree:
     sha: str
     tree_sha: str
 
+
 def _git_run(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     try:
         return git.run(repo, *args)
     except git.GitError as e:
         raise BuildError(str(e)) from e
 
+
 def _git(repo: Path, *args: str) -> str:
     try:
         return git.out(repo, *args)
     except git.GitError as e:
         raise BuildError(str(e)) from e
+
 
 def resolve(repo: Path, rev: str) -> tuple[str, str]:
     """(commit sha, tree sha) of rev in repo; BuildError if rev names no commit there."""
@@ -63,6 +68,7 @@ def resolve(repo: Path, rev: str) -> tuple[str, str]:
         raise BuildError(f"git resolved {rev!r} to {sha!r} (tree {tree_sha!r}), which is not an object name")
     return sha, tree_sha
 
+
 def changed_paths(repo: Path, base: str, head: str) -> list[str]:
     """Paths that head changes relative to its merge base with base (`git diff base...head`), sorted."""
     base_sha, _ = resolve(repo, base)
@@ -71,7 +77,9 @@ def changed_paths(repo: Path, base: str, head: str) -> list[str]:
     out = _git(repo, "diff", "--name-only", "-z", "--no-renames", f"{base_sha}...{head_sha}", "--")
     return sorted(p for p in out.split("\0") if p)
 
+
 _MERGE_STAMP = "1970-01-01T00:00:00+0000"
+
 
 def merge_commit(repo: Path, main_sha: str, head_sha: str) -> str | None:
     """The commit to measure for a PR: its head merged into main (what would land), or None on conflict.
@@ -86,8 +94,10 @@ def merge_commit(repo: Path, main_sha: str, head_sha: str) -> str | None:
     if merged.returncode == 1:
         return None  # conflicts
     if merged.returncode != 0:
-        raise BuildError(f"git merge-tree {main_sha[:12]} {head_sha[:12]} failed in {repo}: "
-                         f"{merged.stderr.strip()[-500:] or 'no output'}")
+        raise BuildError(
+            f"git merge-tree {main_sha[:12]} {head_sha[:12]} failed in {repo}: "
+            f"{merged.stderr.strip()[-500:] or 'no output'}"
+        )
     tree = merged.stdout.split("\n", 1)[0].strip()
     env = {
         "GIT_AUTHOR_NAME": "evalbot", "GIT_AUTHOR_EMAIL": "evalbot@localhost", "GIT_AUTHOR_DATE": _MERGE_STAMP,
@@ -95,13 +105,24 @@ def merge_commit(repo: Path, main_sha: str, head_sha: str) -> str | None:
         "GIT_COMMITTER_DATE": _MERGE_STAMP,
     }  # fmt: skip
     try:
-        made = git.run(repo, "commit-tree", tree, "-p", main_sha, "-p", head_sha, "-m",
-                       f"evalbot: {head_sha[:12]} merged into main {main_sha[:12]}", env=env)
+        made = git.run(
+            repo,
+            "commit-tree",
+            tree,
+            "-p",
+            main_sha,
+            "-p",
+            head_sha,
+            "-m",
+            f"evalbot: {head_sha[:12]} merged into main {main_sha[:12]}",
+            env=env,
+        )
     except git.GitError as e:
         raise BuildError(str(e)) from e
     if made.returncode != 0 or not _SHA.fullmatch(made.stdout.strip()):
         raise BuildError(f"git commit-tree failed in {repo}: {made.stderr.strip()[-500:] or 'no output'}")
     return made.stdout.strip()
+
 
 def prepare_worktree(repo: Path, rev: str, root: Path) -> Worktree:
     """Check out rev's tree into root/<sha>; a checkout already there is reused if intact."""
@@ -123,6 +144,7 @@ def prepare_worktree(repo: Path, rev: str, root: Path) -> Worktree:
     write_json_atomic(marker, {"sha": sha, "tree_sha": tree_sha, "files": files})
     return Worktree(dest, rev, sha, tree_sha)
 
+
 def cleanup_worktrees(root: Path, keep: Iterable[str] = ()) -> list[Path]:
     """Remove the checkouts (and leftovers) under root except the shas in keep; returns what was removed."""
     if not root.is_dir():
@@ -137,6 +159,7 @@ def cleanup_worktrees(root: Path, keep: Iterable[str] = ()) -> list[Path]:
             removed.append(entry)
     return removed
 
+
 def remove_worktree(root: Path, sha: str) -> bool:
     """Remove one checkout (and its marker) made by prepare_worktree; whether there was one."""
     if not _SHA.fullmatch(sha):
@@ -147,6 +170,7 @@ def remove_worktree(root: Path, sha: str) -> bool:
             remove(entry)
             found = True
     return found
+
 
 def _extract(repo: Path, sha: str, dest: Path) -> None:
     try:
@@ -171,6 +195,7 @@ def _extract(repo: Path, sha: str, dest: Path) -> None:
     if rc != 0:
         raise BuildError(f"`git archive {sha}` failed in {repo}: {stderr or f'exit {rc}'}")
 
+
 def _tree_digest(top: Path) -> dict[str, str]:
     """Every file under top (links not followed) -> its content hash, exec bit or link target."""
     out: dict[str, str] = {}
@@ -187,6 +212,7 @@ def _tree_digest(top: Path) -> dict[str, str]:
                     digest = hashlib.sha256(Path(entry.path).read_bytes()).hexdigest()
                     out[rel] = ("x" if os.access(entry.path, os.X_OK) else "f") + ":" + digest
     return dict(sorted(out.items()))
+
 
 def _checkout_intact(dest: Path, marker: Path, sha: str, tree_sha: str) -> bool:
     meta = read_json(marker)

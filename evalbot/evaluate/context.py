@@ -42,7 +42,9 @@ class EvalConfig:
     no_sandbox: bool = False
     seed: int | None = None
     spec: bool = True
-    spec_drafter: str = "ngram"  # "ngram" (fast, the profile's model) or "draft" (the rules' target/draft pair)
+    spec_drafter: str = (
+        "ngram"  # "ngram" (fast, the profile's model) or "draft" (the rules' target/draft pair)
+    )
     accuracy: bool = True
     max_pairs: int | None = None  # overrides the profile's, e.g. for a quick demo
     positions: int = 128
@@ -97,25 +99,43 @@ SIDE_LABEL = {Side.BASE: "main", Side.HEAD: "the PR"}
 # --- the sandbox ------------------------------------------------------------------------------------
 
 
-def sandbox_spec(ctx: RunContext, venv: Path, scratch: Path, extra_binds: list[Path],
-                 timeout_s: float) -> sandbox.SandboxSpec:
+def sandbox_spec(
+    ctx: RunContext, venv: Path, scratch: Path, extra_binds: list[Path], timeout_s: float
+) -> sandbox.SandboxSpec:
     """The sandbox of one engine process: scratch is the only writable place, the env is scrubbed."""
     scratch.mkdir(exist_ok=True)
     env = sandbox.scrub_env(os.environ)
     cores = str(os.cpu_count() or 1)
-    env.update({"HOME": str(scratch), "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(scratch / ".cache"),
-                "OMP_NUM_THREADS": cores, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
-                "TRITON_CACHE_DIR": str(scratch / ".triton"), "TORCHINDUCTOR_CACHE_DIR": str(scratch / ".inductor")})
+    env.update(
+        {
+            "HOME": str(scratch),
+            "TMPDIR": str(scratch),
+            "XDG_CACHE_HOME": str(scratch / ".cache"),
+            "OMP_NUM_THREADS": cores,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0",
+            "TRITON_CACHE_DIR": str(scratch / ".triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(scratch / ".inductor"),
+        }
+    )
     return sandbox.SandboxSpec(
-        ro_binds=tuple(dict.fromkeys([*ctx.ro_binds, venv, *extra_binds])), scratch=scratch, workdir=scratch, env=env,
-        limits=sandbox.Limits(cpu_seconds=int(timeout_s * (os.cpu_count() or 1)), memory_bytes=48 << 30,
-                              max_output_bytes=ctx.max_output_bytes, timeout_s=timeout_s),
+        ro_binds=tuple(dict.fromkeys([*ctx.ro_binds, venv, *extra_binds])),
+        scratch=scratch,
+        workdir=scratch,
+        env=env,
+        limits=sandbox.Limits(
+            cpu_seconds=int(timeout_s * (os.cpu_count() or 1)),
+            memory_bytes=48 << 30,
+            max_output_bytes=ctx.max_output_bytes,
+            timeout_s=timeout_s,
+        ),
         devices=sandbox.gpu_devices() if ctx.profile_device == "cuda" else (),
     )
 
 
-def sandboxed_python(ctx: RunContext, venv: Path, scratch: Path, argv: list[str], extra_binds: list[Path],
-                     timeout_s: float) -> sandbox.RunResult:
+def sandboxed_python(
+    ctx: RunContext, venv: Path, scratch: Path, argv: list[str], extra_binds: list[Path], timeout_s: float
+) -> sandbox.RunResult:
     """`python -m argv` from a venv under bubblewrap: scratch is the only writable place, the env is scrubbed."""
     spec = sandbox_spec(ctx, venv, scratch, extra_binds, timeout_s)
     return sandbox.run(spec, [str(venv / "bin" / "python"), "-m", *argv], no_sandbox=ctx.cfg.no_sandbox)
@@ -123,11 +143,16 @@ def sandboxed_python(ctx: RunContext, venv: Path, scratch: Path, argv: list[str]
 
 def confine_build(argv: list[str], writable: Path) -> list[str]:
     """A revision's build step under bubblewrap: no network, only its temp dir writable, no secrets."""
-    env = builds.build_environ(sandbox.scrub_env(os.environ)) | {"HOME": str(writable),
-                                                                 "TMPDIR": str(writable / "tmp")}
+    env = builds.build_environ(sandbox.scrub_env(os.environ)) | {
+        "HOME": str(writable),
+        "TMPDIR": str(writable / "tmp"),
+    }
     spec = sandbox.SandboxSpec(
-        ro_binds=tuple(ro_binds([])), scratch=writable,
-        workdir=writable, env=env, limits=sandbox.Limits(cpu_seconds=3600, memory_bytes=16 << 30),
+        ro_binds=tuple(ro_binds([])),
+        scratch=writable,
+        workdir=writable,
+        env=env,
+        limits=sandbox.Limits(cpu_seconds=3600, memory_bytes=16 << 30),
     )
     return sandbox.bwrap_argv(spec, argv)
 
@@ -136,4 +161,3 @@ def ro_binds(model_dirs: list[Path]) -> list[Path]:
     """What sandboxed code may read: system dirs, the interpreters, the models. Never the bot's state."""
     interpreters = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
     return list(dict.fromkeys([*sandbox.system_ro_binds(), *sorted(interpreters), *model_dirs]))
-

@@ -196,7 +196,7 @@ def sweep_stale(root: Path = CGROUP_ROOT) -> int:
         except OSError:
             continue
         for path in entries:
-            pid = path.name[len(_PREFIX):].split("-", 1)[0]
+            pid = path.name[len(_PREFIX) :].split("-", 1)[0]
             if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
                 try:
                     path.rmdir()
@@ -211,5 +211,3 @@ def describe(meter: Meter) -> str:
     res = meter.resolution_ns
     unit = f"{res // 1_000_000} ms" if res >= 1_000_000 else f"{res // 1000} µs"
     return f"cgroup v{meter.version} ({unit})" if isinstance(meter, CgroupMeter) else f"{meter.kind} ({unit})"
-
-

@@ -19,7 +19,11 @@ def describe_exit(returncode: int, *, timed_out: bool = False, timeout_s: float 
     """One phrase for how a process ended: a death by signal (directly, or as 128+N from a sandbox or
     shell) names the signal, anything else gives the exit code."""
     if timed_out:
-        return f"was stopped at its time limit ({timeout_s:.0f} s)" if timeout_s else "was stopped at its time limit"
+        return (
+            f"was stopped at its time limit ({timeout_s:.0f} s)"
+            if timeout_s
+            else "was stopped at its time limit"
+        )
     if returncode < 0:
         name = signal_name(-returncode)
         return f"died of {name} (exit code {returncode})" if name else f"exited with code {returncode}"

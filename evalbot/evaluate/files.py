@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-TMP_NAME = re.compile(r"\.tmp-.+-(\d+)-[0-9a-f]{8}")  # .tmp-<name>-<pid>-<token>: a checkout or build in progress
+TMP_NAME = re.compile(
+    r"\.tmp-.+-(\d+)-[0-9a-f]{8}"
+)  # .tmp-<name>-<pid>-<token>: a checkout or build in progress
 
 
 def remove(path: Path) -> None:

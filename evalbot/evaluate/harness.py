@@ -76,8 +76,10 @@ def harness_fingerprint(venv: Path, modules: Iterable[str], timeout_s: float = 6
                               capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})  # fmt: skip
         if proc.returncode != 0:
-            raise BuildError(f"cannot inspect the harness modules of {venv}: the probe {describe_exit(proc.returncode)}: "
-                             f"{proc.stderr.strip()[-500:]}")
+            raise BuildError(
+                f"cannot inspect the harness modules of {venv}: the probe {describe_exit(proc.returncode)}: "
+                f"{proc.stderr.strip()[-500:]}"
+            )
         return json.loads(proc.stdout)
     except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
         raise BuildError(f"cannot inspect the harness modules of {venv}: {exc}") from exc
@@ -94,5 +96,7 @@ def harness_drift(base: dict[str, Any], head: dict[str, Any]) -> list[str]:
     b, h = base.get("startup", {}), head.get("startup", {})
     for name in sorted(set(b) | set(h)):
         if b.get(name) != h.get(name):
-            out.append(f"start-up file {name} {'is new' if name not in b else 'differs from main' if name in h else 'is gone'}")
+            out.append(
+                f"start-up file {name} {'is new' if name not in b else 'differs from main' if name in h else 'is gone'}"
+            )
     return out

@@ -44,56 +44,111 @@ def llama_reference(ctx: RunContext, path: Path, text: Path) -> tuple[Path, dict
     assert venv is not None
     # -I and a neutral cwd: `-m` would otherwise put the bot's working directory (which may hold an
     # `engine/` of its own) ahead of main's venv on sys.path
-    res = sandbox.run_trusted([str(venv / "bin" / "python"), "-I", "-m", "engine.reference", "score", "--model",
-                               str(path), "--text-file", str(text), "--positions", str(p), "--out", str(ref)],
-                              timeout_s=REFERENCE_TIMEOUT_S, cwd=ref.parent, max_output_bytes=1 << 20)
+    res = sandbox.run_trusted(
+        [
+            str(venv / "bin" / "python"),
+            "-I",
+            "-m",
+            "engine.reference",
+            "score",
+            "--model",
+            str(path),
+            "--text-file",
+            str(text),
+            "--positions",
+            str(p),
+            "--out",
+            str(ref),
+        ],
+        timeout_s=REFERENCE_TIMEOUT_S,
+        cwd=ref.parent,
+        max_output_bytes=1 << 20,
+    )
     if not res.ok:
-        raise SideFailed(Failure(Side.HARNESS, "reference", "the llama.cpp reference "
-                                 + describe_exit(res.returncode, timed_out=res.timed_out, timeout_s=REFERENCE_TIMEOUT_S),
-                                 _tail(res.stderr)))
+        raise SideFailed(
+            Failure(
+                Side.HARNESS,
+                "reference",
+                "the llama.cpp reference "
+                + describe_exit(res.returncode, timed_out=res.timed_out, timeout_s=REFERENCE_TIMEOUT_S),
+                _tail(res.stderr),
+            )
+        )
     try:
         record = json.loads(res.stdout.strip().splitlines()[-1])
         config = record.get("config") or {}
     except (ValueError, IndexError, AttributeError, TypeError) as exc:
-        raise SideFailed(Failure(Side.HARNESS, "reference", f"the llama.cpp reference printed no record: {exc}",
-                                 _tail(res.stdout + res.stderr))) from exc
-    identity = {"engine": record.get("engine"), "cached": bool(record.get("cached")),
-                **(config.get("reference_build") or {"version": config.get("llama_cpp")})}
+        raise SideFailed(
+            Failure(
+                Side.HARNESS,
+                "reference",
+                f"the llama.cpp reference printed no record: {exc}",
+                _tail(res.stdout + res.stderr),
+            )
+        ) from exc
+    identity = {
+        "engine": record.get("engine"),
+        "cached": bool(record.get("cached")),
+        **(config.get("reference_build") or {"version": config.get("llama_cpp")}),
+    }
     return ref, identity
 
 
-def accuracy_served(ctx: RunContext, name: str, procs: dict[Side, served.ServedProcess],
-                    ref: Path) -> AccuracyResult:
+def accuracy_served(
+    ctx: RunContext, name: str, procs: dict[Side, served.ServedProcess], ref: Path
+) -> AccuracyResult:
     """Each side's serving engine scores the reference's token ids (teacher-forced, every position's full
     log-probabilities written to its scratch); main's `engine.compare` sets each against llama.cpp's."""
     try:
         ids = json.loads(Path(f"{ref}.json").read_text())["token_ids"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SideFailed(Failure(Side.HARNESS, "reference", f"the reference left no token ids: {exc}")) from exc
+        raise SideFailed(
+            Failure(Side.HARNESS, "reference", f"the reference left no token ids: {exc}")
+        ) from exc
     ctx.log(f"{name}: accuracy vs llama.cpp over {len(ids) - 1} positions")
     outs: dict[Side, Path] = {}
     for side, p in procs.items():
         others = [q for s, q in procs.items() if s is not side]
         name_npy = f"{side.value}-score.npy"
         try:
-            served.run_alone(p, others, lambda p=p, n=name_npy: p.request(
-                {"op": "score", "ids": ids, "from": 1, "save": n}, ctx.run_timeout_s))
+            served.run_alone(
+                p,
+                others,
+                lambda p=p, n=name_npy: p.request(
+                    {"op": "score", "ids": ids, "from": 1, "save": n}, ctx.run_timeout_s
+                ),
+            )
         except served.ServeError as exc:
             raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
         made = ctx.serve_scratch[side] / name_npy
         if not made.is_file() or made.is_symlink():
-            found = sorted(x.name for x in ctx.serve_scratch[side].iterdir())[:20] if ctx.serve_scratch[side].is_dir() \
+            found = (
+                sorted(x.name for x in ctx.serve_scratch[side].iterdir())[:20]
+                if ctx.serve_scratch[side].is_dir()
                 else "no folder"
-            raise SideFailed(Failure(side, "accuracy", f"the engine wrote no {name_npy} in its working directory "
-                                     f"{ctx.serve_scratch[side]} (it holds: {found})"))
+            )
+            raise SideFailed(
+                Failure(
+                    side,
+                    "accuracy",
+                    f"the engine wrote no {name_npy} in its working directory "
+                    f"{ctx.serve_scratch[side]} (it holds: {found})",
+                )
+            )
         # the sidecar is the harness's own: the ids the reference scored, never what the engine says
         Path(f"{made}.json").write_text(json.dumps({"token_ids": ids}))
         outs[side] = made
     base_stats = _compare(ctx, ref, outs[Side.BASE], Side.BASE)
     head_stats = _compare(ctx, ref, outs[Side.HEAD], Side.HEAD)
-    return AccuracyResult(name, len(ids) - 1, float(head_stats["top1_agreement"]), float(head_stats["kl_mean"]),
-                          float(head_stats["ppl_ratio"]), base_top1_agreement=float(base_stats["top1_agreement"]),
-                          base_kl_mean=float(base_stats["kl_mean"]))
+    return AccuracyResult(
+        name,
+        len(ids) - 1,
+        float(head_stats["top1_agreement"]),
+        float(head_stats["kl_mean"]),
+        float(head_stats["ppl_ratio"]),
+        base_top1_agreement=float(base_stats["top1_agreement"]),
+        base_kl_mean=float(base_stats["kl_mean"]),
+    )
 
 
 def _compare(ctx: RunContext, ref: Path, test: Path, side: Side) -> dict[str, Any]:
@@ -102,18 +157,31 @@ def _compare(ctx: RunContext, ref: Path, test: Path, side: Side) -> dict[str, An
     assert venv is not None
     scratch = fresh_scratch(ctx, "compare")
     try:
-        res = sandboxed_python(ctx, venv, scratch, ["engine.compare", str(ref), str(test), "--json"],
-                               [ref.parent, test.parent], 600)
+        res = sandboxed_python(
+            ctx,
+            venv,
+            scratch,
+            ["engine.compare", str(ref), str(test), "--json"],
+            [ref.parent, test.parent],
+            600,
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if res.returncode != 0:
         # different token ids mean the side changed tokenization: that side's fault
-        raise SideFailed(Failure(side, "accuracy", "cannot compare with llama.cpp: " + res.stderr.strip()[-500:]))
+        raise SideFailed(
+            Failure(side, "accuracy", "cannot compare with llama.cpp: " + res.stderr.strip()[-500:])
+        )
     return json.loads(res.stdout)
 
 
-def audit_answers(ctx: RunContext, chosen: list[abtest.Sample], procs: dict[Side, served.ServedProcess],
-                  registry: bool, name: str) -> tuple[dict[str, dict[str, Any]], str]:
+def audit_answers(
+    ctx: RunContext,
+    chosen: list[abtest.Sample],
+    procs: dict[Side, served.ServedProcess],
+    registry: bool,
+    name: str,
+) -> tuple[dict[str, dict[str, Any]], str]:
     """The reference's argmax and margins for each audited request: llama.cpp on the model file, or main's
     own serving engine where the weights are random (teacher-forced on the side's tokens either way)."""
     if not chosen:
@@ -127,13 +195,34 @@ def audit_answers(ctx: RunContext, chosen: list[abtest.Sample], procs: dict[Side
         requests.write_text(audit.requests_file(chosen))
         model = ctx.model_paths[name]
         ctx.log(f"{name}: auditing {len(chosen)} timed requests against the reference")
-        res = sandbox.run_trusted([str(venv / "bin" / "python"), "-I", "-m", "engine.reference", "audit", "--model",
-                                   str(model), "--requests", str(requests), "--out", str(answers)],
-                                  timeout_s=REFERENCE_TIMEOUT_S, cwd=folder, max_output_bytes=1 << 20)
+        res = sandbox.run_trusted(
+            [
+                str(venv / "bin" / "python"),
+                "-I",
+                "-m",
+                "engine.reference",
+                "audit",
+                "--model",
+                str(model),
+                "--requests",
+                str(requests),
+                "--out",
+                str(answers),
+            ],
+            timeout_s=REFERENCE_TIMEOUT_S,
+            cwd=folder,
+            max_output_bytes=1 << 20,
+        )
         if not res.ok:
-            raise SideFailed(Failure(Side.HARNESS, "reference", "the reference's audit "
-                                     + describe_exit(res.returncode, timed_out=res.timed_out,
-                                                     timeout_s=REFERENCE_TIMEOUT_S), _tail(res.stderr)))
+            raise SideFailed(
+                Failure(
+                    Side.HARNESS,
+                    "reference",
+                    "the reference's audit "
+                    + describe_exit(res.returncode, timed_out=res.timed_out, timeout_s=REFERENCE_TIMEOUT_S),
+                    _tail(res.stderr),
+                )
+            )
         out = {}
         for line in answers.read_text().splitlines():
             item = json.loads(line)
@@ -166,16 +255,31 @@ def fetch_models(ctx: RunContext, profile: Profile) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for name in dict.fromkeys(names):
         ctx.log(f"fetching {name}")
-        res = sandbox.run_trusted([str(venv / "bin" / "python"), "-I", "-m", "engine.registry", "fetch", name],
-                                  timeout_s=3600, cwd=ctx.scratch)  # -I, neutral cwd: main's fetcher, no other
+        res = sandbox.run_trusted(
+            [str(venv / "bin" / "python"), "-I", "-m", "engine.registry", "fetch", name],
+            timeout_s=3600,
+            cwd=ctx.scratch,
+        )  # -I, neutral cwd: main's fetcher, no other
         if not res.ok:
-            raise SideFailed(Failure(Side.HARNESS, "models", f"cannot fetch {name}: main's fetcher "
-                                     + describe_exit(res.returncode, timed_out=res.timed_out, timeout_s=3600),
-                                     _tail(res.stderr)))
+            raise SideFailed(
+                Failure(
+                    Side.HARNESS,
+                    "models",
+                    f"cannot fetch {name}: main's fetcher "
+                    + describe_exit(res.returncode, timed_out=res.timed_out, timeout_s=3600),
+                    _tail(res.stderr),
+                )
+            )
         lines = res.stdout.strip().splitlines()
         if not lines or not Path(lines[-1]).is_file():
-            raise SideFailed(Failure(Side.HARNESS, "models", f"main's fetcher named no file for {name}",
-                                     _tail(res.stdout + res.stderr)))
+            raise SideFailed(
+                Failure(
+                    Side.HARNESS,
+                    "models",
+                    f"main's fetcher named no file for {name}",
+                    _tail(res.stdout + res.stderr),
+                )
+            )
         out[name] = Path(lines[-1])
     pinned = {m.name: m.sha256 for m in profile.models if m.sha256}
     for ref in (ctx.cfg.rules.spec_pair.target, ctx.cfg.rules.spec_pair.draft):
@@ -184,7 +288,9 @@ def fetch_models(ctx: RunContext, profile: Profile) -> dict[str, Path]:
     for name, path in out.items():
         digest = sha_of(ctx, path)
         if name in pinned and pinned[name] != digest:
-            raise SideFailed(Failure(Side.HARNESS, "models", f"{name} has sha256 {digest}, rules pin {pinned[name]}"))
+            raise SideFailed(
+                Failure(Side.HARNESS, "models", f"{name} has sha256 {digest}, rules pin {pinned[name]}")
+            )
     return out
 
 

@@ -66,17 +66,34 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
 
 def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
     started = box.now()
-    cfg = dataclasses.replace(cfg, work_root=cfg.work_root.resolve(), repo=cfg.repo.resolve())  # run from anywhere
+    cfg = dataclasses.replace(
+        cfg, work_root=cfg.work_root.resolve(), repo=cfg.repo.resolve()
+    )  # run from anywhere
     profile = cfg.rules.profile(cfg.profile)
     seed = cfg.seed if cfg.seed is not None else prompts.fresh_seed()
     corpus = prompts.default_corpus_dir()
-    prov = Provenance(repo=str(cfg.repo), base_sha="", head_sha="", harness_sha="", rules_hash=cfg.rules.rules_hash,
-                      profile=cfg.profile, prompt_seed=seed, corpus_sha256=prompts.corpus_sha256(corpus),
-                      started_at=started, pr=cfg.pr, title=cfg.title, author=cfg.author, branch=cfg.branch,
-                      box=box.identity())
-    reproduce = (f"evalbot evaluate --repo {cfg.repo} --base {cfg.base} --head {cfg.head} --profile {cfg.profile} "
-                 f"--seed {seed}" + ("" if cfg.spec else " --no-spec") +
-                 (f" --max-pairs {cfg.max_pairs}" if cfg.max_pairs else ""))
+    prov = Provenance(
+        repo=str(cfg.repo),
+        base_sha="",
+        head_sha="",
+        harness_sha="",
+        rules_hash=cfg.rules.rules_hash,
+        profile=cfg.profile,
+        prompt_seed=seed,
+        corpus_sha256=prompts.corpus_sha256(corpus),
+        started_at=started,
+        pr=cfg.pr,
+        title=cfg.title,
+        author=cfg.author,
+        branch=cfg.branch,
+        box=box.identity(),
+    )
+    reproduce = (
+        f"evalbot evaluate --repo {cfg.repo} --base {cfg.base} --head {cfg.head} --profile {cfg.profile} "
+        f"--seed {seed}"
+        + ("" if cfg.spec else " --no-spec")
+        + (f" --max-pairs {cfg.max_pairs}" if cfg.max_pairs else "")
+    )
     samples: list[dict[str, Any]] = []
 
     def done(**kw: Any) -> Measurements:
@@ -89,10 +106,16 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
         base_sha, _ = checkout.resolve(cfg.repo, cfg.base)
         head_sha, _ = checkout.resolve(cfg.repo, cfg.head)
         measured = checkout.merge_commit(cfg.repo, base_sha, head_sha)
-        shas: dict[str, Any] = {"base_sha": base_sha, "head_sha": head_sha, "measured_sha": measured or "",
-                                "harness_sha": base_sha}
+        shas: dict[str, Any] = {
+            "base_sha": base_sha,
+            "head_sha": head_sha,
+            "measured_sha": measured or "",
+            "harness_sha": base_sha,
+        }
         if measured is None:
-            return done(prov=shas, skipped_reason=f"the PR conflicts with main {base_sha[:12]}: rebase it and push")
+            return done(
+                prov=shas, skipped_reason=f"the PR conflicts with main {base_sha[:12]}: rebase it and push"
+            )
         base_wt = checkout.prepare_worktree(cfg.repo, base_sha, cfg.work_root / "worktrees")
         head_wt = checkout.prepare_worktree(cfg.repo, measured, cfg.work_root / "worktrees")
     except checkout.BuildError as exc:
@@ -102,15 +125,31 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
         # names come from git with surrogateescape: show undecodable bytes as U+FFFD, never crash on them
         shown = ", ".join(h.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for h in hits[:8])
         shown += " …" if len(hits) > 8 else ""
-        return done(prov=shas, skipped_reason=f"the PR changes sensitive paths, which the bot never runs: {shown}")
+        return done(
+            prov=shas, skipped_reason=f"the PR changes sensitive paths, which the bot never runs: {shown}"
+        )
     if not cfg.no_sandbox and not sandbox.sandbox_available():
-        return done(prov=shas, failures=(Failure(Side.HARNESS, "sandbox",
-                    "bubblewrap is not available; refusing to run untrusted code (pass --no-sandbox to override)"),))
+        return done(
+            prov=shas,
+            failures=(
+                Failure(
+                    Side.HARNESS,
+                    "sandbox",
+                    "bubblewrap is not available; refusing to run untrusted code (pass --no-sandbox to override)",
+                ),
+            ),
+        )
 
     with tempfile.TemporaryDirectory(prefix="evalbot-run-") as tmp:
-        ctx = RunContext(cfg, log, Path(tmp), profile_device=profile.device,
-                         run_timeout_s=profile.measurement.run_timeout_s,
-                         max_output_bytes=profile.measurement.max_output_mb << 20, quiet=profile.quiet)
+        ctx = RunContext(
+            cfg,
+            log,
+            Path(tmp),
+            profile_device=profile.device,
+            run_timeout_s=profile.measurement.run_timeout_s,
+            max_output_bytes=profile.measurement.max_output_mb << 20,
+            quiet=profile.quiet,
+        )
         ctx.box_samples = samples
         # 1. the harness: main's build, the models and the reference, each failing fast with its cause
         failure = _build_side(ctx, Side.BASE, base_wt)
@@ -132,8 +171,9 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
             try:
                 for ref in profile.models:
                     if ref.source == "registry":
-                        references[ref.name], identities[ref.name] = llama_reference(ctx, models[ref.name],
-                                                                                     prompt_files[1])
+                        references[ref.name], identities[ref.name] = llama_reference(
+                            ctx, models[ref.name], prompt_files[1]
+                        )
             except SideFailed as exc:
                 return done(prov=shas | {"reference": identities}, failures=(exc.failure,))
         shas |= {"reference": identities}
@@ -149,13 +189,20 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
         modules = cfg.rules.policy.harness_modules
         if modules:
             try:
-                drift = harness_drift(*(harness_fingerprint(ctx.sides[s].build.venv, modules)  # type: ignore[arg-type]
-                                        for s in (Side.BASE, Side.HEAD)))
+                drift = harness_drift(
+                    *(
+                        harness_fingerprint(ctx.sides[s].build.venv, modules)  # type: ignore[arg-type]
+                        for s in (Side.BASE, Side.HEAD)
+                    )
+                )
             except checkout.BuildError as exc:
                 return done(prov=shas, failures=(Failure(Side.HARNESS, "harness", str(exc)),))
             if drift:
-                return done(prov=shas, skipped_reason="the built PR does not import main's harness, so the bot "
-                            "never runs it: " + "; ".join(drift[:5]))
+                return done(
+                    prov=shas,
+                    skipped_reason="the built PR does not import main's harness, so the bot "
+                    "never runs it: " + "; ".join(drift[:5]),
+                )
         # 3. the A/B pairs (warm serving processes, the harness's clock, a quiet box), the audit, the gates
         throughput: list[ThroughputPairs] = []
         accuracy: list[AccuracyResult] = []
@@ -166,10 +213,21 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
         try:
             for ref in profile.models:
                 registry = ref.source == "registry"
-                model_args = ["--model", str(models[ref.name])] if registry else ["--random-weights", "--shape",
-                                                                                  ref.name]
-                measured = _measure_served(ctx, profile, ref.name, model_args, corpus, seed, registry,
-                                           reference=references.get(ref.name) if registry and cfg.accuracy else None)
+                model_args = (
+                    ["--model", str(models[ref.name])]
+                    if registry
+                    else ["--random-weights", "--shape", ref.name]
+                )
+                measured = _measure_served(
+                    ctx,
+                    profile,
+                    ref.name,
+                    model_args,
+                    corpus,
+                    seed,
+                    registry,
+                    reference=references.get(ref.name) if registry and cfg.accuracy else None,
+                )
                 throughput += measured.throughput
                 audits += measured.audits
                 spec_results += measured.spec
@@ -180,15 +238,28 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
             failures.append(exc.failure)
         except box.BoxBusy as exc:
             failures.append(Failure(Side.HARNESS, "box", str(exc)))
-        return done(prov=shas, throughput=tuple(throughput), accuracy=tuple(accuracy), spec=tuple(spec_results),
-                    audits=tuple(audits), diagnostics=tuple(notes), failures=tuple(failures))
+        return done(
+            prov=shas,
+            throughput=tuple(throughput),
+            accuracy=tuple(accuracy),
+            spec=tuple(spec_results),
+            audits=tuple(audits),
+            diagnostics=tuple(notes),
+            failures=tuple(failures),
+        )
 
 
 def _build_side(ctx: RunContext, side: Side, wt: checkout.Worktree) -> Failure | None:
     """Build one revision into its venv; the Failure to record when it does not build."""
     ctx.log(f"building {side.value} {wt.sha[:12]}")
-    b = builds.build_env(wt, ctx.cfg.work_root / "venvs", python=ctx.cfg.python, log_dir=ctx.cfg.work_root / "logs",
-                         timeout_s=1800, confine=None if ctx.cfg.no_sandbox else confine_build)
+    b = builds.build_env(
+        wt,
+        ctx.cfg.work_root / "venvs",
+        python=ctx.cfg.python,
+        log_dir=ctx.cfg.work_root / "logs",
+        timeout_s=1800,
+        confine=None if ctx.cfg.no_sandbox else confine_build,
+    )
     ctx.sides[side] = SideBuild(side, wt, b)
     if b.ok:
         return None
@@ -217,19 +288,44 @@ def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int)
         assert venv is not None
         scratch = fresh_scratch(ctx, f"{side.value}-serve")
         ctx.serve_scratch[side] = scratch
-        spec = sandbox_spec(ctx, venv, scratch, [ctx.scratch / "prompts"], ctx.cfg.rules.profile(ctx.cfg.profile)
-                            .measurement.time_budget_s + ctx.run_timeout_s)
-        argv = [str(venv / "bin" / "python"), "-m", "engine", "serve", *model_args, "--max-seq", str(max_seq),
-                "--device", ctx.profile_device, "--warmup", str(max(1, warmup))]
-        return served.ServedProcess.start(SIDE_LABEL[side], spec, argv, no_sandbox=ctx.cfg.no_sandbox,
-                                          meter=cpumeter.make_meter(side.value))
+        spec = sandbox_spec(
+            ctx,
+            venv,
+            scratch,
+            [ctx.scratch / "prompts"],
+            ctx.cfg.rules.profile(ctx.cfg.profile).measurement.time_budget_s + ctx.run_timeout_s,
+        )
+        argv = [
+            str(venv / "bin" / "python"),
+            "-m",
+            "engine",
+            "serve",
+            *model_args,
+            "--max-seq",
+            str(max_seq),
+            "--device",
+            ctx.profile_device,
+            "--warmup",
+            str(max(1, warmup)),
+        ]
+        return served.ServedProcess.start(
+            SIDE_LABEL[side], spec, argv, no_sandbox=ctx.cfg.no_sandbox, meter=cpumeter.make_meter(side.value)
+        )
 
     return launch
 
 
-def _measure_served(ctx: RunContext, profile: Profile, name: str, model_args: list[str], corpus: Path,
-                    seed: int, registry: bool, reference: Path | None = None,
-                    accuracy_text: Path | None = None) -> _Served:
+def _measure_served(
+    ctx: RunContext,
+    profile: Profile,
+    name: str,
+    model_args: list[str],
+    corpus: Path,
+    seed: int,
+    registry: bool,
+    reference: Path | None = None,
+    accuracy_text: Path | None = None,
+) -> _Served:
     """A/B pairs in blocks of warm serving processes, then the decode audit and speculative decoding, all on
     the harness's clock; each side's failure is the side's (main's: an infra error)."""
     m = profile.measurement
@@ -242,12 +338,20 @@ def _measure_served(ctx: RunContext, profile: Profile, name: str, model_args: li
     def tokenized(ctx_len: int, serial: int) -> list[int]:
         text = prompts.draw_from(texts, (seed * 1_000_003 + serial) % 2**53, 8 * ctx_len + 64, 1)[0].text
         main = procs[Side.BASE]
-        got = served.run_alone(main, [p for s, p in procs.items() if s is not Side.BASE], lambda: main.request(
-            {"op": "tokenize", "text": text, "max_tokens": ctx_len}, ctx.run_timeout_s))
+        got = served.run_alone(
+            main,
+            [p for s, p in procs.items() if s is not Side.BASE],
+            lambda: main.request({"op": "tokenize", "text": text, "max_tokens": ctx_len}, ctx.run_timeout_s),
+        )
         ids = list(got.summary.get("ids") or [])
         if len(ids) < ctx_len or not all(isinstance(t, int) and 0 <= t < main.vocab for t in ids):
-            raise SideFailed(Failure(Side.BASE, "serve", f"main's tokenizer gave {len(ids)} valid ids for a prompt "
-                                     f"of {ctx_len} tokens"))
+            raise SideFailed(
+                Failure(
+                    Side.BASE,
+                    "serve",
+                    f"main's tokenizer gave {len(ids)} valid ids for a prompt of {ctx_len} tokens",
+                )
+            )
         return ids[:ctx_len]
 
     def launch_tracked(side: Side) -> served.ServedProcess:
@@ -258,11 +362,19 @@ def _measure_served(ctx: RunContext, profile: Profile, name: str, model_args: li
     pool = abtest.Prompts(source or (lambda c, i: abtest.random_prompts(procs[Side.BASE].vocab, seed)(c, i)))
     try:
         cpumeter.sweep_stale()
-        run, procs = abtest.measure(profile, launch_tracked, pool, ctx.log, max_pairs=ctx.cfg.max_pairs,
-                                    request_timeout_s=ctx.run_timeout_s, ready_timeout_s=ctx.run_timeout_s,
-                                    progress=ctx.cfg.progress,
-                                    decided=lambda samples: verdict.no_pair_could_change(
-                                        abtest.throughput(samples, profile, name), ctx.cfg.rules))
+        run, procs = abtest.measure(
+            profile,
+            launch_tracked,
+            pool,
+            ctx.log,
+            max_pairs=ctx.cfg.max_pairs,
+            request_timeout_s=ctx.run_timeout_s,
+            ready_timeout_s=ctx.run_timeout_s,
+            progress=ctx.cfg.progress,
+            decided=lambda samples: verdict.no_pair_could_change(
+                abtest.throughput(samples, profile, name), ctx.cfg.rules
+            ),
+        )
         ctx.box_samples.extend(run.box_samples)
         gate = ctx.cfg.rules.gates.decode_audit
         chosen = audit.choose(run.samples, share=gate.share, minimum=gate.min_requests)
@@ -272,9 +384,13 @@ def _measure_served(ctx: RunContext, profile: Profile, name: str, model_args: li
         if ctx.cfg.spec and ctx.cfg.rules.spec_pair.profile == ctx.cfg.profile:
             spec, tau_notes = spec_served(ctx, profile, name, procs, run, block, pool)
         accuracy = accuracy_served(ctx, name, procs, reference) if reference is not None else None
-        return _Served(abtest.throughput(run.samples, profile, name), audits, spec,
-                       [*_diagnostics(run.samples, ctx.cfg.rules.gates.timing.max_self_report_gap), *tau_notes],
-                       accuracy)
+        return _Served(
+            abtest.throughput(run.samples, profile, name),
+            audits,
+            spec,
+            [*_diagnostics(run.samples, ctx.cfg.rules.gates.timing.max_self_report_gap), *tau_notes],
+            accuracy,
+        )
     except abtest.SideError as exc:
         raise SideFailed(Failure(exc.side, exc.stage, str(exc), exc.tail)) from exc
     except served.ServeError as exc:  # main's process, serving the harness (tokenizing, auditing)
@@ -290,12 +406,16 @@ def _diagnostics(samples: list[abtest.Sample], max_gap: float) -> list[str]:
     for side in (Side.BASE, Side.HEAD):
         gaps = sorted(g for s in samples if s.side is side and (g := s.self_report_gap) is not None)
         if gaps and gaps[len(gaps) // 2] > max_gap:
-            notes.append(f"{SIDE_LABEL[side]}'s engine reports decode times {gaps[len(gaps) // 2]:.0%} away from the "
-                         f"harness's clock (median over {len(gaps)} requests); only the harness's times count")
+            notes.append(
+                f"{SIDE_LABEL[side]}'s engine reports decode times {gaps[len(gaps) // 2]:.0%} away from the "
+                f"harness's clock (median over {len(gaps)} requests); only the harness's times count"
+            )
         wrong_n = sum(1 for s in samples if s.side is side and s.reported_n not in (None, len(s.tokens)))
         if wrong_n:
-            notes.append(f"{SIDE_LABEL[side]}'s engine reported a token count other than it streamed in {wrong_n} "
-                         "requests; only the streamed tokens count")
+            notes.append(
+                f"{SIDE_LABEL[side]}'s engine reported a token count other than it streamed in {wrong_n} "
+                "requests; only the streamed tokens count"
+            )
     return notes
 
 

@@ -234,15 +234,22 @@ def confined_argv(spec: SandboxSpec, argv: Sequence[str], *, no_sandbox: bool = 
     return bwrap_argv(spec, argv, bwrap=_require("bwrap"), prlimit=_require("prlimit"))
 
 
-def spawn(spec: SandboxSpec, argv: Sequence[str], *, no_sandbox: bool = False,
-          prefix: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+def spawn(
+    spec: SandboxSpec, argv: Sequence[str], *, no_sandbox: bool = False, prefix: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
     """Start argv confined as run() does, but long-lived: stdin, stdout and stderr are pipes, and the
     process leads its own session (kill_tree ends it and everything it started). `prefix` is a trusted
     command that runs first, outside the sandbox, and execs the rest (the harness's cgroup entry)."""
     full = [*prefix, *confined_argv(spec, argv, no_sandbox=no_sandbox)]
-    return subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(spec.env), cwd=spec.workdir if no_sandbox else spec.scratch,
-                            start_new_session=True)
+    return subprocess.Popen(
+        full,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(spec.env),
+        cwd=spec.workdir if no_sandbox else spec.scratch,
+        start_new_session=True,
+    )
 
 
 def kill_tree(pid: int) -> None:
@@ -264,8 +271,14 @@ def run(spec: SandboxSpec, argv: Sequence[str], *, no_sandbox: bool = False) -> 
     else:
         # bwrap itself gets only the scrubbed env too: --clearenv covers the child, not bwrap.
         full, cwd = bwrap_argv(spec, argv, bwrap=_require("bwrap"), prlimit=_require("prlimit")), spec.scratch
-    return _execute(full, env=spec.env, cwd=cwd, timeout_s=spec.limits.timeout_s,
-                    max_output_bytes=spec.limits.max_output_bytes, sandboxed=not no_sandbox)
+    return _execute(
+        full,
+        env=spec.env,
+        cwd=cwd,
+        timeout_s=spec.limits.timeout_s,
+        max_output_bytes=spec.limits.max_output_bytes,
+        sandboxed=not no_sandbox,
+    )
 
 
 def run_trusted(

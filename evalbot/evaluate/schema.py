@@ -87,7 +87,9 @@ def parse_and_validate(stdout: str, command: str) -> dict[str, Any]:
     if problems:
         shown = [p if len(p) <= 300 else p[:299] + "…" for p in problems[:MAX_PROBLEMS_SHOWN]]
         more = len(problems) - len(shown)
-        raise RecordError("; ".join(shown) + (f"; and {more} more problems" if more > 0 else ""), tuple(problems))
+        raise RecordError(
+            "; ".join(shown) + (f"; and {more} more problems" if more > 0 else ""), tuple(problems)
+        )
     return record
 
 

@@ -62,7 +62,10 @@ class Timed:
     summary: dict[str, Any]
     cpu_sent_ns: int = -1  # the tree's CPU time when the request was sent
     cpu_arrivals_ns: tuple[int, ...] = ()  # per streamed line: the tree's CPU time when it arrived
-    switches: tuple[int, int] = (0, 0)  # voluntary, involuntary context switches of the tree during the request
+    switches: tuple[int, int] = (
+        0,
+        0,
+    )  # voluntary, involuntary context switches of the tree during the request
     steal_ticks: int = 0  # the machine's steal (all CPUs, /proc/stat) during the request
 
     @property
@@ -112,8 +115,15 @@ class ServedProcess:
     _count: int = 0
 
     @classmethod
-    def start(cls, label: str, spec: sandbox.SandboxSpec, argv: list[str], *, no_sandbox: bool,
-              meter: cpumeter.Meter | None = None) -> ServedProcess:
+    def start(
+        cls,
+        label: str,
+        spec: sandbox.SandboxSpec,
+        argv: list[str],
+        *,
+        no_sandbox: bool,
+        meter: cpumeter.Meter | None = None,
+    ) -> ServedProcess:
         """Spawn the server and its reader threads (stdout lines timestamped, stderr kept as a tail); a
         process whose output passes the spec's cap is stopped at once. With a meter, the whole tree's CPU
         time is read as each line arrives (a cgroup meter is entered before the sandbox starts)."""
@@ -139,19 +149,30 @@ class ServedProcess:
                 return
             total += len(raw)
             if len(raw) > MAX_LINE_BYTES or total > self.max_output_bytes:
-                self._stop(ServeError(f"{self.label}: printed more than the {MAX_LINE_BYTES >> 20} MiB a protocol "
-                                      f"line or the {self.max_output_bytes >> 20} MiB a run may print, and was stopped",
-                                      stage="output"))
+                self._stop(
+                    ServeError(
+                        f"{self.label}: printed more than the {MAX_LINE_BYTES >> 20} MiB a protocol "
+                        f"line or the {self.max_output_bytes >> 20} MiB a run may print, and was stopped",
+                        stage="output",
+                    )
+                )
                 return
             try:
                 obj = json.loads(raw)
             except ValueError:
-                self._stop(ServeError(f"{self.label}: printed a line that is not the protocol: {raw[:120]!r}",
-                                      stage="protocol"))
+                self._stop(
+                    ServeError(
+                        f"{self.label}: printed a line that is not the protocol: {raw[:120]!r}",
+                        stage="protocol",
+                    )
+                )
                 return
             if not isinstance(obj, dict):
-                self._stop(ServeError(f"{self.label}: printed a JSON {type(obj).__name__}, not an object",
-                                      stage="protocol"))
+                self._stop(
+                    ServeError(
+                        f"{self.label}: printed a JSON {type(obj).__name__}, not an object", stage="protocol"
+                    )
+                )
                 return
             self.lines.put(Line(at, obj, cpu))
 
@@ -172,8 +193,13 @@ class ServedProcess:
             while size > STDERR_TAIL_BYTES and len(self.stderr_tail) > 1:
                 size -= len(self.stderr_tail.popleft())
             if total > self.max_output_bytes:
-                self._stop(ServeError(f"{self.label}: printed more than {self.max_output_bytes >> 20} MiB on stderr "
-                                      "and was stopped", stage="output"))
+                self._stop(
+                    ServeError(
+                        f"{self.label}: printed more than {self.max_output_bytes >> 20} MiB on stderr "
+                        "and was stopped",
+                        stage="output",
+                    )
+                )
                 return
 
     def _stop(self, error: ServeError) -> None:
@@ -190,15 +216,22 @@ class ServedProcess:
             item = self.lines.get(timeout=max(deadline - time.monotonic(), 0.0))
         except queue.Empty:
             sandbox.kill_tree(self.proc.pid)
-            raise ServeError(f"{self.label}: no answer within {limit_s:.0f} s (the run time limit); stopped",
-                             self.tail(), stage="timeout") from None
+            raise ServeError(
+                f"{self.label}: no answer within {limit_s:.0f} s (the run time limit); stopped",
+                self.tail(),
+                stage="timeout",
+            ) from None
         if item is None:
             try:
                 code = self.proc.wait(timeout=5)
             except Exception:  # noqa: BLE001
                 code = None
-            raise ServeError(f"{self.label}: the serving process ended"
-                             + (f": it {describe(code)}" if code is not None else ""), self.tail(), stage="run")
+            raise ServeError(
+                f"{self.label}: the serving process ended"
+                + (f": it {describe(code)}" if code is not None else ""),
+                self.tail(),
+                stage="run",
+            )
         if isinstance(item, ServeError):
             item.tail = self.tail()
             raise item
@@ -211,7 +244,9 @@ class ServedProcess:
         line = self._next(time.monotonic() + timeout_s, timeout_s)
         obj = line.obj
         if obj.get("event") != "ready" or obj.get("protocol") != PROTOCOL:
-            raise ServeError(f"{self.label}: expected a ready line of {PROTOCOL}, got {str(obj)[:200]}", self.tail())
+            raise ServeError(
+                f"{self.label}: expected a ready line of {PROTOCOL}, got {str(obj)[:200]}", self.tail()
+            )
         vocab = (obj.get("config") or {}).get("vocab_size")
         if not isinstance(vocab, int) or vocab <= 0:
             raise ServeError(f"{self.label}: the ready line names no vocab_size", self.tail())
@@ -232,7 +267,9 @@ class ServedProcess:
             self.proc.stdin.flush()
         except OSError as exc:
             self._next(time.monotonic() + 5, 5)  # the reason it stopped reading, when a reader saw one
-            raise ServeError(f"{self.label}: cannot send a request: {exc}", self.tail(), stage="run") from None
+            raise ServeError(
+                f"{self.label}: cannot send a request: {exc}", self.tail(), stage="run"
+            ) from None
         deadline = time.monotonic() + timeout_s
         tokens: list[int] = []
         arrivals: list[int] = []
@@ -242,21 +279,44 @@ class ServedProcess:
             line = self._next(deadline, timeout_s)
             obj = line.obj
             if obj.get("id") != rid:
-                raise ServeError(f"{self.label}: a line for request {str(obj.get('id'))[:40]!r} while {rid} was "
-                                 "being served", self.tail())
+                raise ServeError(
+                    f"{self.label}: a line for request {str(obj.get('id'))[:40]!r} while {rid} was "
+                    "being served",
+                    self.tail(),
+                )
             if obj.get("event") == "error":
-                raise ServeError(f"{self.label}: refused request {rid}: {str(obj.get('message'))[:500]}", self.tail())
+                raise ServeError(
+                    f"{self.label}: refused request {rid}: {str(obj.get('message'))[:500]}", self.tail()
+                )
             if obj.get("event") == "done":
                 after = self._reading()
-                switches = (after.voluntary_switches - before.voluntary_switches,
-                            after.involuntary_switches - before.involuntary_switches)
-                return Timed(req, sent, tuple(tokens), tuple(arrivals), tuple(steps), obj,
-                             cpu_sent_ns=before.cpu_ns, cpu_arrivals_ns=tuple(cpus), switches=switches,
-                             steal_ticks=cpumeter.steal_ticks() - steal0)
+                switches = (
+                    after.voluntary_switches - before.voluntary_switches,
+                    after.involuntary_switches - before.involuntary_switches,
+                )
+                return Timed(
+                    req,
+                    sent,
+                    tuple(tokens),
+                    tuple(arrivals),
+                    tuple(steps),
+                    obj,
+                    cpu_sent_ns=before.cpu_ns,
+                    cpu_arrivals_ns=tuple(cpus),
+                    switches=switches,
+                    steal_ticks=cpumeter.steal_ticks() - steal0,
+                )
             got = [obj["tok"]] if "tok" in obj else obj.get("toks")
-            if not isinstance(got, list) or not got or not all(
-                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab for t in got):
-                raise ServeError(f"{self.label}: request {rid}: not a token line: {str(obj)[:200]}", self.tail())
+            if (
+                not isinstance(got, list)
+                or not got
+                or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab for t in got
+                )
+            ):
+                raise ServeError(
+                    f"{self.label}: request {rid}: not a token line: {str(obj)[:200]}", self.tail()
+                )
             tokens += got
             arrivals.append(line.at_ns)
             cpus.append(line.cpu_ns)

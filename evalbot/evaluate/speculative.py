@@ -12,24 +12,37 @@ from evalbot.model import Side, SpecResult
 from evalbot.rules import Profile
 
 
-def _plain_pair(ctx: RunContext, procs: dict[Side, served.ServedProcess], pool: abtest.Prompts, length: int,
-                gen: int) -> dict[Side, abtest.Sample]:
+def _plain_pair(
+    ctx: RunContext, procs: dict[Side, served.ServedProcess], pool: abtest.Prompts, length: int, gen: int
+) -> dict[Side, abtest.Sample]:
     """Both sides' plain decode of one fresh prompt, as the reference for a speculative run."""
     prompt = pool.next(length)
     out = {}
     for side, p in procs.items():
         others = [q for s, q in procs.items() if s is not side]
         try:
-            t = served.run_alone(p, others, lambda p=p: p.request(
-                {"op": "generate", "prompt_ids": prompt, "max_new": gen}, ctx.run_timeout_s))
+            t = served.run_alone(
+                p,
+                others,
+                lambda p=p: p.request(
+                    {"op": "generate", "prompt_ids": prompt, "max_new": gen}, ctx.run_timeout_s
+                ),
+            )
         except served.ServeError as exc:
             raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
         out[side] = abtest.sample(side, length, -1, 0, prompt, gen, t)
     return out
 
 
-def spec_served(ctx: RunContext, profile: Profile, name: str, procs: dict[Side, served.ServedProcess],
-                run: abtest.Run, block: int, pool: abtest.Prompts) -> tuple[list[SpecResult], list[str]]:
+def spec_served(
+    ctx: RunContext,
+    profile: Profile,
+    name: str,
+    procs: dict[Side, served.ServedProcess],
+    run: abtest.Run,
+    block: int,
+    pool: abtest.Prompts,
+) -> tuple[list[SpecResult], list[str]]:
     """Speculative decoding on the harness's clock at every scored context. Each run takes a prompt an
     earlier block timed (so these processes never saw it, and nothing can be replayed from a cache),
     and decodes it speculatively on both sides: lossless means the very tokens that side's plain decode
@@ -46,16 +59,24 @@ def spec_served(ctx: RunContext, profile: Profile, name: str, procs: dict[Side, 
             if smp.context == c.ctx and smp.block != last:
                 earlier.setdefault((smp.block, smp.pair), {})[smp.side] = smp
         pairs = [v for _, v in sorted(earlier.items()) if len(v) == 2][: g.runs]
-        while len(pairs) < g.runs:  # too few earlier pairs (a small --max-pairs): plain-decode new prompts here
+        while (
+            len(pairs) < g.runs
+        ):  # too few earlier pairs (a small --max-pairs): plain-decode new prompts here
             pairs.append(_plain_pair(ctx, procs, pool, c.ctx, gen))
         sp: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
         taus: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
         lossless, first_div = 0, None
         for r, pair in enumerate(pairs):
-            for side in ((Side.BASE, Side.HEAD) if r % 2 == 0 else (Side.HEAD, Side.BASE)):
+            for side in (Side.BASE, Side.HEAD) if r % 2 == 0 else (Side.HEAD, Side.BASE):
                 p, others, ar = procs[side], [q for s2, q in procs.items() if s2 is not side], pair[side]
-                req = {"op": "spec", "prompt_ids": list(ar.prompt), "max_new": gen, "block": block,
-                       "drafter": "ngram", "ngram": 3}
+                req = {
+                    "op": "spec",
+                    "prompt_ids": list(ar.prompt),
+                    "max_new": gen,
+                    "block": block,
+                    "drafter": "ngram",
+                    "ngram": 3,
+                }
                 try:
                     t = served.run_alone(p, others, lambda p=p, req=req: p.request(req, ctx.run_timeout_s))
                 except served.ServeError as exc:
@@ -66,24 +87,37 @@ def spec_served(ctx: RunContext, profile: Profile, name: str, procs: dict[Side, 
                     if list(t.tokens) == list(ar.tokens):
                         lossless += 1
                     else:
-                        at = next((i for i, (x, y) in enumerate(zip(ar.tokens, t.tokens, strict=False)) if x != y),
-                                  min(len(ar.tokens), len(t.tokens)))
+                        at = next(
+                            (i for i, (x, y) in enumerate(zip(ar.tokens, t.tokens, strict=False)) if x != y),
+                            min(len(ar.tokens), len(t.tokens)),
+                        )
                         first_div = at if first_div is None else min(first_div, at)
         if not pairs:
             continue
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
         result = SpecResult(
-            target=name, drafter="ngram-3", block_size=block, runs=len(pairs), lossless_runs=lossless,
-            first_divergence=first_div, base_tau=mean(taus[Side.BASE]), head_tau=mean(taus[Side.HEAD]),
+            target=name,
+            drafter="ngram-3",
+            block_size=block,
+            runs=len(pairs),
+            lossless_runs=lossless,
+            first_divergence=first_div,
+            base_tau=mean(taus[Side.BASE]),
+            head_tau=mean(taus[Side.HEAD]),
             ar_pairs=tuple((pr[Side.BASE].decode_tps, pr[Side.HEAD].decode_tps) for pr in pairs),
-            spec_pairs=tuple(zip(sp[Side.BASE], sp[Side.HEAD], strict=True)), context=c.ctx,
-            base_tau_runs=tuple(taus[Side.BASE]), head_tau_runs=tuple(taus[Side.HEAD]))
+            spec_pairs=tuple(zip(sp[Side.BASE], sp[Side.HEAD], strict=True)),
+            context=c.ctx,
+            base_tau_runs=tuple(taus[Side.BASE]),
+            head_tau_runs=tuple(taus[Side.HEAD]),
+        )
         out.append(result)
         note = tau_note(result)
         if note:
             notes.append(note)
-        ctx.log(f"speculative, ctx {c.ctx}: lossless {lossless}/{len(pairs)}, tau {result.base_tau:.2f} -> "
-                f"{result.head_tau:.2f}")
+        ctx.log(
+            f"speculative, ctx {c.ctx}: lossless {lossless}/{len(pairs)}, tau {result.base_tau:.2f} -> "
+            f"{result.head_tau:.2f}"
+        )
     return out, notes
 
 
@@ -100,5 +134,7 @@ def tau_note(s: SpecResult) -> str | None:
         return None
     way = "rose" if moved > 0 else "fell"
     why = "; with the same drafter, the target model's outputs changed" if moved > 0 else ""
-    return (f"speculative tau {way} from {s.base_tau:.2f} to {s.head_tau:.2f} at ctx {s.context} (run-to-run "
-            f"noise {noise:.2f}){why}")
+    return (
+        f"speculative tau {way} from {s.base_tau:.2f} to {s.head_tau:.2f} at ctx {s.context} (run-to-run "
+        f"noise {noise:.2f}){why}"
+    )

@@ -132,4 +132,12 @@ def artifact_from_json(data: Mapping[str, Any]) -> Artifact:
     )
 
 
-__all__ = ["artifact_from_json", "co_authors", "comment_from_json", "commit_from_json", "file_from_json", "pull_from_json", "run_from_json"]
+__all__ = [
+    "artifact_from_json",
+    "co_authors",
+    "comment_from_json",
+    "commit_from_json",
+    "file_from_json",
+    "pull_from_json",
+    "run_from_json",
+]

@@ -125,4 +125,15 @@ class GitHubPort(Protocol):
         """Download an artifact's zip and unpack it safely under ``dest_dir``; returns the folder."""
 
 
-__all__ = ["ArtifactRejected", "DEFAULT_BASE_URL", "GitHubError", "GitHubPort", "GitHubUnavailable", "MAX_ARTIFACT_BYTES", "MERGE_METHODS", "PER_PAGE", "PatchFetcher", "STATUS_DESCRIPTION_MAX"]
+__all__ = [
+    "ArtifactRejected",
+    "DEFAULT_BASE_URL",
+    "GitHubError",
+    "GitHubPort",
+    "GitHubUnavailable",
+    "MAX_ARTIFACT_BYTES",
+    "MERGE_METHODS",
+    "PER_PAGE",
+    "PatchFetcher",
+    "STATUS_DESCRIPTION_MAX",
+]

@@ -30,7 +30,22 @@ from evalbot.ledgers.files import (
 )
 
 __all__ = [
-    "BLOCKED_PATH", "BY_FILE", "FLAGGED_PATH", "LEDGER_BRANCH", "BlockedEntry", "BlockedSync", "FlagEntry",
-    "LedgerBook", "LedgerError", "clear", "commit_ledgers", "flag", "parse_blocked", "parse_flagged", "read_ledgers",
-    "reconcile_blocked", "render_blocked", "render_flagged",
+    "BLOCKED_PATH",
+    "BY_FILE",
+    "FLAGGED_PATH",
+    "LEDGER_BRANCH",
+    "BlockedEntry",
+    "BlockedSync",
+    "FlagEntry",
+    "LedgerBook",
+    "LedgerError",
+    "clear",
+    "commit_ledgers",
+    "flag",
+    "parse_blocked",
+    "parse_flagged",
+    "read_ledgers",
+    "reconcile_blocked",
+    "render_blocked",
+    "render_flagged",
 ]

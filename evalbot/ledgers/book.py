@@ -86,9 +86,15 @@ class LedgerBook:
             now = {e.login.lower() for e in plan.blocked}
             added = [e.login for e in plan.blocked if e.login.lower() not in was]
             gone = [e.login for e in listed if e.login.lower() not in now]
-            words = [f"block {', '.join(added)}" if added else "", f"unblock {', '.join(gone)}" if gone else ""]
-            self._commit(ledgers.BLOCKED_PATH, text, "ledgers: " + ("; ".join(w for w in words if w) or
-                                                                    "the blocklist as the bot keeps it"))
+            words = [
+                f"block {', '.join(added)}" if added else "",
+                f"unblock {', '.join(gone)}" if gone else "",
+            ]
+            self._commit(
+                ledgers.BLOCKED_PATH,
+                text,
+                "ledgers: " + ("; ".join(w for w in words if w) or "the blocklist as the bot keeps it"),
+            )
         self.store.set_meta(EXPORTED_KEY, json.dumps(sorted(e.login for e in plan.blocked)))
         return plan
 
@@ -100,7 +106,9 @@ class LedgerBook:
         entry = ledgers.FlagEntry(self.now().strftime("%Y-%m-%d"), pr, author, label, reason)
         updated = ledgers.flag(entries, entry)
         if updated is not entries:
-            self._commit(ledgers.FLAGGED_PATH, ledgers.render_flagged(updated), f"ledgers: flag #{pr} ({label})")
+            self._commit(
+                ledgers.FLAGGED_PATH, ledgers.render_flagged(updated), f"ledgers: flag #{pr} ({label})"
+            )
 
     def _commit(self, path: str, text: str, message: str) -> None:
         assert self.remote

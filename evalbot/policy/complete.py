@@ -17,5 +17,6 @@ def check(pr: PullRequest, rules: Rules) -> PolicyDecision | None:
     if not pr.incomplete:
         return None
     why = "; ".join(pr.incomplete[:3])
-    return PolicyDecision("complete", Action.SKIP, False, f"incomplete facts: {why}",
-                          comment=Prose.of("complete", why=why))
+    return PolicyDecision(
+        "complete", Action.SKIP, False, f"incomplete facts: {why}", comment=Prose.of("complete", why=why)
+    )

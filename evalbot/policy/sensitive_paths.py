@@ -53,8 +53,14 @@ def module_hits(paths: Iterable[str], modules: Iterable[str]) -> tuple[str, ...]
 def harness_hits(paths: Iterable[str], rules: Rules) -> tuple[str, ...]:
     """Sensitive paths and harness-module shadows among paths, in order, each once."""
     paths = tuple(paths)
-    return tuple(dict.fromkeys((*sensitive_hits(paths, rules.policy.sensitive_paths),
-                                *module_hits(paths, rules.policy.harness_modules))))
+    return tuple(
+        dict.fromkeys(
+            (
+                *sensitive_hits(paths, rules.policy.sensitive_paths),
+                *module_hits(paths, rules.policy.harness_modules),
+            )
+        )
+    )
 
 
 def check(pr: PullRequest, rules: Rules) -> PolicyDecision | None:
@@ -63,5 +69,9 @@ def check(pr: PullRequest, rules: Rules) -> PolicyDecision | None:
     if not hits or is_maintainer(pr):
         return None
     comment = Prose.of("sensitive_paths", paths=tuple(hits[:_LISTED]), more=max(len(hits) - _LISTED, 0))
-    return stop("sensitive_paths", f"touches sensitive paths: {', '.join(hits)}", rules.labels.skipped_sensitive,
-                comment)
+    return stop(
+        "sensitive_paths",
+        f"touches sensitive paths: {', '.join(hits)}",
+        rules.labels.skipped_sensitive,
+        comment,
+    )

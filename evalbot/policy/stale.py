@@ -36,11 +36,19 @@ def check(
     limits = rules.policy.stale
     count = fruitless(verdicts)
     if count > limits.max_fruitless_verdicts:
-        return stop("stale", f"exhausted: {count} evaluations without a tier (limit {limits.max_fruitless_verdicts})",
-                    rules.labels.exhausted, Prose.of("exhausted", count=count, limit=limits.max_fruitless_verdicts))
+        return stop(
+            "stale",
+            f"exhausted: {count} evaluations without a tier (limit {limits.max_fruitless_verdicts})",
+            rules.labels.exhausted,
+            Prose.of("exhausted", count=count, limit=limits.max_fruitless_verdicts),
+        )
     pushed = parse_time(last_push_at or pr.created_at, "last push" if last_push_at else "created_at")
     idle = now - pushed
     if idle > timedelta(days=limits.days_without_push):
-        return stop("stale", f"stale: no push for {idle.days} days (limit {limits.days_without_push})",
-                    rules.labels.stale, Prose.of("stale", days=idle.days))
+        return stop(
+            "stale",
+            f"stale: no push for {idle.days} days (limit {limits.days_without_push})",
+            rules.labels.stale,
+            Prose.of("stale", days=idle.days),
+        )
     return None

@@ -133,12 +133,16 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
         timing = TimingGate(
             f.fraction(tm["max_self_report_gap"], "gates.timing.max_self_report_gap"),
             f.fraction(tm["cpu_clock_tolerance"], "gates.timing.cpu_clock_tolerance")
-            if "cpu_clock_tolerance" in tm else TimingGate.cpu_clock_tolerance,
+            if "cpu_clock_tolerance" in tm
+            else TimingGate.cpu_clock_tolerance,
         )
     audit = DecodeAuditGate()
     if "decode_audit" in m:
-        da = f.mapping(m["decode_audit"], "gates.decode_audit",
-                       ("top1_min", "near_tie", "share", "min_requests", "self_top1_min", "self_drop_max"))
+        da = f.mapping(
+            m["decode_audit"],
+            "gates.decode_audit",
+            ("top1_min", "near_tie", "share", "min_requests", "self_top1_min", "self_drop_max"),
+        )
         audit = DecodeAuditGate(
             top1_min=f.fraction(da["top1_min"], "gates.decode_audit.top1_min"),
             near_tie=f.number(da["near_tie"], "gates.decode_audit.near_tie", 0, None),
@@ -169,9 +173,7 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
             runs=runs,
             lossless_runs_min=lossless,
             tau_min_ratio=f.ratio(sp["tau_min_ratio"], "gates.spec.tau_min_ratio"),
-            ar_speed_min_ratio=f.ratio(
-                sp["ar_speed_min_ratio"], "gates.spec.ar_speed_min_ratio"
-            ),
+            ar_speed_min_ratio=f.ratio(sp["ar_speed_min_ratio"], "gates.spec.ar_speed_min_ratio"),
         ),
         timing=timing,
         decode_audit=audit,
@@ -185,7 +187,9 @@ def _profiles(f: _File, root: yaml.Node) -> list[Profile]:
         if not _NAME.fullmatch(name):
             f.fail(key_node, field, f"expected a profile name (letters, digits, '.', '_', '-'), got {name!r}")
         present = {key for key, _, _ in f.items(node, field)}
-        m = f.mapping(node, field, ("device", "contexts", "measurement", *(("quiet",) if "quiet" in present else ())))
+        m = f.mapping(
+            node, field, ("device", "contexts", "measurement", *(("quiet",) if "quiet" in present else ()))
+        )
         out.append(
             Profile(
                 name=name,
@@ -244,9 +248,7 @@ def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:
     keys = [fl.name for fl in fields(Measurement)]
     present = {key for key, _, _ in f.items(node, field)}
     m = f.mapping(node, field, [k for k in keys if k not in _OPTIONAL_MEASUREMENT or k in present])
-    optional = {
-        k: f.integer(m[k], f"{field}.{k}", minimum=1) for k in _OPTIONAL_MEASUREMENT if k in m
-    }
+    optional = {k: f.integer(m[k], f"{field}.{k}", minimum=1) for k in _OPTIONAL_MEASUREMENT if k in m}
     min_pairs = f.integer(m["min_pairs"], f"{field}.min_pairs", minimum=2)  # one pair has no spread
     max_pairs = f.integer(m["max_pairs"], f"{field}.max_pairs", minimum=2)
     if max_pairs < min_pairs:

@@ -209,7 +209,9 @@ def _check_depth(f: _File, text: str) -> None:
             depth += 1
             if depth > _MAX_DEPTH:
                 line = event.start_mark.line + 1 if event.start_mark else None
-                raise RulesError(f.name, line, f.stem, f"nested deeper than {_MAX_DEPTH} levels; rules are flat")
+                raise RulesError(
+                    f.name, line, f.stem, f"nested deeper than {_MAX_DEPTH} levels; rules are flat"
+                )
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
 
@@ -222,7 +224,9 @@ def _compose(path: Path) -> tuple[_File, yaml.Node]:
     except UnicodeDecodeError as exc:
         f.fail(None, f.stem, f"expected UTF-8 text ({exc.reason} at byte {exc.start})")
     if len(text) > _MAX_RULES_CHARS:
-        f.fail(None, f.stem, f"expected a rules file under {_MAX_RULES_CHARS:,} characters, got {len(text):,}")
+        f.fail(
+            None, f.stem, f"expected a rules file under {_MAX_RULES_CHARS:,} characters, got {len(text):,}"
+        )
     try:
         _check_depth(f, text)  # yaml.compose recurses: 5,000-deep YAML would blow Python's stack
         root = yaml.compose(text, Loader=yaml.SafeLoader)

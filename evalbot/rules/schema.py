@@ -322,7 +322,9 @@ class LabelFamily(enum.StrEnum):
     INTAKE = "intake"  # skipped:sensitive, skipped:cap, needs-benchmark, stale, exhausted, the area labels
     SCREEN = "screen"  # the copycat screen's: copycat, copycat-warn
     CLAIM = "claim"  # claim-gap, beside a verdict
-    PROTECTED = "protected"  # set by a screen, policy or a maintainer; no poll takes them off, `evalbot clear` does
+    PROTECTED = (
+        "protected"  # set by a screen, policy or a maintainer; no poll takes them off, `evalbot clear` does
+    )
     CLEARED = "cleared"  # the flags `evalbot clear` takes off a false positive
 
 
@@ -347,8 +349,18 @@ class Rules:
         lab = self.labels
         match family:
             case LabelFamily.VERDICT:
-                return frozenset([*(t.label for t in self.tiers), lab.verified, lab.regression, lab.infra_error,
-                                  lab.inconclusive, lab.accuracy_fail, lab.spec_fail, lab.gaming])
+                return frozenset(
+                    [
+                        *(t.label for t in self.tiers),
+                        lab.verified,
+                        lab.regression,
+                        lab.infra_error,
+                        lab.inconclusive,
+                        lab.accuracy_fail,
+                        lab.spec_fail,
+                        lab.gaming,
+                    ]
+                )
             case LabelFamily.ROUND:
                 return frozenset({lab.merge_first, lab.needs_rebase, lab.re_evaluate})
             case LabelFamily.INTAKE:
@@ -428,4 +440,42 @@ def _plain(value: Any) -> Any:
     return value
 
 
-__all__ = ["LabelFamily", "AUTOMERGE_ENV", "AccuracyGate", "Area", "Automerge", "Containment", "Context", "Copycat", "DEVICES", "DISPATCH_MODES", "DecodeAuditGate", "Dispatch", "FILES", "Gates", "LOGIN", "Labels", "Measurement", "ModelRef", "NoRegressionGate", "Policy", "Profile", "Quiet", "Rules", "RulesError", "SpecGate", "SpecPair", "Stale", "Strikes", "Template", "Tier", "TimingGate", "TinyPr", "Winnowing", "automerge_allowed", "default_rules_dir", "is_login", "rules_hash"]
+__all__ = [
+    "LabelFamily",
+    "AUTOMERGE_ENV",
+    "AccuracyGate",
+    "Area",
+    "Automerge",
+    "Containment",
+    "Context",
+    "Copycat",
+    "DEVICES",
+    "DISPATCH_MODES",
+    "DecodeAuditGate",
+    "Dispatch",
+    "FILES",
+    "Gates",
+    "LOGIN",
+    "Labels",
+    "Measurement",
+    "ModelRef",
+    "NoRegressionGate",
+    "Policy",
+    "Profile",
+    "Quiet",
+    "Rules",
+    "RulesError",
+    "SpecGate",
+    "SpecPair",
+    "Stale",
+    "Strikes",
+    "Template",
+    "Tier",
+    "TimingGate",
+    "TinyPr",
+    "Winnowing",
+    "automerge_allowed",
+    "default_rules_dir",
+    "is_login",
+    "rules_hash",
+]

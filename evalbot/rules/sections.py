@@ -65,8 +65,15 @@ def _copycat(f: _File, root: _Node) -> Copycat:
 
 def _policy(f: _File, root: _Node, labels_in_use: dict[str, str]) -> Policy:
     present = {key for key, _, _ in f.items(root, "policy")}
-    keys = ("open_pr_cap", "areas", "sensitive_paths", "blocklist", "stale", "template",
-            *(("harness_modules",) if "harness_modules" in present else ()))
+    keys = (
+        "open_pr_cap",
+        "areas",
+        "sensitive_paths",
+        "blocklist",
+        "stale",
+        "template",
+        *(("harness_modules",) if "harness_modules" in present else ()),
+    )
     m = f.mapping(root, "policy", keys)
     areas = []
     for label, key_node, node in f.items(m["areas"], "policy.areas"):
@@ -110,7 +117,9 @@ def _policy(f: _File, root: _Node, labels_in_use: dict[str, str]) -> Policy:
         harness_modules=tuple(
             f.text(n, _join("policy.harness_modules", i), _MODULE, "a dotted module name such as engine.cli")
             for i, n in enumerate(f.sequence(m["harness_modules"], "policy.harness_modules"))
-        ) if "harness_modules" in m else (),
+        )
+        if "harness_modules" in m
+        else (),
         stale=Stale(
             days_without_push=f.integer(st["days_without_push"], "policy.stale.days_without_push"),
             max_fruitless_verdicts=f.integer(
@@ -147,17 +156,31 @@ def _automerge(f: _File, root: _Node, tiers: tuple[Tier, ...], known_labels: dic
                 _join("automerge.blocking_labels", i),
                 f"expected a label not in required_labels, got {name!r}",
             )
-    approval_paths = tuple(
-        f.path_pattern(n, _join("automerge.approval_paths", i))
-        for i, n in enumerate(f.sequence(m["approval_paths"], "automerge.approval_paths"))
-    ) if "approval_paths" in m else ()
-    approval_label = f.label(m["approval_label"], "automerge.approval_label") if "approval_label" in m else None
+    approval_paths = (
+        tuple(
+            f.path_pattern(n, _join("automerge.approval_paths", i))
+            for i, n in enumerate(f.sequence(m["approval_paths"], "automerge.approval_paths"))
+        )
+        if "approval_paths" in m
+        else ()
+    )
+    approval_label = (
+        f.label(m["approval_label"], "automerge.approval_label") if "approval_label" in m else None
+    )
     if approval_paths and approval_label is None:
-        f.fail(m["approval_paths"], "automerge.approval_label", "missing; approval_paths needs the label that approves")
+        f.fail(
+            m["approval_paths"],
+            "automerge.approval_label",
+            "missing; approval_paths needs the label that approves",
+        )
     workflow = None
     if "required_ci_workflow" in m:
-        workflow = f.text(m["required_ci_workflow"], "automerge.required_ci_workflow", _WORKFLOW_FILE,
-                          "a workflow file name such as ci.yml")
+        workflow = f.text(
+            m["required_ci_workflow"],
+            "automerge.required_ci_workflow",
+            _WORKFLOW_FILE,
+            "a workflow file name such as ci.yml",
+        )
     return Automerge(
         enabled=f.boolean(m["enabled"], "automerge.enabled"),
         min_tier=f.choice(m["min_tier"], "automerge.min_tier", [t.name for t in tiers], "a tier"),

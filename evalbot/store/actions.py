@@ -51,6 +51,7 @@ class ActionRecord:
     begun_at: str
     finished_at: str | None
 
+
 def action_key(kind: str, pr: int | None, head_sha: str, intent: Any) -> str:
     """``kind:pr:head_sha:digest`` where digest covers the canonical JSON of the intent."""
     _check_kind(kind)
@@ -58,11 +59,12 @@ def action_key(kind: str, pr: int | None, head_sha: str, intent: Any) -> str:
     return f"{kind}:{'-' if pr is None else pr}:{head_sha}:{digest}"
 
 
-
 class Actions(Db):
     """The two-phase actions' part of the store."""
 
-    def begin_action(self, key: str, payload: Any, now: datetime | None = None, *, redo: bool = False) -> bool:
+    def begin_action(
+        self, key: str, payload: Any, now: datetime | None = None, *, redo: bool = False
+    ) -> bool:
         """Record the intent to act; False if the action is already done, unless `redo`: a caller that
         planned from GitHub's live state (a label a human removed, a comment deleted) acts again.
 
@@ -149,6 +151,7 @@ def _parse_action_key(key: str) -> tuple[str, int | None]:
         raise ValueError(f"action key: expected 'kind:pr:head_sha:digest' (see action_key), got {key!r}")
     return parts[0], None if parts[1] == "-" else int(parts[1])
 
+
 def _action_record(row: sqlite3.Row) -> ActionRecord:
     where = f"action {row['key']}"
     return ActionRecord(
@@ -163,4 +166,3 @@ def _action_record(row: sqlite3.Row) -> ActionRecord:
         begun_at=row["begun_at"],
         finished_at=row["finished_at"],
     )
-

@@ -26,7 +26,6 @@ class Calibration:
     details: dict[str, Any]
 
 
-
 class Calibrations(Db):
     """Runner calibrations."""
 
@@ -70,4 +69,3 @@ class Calibrations(Db):
             fields["details"] = _loads(r["details"], f"calibration of {r['box']} at {r['at']}")
             out.append(Calibration(**fields))
         return out
-

@@ -158,18 +158,21 @@ _TABLES = frozenset(
 class StoreError(Exception):
     """The store cannot be opened or the requested change is not allowed; the message says why."""
 
+
 class CorruptStoreError(StoreError):
     """The file is not a SQLite database, or SQLite finds it damaged; it is left untouched."""
+
 
 class SchemaError(StoreError):
     """The store's schema is newer than this code, or is not an evalbot store at all."""
 
+
 class StoreBusyError(StoreError):
     """Another process kept the write lock for longer than the busy timeout; nothing was written."""
 
+
 class ActionPendingError(StoreError):
     """An action's intent was recorded but not its outcome: reconcile it with GitHub first."""
-
 
 
 def iso(moment: datetime | None = None) -> str:
@@ -188,8 +191,10 @@ def require_tables(conn: sqlite3.Connection, names: tuple[str, ...], owner: str)
     have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     missing = [n for n in names if n not in have]
     if missing:
-        raise StoreError(f"{owner}: the database has no {', '.join(missing)} table; open it with evalbot.store.Store "
-                         "(its migrations create every table), or create_copycat_tables for an index in memory")
+        raise StoreError(
+            f"{owner}: the database has no {', '.join(missing)} table; open it with evalbot.store.Store "
+            "(its migrations create every table), or create_copycat_tables for an index in memory"
+        )
 
 
 def _dumps(value: Any, what: str) -> str:
@@ -197,6 +202,7 @@ def _dumps(value: Any, what: str) -> str:
         return json.dumps(to_dict(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{what} is not JSON data: {exc}") from None
+
 
 def _loads(text: str | None, where: str) -> Any:
     if text is None:
@@ -206,19 +212,23 @@ def _loads(text: str | None, where: str) -> Any:
     except json.JSONDecodeError as exc:
         raise CorruptStoreError(f"{where}: stored JSON is unreadable ({exc})") from None
 
+
 def _check_kind(kind: str) -> None:
     if not isinstance(kind, str) or not _KIND.fullmatch(kind):
         raise ValueError(f"action kind: expected lowercase letters, digits, '_' or '-', got {kind!r}")
+
 
 def _check_pr(pr: Any) -> int:
     if isinstance(pr, bool) or not isinstance(pr, int) or pr < 1:
         raise ValueError(f"pr: expected a positive integer, got {pr!r}")
     return pr
 
+
 def _check_text(value: Any, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{what}: expected non-empty text, got {value!r}")
     return value
+
 
 def _check_gain(value: Any, what: str) -> float | None:
     if value is None:
@@ -226,7 +236,6 @@ def _check_gain(value: Any, what: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{what}: expected a finite number or None, got {value!r}")
     return float(value)
-
 
 
 class Db:
@@ -400,8 +409,10 @@ def _check_file(path: Path) -> None:
     except OSError as exc:
         raise StoreError(f"{path}: cannot read the store: {exc.strerror}") from None
     if size == 0:
-        raise CorruptStoreError(f"{path}: the state file is empty (0 bytes), not a new store; refusing to open "
-                                "it (restore it from a backup, or delete it to start a new one)")
+        raise CorruptStoreError(
+            f"{path}: the state file is empty (0 bytes), not a new store; refusing to open "
+            "it (restore it from a backup, or delete it to start a new one)"
+        )
     if header[: len(_HEADER)] != _HEADER:
         raise CorruptStoreError(
             f"{path}: not a SQLite database (it starts with {header[:16]!r}); refusing to open or overwrite it"
@@ -411,6 +422,7 @@ def _check_file(path: Path) -> None:
     pages = int.from_bytes(header[28:32], "big") if len(header) >= 100 else 0
     valid = len(header) >= 100 and header[24:28] == header[92:96]  # the in-header size is trustworthy
     if len(header) < 100 or page < 512 or size % page or (valid and size < page * pages):
-        raise CorruptStoreError(f"{path}: the state file is truncated ({size} bytes; its header says "
-                                f"{pages} pages of {page}); refusing to open it")
-
+        raise CorruptStoreError(
+            f"{path}: the state file is truncated ({size} bytes; its header says "
+            f"{pages} pages of {page}); refusing to open it"
+        )

@@ -68,8 +68,15 @@ class Leases(Db):
         row = self._conn.execute(_SELECT, (name,)).fetchone()
         return None if row is None else _row(row)
 
-    def acquire_lease(self, owner: str, ttl_s: float, *, name: str = POLLER, now: datetime | None = None,
-                      gone: Callable[[str], bool] = lambda _owner: False) -> LeaseRecord:
+    def acquire_lease(
+        self,
+        owner: str,
+        ttl_s: float,
+        *,
+        name: str = POLLER,
+        now: datetime | None = None,
+        gone: Callable[[str], bool] = lambda _owner: False,
+    ) -> LeaseRecord:
         """Take the lease for `owner` (or renew it, if already `owner`'s) until now + ttl_s. A lease another
         owner holds is taken over only once it has lapsed or `gone(owner)` says that owner no longer runs;
         otherwise LeaseHeldError names the holder."""
@@ -87,7 +94,13 @@ class Leases(Db):
                 "INSERT INTO leases (name, owner, acquired_at, heartbeat_at, expires_at) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, acquired_at = excluded.acquired_at, "
                 "heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at",
-                (name, owner, times.stamp(acquired), times.stamp(at), times.stamp(at + timedelta(seconds=ttl_s))),
+                (
+                    name,
+                    owner,
+                    times.stamp(acquired),
+                    times.stamp(at),
+                    times.stamp(at + timedelta(seconds=ttl_s)),
+                ),
             )
         return LeaseRecord(name, owner, acquired, at, at + timedelta(seconds=ttl_s))
 
@@ -102,8 +115,10 @@ def renew(conn: sqlite3.Connection, name: str, owner: str, ttl_s: float, now: da
     longer holds the lease (it lapsed and another took it)."""
     at = now or times.now()
     with conn:
-        cur = conn.execute("UPDATE leases SET heartbeat_at = ?, expires_at = ? WHERE name = ? AND owner = ?",
-                           (times.stamp(at), times.stamp(at + timedelta(seconds=ttl_s)), name, owner))
+        cur = conn.execute(
+            "UPDATE leases SET heartbeat_at = ?, expires_at = ? WHERE name = ? AND owner = ?",
+            (times.stamp(at), times.stamp(at + timedelta(seconds=ttl_s)), name, owner),
+        )
         return cur.rowcount > 0
 
 
@@ -112,8 +127,15 @@ class LeaseKeeper:
     thread with its own connection, and releases it on `stop()`. `check()` raises LeaseLostError once a
     renewal found another owner, or a renewal could not be written for longer than the lease lasts."""
 
-    def __init__(self, store: Leases, owner: str, ttl_s: float, *, name: str = POLLER,
-                 gone: Callable[[str], bool] = lambda _owner: False):
+    def __init__(
+        self,
+        store: Leases,
+        owner: str,
+        ttl_s: float,
+        *,
+        name: str = POLLER,
+        gone: Callable[[str], bool] = lambda _owner: False,
+    ):
         self.store, self.owner, self.ttl_s, self.name, self.gone = store, owner, ttl_s, name, gone
         self._stop = threading.Event()
         self._lost: str | None = None
@@ -134,12 +156,16 @@ class LeaseKeeper:
             while not self._stop.wait(self.ttl_s / 4):
                 try:
                     if not renew(conn, self.name, self.owner, self.ttl_s):
-                        self._lost = f"the {self.name} lease of {self.store.path} was taken over by another owner"
+                        self._lost = (
+                            f"the {self.name} lease of {self.store.path} was taken over by another owner"
+                        )
                         return
                     last_ok = times.now()
                 except sqlite3.Error as exc:
                     if (times.now() - last_ok).total_seconds() > self.ttl_s:
-                        self._lost = f"the {self.name} lease could not be renewed for {self.ttl_s:.0f} s: {exc}"
+                        self._lost = (
+                            f"the {self.name} lease could not be renewed for {self.ttl_s:.0f} s: {exc}"
+                        )
                         return
         finally:
             conn.close()

@@ -20,6 +20,7 @@ class Strike:
     reason: str
     at: str
 
+
 @dataclass(frozen=True)
 class BlockEvent:
     login: str
@@ -27,6 +28,7 @@ class BlockEvent:
     reason: str
     by: str
     at: str
+
 
 @dataclass(frozen=True)
 class Hold:
@@ -37,6 +39,7 @@ class Hold:
     released_by: str | None
     released_at: str | None
 
+
 @dataclass(frozen=True)
 class Clear:
     pr: int
@@ -44,7 +47,6 @@ class Clear:
     reason: str
     at: str
     head_sha: str | None = None  # the head the maintainer looked at; None: recorded before heads were
-
 
 
 class Moderation(Db):
@@ -81,7 +83,9 @@ class Moderation(Db):
 
     def _block_event(self, login: str, event: str, reason: str, by: str, now: datetime | None) -> bool:
         if not is_login(login):
-            raise ValueError(f"login: expected a GitHub login (letters, digits, hyphens; at most 39), got {login[:60]!r}")
+            raise ValueError(
+                f"login: expected a GitHub login (letters, digits, hyphens; at most 39), got {login[:60]!r}"
+            )
         _check_text(reason, "reason")
         _check_text(by, "by")
         with self._write() as conn:
@@ -150,8 +154,9 @@ class Moderation(Db):
         )
         return [_hold(r) for r in rows]
 
-    def add_clear(self, pr: int, by: str, reason: str, now: datetime | None = None, *,
-                  head_sha: str | None = None) -> Clear:
+    def add_clear(
+        self, pr: int, by: str, reason: str, now: datetime | None = None, *, head_sha: str | None = None
+    ) -> Clear:
         """Record a maintainer's ``clear PR --reason`` of one head; the reason is required."""
         _check_pr(pr)
         _check_text(by, "by")
@@ -160,14 +165,17 @@ class Moderation(Db):
             raise ValueError(f"head_sha: expected a 40-hex commit sha, got {head_sha!r}")
         at = iso(now)
         with self._write() as conn:
-            conn.execute("INSERT INTO clears (pr, by, reason, at, head_sha) VALUES (?, ?, ?, ?, ?)",
-                         (pr, by, reason, at, head_sha))
+            conn.execute(
+                "INSERT INTO clears (pr, by, reason, at, head_sha) VALUES (?, ?, ?, ?, ?)",
+                (pr, by, reason, at, head_sha),
+            )
         return Clear(pr, by, reason, at, head_sha)
 
     def clears(self, pr: int | None = None) -> list[Clear]:
         """Clears, oldest first, optionally of one PR."""
         rows = self._read(
-            "SELECT pr, by, reason, at, head_sha FROM clears WHERE (? IS NULL OR pr = ?) ORDER BY id", (pr, pr)
+            "SELECT pr, by, reason, at, head_sha FROM clears WHERE (? IS NULL OR pr = ?) ORDER BY id",
+            (pr, pr),
         )
         return [Clear(**dict(r)) for r in rows]
 
@@ -178,4 +186,3 @@ class Moderation(Db):
 
 def _hold(row: sqlite3.Row) -> Hold:
     return Hold(row["pr"], row["by"], row["reason"], row["at"], row["released_by"], row["released_at"])
-

@@ -26,7 +26,6 @@ DEFAULT_MAX_ATTEMPTS = 3
 _EVAL_STATES = ("queued", "claimed", "done", "gave_up")
 
 
-
 @dataclass(frozen=True)
 class EvalKey:
     """What one evaluation measured: a PR's head against a base, under one version of the rules."""
@@ -35,6 +34,7 @@ class EvalKey:
     head_sha: str
     base_sha: str
     rules_hash: str
+
 
 @dataclass(frozen=True)
 class EvaluationRecord:
@@ -53,7 +53,6 @@ class EvaluationRecord:
     measurements: Measurements | None
     receipt: dict[str, Any] | None
     error: str | None
-
 
 
 class Queue(Db):
@@ -126,7 +125,9 @@ class Queue(Db):
             )
         return [EvalKey(*r) for r in rows]
 
-    def requeue_evaluation(self, key: EvalKey, now: datetime | None = None, *, keep_attempts: bool = False) -> bool:
+    def requeue_evaluation(
+        self, key: EvalKey, now: datetime | None = None, *, keep_attempts: bool = False
+    ) -> bool:
         """Queue a known evaluation again; False if it is claimed right now.
 
         Its last verdict stays readable until the new run replaces it. A maintainer's rerun starts the
@@ -230,8 +231,10 @@ def _check_key(key: EvalKey) -> EvalKey:
         _check_text(getattr(key, name), name)
     return key
 
+
 def _show_key(key: EvalKey) -> str:
     return f"PR {key.pr} head {key.head_sha[:12]} base {key.base_sha[:12]} rules {key.rules_hash[:12]}"
+
 
 def _evaluation_record(row: sqlite3.Row) -> EvaluationRecord:
     key = EvalKey(row["pr"], row["head_sha"], row["base_sha"], row["rules_hash"])
@@ -262,4 +265,3 @@ def _evaluation_record(row: sqlite3.Row) -> EvaluationRecord:
         receipt=_loads(row["receipt"], where),
         error=row["error"],
     )
-

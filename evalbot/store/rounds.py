@@ -17,6 +17,7 @@ class RoundMember:
     head_sha: str
     lower_bound_gain: float | None
 
+
 @dataclass(frozen=True)
 class Round:
     """PRs measured against one main: the round closes when its winner merges."""
@@ -28,6 +29,7 @@ class Round:
     winner: int | None
     members: tuple[RoundMember, ...]
 
+
 @dataclass(frozen=True)
 class LedgerEntry:
     kind: str  # merge or credit
@@ -37,7 +39,6 @@ class LedgerEntry:
     gain: float | None
     marginal_gain: float | None
     at: str
-
 
 
 class Rounds(Db):
@@ -145,4 +146,3 @@ class Rounds(Db):
             (author, author),
         )
         return [LedgerEntry(**dict(r)) for r in rows]
-

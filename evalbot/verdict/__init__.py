@@ -12,5 +12,12 @@ from __future__ import annotations
 from evalbot.verdict.comment import STATUS_STATE, measured_claim_gap, verdict_decision
 from evalbot.verdict.decide import INFRA_STAGES, decide, no_pair_could_change, score_clocks
 
-__all__ = ["INFRA_STAGES", "STATUS_STATE", "decide", "measured_claim_gap", "no_pair_could_change", "score_clocks",
-           "verdict_decision"]
+__all__ = [
+    "INFRA_STAGES",
+    "STATUS_STATE",
+    "decide",
+    "measured_claim_gap",
+    "no_pair_could_change",
+    "score_clocks",
+    "verdict_decision",
+]

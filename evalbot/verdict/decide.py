@@ -47,59 +47,112 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
         return _verdict(rules, Status.SKIPPED, reasons=(m.skipped_reason,))
     infra = [f for f in m.failures if _is_infra(f)]
     if infra:
-        return _verdict(rules, Status.INFRA_ERROR, reasons=tuple(_describe(f) for f in infra),
-                        add=(rules.labels.infra_error,))
+        return _verdict(
+            rules,
+            Status.INFRA_ERROR,
+            reasons=tuple(_describe(f) for f in infra),
+            add=(rules.labels.infra_error,),
+        )
     head_failures = [f for f in m.failures if f.side == Side.HEAD]
     if head_failures:
-        return _verdict(rules, Status.REJECT, reasons=tuple(_describe(f) for f in head_failures),
-                        gates=tuple(Gate(f"head {f.stage}", None, "succeeds", False, f.message, kind=GateKind.HEAD)
-                                     for f in head_failures))
+        return _verdict(
+            rules,
+            Status.REJECT,
+            reasons=tuple(_describe(f) for f in head_failures),
+            gates=tuple(
+                Gate(f"head {f.stage}", None, "succeeds", False, f.message, kind=GateKind.HEAD)
+                for f in head_failures
+            ),
+        )
     try:
         estimates = tuple(_estimate(tp, rules) for tp in m.throughput)
     except stats.StatsError as exc:
-        return _verdict(rules, Status.INFRA_ERROR, reasons=(f"not enough usable measurements: {exc}",),
-                        add=(rules.labels.infra_error,))
+        return _verdict(
+            rules,
+            Status.INFRA_ERROR,
+            reasons=(f"not enough usable measurements: {exc}",),
+            add=(rules.labels.infra_error,),
+        )
     if not estimates:
-        return _verdict(rules, Status.INFRA_ERROR, reasons=("no throughput was measured",),
-                        add=(rules.labels.infra_error,))
+        return _verdict(
+            rules,
+            Status.INFRA_ERROR,
+            reasons=("no throughput was measured",),
+            add=(rules.labels.infra_error,),
+        )
     estimates = score_clocks(estimates, rules)
 
     audits = tuple(m.audits)
     main_audit = [a for a in audits if a.side is Side.BASE and not _audit_passes(a, _bar(a, audits, rules))]
     if main_audit:  # main's own decode disagrees with the reference: the reference or the harness is off
-        return _verdict(rules, Status.INFRA_ERROR, add=(rules.labels.infra_error,), reasons=tuple(
-            f"main fails the decode audit too at ctx {a.context} ({a.share:.1%} agree, {a.violations} beyond a "
-            f"near-tie): a reference or harness problem, not the PR's" for a in main_audit))
-    gates = [*_throughput_gates(estimates, rules), *_audit_gates(audits, rules),
-             *_accuracy_gates(m.accuracy, rules), *_spec_gates(m.spec, rules)]
+        return _verdict(
+            rules,
+            Status.INFRA_ERROR,
+            add=(rules.labels.infra_error,),
+            reasons=tuple(
+                f"main fails the decode audit too at ctx {a.context} ({a.share:.1%} agree, {a.violations} beyond a "
+                f"near-tie): a reference or harness problem, not the PR's"
+                for a in main_audit
+            ),
+        )
+    gates = [
+        *_throughput_gates(estimates, rules),
+        *_audit_gates(audits, rules),
+        *_accuracy_gates(m.accuracy, rules),
+        *_spec_gates(m.spec, rules),
+    ]
     failed = [g for g in gates if not g.passed]
     scored = [e for e in estimates if e.scored and e.metric in DECODE_METRICS]
     best = max(scored, key=lambda e: (rules.tier_rank(e.tier), e.ci_low), default=None)
     mde = max((e.mde for e in scored), default=None)
     # correctness gates decide whatever the noise, and so does a regression its context resolves
-    if any(g.kind is not GateKind.REGRESSION for g in failed) or any(_proven_regression(e) for e in estimates):
+    if any(g.kind is not GateKind.REGRESSION for g in failed) or any(
+        _proven_regression(e) for e in estimates
+    ):
         return _reject(rules, gates, failed, estimates, best, mde)
     floor = rules.tiers[0]
     unresolved = _unresolved(estimates, scored, best, rules)
     if unresolved:
-        reasons = tuple(f"inconclusive: at ctx {e.context} the A/B pairs resolve only gains of {e.mde:.1%} "
-                        f"(MDE, {e.n} pairs), above {floor.name}'s floor of {floor.lower_bound:.1%}; the PR will "
-                        f"be measured again" for e in unresolved)
-        return _verdict(rules, Status.INCONCLUSIVE, gates=tuple(gates), reasons=reasons,
-                        add=(rules.labels.inconclusive,), estimates=estimates, mde=mde)
+        reasons = tuple(
+            f"inconclusive: at ctx {e.context} the A/B pairs resolve only gains of {e.mde:.1%} "
+            f"(MDE, {e.n} pairs), above {floor.name}'s floor of {floor.lower_bound:.1%}; the PR will "
+            f"be measured again"
+            for e in unresolved
+        )
+        return _verdict(
+            rules,
+            Status.INCONCLUSIVE,
+            gates=tuple(gates),
+            reasons=reasons,
+            add=(rules.labels.inconclusive,),
+            estimates=estimates,
+            mde=mde,
+        )
     tier = best.tier if best else None
     add = [rules.labels.verified]
     if tier:
         add.append(rules.tier(tier).label)
-        reason = (f"{tier}: {best.ratio - 1:+.1%} at ctx {best.context} "  # type: ignore[union-attr]
-                  f"(95% CI {best.ci_low - 1:+.1%} to {best.ci_high - 1:+.1%}); every gate passed")
+        reason = (
+            f"{tier}: {best.ratio - 1:+.1%} at ctx {best.context} "  # type: ignore[union-attr]
+            f"(95% CI {best.ci_low - 1:+.1%} to {best.ci_high - 1:+.1%}); every gate passed"
+        )
     elif best is not None:
-        reason = (f"no tier: the gain's 95% CI lower bound is {best.ci_low - 1:+.1%} at best "
-                  f"(ctx {best.context}), below {rules.tiers[0].name}'s {rules.tiers[0].lower_bound:.1%}")
+        reason = (
+            f"no tier: the gain's 95% CI lower bound is {best.ci_low - 1:+.1%} at best "
+            f"(ctx {best.context}), below {rules.tiers[0].name}'s {rules.tiers[0].lower_bound:.1%}"
+        )
     else:
         reason = "no scored context"
-    return _verdict(rules, Status.PASS, gates=tuple(gates), reasons=(reason,), add=tuple(add), estimates=estimates,
-                    best=best if tier else None, mde=mde)
+    return _verdict(
+        rules,
+        Status.PASS,
+        gates=tuple(gates),
+        reasons=(reason,),
+        add=tuple(add),
+        estimates=estimates,
+        best=best if tier else None,
+        mde=mde,
+    )
 
 
 def score_clocks(estimates: tuple[ContextEstimate, ...], rules: Rules) -> tuple[ContextEstimate, ...]:
@@ -138,8 +191,10 @@ def no_pair_could_change(throughput: Sequence[ThroughputPairs], rules: Rules) ->
     for e in estimates:
         if e.guarded and e.ci_low < bar < e.ci_high:
             return False
-        if e.scored and e.metric in DECODE_METRICS and (
-            e.mde > rules.tiers[0].lower_bound or any(e.ci_low < f < e.ci_high for f in floors)
+        if (
+            e.scored
+            and e.metric in DECODE_METRICS
+            and (e.mde > rules.tiers[0].lower_bound or any(e.ci_low < f < e.ci_high for f in floors))
         ):
             return False
     return bool(estimates)
@@ -153,8 +208,12 @@ def _proven_regression(e: ContextEstimate) -> bool:
     return e.regression and e.ci_high * (1.0 + e.mde) <= 1.0
 
 
-def _unresolved(estimates: tuple[ContextEstimate, ...], scored: list[ContextEstimate], best: ContextEstimate | None,
-                rules: Rules) -> list[ContextEstimate]:
+def _unresolved(
+    estimates: tuple[ContextEstimate, ...],
+    scored: list[ContextEstimate],
+    best: ContextEstimate | None,
+    rules: Rules,
+) -> list[ContextEstimate]:
     """The contexts whose imprecision could change the verdict. An MDE above the smallest tier's floor at a
     scored context leaves "no tier" and "no regression" unproven there, and so does a regression read too
     imprecisely to stand. A tier stands where the context that earned it resolves that tier (its MDE at most
@@ -169,8 +228,14 @@ def _unresolved(estimates: tuple[ContextEstimate, ...], scored: list[ContextEsti
     return imprecise + [e for e in estimates if e.regression and e not in imprecise]
 
 
-def _reject(rules: Rules, gates: list[Gate], failed: list[Gate], estimates: tuple[ContextEstimate, ...],
-            best: ContextEstimate | None, mde: float | None) -> Verdict:
+def _reject(
+    rules: Rules,
+    gates: list[Gate],
+    failed: list[Gate],
+    estimates: tuple[ContextEstimate, ...],
+    best: ContextEstimate | None,
+    mde: float | None,
+) -> Verdict:
     add = []
     kinds = {g.kind for g in failed}
     if GateKind.REGRESSION in kinds:
@@ -180,8 +245,17 @@ def _reject(rules: Rules, gates: list[Gate], failed: list[Gate], estimates: tupl
     if GateKind.SPEC in kinds:
         add.append(rules.labels.spec_fail)
     reasons = tuple(_failed_reason(g) for g in failed)
-    return _verdict(rules, Status.REJECT, gates=tuple(gates), reasons=reasons, add=tuple(add),
-                    estimates=estimates, best=best, mde=mde, keep_tier=False)
+    return _verdict(
+        rules,
+        Status.REJECT,
+        gates=tuple(gates),
+        reasons=reasons,
+        add=tuple(add),
+        estimates=estimates,
+        best=best,
+        mde=mde,
+        keep_tier=False,
+    )
 
 
 def _is_infra(f: Failure) -> bool:
@@ -199,10 +273,20 @@ def _estimate(tp: ThroughputPairs, rules: Rules) -> ContextEstimate:
     bases = sorted(b for b, _ in tp.pairs)
     heads = sorted(h for _, h in tp.pairs)
     return ContextEstimate(
-        model=tp.model, context=tp.context, metric=tp.metric, n=est.n,
-        base_median=_median(bases), head_median=_median(heads), ratio=est.ratio, ci_low=est.ci_low,
-        ci_high=est.ci_high, mde=est.mde, tier=cls.tier if tp.scored else None,
-        regression=cls.regression and tp.guarded, guarded=tp.guarded, scored=tp.scored,
+        model=tp.model,
+        context=tp.context,
+        metric=tp.metric,
+        n=est.n,
+        base_median=_median(bases),
+        head_median=_median(heads),
+        ratio=est.ratio,
+        ci_low=est.ci_low,
+        ci_high=est.ci_high,
+        mde=est.mde,
+        tier=cls.tier if tp.scored else None,
+        regression=cls.regression and tp.guarded,
+        guarded=tp.guarded,
+        scored=tp.scored,
     )
 
 
@@ -214,9 +298,18 @@ def _median(xs: list[float]) -> float:
 def _throughput_gates(estimates: Iterable[ContextEstimate], rules: Rules) -> list[Gate]:
     bar = rules.gates.no_regression.min_ratio
     return [
-        Gate("no regression", e.ci_high, f"CI upper bound >= {bar:.2f}x main", not e.regression,
-             f"{e.metric} {e.ratio:.3f}x [{e.ci_low:.3f}, {e.ci_high:.3f}]", e.context, e.model, GateKind.REGRESSION)
-        for e in estimates if e.guarded
+        Gate(
+            "no regression",
+            e.ci_high,
+            f"CI upper bound >= {bar:.2f}x main",
+            not e.regression,
+            f"{e.metric} {e.ratio:.3f}x [{e.ci_low:.3f}, {e.ci_high:.3f}]",
+            e.context,
+            e.model,
+            GateKind.REGRESSION,
+        )
+        for e in estimates
+        if e.guarded
     ]
 
 
@@ -247,14 +340,28 @@ def _audit_gates(audits: Sequence[DecodeAudit], rules: Rules) -> list[Gate]:
             continue
         bar = _bar(a, audits, rules)
         worst = a.worst[0] if a.worst else None
-        detail = (f"{a.agreeing} of {a.tokens} generated tokens in {a.requests} requests are {a.reference}'s top-1"
-                  f", {a.near_ties} near-ties")
+        detail = (
+            f"{a.agreeing} of {a.tokens} generated tokens in {a.requests} requests are {a.reference}'s top-1"
+            f", {a.near_ties} near-ties"
+        )
         if worst:
-            detail += (f"; {a.violations} not near-ties, the worst at {worst['request']} position {worst['position']}"
-                       f" (margin {worst['margin']:.2f} >= {g.near_tie:g})")
+            detail += (
+                f"; {a.violations} not near-ties, the worst at {worst['request']} position {worst['position']}"
+                f" (margin {worst['margin']:.2f} >= {g.near_tie:g})"
+            )
         against = "" if bar >= g.top1_min else " (main's own share less the allowed drop)"
-        out.append(Gate("decode agreement", a.share, f">= {bar:.2f} top-1{against}, the rest near-ties",
-                        _audit_passes(a, bar), detail, a.context, a.model, GateKind.DECODE_AUDIT))
+        out.append(
+            Gate(
+                "decode agreement",
+                a.share,
+                f">= {bar:.2f} top-1{against}, the rest near-ties",
+                _audit_passes(a, bar),
+                detail,
+                a.context,
+                a.model,
+                GateKind.DECODE_AUDIT,
+            )
+        )
     return out
 
 
@@ -262,11 +369,28 @@ def _accuracy_gates(results: Iterable[AccuracyResult], rules: Rules) -> list[Gat
     g = rules.gates.accuracy
     out = []
     for a in results:
-        out.append(Gate("accuracy top-1", a.top1_agreement, f">= {g.top1_min:.2f} vs llama.cpp",
-                        a.top1_agreement >= g.top1_min, f"{a.positions} positions", model=a.model,
-                        kind=GateKind.ACCURACY))
-        out.append(Gate("accuracy KL", a.kl_mean, f"mean KL <= {g.mean_kl_max:.2f}", a.kl_mean <= g.mean_kl_max,
-                        f"PPL ratio {a.ppl_ratio:.4f}", model=a.model, kind=GateKind.ACCURACY))
+        out.append(
+            Gate(
+                "accuracy top-1",
+                a.top1_agreement,
+                f">= {g.top1_min:.2f} vs llama.cpp",
+                a.top1_agreement >= g.top1_min,
+                f"{a.positions} positions",
+                model=a.model,
+                kind=GateKind.ACCURACY,
+            )
+        )
+        out.append(
+            Gate(
+                "accuracy KL",
+                a.kl_mean,
+                f"mean KL <= {g.mean_kl_max:.2f}",
+                a.kl_mean <= g.mean_kl_max,
+                f"PPL ratio {a.ppl_ratio:.4f}",
+                model=a.model,
+                kind=GateKind.ACCURACY,
+            )
+        )
     return out
 
 
@@ -275,16 +399,45 @@ def _spec_gates(results: Iterable[SpecResult], rules: Rules) -> list[Gate]:
     out = []
     for s in results:
         detail = "" if s.first_divergence is None else f"first divergence at token {s.first_divergence}"
-        out.append(Gate("spec lossless", float(s.lossless_runs), f">= {g.lossless_runs_min} of {s.runs} runs",
-                        s.lossless_runs >= g.lossless_runs_min, detail, s.context, s.target, GateKind.SPEC))
+        out.append(
+            Gate(
+                "spec lossless",
+                float(s.lossless_runs),
+                f">= {g.lossless_runs_min} of {s.runs} runs",
+                s.lossless_runs >= g.lossless_runs_min,
+                detail,
+                s.context,
+                s.target,
+                GateKind.SPEC,
+            )
+        )
         ratio = s.head_tau / s.base_tau if s.base_tau > 0 else 0.0
-        out.append(Gate("spec tau", ratio, f"tau >= {g.tau_min_ratio:.2f}x main", ratio >= g.tau_min_ratio,
-                        f"tau {s.head_tau:.2f} vs main {s.base_tau:.2f}", s.context, s.target, GateKind.SPEC))
+        out.append(
+            Gate(
+                "spec tau",
+                ratio,
+                f"tau >= {g.tau_min_ratio:.2f}x main",
+                ratio >= g.tau_min_ratio,
+                f"tau {s.head_tau:.2f} vs main {s.base_tau:.2f}",
+                s.context,
+                s.target,
+                GateKind.SPEC,
+            )
+        )
         if len(s.ar_pairs) >= 2:
             est = stats.estimate(s.ar_pairs)
-            out.append(Gate("spec AR speed", est.ci_high, f"CI upper bound >= {g.ar_speed_min_ratio:.2f}x main",
-                            est.ci_high >= g.ar_speed_min_ratio, f"AR {est.ratio:.3f}x", s.context, s.target,
-                            GateKind.SPEC))
+            out.append(
+                Gate(
+                    "spec AR speed",
+                    est.ci_high,
+                    f"CI upper bound >= {g.ar_speed_min_ratio:.2f}x main",
+                    est.ci_high >= g.ar_speed_min_ratio,
+                    f"AR {est.ratio:.3f}x",
+                    s.context,
+                    s.target,
+                    GateKind.SPEC,
+                )
+            )
     return out
 
 
@@ -294,12 +447,28 @@ def _failed_reason(g: Gate) -> str:
     return f"{g.name}{where} failed: {value}, needs {g.bar}" + (f" ({g.detail})" if g.detail else "")
 
 
-def _verdict(rules: Rules, status: Status, *, reasons: tuple[str, ...], gates: tuple[Gate, ...] = (),
-             add: tuple[str, ...] = (), estimates: tuple[ContextEstimate, ...] = (),
-             best: ContextEstimate | None = None, mde: float | None = None, keep_tier: bool = True) -> Verdict:
+def _verdict(
+    rules: Rules,
+    status: Status,
+    *,
+    reasons: tuple[str, ...],
+    gates: tuple[Gate, ...] = (),
+    add: tuple[str, ...] = (),
+    estimates: tuple[ContextEstimate, ...] = (),
+    best: ContextEstimate | None = None,
+    mde: float | None = None,
+    keep_tier: bool = True,
+) -> Verdict:
     tier = best.tier if (best and keep_tier) else None
     return Verdict(
-        status=status, tier=tier, scored_context=best.context if best else None, gates=gates, reasons=reasons,
-        labels_add=tuple(add), labels_remove=tuple(sorted(rules.owned(LabelFamily.VERDICT) - set(add))), estimates=estimates,
-        rules_hash=rules.rules_hash, mde=mde,
+        status=status,
+        tier=tier,
+        scored_context=best.context if best else None,
+        gates=gates,
+        reasons=reasons,
+        labels_add=tuple(add),
+        labels_remove=tuple(sorted(rules.owned(LabelFamily.VERDICT) - set(add))),
+        estimates=estimates,
+        rules_hash=rules.rules_hash,
+        mde=mde,
     )

@@ -16,8 +16,9 @@ ENVELOPE = {"schema", "command", "engine", "model_sha256", "device", "config", "
 
 
 def run(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, timeout=300,
-                          errors="replace")
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", *args], capture_output=True, text=True, timeout=300, errors="replace"
+    )
     if check:
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.strip().splitlines()
@@ -27,7 +28,9 @@ def run(*args, check=True):
 
 
 def test_generate(synthetic_qwen3):
-    rec, err = run("generate", "--model", str(synthetic_qwen3), "--prompt", "def merge", "--max-new", "12", "--no-stop")
+    rec, err = run(
+        "generate", "--model", str(synthetic_qwen3), "--prompt", "def merge", "--max-new", "12", "--no-stop"
+    )
     assert ENVELOPE <= rec.keys() and rec["schema"] == "evalbot.engine.generate/1"
     assert rec["model_sha256"] == model_sha256(synthetic_qwen3)
     assert rec["counts"]["new_tokens"] == 12 == len(rec["token_ids"])
@@ -36,8 +39,23 @@ def test_generate(synthetic_qwen3):
 
 
 def test_sampled_generation_is_seeded(synthetic_qwen3):
-    args = ["generate", "--model", str(synthetic_qwen3), "--prompt", "The river", "--max-new", "10", "--no-stop",
-            "--temperature", "0.9", "--top-p", "0.95", "--seed", "5", "--quiet"]
+    args = [
+        "generate",
+        "--model",
+        str(synthetic_qwen3),
+        "--prompt",
+        "The river",
+        "--max-new",
+        "10",
+        "--no-stop",
+        "--temperature",
+        "0.9",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "5",
+        "--quiet",
+    ]
     assert run(*args)[0]["token_ids"] == run(*args)[0]["token_ids"]
 
 
@@ -54,7 +72,17 @@ def test_score(synthetic_qwen3, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("Rivers do not run straight for long. A small bend makes the water flow faster. " * 4)
     out = tmp_path / "s.npy"
-    rec, _ = run("score", "--model", str(synthetic_qwen3), "--text-file", str(text), "--positions", "30", "--out", str(out))
+    rec, _ = run(
+        "score",
+        "--model",
+        str(synthetic_qwen3),
+        "--text-file",
+        str(text),
+        "--positions",
+        "30",
+        "--out",
+        str(out),
+    )
     arr = np.load(out)
     assert arr.shape == (30, 384) and arr.dtype == np.float32
     np.testing.assert_allclose(np.exp(arr).sum(-1), 1.0, rtol=1e-4)
@@ -67,8 +95,18 @@ def test_score(synthetic_qwen3, tmp_path):
 def test_score_needs_enough_tokens(synthetic_qwen3, tmp_path):
     text = tmp_path / "short.txt"
     text.write_text("too short")
-    proc = run("score", "--model", str(synthetic_qwen3), "--text-file", str(text), "--positions", "50",
-               "--out", str(tmp_path / "x.npy"), check=False)
+    proc = run(
+        "score",
+        "--model",
+        str(synthetic_qwen3),
+        "--text-file",
+        str(text),
+        "--positions",
+        "50",
+        "--out",
+        str(tmp_path / "x.npy"),
+        check=False,
+    )
     assert proc.returncode == 2 and "needs 51" in proc.stderr and proc.stdout == ""
 
 

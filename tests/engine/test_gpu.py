@@ -18,8 +18,10 @@ if not torch.cuda.is_available():
 @pytest.fixture(scope="module")
 def synth64(tmp_path_factory):
     # head dim 64, so decode attention takes the Triton kernel rather than the reference
-    return write(tmp_path_factory.mktemp("gpu") / "q3.gguf", SyntheticSpec(arch="qwen3", d_model=128, n_head=4,
-                                                                           n_kv_head=2, head_dim=64, seed=3))
+    return write(
+        tmp_path_factory.mktemp("gpu") / "q3.gguf",
+        SyntheticSpec(arch="qwen3", d_model=128, n_head=4, n_kv_head=2, head_dim=64, seed=3),
+    )
 
 
 def test_cuda_decode_uses_a_measured_kernel_and_matches_cpu_fp32(synth64):
@@ -73,7 +75,9 @@ def test_compiled_graph_decode_writes_the_cache_like_prefill():
     n = s.length
     assert n == ref.length == 300 + 24
     errs = {
-        name: ((a[:, :, :, :n].float() - b[:, :, :, :n].float()).norm() / b[:, :, :, :n].float().norm()).item()
+        name: (
+            (a[:, :, :, :n].float() - b[:, :, :, :n].float()).norm() / b[:, :, :, :n].float().norm()
+        ).item()
         for name, a, b in (("k", s.cache.k, ref.cache.k), ("v", s.cache.v, ref.cache.v))
     }
     decoded = (s.cache.k[:, :, :, 300:n].float().abs().amax(-1) > 0).float().mean().item()
@@ -94,8 +98,10 @@ def test_decode_path_matches_prefill_logits_on_cuda():
     assert kl.mean() < 0.02, kl.mean()
 
 
-@pytest.mark.parametrize("hq,hkv,t,s", [(14, 2, 80, 80), (14, 2, 40, 40), (14, 2, 8, 80), (16, 8, 64, 64),
-                                        (32, 8, 512, 512), (24, 4, 7, 300)])
+@pytest.mark.parametrize(
+    "hq,hkv,t,s",
+    [(14, 2, 80, 80), (14, 2, 40, 40), (14, 2, 8, 80), (16, 8, 64, 64), (32, 8, 512, 512), (24, 4, 7, 300)],
+)
 def test_cuda_prefill_attention_matches_reference(hq, hkv, t, s):
     from kernels.reference import attention
 

@@ -29,16 +29,18 @@ def test_teacher_forced_agreement_with_llama_cpp(real_model, real_model_path):
     ours = Session(real_model, max_seq=len(ids)).score(ids).numpy()
     ref = reference.score_ids(real_model_path, ids, model_sha=real_model.sha256, n_threads=1)
     stats = compare_logprobs(ref.logprobs, ours, np.asarray(ids[1:]))
-    print(f"\nvs llama.cpp over {POSITIONS} positions: top-1 {stats['top1_agreement']:.4f}, "
-          f"KL mean {stats['kl_mean']:.2e} median {stats['kl_median']:.2e} max {stats['kl_max']:.2e}, "
-          f"PPL ours {stats['ppl_test']:.3f} ref {stats['ppl_ref']:.3f} ratio {stats['ppl_ratio']:.5f}")
+    print(
+        f"\nvs llama.cpp over {POSITIONS} positions: top-1 {stats['top1_agreement']:.4f}, "
+        f"KL mean {stats['kl_mean']:.2e} median {stats['kl_median']:.2e} max {stats['kl_max']:.2e}, "
+        f"PPL ours {stats['ppl_test']:.3f} ref {stats['ppl_ref']:.3f} ratio {stats['ppl_ratio']:.5f}"
+    )
     assert stats["top1_agreement"] >= 0.98
     assert stats["kl_mean"] <= 0.02
     assert abs(stats["ppl_ratio"] - 1) < 0.01
 
 
 GREEDY_PROMPTS = {
-    "code": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "code": 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "cpp": "#include <vector>\n\n// Sum the elements of a vector.\nint sum(const std::vector<int>& xs) {\n",
     "chat": None,  # the demo's chat prompt, rendered with the model's template
     "prose": "The harbour town woke slowly. Fishing boats that had gone out before dawn",
@@ -59,8 +61,10 @@ def test_greedy_32_tokens_match_llama_cpp(real_model, real_model_path, name):
     if first is None:
         print(f"\n{name}: 32/32 tokens identical (smallest llama.cpp margin {min(margins):.3f})")
         return
-    print(f"\n{name}: first divergence at token {first}: ours {ours[first]} vs llama.cpp {theirs[first]}, "
-          f"llama.cpp top-1/top-2 margin {margins[first]:.4f}")
+    print(
+        f"\n{name}: first divergence at token {first}: ours {ours[first]} vs llama.cpp {theirs[first]}, "
+        f"llama.cpp top-1/top-2 margin {margins[first]:.4f}"
+    )
     assert margins[first] < NEAR_TIE, (
         f"{name}: greedy output diverges at token {first} where llama.cpp's margin {margins[first]:.3f} is not a tie"
     )

@@ -51,10 +51,16 @@ def test_forbidden_registers_are_found_in_objdump_text():
 
 
 def test_system_info_features_and_portability_problems():
-    info = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | AVX512 = 1 | AMX_INT8 = 1 | OPENMP = 1 |"
+    info = (
+        "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | AVX512 = 1 | AMX_INT8 = 1 | OPENMP = 1 |"
+    )
     feats = rb.compiled_features(info)
     assert feats["AVX2"] and feats["AVX512"] and feats["AMX_INT8"]
-    ident = {"llama_cpp_python": rb.VERSION, "features": sorted(k for k, v in feats.items() if v), "libs": {"a": "b"}}
+    ident = {
+        "llama_cpp_python": rb.VERSION,
+        "features": sorted(k for k, v in feats.items() if v),
+        "libs": {"a": "b"},
+    }
     problems = rb.portability_problems(ident)
     assert len(problems) == 1 and "AMX_INT8" in problems[0] and "AVX512" in problems[0]
     assert rb.portability_problems({**ident, "features": ["AVX", "AVX2", "FMA"]}) == []
@@ -63,8 +69,12 @@ def test_system_info_features_and_portability_problems():
 
 
 def test_check_isa_on_a_folder_without_libraries_is_a_clear_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "engine.reference_build", "check-isa", "--lib-dir", str(tmp_path)],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine.reference_build", "check-isa", "--lib-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2 and "no libggml" in proc.stderr and "Traceback" not in proc.stderr
 
 

@@ -39,7 +39,11 @@ def test_real_pair_is_lossless(sessions, ctx, section):
         report = spec.lossless_report(ar.token_ids, [out.token_ids])
         if not report.lossless:
             i = report.first_divergence
-            pytest.fail(f"{drafter.name} diverges from AR at token {i}; AR top-1/top-2 margin there {ar.margins[i]:.4f}")
+            pytest.fail(
+                f"{drafter.name} diverges from AR at token {i}; AR top-1/top-2 margin there {ar.margins[i]:.4f}"
+            )
         taus[drafter.name] = out.mean_accept
     print(f"\n{section} ctx {ctx}: tau " + ", ".join(f"{k} {v:.2f}" for k, v in taus.items()))
-    assert taus["draft-model"] > 1.0  # the 0.5B agrees with the 1.5B often enough to commit several tokens per step
+    assert (
+        taus["draft-model"] > 1.0
+    )  # the 0.5B agrees with the 1.5B often enough to commit several tokens per step

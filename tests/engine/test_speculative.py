@@ -57,7 +57,9 @@ def test_speculative_output_equals_autoregressive(pair, kind):
     assert report.lossless == 1 and report.lossless_runs == 3, report
     for o in outs:
         assert 1.0 <= o.mean_accept <= 7.0
-        assert sum(k * v for k, v in o.accept_hist.items()) == 48 - 1  # every token after the first is committed by a step
+        assert (
+            sum(k * v for k, v in o.accept_hist.items()) == 48 - 1
+        )  # every token after the first is committed by a step
     if kind == "self":
         # the target drafting for itself: everything is accepted, except where the requested length cuts a block
         assert outs[0].mean_accept >= 0.98 * (47 / -(-47 // 7))
@@ -88,7 +90,11 @@ def _chi2_pvalue(observed: torch.Tensor, expected: torch.Tensor) -> float:
     keep = expected > 0
     stat = float((((observed - expected) ** 2)[keep] / expected[keep]).sum())
     dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
+        )
+    )
 
 
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
@@ -143,8 +149,11 @@ def test_sampled_speculative_generation_matches_ar_marginals(pair):
         a, b = ar_counts[j][keep].double(), sp_counts[j][keep].double()
         stat = float(((a - b) ** 2 / (a + b)).sum())
         dof = int(keep.sum()) - 1
-        pvalue = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                               torch.tensor(stat / 2, dtype=torch.float64)))
+        pvalue = float(
+            torch.special.gammaincc(
+                torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
+            )
+        )
         assert pvalue > 1e-3, f"token {j + 1}: p-value {pvalue:.2e}"
 
 

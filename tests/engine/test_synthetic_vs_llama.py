@@ -24,8 +24,14 @@ NEAR_TIE = 0.01
 
 
 def llama_logits(path, ids):
-    llm = llama_cpp.Llama(str(path), n_ctx=256 * (-(-len(ids) // 256)), logits_all=True, verbose=False,
-                          flash_attn=False, n_threads=2)
+    llm = llama_cpp.Llama(
+        str(path),
+        n_ctx=256 * (-(-len(ids) // 256)),
+        logits_all=True,
+        verbose=False,
+        flash_attn=False,
+        n_threads=2,
+    )
     llm.reset()
     llm.eval(ids)
     out = np.asarray(llm.scores[: llm.n_tokens]).copy()
@@ -46,7 +52,9 @@ def test_same_top1_as_llama_at_every_position(request, fixture):
     top2 = np.sort(ref, -1)[:, -2:]
     margin = top2[:, 1] - top2[:, 0]
     real = np.flatnonzero(~agree & (margin >= NEAR_TIE))
-    assert real.size == 0, f"top-1 differs at positions {real.tolist()} (reference margins {margin[real].tolist()})"
+    assert real.size == 0, (
+        f"top-1 differs at positions {real.tolist()} (reference margins {margin[real].tolist()})"
+    )
     assert (~agree).sum() <= 2, f"too many near-tie flips: {np.flatnonzero(~agree).tolist()}"
     lp_ref = torch.log_softmax(torch.from_numpy(ref).double(), -1)
     lp_ours = torch.log_softmax(torch.from_numpy(ours).double(), -1)

@@ -72,7 +72,9 @@ def test_poll_reports_a_github_outage_clearly_and_changes_nothing(bot, github_do
     github_double.state.inject("user.get", *[Fault.server_error(502)] * 5)
     result = CliRunner().invoke(main, ["poll", "--once", "--repo", github_double.repo, "--state", str(state)],
                                 env={"GITHUB_TOKEN": "ghp_t"})  # fmt: skip
-    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)  # a ClickException, no traceback
+    assert result.exit_code == 1 and isinstance(
+        result.exception, SystemExit
+    )  # a ClickException, no traceback
     assert "HTTP 502" in result.output and "nothing was done" in result.output
     assert not state.exists()  # the bot opened no state: it knew it could not tell its own comments
 
@@ -93,7 +95,9 @@ def test_environment_variables_are_declared_on_their_options(github_double, tmp_
     assert r.exit_code == 0, r.output
     assert state.exists()  # the state the environment named
     other = tmp_path / "flag.db"
-    r = CliRunner().invoke(main, ["status", "--api-url", github_double.base_url, "--state", str(other)], env=env)
+    r = CliRunner().invoke(
+        main, ["status", "--api-url", github_double.base_url, "--state", str(other)], env=env
+    )
     assert r.exit_code == 0 and other.exists(), r.output
     r = CliRunner().invoke(main, ["poll", "--once", "--api-url", github_double.base_url, "--state", str(other)],
                            env={"GITHUB_TOKEN": "t", "EVALBOT_REPO": ""})  # fmt: skip

@@ -85,7 +85,9 @@ def run_round(tmp_path, rules, kill_at: int | None) -> tuple[dict, int]:
         add_git_pull(st, repo, 4, {"rules/gates.yaml": "x\n"}, author_login="dave", body=BODY)  # sensitive
         st.add_workflow("ci.yml")
         for n in st.pulls:  # this repository's CI passed on every head (auto-merge requires it)
-            st.complete_run(st.start_run("ci.yml", st.pulls[n].head_ref, {}, event="pull_request").id, "success")
+            st.complete_run(
+                st.start_run("ci.yml", st.pulls[n].head_ref, {}, event="pull_request").id, "success"
+            )
         writes = 0
         journal: list[str] = []
 

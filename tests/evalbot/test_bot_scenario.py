@@ -233,13 +233,24 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
         second = bot.poll_once()
         assert any(line.startswith("reconciled comment") for line in log), log[-40:]
         moved = winner  # merge-first in poll 1; its head moved before the merge, so the merge was refused
+
         def why(n):  # what the bot decided for PR n, for a failing assertion
-            return [(e.key.head_sha[:8], e.key.base_sha[:8], e.state, e.status, e.verdict and (
-                e.verdict.tier, e.verdict.lower_bound_gain, e.verdict.reasons), e.error) for e in store.evaluations(pr=n)]
+            return [
+                (
+                    e.key.head_sha[:8],
+                    e.key.base_sha[:8],
+                    e.state,
+                    e.status,
+                    e.verdict and (e.verdict.tier, e.verdict.lower_bound_gain, e.verdict.reasons),
+                    e.error,
+                )
+                for e in store.evaluations(pr=n)
+            ]
 
         assert len(second.merged) == 1 and second.merged[0] in (1, 2), (
             f"notes={second.notes} merged={second.merged} #1={why(1)} #2={why(2)} labels="
-            f"{[gh.get_pull(n).labels for n in (1, 2)]} log={log[-12:]}")
+            f"{[gh.get_pull(n).labels for n in (1, 2)]} log={log[-12:]}"
+        )
         winner = second.merged[0]
         moved_merges = [r.body["sha"] for r in st.requests
                         if r.method == "PUT" and r.path.endswith(f"/pulls/{moved}/merge")]  # fmt: skip

@@ -34,10 +34,16 @@ def test_proc_stat_busy_counts_steal_but_not_idle_or_iowait():
 
 def test_usage_subtracts_our_tree_and_names_the_others():
     # 10 is us, 11 our engine (it exits and is reaped into 10's cutime), 20 a hog, 30 a pid reused
-    a = _snap(0.0, 1000, {10: ("python", 1, 50, 1), 11: ("python", 10, 40, 2), 20: ("hog", 1, 500, 3),
-                          30: ("old", 1, 900, 4)})
-    b = _snap(2.0, 1000 + 360 + 150 + 20, {10: ("python", 1, 50 + 40 + 360, 1), 20: ("hog", 1, 650, 3),
-                                           30: ("newer", 1, 20, 99)})
+    a = _snap(
+        0.0,
+        1000,
+        {10: ("python", 1, 50, 1), 11: ("python", 10, 40, 2), 20: ("hog", 1, 500, 3), 30: ("old", 1, 900, 4)},
+    )
+    b = _snap(
+        2.0,
+        1000 + 360 + 150 + 20,
+        {10: ("python", 1, 50 + 40 + 360, 1), 20: ("hog", 1, 650, 3), 30: ("newer", 1, 20, 99)},
+    )
     u = box.usage(a, b, root=10, hz=HZ)
     assert u.own_cores == pytest.approx(360 / HZ / 2)
     assert u.other_cores == pytest.approx(170 / HZ / 2)
@@ -58,7 +64,9 @@ def test_busy_reason_cpu_and_gpu():
     calm = box.Usage(2.0, 0.1, 1.9, (("kworker/0:1", 0.01),), box.GpuState(0.0, ()))
     assert box.busy_reason(calm, quiet) is None
     gpu_busy = box.Usage(2.0, 0.1, 0.0, (), box.GpuState(87.0, ("python3",)))
-    assert "GPU is 87% busy" in box.busy_reason(gpu_busy, quiet) and "python3" in box.busy_reason(gpu_busy, quiet)
+    assert "GPU is 87% busy" in box.busy_reason(gpu_busy, quiet) and "python3" in box.busy_reason(
+        gpu_busy, quiet
+    )
     other_app = box.Usage(2.0, 0.0, 0.0, (), box.GpuState(0.0, ("llama-server",)))
     assert "llama-server" in box.busy_reason(other_app, quiet)
 
@@ -68,8 +76,13 @@ def test_waiting_gives_up_at_the_limit_and_reports_what_it_saw():
     busy = box.Usage(1.0, 1.8, 0.0, (("stress-ng", 1.0), ("make", 0.8)))
     logs = []
     with pytest.raises(box.BoxBusy) as info:
-        box.wait_until_quiet(Quiet(max_wait_s=30), with_gpu=False, log=logs.append, sample=lambda: busy,
-                             clock=lambda: next(clock))
+        box.wait_until_quiet(
+            Quiet(max_wait_s=30),
+            with_gpu=False,
+            log=logs.append,
+            sample=lambda: busy,
+            clock=lambda: next(clock),
+        )
     msg = str(info.value)
     assert msg.startswith("box busy: ") and "stress-ng (1.00)" in msg and "make (0.80)" in msg
     assert len(logs) == 1  # one line, not one per sample
@@ -78,8 +91,9 @@ def test_waiting_gives_up_at_the_limit_and_reports_what_it_saw():
 def test_waiting_returns_once_the_box_is_quiet():
     samples = iter([box.Usage(1.0, 1.0, 0.0, (("hog", 1.0),)), box.Usage(1.0, 0.02, 0.0, ())])
     clock = iter([0.0, 1.0, 2.0, 3.0])
-    u, waited = box.wait_until_quiet(Quiet(), with_gpu=False, log=lambda _m: None, sample=lambda: next(samples),
-                                     clock=lambda: next(clock))
+    u, waited = box.wait_until_quiet(
+        Quiet(), with_gpu=False, log=lambda _m: None, sample=lambda: next(samples), clock=lambda: next(clock)
+    )
     assert u.other_cores == 0.02 and waited == 2.0
 
 

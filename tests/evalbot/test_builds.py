@@ -345,8 +345,9 @@ setup()
 """
 
 
-@pytest.mark.skipif(not __import__("evalbot.evaluate.sandbox", fromlist=["x"]).sandbox_available(),
-                    reason="needs bubblewrap")
+@pytest.mark.skipif(
+    not __import__("evalbot.evaluate.sandbox", fromlist=["x"]).sandbox_available(), reason="needs bubblewrap"
+)
 def test_a_confined_build_cannot_write_outside_its_dir_reach_the_network_or_see_secrets(
     repo, tmp_path, monkeypatch
 ):
@@ -360,15 +361,23 @@ def test_a_confined_build_cannot_write_outside_its_dir_reach_the_network_or_see_
     listener.listen()
     host_file = tmp_path / "host-canary.txt"
     cache_file = tmp_path / "venvs" / "planted.txt"
-    setup_py = SNOOP_SETUP.format(targets=[str(host_file), str(cache_file), str(Path.home() / "pwned.txt")],
-                                  port=listener.getsockname()[1])
+    setup_py = SNOOP_SETUP.format(
+        targets=[str(host_file), str(cache_file), str(Path.home() / "pwned.txt")],
+        port=listener.getsockname()[1],
+    )
     git(repo, "checkout", "-q", "-b", "snoop", "head")
     commit(repo, "snoop", {"setup.py": setup_py})
     git(repo, "checkout", "-q", "main")
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_not_for_builds")
     wt = prepare_worktree(repo, "snoop", tmp_path / "wt")
-    result = build_env(wt, tmp_path / "venvs", python=sys.executable, log_dir=tmp_path / "logs", timeout_s=600,
-                       confine=confine_build)
+    result = build_env(
+        wt,
+        tmp_path / "venvs",
+        python=sys.executable,
+        log_dir=tmp_path / "logs",
+        timeout_s=600,
+        confine=confine_build,
+    )
     listener.close()
     log = result.log_path.read_text()
     assert result.ok, log[-3000:]

@@ -22,8 +22,14 @@ CORPUS = ROOT / "tests" / "fixtures" / "copycat"
 
 def evalbot(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "evalbot", *args], capture_output=True, text=True, env=full,
-                          cwd=cwd or ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "evalbot", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=cwd or ROOT,
+        timeout=120,
+    )
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
@@ -39,8 +45,16 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize("command", ["block", "unblock"])
 def test_block_takes_only_github_logins(tmp_path, command, login):
     state = tmp_path / "state.db"
-    proc = evalbot(command, "--state", str(state), "--git-remote", (tmp_path / "none.git").as_uri(),
-                   "--dry-run", "--", login)
+    proc = evalbot(
+        command,
+        "--state",
+        str(state),
+        "--git-remote",
+        (tmp_path / "none.git").as_uri(),
+        "--dry-run",
+        "--",
+        login,
+    )
     out = one_line_error(proc)
     assert "not a GitHub login" in out or "Missing argument" in out
     assert "would" not in proc.stdout  # the plan is printed only after the input is valid
@@ -70,12 +84,22 @@ def gh_env(github_double, tmp_path):
     repo = BareRepo.create(tmp_path / "remote.git", {"README.md": "r\n"}, when=st.now)
     add_git_pull(st, repo, 1, {"engine/x.py": "x = 1\n"}, author_login="alice")
     env = {"GITHUB_TOKEN": "ghp_test"}
-    args = ["--repo", github_double.repo, "--api-url", github_double.base_url, "--state", str(tmp_path / "s.db"),
-            "--git-remote", repo.url]
+    args = [
+        "--repo",
+        github_double.repo,
+        "--api-url",
+        github_double.base_url,
+        "--state",
+        str(tmp_path / "s.db"),
+        "--git-remote",
+        repo.url,
+    ]
     return env, args
 
 
-@pytest.mark.parametrize("command", [["clear", "999", "--reason", "looked"], ["rerun", "999"], ["hold", "999"]])
+@pytest.mark.parametrize(
+    "command", [["clear", "999", "--reason", "looked"], ["rerun", "999"], ["hold", "999"]]
+)
 def test_commands_on_a_pr_that_does_not_exist(gh_env, command, tmp_path):
     env, args = gh_env
     proc = evalbot(*command, *args, env=env)
@@ -91,12 +115,13 @@ def test_render_on_wrong_types_and_deep_nesting(tmp_path):
     deep.write_text("[" * 100_000 + "]" * 100_000)
     one_line_error(evalbot("render", "--verdict", str(deep)))
     nested = tmp_path / "nested.json"
-    nested.write_text('{"measurements": ' + "{\"a\": " * 3000 + "1" + "}" * 3000 + ', "verdict": {}}')
+    nested.write_text('{"measurements": ' + '{"a": ' * 3000 + "1" + "}" * 3000 + ', "verdict": {}}')
     one_line_error(evalbot("render", "--verdict", str(nested)))
 
 
-@pytest.mark.parametrize("rows", ["1e-308,1e308\n1e308,1e-308\n", "1e308,1e308\n1e-308,1e308\n1,1\n",
-                                  "0,1\n1,1\n", "nan,1\n1,1\n"])
+@pytest.mark.parametrize(
+    "rows", ["1e-308,1e308\n1e308,1e-308\n", "1e308,1e308\n1e-308,1e308\n1,1\n", "0,1\n1,1\n", "nan,1\n1,1\n"]
+)
 def test_stats_on_extreme_numbers(tmp_path, rows):
     pairs = tmp_path / "pairs.csv"
     pairs.write_text("base,head\n" + rows)
@@ -106,7 +131,9 @@ def test_stats_on_extreme_numbers(tmp_path, rows):
 def test_rules_check_on_5000_deep_yaml(tmp_path):
     rules = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules)
-    (rules / "gates.yaml").write_text((rules / "gates.yaml").read_text() + "x: " + "[" * 5000 + "]" * 5000 + "\n")
+    (rules / "gates.yaml").write_text(
+        (rules / "gates.yaml").read_text() + "x: " + "[" * 5000 + "]" * 5000 + "\n"
+    )
     assert "nested deeper" in one_line_error(evalbot("rules", "check", str(rules)))
     (rules / "gates.yaml").write_text("a:\n" + "".join("  " * i + "b:\n" for i in range(1, 5000)))
     one_line_error(evalbot("rules", "check", str(rules)))
@@ -114,8 +141,10 @@ def test_rules_check_on_5000_deep_yaml(tmp_path):
 
 def test_worker_ids_differ_between_processes():
     code = "from evalbot.cli.bot_cmd import worker_id; print(worker_id())"
-    ids = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout
-           for _ in range(3)}
+    ids = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout
+        for _ in range(3)
+    }
     assert len(ids) == 3
 
 

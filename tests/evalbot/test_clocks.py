@@ -33,8 +33,16 @@ def rules():
     return load_rules(default_rules_dir())
 
 
-def _pairs(ratio: float, noise: float, seed: int, blocks: int = 8, per_block: int = 4, order_effect: float = 0.0,
-           block_sd: float = 0.0, orders: tuple[bool, ...] = ()):
+def _pairs(
+    ratio: float,
+    noise: float,
+    seed: int,
+    blocks: int = 8,
+    per_block: int = 4,
+    order_effect: float = 0.0,
+    block_sd: float = 0.0,
+    orders: tuple[bool, ...] = (),
+):
     """Crossover-shaped pairs: per block a process offset, and the second-loaded side `order_effect` faster
     (blocks alternate the load order, base first in block 0, unless `orders` gives each block's)."""
     rng = random.Random(seed)
@@ -52,14 +60,25 @@ def _pairs(ratio: float, noise: float, seed: int, blocks: int = 8, per_block: in
 
 def _tp(ctx: int, metric: str, ratio: float, noise: float, seed: int, **kw) -> ThroughputPairs:
     p, b, f = _pairs(ratio, noise, seed, **kw)
-    return ThroughputPairs("m", ctx, metric, p, guarded=metric != "decode_utilization",
-                           scored=metric in ("decode_tps", "decode_cpu_tps"), blocks=b, base_first=f)
+    return ThroughputPairs(
+        "m",
+        ctx,
+        metric,
+        p,
+        guarded=metric != "decode_utilization",
+        scored=metric in ("decode_tps", "decode_cpu_tps"),
+        blocks=b,
+        base_first=f,
+    )
 
 
 def _both(ctx: int, wall: float, cpu: float, util: float, *, wall_noise: float = 0.03, seed: int = 0):
     """A context measured on both clocks: wall noisy (a shared VM), CPU time quiet, their utilization ratio."""
-    return (_tp(ctx, "decode_tps", wall, wall_noise, seed), _tp(ctx, "decode_cpu_tps", cpu, 0.003, seed + 1),
-            _tp(ctx, "decode_utilization", util, 0.002, seed + 2))
+    return (
+        _tp(ctx, "decode_tps", wall, wall_noise, seed),
+        _tp(ctx, "decode_cpu_tps", cpu, 0.003, seed + 1),
+        _tp(ctx, "decode_utilization", util, 0.002, seed + 2),
+    )
 
 
 def _verdict(rules, *tps):
@@ -106,8 +125,10 @@ def test_crossover_coverage_in_simulation():
     # nominal 95%: an A/A crossover with process offsets and an order effect covers 1.0 about that often
     covered = sum(
         stats.crossover(*_pairs(1.0, 0.008, seed=s, order_effect=0.01, block_sd=0.004)).estimate.ci_low
-        <= 1.0 <= stats.crossover(*_pairs(1.0, 0.008, seed=s, order_effect=0.01, block_sd=0.004)).estimate.ci_high
-        for s in range(400))
+        <= 1.0
+        <= stats.crossover(*_pairs(1.0, 0.008, seed=s, order_effect=0.01, block_sd=0.004)).estimate.ci_high
+        for s in range(400)
+    )
     assert 0.92 <= covered / 400 <= 0.98
 
 
@@ -133,8 +154,11 @@ def test_sleeping_instead_of_spinning_earns_nothing(rules):
     assert v.tier is None and v.status is Status.PASS
     assert not next(e for e in v.estimates if e.metric == "decode_cpu_tps").scored
     # the same numbers with the utilization check taken away would have bought a tier: the guard matters
-    without = _verdict(rules, *_both(128, 1.0, 1.10, 1 / 1.10, wall_noise=0.004)[:2],
-                       _tp(128, "decode_utilization", 1.0, 0.001, 9))
+    without = _verdict(
+        rules,
+        *_both(128, 1.0, 1.10, 1 / 1.10, wall_noise=0.004)[:2],
+        _tp(128, "decode_utilization", 1.0, 0.001, 9),
+    )
     assert without.tier in ("M", "L")
 
 
@@ -177,18 +201,34 @@ def test_score_clocks_scores_exactly_one_decode_clock_per_context(rules):
 
 
 def test_the_early_stop_waits_until_no_pair_could_change_the_verdict(rules):
-    assert no_pair_could_change(_both(128, 1.08, 1.08, 1.0), rules)  # 8% +- a little: M, no floor near (6%, 10%)
+    assert no_pair_could_change(
+        _both(128, 1.08, 1.08, 1.0), rules
+    )  # 8% +- a little: M, no floor near (6%, 10%)
     # 3.5% is S's floor: a CI around it could still move either way
     assert not no_pair_could_change(_both(128, 1.035, 1.035, 1.0), rules)
-    assert not no_pair_could_change(_both(128, 1.0, 1.0, 1.0, wall_noise=0.08)[:1], rules)  # wall alone, too noisy
+    assert not no_pair_could_change(
+        _both(128, 1.0, 1.0, 1.0, wall_noise=0.08)[:1], rules
+    )  # wall alone, too noisy
 
 
 # --- pairs and allocation --------------------------------------------------------------------------
 
 
 def _sample(side, ctx, block, pair, tps, base_first=True):
-    return abtest.Sample(side, ctx, block, pair, (1,), tuple(range(25)), 100.0, tps, {}, decode_s=24 / tps,
-                         decode_cpu_s=48 / tps, base_first=base_first)
+    return abtest.Sample(
+        side,
+        ctx,
+        block,
+        pair,
+        (1,),
+        tuple(range(25)),
+        100.0,
+        tps,
+        {},
+        decode_s=24 / tps,
+        decode_cpu_s=48 / tps,
+        base_first=base_first,
+    )
 
 
 def test_allocation_gives_the_noisier_context_more_pairs_in_even_numbers():
@@ -198,7 +238,10 @@ def test_allocation_gives_the_noisier_context_more_pairs_in_even_numbers():
         for i in range(4):
             for ctx, noise in ((128, 0.03), (512, 0.005)):
                 base = 10 * (1 + rng.gauss(0, noise))
-                samples += [_sample(Side.BASE, ctx, b, i, base), _sample(Side.HEAD, ctx, b, i, 10 * (1 + rng.gauss(0, noise)))]
+                samples += [
+                    _sample(Side.BASE, ctx, b, i, base),
+                    _sample(Side.HEAD, ctx, b, i, 10 * (1 + rng.gauss(0, noise))),
+                ]
     counts = abtest.allocate(samples, [128, 512], 4)
     assert counts[128] > counts[512] >= 2 and all(n % 2 == 0 for n in counts.values())
     assert abtest.allocate(samples[:4], [128, 512], 4) == {128: 4, 512: 4}  # too few pairs yet: even split
@@ -209,8 +252,12 @@ def test_allocation_gives_the_noisier_context_more_pairs_in_even_numbers():
 
 
 def test_pairs_carry_their_block_and_load_order_and_the_utilization():
-    s = [_sample(Side.BASE, 128, 0, 0, 10.0), _sample(Side.HEAD, 128, 0, 0, 11.0),
-         _sample(Side.BASE, 128, 1, 0, 10.0, False), _sample(Side.HEAD, 128, 1, 0, 10.5, False)]
+    s = [
+        _sample(Side.BASE, 128, 0, 0, 10.0),
+        _sample(Side.HEAD, 128, 0, 0, 11.0),
+        _sample(Side.BASE, 128, 1, 0, 10.0, False),
+        _sample(Side.HEAD, 128, 1, 0, 10.5, False),
+    ]
     pairs, blocks, first = abtest.pairs_at(s, 128, "decode_cpu")
     assert blocks == [0, 1] and first == [True, False] and pairs[0] == pytest.approx((10 / 2, 11 / 2))
     assert abtest.pairs_at(s, 128, "utilization")[0] == [(2.0, 2.0), (2.0, 2.0)]
@@ -223,7 +270,9 @@ def _burner(body: str) -> list[str]:
     return [PY, "-c", textwrap.dedent(body)]
 
 
-METERS = ["proc-tree"] + (["cgroup"] if isinstance(cpumeter.make_meter("probe"), cpumeter.CgroupMeter) else [])
+METERS = ["proc-tree"] + (
+    ["cgroup"] if isinstance(cpumeter.make_meter("probe"), cpumeter.CgroupMeter) else []
+)
 
 
 def _run_metered(kind: str, argv: list[str]) -> tuple[float, float]:

@@ -331,7 +331,8 @@ def test_a_run_that_never_finishes_times_out_then_attempts_run_out(github_double
     stuck = s.runs[handle.run_id]  # cancelled on GitHub: it stops holding box-stuck and never reports late
     assert (stuck.status, stuck.conclusion) == ("completed", "cancelled")
     assert [r.path.rsplit("/actions/", 1)[1] for r in s.requests if r.route == "runs.cancel"] == [
-        f"runs/{handle.run_id}/cancel"]
+        f"runs/{handle.run_id}/cancel"
+    ]
 
     second = failed.retried_as
     assert second is not None and second.deadline == late + timedelta(minutes=limit)

@@ -25,7 +25,9 @@ def test_rules_check_default_and_malformed(tmp_path):
 
 def test_stats_text_and_json(tmp_path):
     rng = random.Random(0)
-    rows = ["base\thead"] + [f"{100 + i:.3f}\t{(100 + i) * 1.05 * (1 + rng.gauss(0, 0.003)):.3f}" for i in range(12)]
+    rows = ["base\thead"] + [
+        f"{100 + i:.3f}\t{(100 + i) * 1.05 * (1 + rng.gauss(0, 0.003)):.3f}" for i in range(12)
+    ]
     f = tmp_path / "pairs.tsv"
     f.write_text("\n".join(rows) + "\n")
     r = CliRunner().invoke(main, ["stats", "--pairs", str(f), "--json"])
@@ -74,8 +76,10 @@ def test_render_preview(tmp_path):
 
     rng = random.Random(1)
     pairs = tuple((100.0 + i, (100.0 + i) * 1.05 * (1 + rng.gauss(0, 0.003))) for i in range(10))
-    m = Measurements(Provenance("r", "a" * 40, "b" * 40, "a" * 40, "0" * 64, "cpu", title="Faster @team"),
-                     throughput=(ThroughputPairs("m", 512, "decode_tps", pairs),))
+    m = Measurements(
+        Provenance("r", "a" * 40, "b" * 40, "a" * 40, "0" * 64, "cpu", title="Faster @team"),
+        throughput=(ThroughputPairs("m", 512, "decode_tps", pairs),),
+    )
     v = decide(m, load_rules(default_rules_dir()))
     f = tmp_path / "result.json"
     f.write_text(json.dumps({"measurements": to_dict(m), "verdict": to_dict(v)}))
@@ -99,7 +103,9 @@ def test_one_profile_option_takes_its_choices_from_the_rules_in_use(tmp_path):
     for command in (["evaluate", "--repo", str(tmp_path), "--base", "main", "--head", "main", "--out",
                      str(tmp_path / "out")], ["calibrate", "--repo", str(tmp_path)]):  # fmt: skip
         result = CliRunner().invoke(main, [*command, "--profile", "tpu"])
-        assert result.exit_code == 2 and "'tpu' is not a profile of" in result.output and "cpu" in result.output
+        assert (
+            result.exit_code == 2 and "'tpu' is not a profile of" in result.output and "cpu" in result.output
+        )
     rules = load_rules(default_rules_dir())
     renamed = dataclasses.replace(rules, profiles=tuple(dataclasses.replace(p, name=f"box-{p.name}")
                                                         for p in rules.profiles))  # fmt: skip

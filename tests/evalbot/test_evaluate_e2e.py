@@ -31,9 +31,29 @@ def _repo_with_branch(tmp_path: Path, path: str, text: str, break_main: str | No
 
 def _evaluate(repo: Path, tmp_path: Path) -> tuple[int, dict, str]:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "evalbot", "evaluate", "--repo", str(repo), "--base", "main",
-                           "--head", "pr", "--out", str(out), "--work-dir", str(tmp_path / "work"), "--seed", "7"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evalbot",
+            "evaluate",
+            "--repo",
+            str(repo),
+            "--base",
+            "main",
+            "--head",
+            "pr",
+            "--out",
+            str(out),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--seed",
+            "7",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return proc.returncode, json.loads((out / "result.json").read_text()), (out / "report.md").read_text()
 
 
@@ -53,9 +73,27 @@ def test_a_pr_that_edits_the_bench_driver_is_skipped(tmp_path):
 
 def test_an_unknown_revision_is_infra(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "evalbot", "evaluate", "--repo", str(ROOT), "--base", "HEAD",
-                           "--head", "no-such-branch", "--out", str(out), "--work-dir", str(tmp_path / "w")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evalbot",
+            "evaluate",
+            "--repo",
+            str(ROOT),
+            "--base",
+            "HEAD",
+            "--head",
+            "no-such-branch",
+            "--out",
+            str(out),
+            "--work-dir",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 3
     assert json.loads((out / "result.json").read_text())["verdict"]["status"] == "INFRA_ERROR"
 
@@ -74,7 +112,10 @@ def test_main_broken_too_is_infra_not_the_pr(tmp_path):
     repo = _repo_with_branch(tmp_path, "engine/model.py", "\ndef broken(:\n", break_main="engine/model.py")
     code, result, report = _evaluate(repo, tmp_path)
     assert code == 3 and result["verdict"]["status"] == "INFRA_ERROR"
-    assert "infra-error" in result["verdict"]["labels_add"] and "regression" not in result["verdict"]["labels_add"]
+    assert (
+        "infra-error" in result["verdict"]["labels_add"]
+        and "regression" not in result["verdict"]["labels_add"]
+    )
 
 
 def test_red_team_head_sees_no_secrets_no_network_and_its_fake_json_goes_nowhere(tmp_path):
@@ -98,15 +139,39 @@ def test_red_team_head_sees_no_secrets_no_network_and_its_fake_json_goes_nowhere
         "    _net = False\n"
         "if _leak or _net:\n"
         "    raise SystemExit(f'sandbox leak: env {_leak} network {_net}')\n"
-        "print('{\"schema\": \"evalbot.engine.bench/1\", \"decode_tps\": 1e9}')\n"
+        'print(\'{"schema": "evalbot.engine.bench/1", "decode_tps": 1e9}\')\n'
     )
     repo = _repo_with_branch(tmp_path, "engine/model.py", payload)
     out = tmp_path / "out"
     env = {**os.environ, "GITHUB_TOKEN": "ghp_secret", "EVALBOT_STATE_DB": "/secret/state.db"}
-    proc = subprocess.run([sys.executable, "-m", "evalbot", "evaluate", "--repo", str(repo), "--base", "main",
-                           "--head", "pr", "--out", str(out), "--work-dir", str(tmp_path / "work"), "--seed", "7",
-                           "--no-accuracy", "--no-spec", "--max-pairs", "2"],
-                          capture_output=True, text=True, timeout=900, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evalbot",
+            "evaluate",
+            "--repo",
+            str(repo),
+            "--base",
+            "main",
+            "--head",
+            "pr",
+            "--out",
+            str(out),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--seed",
+            "7",
+            "--no-accuracy",
+            "--no-spec",
+            "--max-pairs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     listener.close()
     result = json.loads((out / "result.json").read_text())
     assert result["measurements"]["failures"] == [], proc.stderr[-2000:]  # it ran: no leak, no network
@@ -117,16 +182,41 @@ def test_red_team_head_sees_no_secrets_no_network_and_its_fake_json_goes_nowhere
 
 def _evaluate_flags(repo: Path, tmp_path: Path, *flags: str) -> tuple[int, dict]:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "evalbot", "evaluate", "--repo", str(repo), "--base", "main",
-                           "--head", "pr", "--out", str(out), "--work-dir", str(tmp_path / "work"), "--seed", "11",
-                           "--max-pairs", "2", *flags], capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evalbot",
+            "evaluate",
+            "--repo",
+            str(repo),
+            "--base",
+            "main",
+            "--head",
+            "pr",
+            "--out",
+            str(out),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--seed",
+            "11",
+            "--max-pairs",
+            "2",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert (out / "result.json").exists(), proc.stderr[-3000:]
     return proc.returncode, json.loads((out / "result.json").read_text())
 
 
 def test_a_speculative_speedup_that_skips_verification_is_rejected(tmp_path):
-    cheat = ("\n\ndef verify_greedy(logits, drafts):  # 'faster': trust the drafter\n"
-             "    return len(drafts), int(logits[len(drafts)].argmax())\n")
+    cheat = (
+        "\n\ndef verify_greedy(logits, drafts):  # 'faster': trust the drafter\n"
+        "    return len(drafts), int(logits[len(drafts)].argmax())\n"
+    )
     repo = _repo_with_branch(tmp_path, "engine/speculative.py", cheat)
     code, result = _evaluate_flags(repo, tmp_path, "--no-accuracy")
     assert code == 1 and result["verdict"]["status"] == "REJECT"
@@ -134,13 +224,17 @@ def test_a_speculative_speedup_that_skips_verification_is_rejected(tmp_path):
     assert "spec lossless" in failed and "spec-fail" in result["verdict"]["labels_add"]
     spec = result["measurements"]["spec"][0]
     assert spec["lossless_runs"] == 0 and spec["first_divergence"] is not None
-    assert spec["head_tau"] > spec["base_tau"]  # the cheat "accepts" more: exactly what the gate must not reward
+    assert (
+        spec["head_tau"] > spec["base_tau"]
+    )  # the cheat "accepts" more: exactly what the gate must not reward
 
 
 def test_an_accuracy_break_is_rejected_on_top1_and_kl(tmp_path):
-    broken = ("\n\ndef rms_norm(x, weight, eps):  # 'simplified': forgets the learned scale\n"
-              "    xf = x.float()\n"
-              "    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)\n")
+    broken = (
+        "\n\ndef rms_norm(x, weight, eps):  # 'simplified': forgets the learned scale\n"
+        "    xf = x.float()\n"
+        "    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)\n"
+    )
     repo = _repo_with_branch(tmp_path, "engine/model.py", broken)
     code, result = _evaluate_flags(repo, tmp_path, "--no-spec")
     assert code == 1 and result["verdict"]["status"] == "REJECT"
@@ -157,7 +251,8 @@ def _random_weight_rules(tmp_path: Path) -> Path:
 
     rules = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules)
-    (rules / "profiles.yaml").write_text("""\
+    (rules / "profiles.yaml").write_text(
+        """\
 cpu:
   device: cpu
   contexts:
@@ -171,11 +266,15 @@ cpu:
     pairs_per_block: 2
     min_blocks: 2
     time_budget_s: 600
-""" + _shipped_profile("gpu"))  # the spec pair below runs on the gpu profile: not this run's
+"""
+        + _shipped_profile("gpu")
+    )  # the spec pair below runs on the gpu profile: not this run's
     models = (rules / "models.yaml").read_text()
-    models = models.replace("    - registry: qwen2.5-coder-0.5b\n      sha256: "
-                            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32\n  gpu:",
-                            "    - shape: qwen2.5-0.5b\n  gpu:")
+    models = models.replace(
+        "    - registry: qwen2.5-coder-0.5b\n      sha256: "
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32\n  gpu:",
+        "    - shape: qwen2.5-0.5b\n  gpu:",
+    )
     (rules / "models.yaml").write_text(models.replace("spec:\n  profile: cpu", "spec:\n  profile: gpu"))
     return rules
 
@@ -185,34 +284,62 @@ def _shipped_profile(name: str) -> str:
     text = (ROOT / "rules" / "profiles.yaml").read_text()
     start = text.index(f"\n{name}:\n") + 1
     end = text.find("\n\n", start)
-    return text[start:] if end < 0 else text[start:end + 1]
+    return text[start:] if end < 0 else text[start : end + 1]
 
 
-LAYER_SKIP = ("\n\n_forward = Transformer.forward\n\n\n"
-              "def _skipping(self, ids, start, cache, last_only=False):  # 'early exit' for decode steps\n"
-              "    if ids.shape[1] > 1:\n"
-              "        return _forward(self, ids, start, cache, last_only)\n"
-              "    blocks = self.blocks\n"
-              "    self.blocks = blocks[:-1]\n"
-              "    try:\n"
-              "        return _forward(self, ids, start, cache, last_only)\n"
-              "    finally:\n"
-              "        self.blocks = blocks\n\n\n"
-              "Transformer.forward = _skipping\n")
+LAYER_SKIP = (
+    "\n\n_forward = Transformer.forward\n\n\n"
+    "def _skipping(self, ids, start, cache, last_only=False):  # 'early exit' for decode steps\n"
+    "    if ids.shape[1] > 1:\n"
+    "        return _forward(self, ids, start, cache, last_only)\n"
+    "    blocks = self.blocks\n"
+    "    self.blocks = blocks[:-1]\n"
+    "    try:\n"
+    "        return _forward(self, ids, start, cache, last_only)\n"
+    "    finally:\n"
+    "        self.blocks = blocks\n\n\n"
+    "Transformer.forward = _skipping\n"
+)
 
 
-@pytest.mark.parametrize(("edit", "shortcut"), [("\n# a comment: main against itself\n", False), (LAYER_SKIP, True)])
+@pytest.mark.parametrize(
+    ("edit", "shortcut"), [("\n# a comment: main against itself\n", False), (LAYER_SKIP, True)]
+)
 def test_random_weights_are_audited_by_main_and_a_layer_skip_fails(tmp_path, edit, shortcut):
     """Where the weights are random (the gpu profile) main's own engine is the reference: it scores the
     PR's timed tokens teacher-forced. A decode path that skips a layer fails; main against itself passes."""
     repo = _repo_with_branch(tmp_path, "engine/model.py", edit)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "evalbot", "evaluate", "--repo", str(repo), "--base", "main",
-                           "--head", "pr", "--out", str(out), "--work-dir", str(tmp_path / "work"), "--seed", "3",
-                           "--rules", str(_random_weight_rules(tmp_path)), "--no-accuracy"],
-                          capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evalbot",
+            "evaluate",
+            "--repo",
+            str(repo),
+            "--base",
+            "main",
+            "--head",
+            "pr",
+            "--out",
+            str(out),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--seed",
+            "3",
+            "--rules",
+            str(_random_weight_rules(tmp_path)),
+            "--no-accuracy",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     result = json.loads((out / "result.json").read_text())
-    audits = {a["side"]: {**a, "share": a["agreeing"] / a["tokens"]} for a in result["measurements"]["audits"]}
+    audits = {
+        a["side"]: {**a, "share": a["agreeing"] / a["tokens"]} for a in result["measurements"]["audits"]
+    }
     # the PR's checkout (the head merged into main) is gone; main's stays for the next evaluation
     prov = result["measurements"]["provenance"]
     left = {p.name for p in (tmp_path / "work" / "worktrees").iterdir() if p.is_dir()}

@@ -11,7 +11,10 @@ from evalbot.evaluate.exits import describe_exit, signal_name
 
 def test_a_signal_is_named_whether_reported_directly_or_as_128_plus_n():
     assert describe_exit(-signal.SIGILL) == "died of SIGILL, illegal instruction (exit code -4)"
-    assert describe_exit(128 + signal.SIGSEGV) == "died of SIGSEGV, segmentation fault (exit code 139 = 128 + 11)"
+    assert (
+        describe_exit(128 + signal.SIGSEGV)
+        == "died of SIGSEGV, segmentation fault (exit code 139 = 128 + 11)"
+    )
     assert signal_name(signal.SIGKILL) == "SIGKILL, killed"
 
 

@@ -82,8 +82,10 @@ class Run:
     @property
     def why(self) -> str:
         """What decided the outcome, for a failing assertion: the reasons, failures and stderr's tail."""
-        return (f"exit {self.code}, {self.verdict['status']}: {self.verdict['reasons']}; failures "
-                f"{self.measurements.get('failures')}; stderr ...{self.stderr[-1500:]}")
+        return (
+            f"exit {self.code}, {self.verdict['status']}: {self.verdict['reasons']}; failures "
+            f"{self.measurements.get('failures')}; stderr ...{self.stderr[-1500:]}"
+        )
 
     def failed_gates(self) -> list[dict]:
         return [g for g in self.verdict["gates"] if not g["passed"]]
@@ -92,8 +94,15 @@ class Run:
         return {e["context"]: e for e in self.verdict["estimates"] if e["metric"] == "decode_tps"}
 
 
-def write_rules(dest: Path, sha256: str, *, run_timeout_s: int = 60, max_output_mb: int = 64,
-                max_wait_s: float = 120, max_other_cores: float = 0.4) -> Path:
+def write_rules(
+    dest: Path,
+    sha256: str,
+    *,
+    run_timeout_s: int = 60,
+    max_output_mb: int = 64,
+    max_wait_s: float = 120,
+    max_other_cores: float = 0.4,
+) -> Path:
     """The shipped rules, with a cpu profile sized for the fixture and models.yaml naming its model."""
     dest.mkdir(parents=True)
     shipped = default_rules_dir()
@@ -191,7 +200,11 @@ def evaluate(
 
 def _box_busy(run: Run) -> bool:
     failures = run.measurements.get("failures") or []
-    return run.verdict["status"] == "INFRA_ERROR" and bool(failures) and all(f["stage"] == "box" for f in failures)
+    return (
+        run.verdict["status"] == "INFRA_ERROR"
+        and bool(failures)
+        and all(f["stage"] == "box" for f in failures)
+    )
 
 
 def _evaluate_once(lab: Lab, head: str, flags: tuple[str, ...], base: str, seed: int, rules_dir: Path | None,
@@ -379,7 +392,9 @@ def test_a_reference_that_dies_by_a_signal_is_infra_within_a_minute_naming_the_s
     assert "SIGILL, illegal instruction" in failure["message"] and "exit code -4" in failure["message"]
     assert "tilezero" in failure["log_tail"]
     assert "SIGILL, illegal instruction" in run.report and "tilezero" in run.report
-    assert run.measurements["throughput"] == [] and "head" not in run.measurements["provenance"]["engine_build"]
+    assert (
+        run.measurements["throughput"] == [] and "head" not in run.measurements["provenance"]["engine_build"]
+    )
 
 
 def test_a_pr_that_repoints_packaging_at_another_harness_is_never_run(lab: Lab):
@@ -409,7 +424,9 @@ def test_a_busy_box_gives_box_busy_and_a_quiet_one_a_verdict(lab: Lab):
     assert busy.code == 3 and busy.verdict["status"] == "INFRA_ERROR", busy.verdict
     [failure] = busy.measurements["failures"]
     assert failure["stage"] == "box" and failure["message"].startswith("box busy: ")
-    assert "evalbot-hog" in failure["message"] and "SECRET" not in busy.report and "api-key" not in busy.report
+    assert (
+        "evalbot-hog" in failure["message"] and "SECRET" not in busy.report and "api-key" not in busy.report
+    )
     assert busy.measurements["throughput"] == []  # no pair was measured on the busy box
     quiet = evaluate(lab, "speedup", "--no-spec", "--no-accuracy", rules_dir=rules_dir)
     assert quiet.measurements["failures"] == [] and quiet.verdict["status"] in ("PASS", "INCONCLUSIVE")
@@ -614,9 +631,13 @@ def test_a_fast_path_for_the_default_benchmark_prompt_gains_nothing_on_fresh_pro
     assert decode_tps() > 2 * decode_tps("--prompt-file", str(other_prompt))
     # Then evaluate it: evalbot draws fresh prompts, so the fast path never triggers.
     run = evaluate(lab, "prompt-tuned", "--no-spec", "--no-accuracy")
-    assert run.verdict["status"] in ("PASS", "REJECT", "INCONCLUSIVE") and run.verdict["tier"] is None, run.verdict
+    assert run.verdict["status"] in ("PASS", "REJECT", "INCONCLUSIVE") and run.verdict["tier"] is None, (
+        run.verdict
+    )
     for ctx, e in run.decode_estimates().items():  # the fast path, when it triggers, is > 2x (above)
-        assert e["n"] >= 5 and e["ratio"] < 1.5, f"ctx {ctx}: {e['ratio']:.3f}x (a shared box: 1.30x seen honest)"
+        assert e["n"] >= 5 and e["ratio"] < 1.5, (
+            f"ctx {ctx}: {e['ratio']:.3f}x (a shared box: 1.30x seen honest)"
+        )
 
 
 def test_a_head_that_never_finishes_is_killed_at_the_run_time_limit(lab: Lab):
@@ -677,8 +698,9 @@ def test_the_trusted_harness_comes_from_main_whatever_the_bots_working_directory
     run = evaluate(lab, "speedup", "--no-spec", "--no-accuracy", cwd=repo_root)
     # a harness taken from the working directory fails to import or judges the wrong code; noise on a
     # shared 2-core box can leave the 3x speedup unresolved (INCONCLUSIVE, measured again), never more
-    assert run.measurements["failures"] == [] and run.verdict["status"] in ("PASS", "INCONCLUSIVE"), \
+    assert run.measurements["failures"] == [] and run.verdict["status"] in ("PASS", "INCONCLUSIVE"), (
         run.verdict["reasons"]
+    )
     assert all(e["ratio"] > 1.5 for e in run.decode_estimates().values()), run.decode_estimates()
 
 
@@ -689,8 +711,9 @@ def test_an_engine_that_lies_about_its_own_speed_is_measured_as_it_is(lab: Lab, 
     run = evaluate(lab, branch, "--no-spec", "--no-accuracy")
     _assert_measured_honestly(run)
     if branch != "inflated-record":  # its serve summaries are honest: only a record it never prints lies
-        assert any("away from the harness's clock" in d for d in run.measurements["diagnostics"]), \
+        assert any("away from the harness's clock" in d for d in run.measurements["diagnostics"]), (
             run.measurements["diagnostics"]
+        )
 
 
 @pytest.mark.parametrize("branch", ["layer-skip", "layer-skip-long", "harness-detect"])
@@ -714,7 +737,9 @@ def test_tokens_computed_up_front_and_streamed_in_a_burst_gain_nothing(lab: Lab)
     run = evaluate(lab, "burst", "--no-spec", "--no-accuracy")
     assert run.code == 1 and run.verdict["status"] == "REJECT", run.verdict
     reasons = " ".join(run.verdict["reasons"])
-    assert "burst" in reasons or any(g["name"] == "no regression" and not g["passed"] for g in run.verdict["gates"])
+    assert "burst" in reasons or any(
+        g["name"] == "no regression" and not g["passed"] for g in run.verdict["gates"]
+    )
     assert run.verdict["tier"] is None
 
 
@@ -726,7 +751,9 @@ def test_a_busy_thread_in_the_head_cannot_slow_main(lab: Lab):
     # two spinning threads on a 2-core box halve main when they run; a shared CI box drifts ~10-20%
     for ctx, e in run.decode_estimates().items():
         base = control.decode_estimates()[ctx]["base_median"]
-        assert e["base_median"] > 0.7 * base, f"ctx {ctx}: main at {e['base_median']:.2f} tok/s, {base:.2f} before"
+        assert e["base_median"] > 0.7 * base, (
+            f"ctx {ctx}: main at {e['base_median']:.2f} tok/s, {base:.2f} before"
+        )
     _assert_no_fabricated_gain(run)
 
 

@@ -16,27 +16,39 @@ from evalbot.rules import default_rules_dir, load_rules
 RULES = load_rules(default_rules_dir())
 
 
-@pytest.mark.parametrize("path", [
-    "engine/cli.py",
-    "engine/cli/__init__.py",  # a package wins over cli.py at import
-    "engine/cli/anything.py",
-    "engine/cli.cpython-311-x86_64-linux-gnu.so",  # an extension module wins over cli.py
-    "engine/cli.abi3.so",
-    "engine/cli.pyc",
-    "engine/__pycache__/cli.cpython-311.pyc",
-    "engine/__init__.py",
-    "engine/__init__.cpython-311-x86_64-linux-gnu.so",
-    "engine/__main__.py",
-    "engine/protocol/__init__.py",
-    "engine/reference_build.py",
-    "engine/reference_llama.py",  # the reference's library: a PR must not change what scores it
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "engine/cli.py",
+        "engine/cli/__init__.py",  # a package wins over cli.py at import
+        "engine/cli/anything.py",
+        "engine/cli.cpython-311-x86_64-linux-gnu.so",  # an extension module wins over cli.py
+        "engine/cli.abi3.so",
+        "engine/cli.pyc",
+        "engine/__pycache__/cli.cpython-311.pyc",
+        "engine/__init__.py",
+        "engine/__init__.cpython-311-x86_64-linux-gnu.so",
+        "engine/__main__.py",
+        "engine/protocol/__init__.py",
+        "engine/reference_build.py",
+        "engine/reference_llama.py",  # the reference's library: a PR must not change what scores it
+    ],
+)
 def test_a_file_python_would_import_as_a_harness_module_is_sensitive(path):
     assert harness_hits([path], RULES) == (path,)
 
 
-@pytest.mark.parametrize("path", ["engine/model.py", "engine/client.py", "kernels/cli.py", "engine/ops.py",
-                                  "engine/cli_helpers.py", "docs/engine/cli.md"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "engine/model.py",
+        "engine/client.py",
+        "kernels/cli.py",
+        "engine/ops.py",
+        "engine/cli_helpers.py",
+        "docs/engine/cli.md",
+    ],
+)
 def test_ordinary_engine_files_are_not(path):
     assert harness_hits([path], RULES) == ()
 
@@ -59,21 +71,30 @@ def _venv(root: Path, files: dict[str, str]) -> Path:
 
 def test_the_built_harness_is_compared_byte_for_byte(tmp_path):
     modules = ("engine.__init__", "engine.cli", "engine.protocol")
-    main = {"engine/__init__.py": "", "engine/cli.py": "print('bench')\n", "engine/protocol.py": "SCHEMA = 1\n"}
+    main = {
+        "engine/__init__.py": "",
+        "engine/cli.py": "print('bench')\n",
+        "engine/protocol.py": "SCHEMA = 1\n",
+    }
     base = harness.harness_fingerprint(_venv(tmp_path / "base", main), modules)
-    assert base["modules"]["engine.cli"]["file"] == "engine/cli.py" and base["modules"]["engine.cli"]["sha256"]
+    assert (
+        base["modules"]["engine.cli"]["file"] == "engine/cli.py" and base["modules"]["engine.cli"]["sha256"]
+    )
     same = harness.harness_fingerprint(_venv(tmp_path / "same", main), modules)
     assert harness.harness_drift(base, same) == []
-    rigged = harness.harness_fingerprint(_venv(tmp_path / "rigged", {**main, "engine/cli.py": "print('3x')\n"}),
-                                         modules)
+    rigged = harness.harness_fingerprint(
+        _venv(tmp_path / "rigged", {**main, "engine/cli.py": "print('3x')\n"}), modules
+    )
     assert any("engine.cli" in d for d in harness.harness_drift(base, rigged))
-    package = harness.harness_fingerprint(_venv(tmp_path / "pkg", {**main, "engine/cli/__init__.py": "x = 1\n"}),
-                                          modules)
+    package = harness.harness_fingerprint(
+        _venv(tmp_path / "pkg", {**main, "engine/cli/__init__.py": "x = 1\n"}), modules
+    )
     assert any("engine/cli/__init__.py" in d for d in harness.harness_drift(base, package))
     pth = harness.harness_fingerprint(_venv(tmp_path / "pth", {**main, "boot.pth": "import os\n"}), modules)
     assert harness.harness_drift(base, pth) == ["start-up file boot.pth is new"]
-    custom = harness.harness_fingerprint(_venv(tmp_path / "custom", {**main, "sitecustomize.py": "x = 1\n"}),
-                                         modules)
+    custom = harness.harness_fingerprint(
+        _venv(tmp_path / "custom", {**main, "sitecustomize.py": "x = 1\n"}), modules
+    )
     assert "start-up file sitecustomize.py is new" in harness.harness_drift(base, custom)
 
 
@@ -100,10 +121,19 @@ def test_every_engine_module_the_reference_and_compare_import_is_a_harness_modul
                 names = [node.module] if node.module != "engine" else [f"engine.{a.name}" for a in node.names]
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names if a.name.startswith("engine.")]
-            missing += [(module, n) for n in names if n not in harness_set and n not in SHARED_BY_BOTH_SIDES
-                        and module in YARDSTICK]
+            missing += [
+                (module, n)
+                for n in names
+                if n not in harness_set and n not in SHARED_BY_BOTH_SIDES and module in YARDSTICK
+            ]
     assert missing == []
 
 
-YARDSTICK = ("engine.reference", "engine.reference_llama", "engine.reference_build", "engine.compare",
-             "engine.protocol", "engine.registry")
+YARDSTICK = (
+    "engine.reference",
+    "engine.reference_llama",
+    "engine.reference_build",
+    "engine.compare",
+    "engine.protocol",
+    "engine.registry",
+)

@@ -76,12 +76,27 @@ class Contest:
     def state(self):  # noqa: ANN201
         return self.double.state
 
-    def pull(self, number: int, gain: float | Exception | Measurements, *, files: dict | None = None,
-             author: str = "alice", pr_body: str | None = None, ci: str | None = "success",
-             message: str | None = None) -> None:
-        add_git_pull(self.state, self.repo, number, files or {f"engine/k{number}.py": f"speed = {number}\n"},
-                     author_login=author, author=(author.title(), f"{author}@example.com"), message=message,
-                     body=pr_body if pr_body is not None else body(gain if isinstance(gain, float) else 0.05))
+    def pull(
+        self,
+        number: int,
+        gain: float | Exception | Measurements,
+        *,
+        files: dict | None = None,
+        author: str = "alice",
+        pr_body: str | None = None,
+        ci: str | None = "success",
+        message: str | None = None,
+    ) -> None:
+        add_git_pull(
+            self.state,
+            self.repo,
+            number,
+            files or {f"engine/k{number}.py": f"speed = {number}\n"},
+            author_login=author,
+            author=(author.title(), f"{author}@example.com"),
+            message=message,
+            body=pr_body if pr_body is not None else body(gain if isinstance(gain, float) else 0.05),
+        )
         self.gains[number] = gain
         if ci is not None:
             self.ci(number, ci)
@@ -92,7 +107,9 @@ class Contest:
         self.state.complete_run(run.id, conclusion)
 
     def bot_comment(self, number: int) -> str | None:
-        return next((c.body for c in self.state.comments_on(number) if c.author == BOT and MARKER in c.body), None)
+        return next(
+            (c.body for c in self.state.comments_on(number) if c.author == BOT and MARKER in c.body), None
+        )
 
     def labels(self, number: int) -> set[str]:
         return set(self.state.pulls[number].labels)
@@ -104,10 +121,21 @@ def make_judgement(rules: Rules, pr: PullRequest, base_sha: str, head_sha: str, 
     if isinstance(what, Measurements):
         m = what
     else:
-        prov = Provenance(repo="contest/engine", base_sha=base_sha, head_sha=head_sha, measured_sha=head_sha,
-                          harness_sha=base_sha, rules_hash=rules.rules_hash, profile="cpu", pr=pr.number,
-                          title=pr.title, author=pr.author, model_sha256s={"m": "a" * 64},
-                          started_at="2026-12-01T00:00:00Z", finished_at="2026-12-01T00:10:00Z")
+        prov = Provenance(
+            repo="contest/engine",
+            base_sha=base_sha,
+            head_sha=head_sha,
+            measured_sha=head_sha,
+            harness_sha=base_sha,
+            rules_hash=rules.rules_hash,
+            profile="cpu",
+            pr=pr.number,
+            title=pr.title,
+            author=pr.author,
+            model_sha256s={"m": "a" * 64},
+            started_at="2026-12-01T00:00:00Z",
+            finished_at="2026-12-01T00:10:00Z",
+        )
         tps = tuple(ThroughputPairs("m", c, "decode_tps", pairs(what)) for c in (128, 512))
         m = Measurements(prov, throughput=tps, accuracy=(AccuracyResult("m", 128, 0.99, 0.001, 1.0),))
     v = decide(m, rules)
@@ -121,7 +149,9 @@ def contest(github_double, fake_clock, tmp_path) -> Contest:
     rules = replace(rules, rules_hash=rules_hash(rules))
     st = github_double.state
     st.add_workflow("ci.yml")
-    repo = BareRepo.create(tmp_path / "remote.git", {"engine/model.py": "x = 1\n", "README.md": "r\n"}, when=st.now)
+    repo = BareRepo.create(
+        tmp_path / "remote.git", {"engine/model.py": "x = 1\n", "README.md": "r\n"}, when=st.now
+    )
     st.clone_url = repo.url
     gh = PyGithubAdapter.from_token(github_double.repo, "ghp_test", base_url=github_double.base_url, pace=False,
                                     timeout=2.0, rng=random.Random(0), sleep=fake_clock.sleep,
@@ -133,8 +163,15 @@ def contest(github_double, fake_clock, tmp_path) -> Contest:
         c.calls.append((pr.number, base_sha, head_sha))
         return make_judgement(rules, pr, base_sha, head_sha, c.gains[pr.number])
 
-    c.bot = Bot(gh, store, rules, BotSettings(bot_login=BOT, automerge_env=True),
-                Mirror(repo.url, tmp_path / "mirror.git"), evaluator, lambda _m: None)
+    c.bot = Bot(
+        gh,
+        store,
+        rules,
+        BotSettings(bot_login=BOT, automerge_env=True),
+        Mirror(repo.url, tmp_path / "mirror.git"),
+        evaluator,
+        lambda _m: None,
+    )
     yield c
     store.close()
 
@@ -158,13 +195,24 @@ def test_a_record_with_5000_bad_fields_still_gives_a_comment_that_fits(contest):
     state stay small, the comment is posted, and the other PR is published in the same poll."""
     from evalbot.evaluate import schema
 
-    record = {"schema": "evalbot.engine/1", "command": "bench", **{f"field_{i:04d}": "x" * 80 for i in range(5000)}}
+    record = {
+        "schema": "evalbot.engine/1",
+        "command": "bench",
+        **{f"field_{i:04d}": "x" * 80 for i in range(5000)},
+    }
     with pytest.raises(schema.RecordError) as info:
         schema.parse_and_validate(__import__("json").dumps(record), "bench")
     failure = Failure(Side.HEAD, "schema", f"invalid `bench` record: {info.value}", "tail\n" * 100_000)
     assert len(failure.message) <= 2000 and len(failure.log_tail) <= 8000
-    prov = Provenance(repo="contest/engine", base_sha="a" * 40, head_sha="b" * 40, harness_sha="a" * 40,
-                      rules_hash=contest.rules.rules_hash, profile="cpu", pr=1)
+    prov = Provenance(
+        repo="contest/engine",
+        base_sha="a" * 40,
+        head_sha="b" * 40,
+        harness_sha="a" * 40,
+        rules_hash=contest.rules.rules_hash,
+        profile="cpu",
+        pr=1,
+    )
     contest.pull(1, Measurements(prov, failures=(failure,) * 30))
     contest.pull(2, 0.05)
     report = contest.bot.poll_once()
@@ -228,8 +276,13 @@ def test_a_file_name_that_is_not_utf8_in_main_does_not_stop_the_poll(contest, tm
     """main gains a file whose name is not UTF-8 (the copycat screen lists main's files)."""
     from evalbot.copycat.screen import CopycatScreen
 
-    contest.repo.commit("main", {"engine/\udcffbad.py": b"x = 1\n"}, "odd name", author=("M", "m@e.com"),
-                        when=contest.state.tick())
+    contest.repo.commit(
+        "main",
+        {"engine/\udcffbad.py": b"x = 1\n"},
+        "odd name",
+        author=("M", "m@e.com"),
+        when=contest.state.tick(),
+    )
     contest.state.refs["main"] = contest.repo.rev("main")
     contest.bot.screen = CopycatScreen(contest.store, contest.rules, contest.bot.mirror.path)
     contest.pull(1, 0.05)
@@ -290,8 +343,13 @@ def test_main_moving_between_measurement_and_merge_means_measure_again(contest, 
     real = Bot._maybe_merge
 
     def main_moves_first(self, pr, rec):  # noqa: ANN001, ANN202
-        contest.repo.commit("main", {"README.md": "moved\n"}, "maintainer push", author=("M", "m@e.com"),
-                            when=contest.state.tick())
+        contest.repo.commit(
+            "main",
+            {"README.md": "moved\n"},
+            "maintainer push",
+            author=("M", "m@e.com"),
+            when=contest.state.tick(),
+        )
         contest.state.refs["main"] = contest.repo.rev("main")
         return real(self, pr, rec)
 
@@ -350,8 +408,9 @@ def test_a_pr_that_changes_the_tests_waits_for_a_maintainer(contest):
     report = contest.bot.poll_once()
     assert not contest.state.pulls[1].merged
     assert any("maintainer-approved" in n for n in report.notes), report.notes
-    assert "Needs a maintainer before it merges" in contest.bot_comment(1) and "tests/test\\_speed.py" in \
-        contest.bot_comment(1)
+    assert "Needs a maintainer before it merges" in contest.bot_comment(
+        1
+    ) and "tests/test\\_speed.py" in contest.bot_comment(1)
     contest.state.pulls[1].labels.append("maintainer-approved")  # a maintainer looked at the test change
     assert contest.bot.poll_once().merged == [1]
 
@@ -424,7 +483,9 @@ def test_a_clear_exempts_one_head_only(contest):
 
 def test_co_authored_by_trailers_count_for_the_blocklist(contest):
     contest.store.block("mallory", "copied three PRs", "maintainer")
-    contest.pull(1, 0.30, message="Faster decode\n\nCo-authored-by: M <12345+mallory@users.noreply.github.com>")
+    contest.pull(
+        1, 0.30, message="Faster decode\n\nCo-authored-by: M <12345+mallory@users.noreply.github.com>"
+    )
     contest.pull(2, 0.30, author="bob", message="Faster\n\nCo-authored-by: mallory <m@example.com>")
     contest.bot.poll_once()
     assert contest.state.pulls[1].state == "closed" and contest.state.pulls[2].state == "closed"

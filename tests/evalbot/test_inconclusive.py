@@ -30,16 +30,29 @@ def _measure(rng: random.Random, noise: float, gain: float) -> tuple[tuple[float
         base = 10.0 * math.exp(rng.gauss(0, 0.01))  # drift both sides share
         return base, base * (1 + gain) * math.exp(rng.gauss(0, noise))
 
-    return stats.run_adaptive(pair, target_half_width=m.ci_half_width, min_pairs=m.min_pairs,
-                              max_pairs=m.max_pairs).pairs
+    return stats.run_adaptive(
+        pair, target_half_width=m.ci_half_width, min_pairs=m.min_pairs, max_pairs=m.max_pairs
+    ).pairs
 
 
 def _evaluation(rng: random.Random, noise: float, gain: float = 0.0) -> Measurements:
-    prov = Provenance(repo="r", base_sha="a" * 40, head_sha="b" * 40, harness_sha="a" * 40,
-                      rules_hash=RULES.rules_hash, profile="cpu")
-    tps = tuple(ThroughputPairs("m", c.ctx, "decode_tps", _measure(rng, noise, gain), guarded=c.guarded,
-                                scored=c.scored) for c in CPU.contexts)
-    return Measurements(provenance=prov, throughput=tps, accuracy=(AccuracyResult("m", 128, 0.99, 0.001, 1.0),))
+    prov = Provenance(
+        repo="r",
+        base_sha="a" * 40,
+        head_sha="b" * 40,
+        harness_sha="a" * 40,
+        rules_hash=RULES.rules_hash,
+        profile="cpu",
+    )
+    tps = tuple(
+        ThroughputPairs(
+            "m", c.ctx, "decode_tps", _measure(rng, noise, gain), guarded=c.guarded, scored=c.scored
+        )
+        for c in CPU.contexts
+    )
+    return Measurements(
+        provenance=prov, throughput=tps, accuracy=(AccuracyResult("m", 128, 0.99, 0.001, 1.0),)
+    )
 
 
 @pytest.mark.parametrize("noise", [0.005, 0.01, 0.02, 0.03, 0.05, 0.15])
@@ -73,8 +86,9 @@ def test_inconclusive_is_infra_class_with_its_own_label():
 
 def test_a_correctness_failure_still_rejects_on_a_noisy_box():
     m = _evaluation(random.Random(4), 0.08)
-    m = Measurements(provenance=m.provenance, throughput=m.throughput,
-                     accuracy=(AccuracyResult("m", 128, 0.5, 0.9, 3.0),))
+    m = Measurements(
+        provenance=m.provenance, throughput=m.throughput, accuracy=(AccuracyResult("m", 128, 0.5, 0.9, 3.0),)
+    )
     v = decide(m, RULES)
     assert v.status is Status.REJECT and RULES.labels.accuracy_fail in v.labels_add
 
@@ -105,13 +119,20 @@ def test_a_regression_read_too_imprecisely_to_stand_is_inconclusive_not_a_reject
 def _fixed(ctx: int, ratio: float, sd: float, n: int = 12) -> ThroughputPairs:
     """n pairs whose log-ratios have exactly this mean and sample sd (alternating +-)."""
     d = [math.log(ratio) + sd * (1 if i % 2 else -1) * math.sqrt((n - 1) / n) for i in range(n)]
-    return ThroughputPairs("m", ctx, "decode_tps", tuple((10.0, 10.0 * math.exp(x)) for x in d), guarded=True,
-                           scored=True)
+    return ThroughputPairs(
+        "m", ctx, "decode_tps", tuple((10.0, 10.0 * math.exp(x)) for x in d), guarded=True, scored=True
+    )
 
 
 def _decide(*tps: ThroughputPairs, rules: Rules = RULES):
-    prov = Provenance(repo="r", base_sha="a" * 40, head_sha="b" * 40, harness_sha="a" * 40,
-                      rules_hash=rules.rules_hash, profile="cpu")
+    prov = Provenance(
+        repo="r",
+        base_sha="a" * 40,
+        head_sha="b" * 40,
+        harness_sha="a" * 40,
+        rules_hash=rules.rules_hash,
+        profile="cpu",
+    )
     return decide(Measurements(provenance=prov, throughput=tps), rules)
 
 

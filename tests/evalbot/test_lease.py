@@ -38,7 +38,11 @@ def aliases(tmp_path: Path) -> tuple[Path, Path, Path]:
     real = tmp_path / "state" / "state.db"
     real.parent.mkdir()
     (tmp_path / "link").symlink_to(real.parent)
-    return real, tmp_path / "link" / "state.db", Path(os.path.relpath(real.parent, Path.cwd())) / "." / "state.db"
+    return (
+        real,
+        tmp_path / "link" / "state.db",
+        Path(os.path.relpath(real.parent, Path.cwd())) / "." / "state.db",
+    )
 
 
 def test_a_second_owner_is_refused_by_any_name_of_the_file(tmp_path):
@@ -46,8 +50,11 @@ def test_a_second_owner_is_refused_by_any_name_of_the_file(tmp_path):
     with Store(real) as a, Store(linked) as b, Store(dotted) as c:
         a.acquire_lease("host-a:1:aaaaaa", 60)
         for other in (b, c):
-            with pytest.raises(LeaseHeldError, match=r"held by host-a:1:aaaaaa \(since .*heartbeat 0 s ago, "
-                                                     r"lapses in 60 s\)") as err:
+            with pytest.raises(
+                LeaseHeldError,
+                match=r"held by host-a:1:aaaaaa \(since .*heartbeat 0 s ago, "
+                r"lapses in 60 s\)",
+            ) as err:
                 other.acquire_lease("host-b:2:bbbbbb", 60)
             assert err.value.holder.owner == "host-a:1:aaaaaa"
         assert a.acquire_lease("host-a:1:aaaaaa", 60).owner == "host-a:1:aaaaaa"  # its own: a renewal
@@ -99,7 +106,9 @@ def test_a_holder_whose_lease_was_taken_over_learns_it_and_stops(tmp_path):
 
 
 def test_owner_gone_only_for_a_dead_process_of_this_host():
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     me = worker_id()
     host = me.split(":")[0]
     assert owner_gone(f"{host}:{dead.stdout.strip()}:abcdef")
@@ -110,19 +119,37 @@ def test_owner_gone_only_for_a_dead_process_of_this_host():
 def test_the_cli_refuses_a_second_poller_naming_the_holder_before_any_poll(tmp_path):
     real, linked, _ = aliases(tmp_path)
     env = {**os.environ, "GITHUB_TOKEN": "ghp_x", "PYTHONDONTWRITEBYTECODE": "1"}
-    argv = [sys.executable, "-m", "evalbot", "poll", "--once", "--repo", "o/r", "--api-url", "http://127.0.0.1:9",
-            "--bot-login", "evalbot", "--state", str(linked)]  # the login given: no request before the lease
+    argv = [
+        sys.executable,
+        "-m",
+        "evalbot",
+        "poll",
+        "--once",
+        "--repo",
+        "o/r",
+        "--api-url",
+        "http://127.0.0.1:9",
+        "--bot-login",
+        "evalbot",
+        "--state",
+        str(linked),
+    ]  # the login given: no request before the lease
     with Store(real) as store:
         store.acquire_lease(worker_id(), 60)  # this (live) process holds it
         t0 = time.monotonic()
-        proc = subprocess.run([*argv, "--wait", "2"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+        proc = subprocess.run(
+            [*argv, "--wait", "2"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+        )
         waited = time.monotonic() - t0
-        assert proc.returncode != 0 and "held by" in proc.stderr and str(os.getpid()) in proc.stderr, proc.stderr
+        assert proc.returncode != 0 and "held by" in proc.stderr and str(os.getpid()) in proc.stderr, (
+            proc.stderr
+        )
         assert "waiting for the store's poller lease" in proc.stderr and waited >= 2
         assert "GitHub" not in proc.stderr  # refused before any request (the API's address is unreachable)
         # a holder that died on this host: taken over at once (the poll then fails on the unreachable API)
-        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True).stdout.strip()
+        dead = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+        ).stdout.strip()
         store.acquire_lease(f"{worker_id().split(':')[0]}:{dead}:dead00", 60, gone=lambda _o: True)
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
         assert "held by" not in proc.stderr, proc.stderr
@@ -164,7 +191,9 @@ def test_two_bots_on_one_store_never_evaluate_or_comment_twice(tmp_path, rules):
                 refused.append(str(err.value))
                 assert len(st.requests) == requests  # it asked GitHub nothing
                 claimed = store2.evaluations(pr=1, state="claimed")
-                assert [r.claimed_by for r in claimed] == ["host-a:1:aaaaaa"]  # the live claim stays the first's
+                assert [r.claimed_by for r in claimed] == [
+                    "host-a:1:aaaaaa"
+                ]  # the live claim stays the first's
                 store2.close()
             return honest(pr, *a)
 

@@ -63,7 +63,9 @@ def test_the_store_is_the_source_and_the_file_its_export(tmp_path: Path, remote:
         assert logins(parse_blocked(read_ledgers(remote)[BLOCKED_PATH])) == ["mallory"]
 
         # a maintainer adds a line by hand: the next poll blocks in the store, and keeps the line
-        commit_ledgers(remote, {BLOCKED_PATH: read_ledgers(remote)[BLOCKED_PATH] + "eve  # sock puppet\n"}, "hand")
+        commit_ledgers(
+            remote, {BLOCKED_PATH: read_ledgers(remote)[BLOCKED_PATH] + "eve  # sock puppet\n"}, "hand"
+        )
         book.begin_poll()
         book.sync_blocked()
         assert book.blocked() == {"eve", "mallory"}

@@ -68,13 +68,13 @@ Fixes #12.
 """
 
 
-
 def said(d) -> str:  # noqa: ANN001
     """What the PR is told: a rule's (or intake's) prose rendered by its templates."""
     from evalbot.render import render_prose
 
     c = d.comment
     return render_prose(c if isinstance(c, tuple) else (c,) if c is not None else ())
+
 
 @pytest.fixture(scope="module")
 def rules():
@@ -578,7 +578,9 @@ class TestIntake:
         pr = make_pr(labels=("stale", "needs-benchmark", "perf:S", "area:kernels", "area:engine"))
         d = intake(pr, rules, context(last_push_at="2026-11-30T08:00:00Z"))
         assert d.labels_add == () and d.labels_remove == ("area:engine", "needs-benchmark", "stale")
-        assert "perf:S" not in rules.owned(LabelFamily.INTAKE) and "flagged:gaming" not in rules.owned(LabelFamily.INTAKE)
+        assert "perf:S" not in rules.owned(LabelFamily.INTAKE) and "flagged:gaming" not in rules.owned(
+            LabelFamily.INTAKE
+        )
 
     def test_same_state_twice_changes_no_labels(self, rules):
         pr = make_pr(body=PLACEHOLDER_BODY)

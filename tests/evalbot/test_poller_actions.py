@@ -48,7 +48,9 @@ def rules():
 def test_dispatched_evaluations_are_published_only_when_verified(github_double, fake_clock, rules, tmp_path):
     st = github_double.state
     st.add_workflow(WORKFLOW, run_name=RUN_NAME)
-    repo = BareRepo.create(tmp_path / "remote.git", {"engine/model.py": "x = 1\n", "README.md": "r\n"}, when=st.now)
+    repo = BareRepo.create(
+        tmp_path / "remote.git", {"engine/model.py": "x = 1\n", "README.md": "r\n"}, when=st.now
+    )
     st.clone_url = repo.url
     add_git_pull(st, repo, 1, {"engine/model.py": "x = 2  # faster\n"}, author_login="alice", body=BODY)
     add_git_pull(st, repo, 2, {"README.md": "r\nfaster docs\n"}, author_login="bob", body=BODY)
@@ -62,11 +64,15 @@ def test_dispatched_evaluations_are_published_only_when_verified(github_double, 
 
     with Store(tmp_path / "state.db") as store:
         settings = BotSettings(bot_login=BOT, work_dir=tmp_path / "work")
-        bot = Bot(gh, store, rules, settings, Mirror(repo.url, tmp_path / "mirror.git"), no_local_runs, log.append)
+        bot = Bot(
+            gh, store, rules, settings, Mirror(repo.url, tmp_path / "mirror.git"), no_local_runs, log.append
+        )
         first = bot.poll_once()
         assert sum("dispatched to the runner pool" in n for n in first.notes) == 2, first
         runs = {r.inputs["pr"]: r for r in st.runs.values()}
-        assert set(runs) == {"1", "2"} and all(r.inputs["base_sha"] == repo.rev("main") for r in runs.values())
+        assert set(runs) == {"1", "2"} and all(
+            r.inputs["base_sha"] == repo.rev("main") for r in runs.values()
+        )
 
         # box-1 answers #1 honestly; a rogue box answers #2 with a verdict signed by a key nobody listed
         main = repo.rev("main")

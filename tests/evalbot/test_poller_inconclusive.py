@@ -35,16 +35,27 @@ def test_an_inconclusive_evaluation_is_measured_again_and_never_merged(github_do
 
     def noisy_box(pr, path, base_sha, head_sha):  # noqa: ANN001, ANN202
         calls.append(head_sha)
-        prov = Provenance(repo=str(path), base_sha=base_sha, head_sha=head_sha, harness_sha=base_sha,
-                          rules_hash=rules.rules_hash, profile="cpu", pr=pr.number)
-        m = Measurements(prov, throughput=tuple(ThroughputPairs("m", c, "decode_tps", NOISY) for c in (128, 512)))
+        prov = Provenance(
+            repo=str(path),
+            base_sha=base_sha,
+            head_sha=head_sha,
+            harness_sha=base_sha,
+            rules_hash=rules.rules_hash,
+            profile="cpu",
+            pr=pr.number,
+        )
+        m = Measurements(
+            prov, throughput=tuple(ThroughputPairs("m", c, "decode_tps", NOISY) for c in (128, 512))
+        )
         v = decide(m, rules)
         assert v.status is Status.INCONCLUSIVE
         return Judgement(m, v, {"unsigned": True})
 
     with Store(tmp_path / "state.db") as store:
         settings = BotSettings(bot_login=BOT, automerge_env=True)
-        bot = Bot(gh, store, rules, settings, Mirror(repo.url, tmp_path / "mirror.git"), noisy_box, lambda _m: None)
+        bot = Bot(
+            gh, store, rules, settings, Mirror(repo.url, tmp_path / "mirror.git"), noisy_box, lambda _m: None
+        )
         report = bot.poll_once()
         assert len(calls) == DEFAULT_MAX_ATTEMPTS  # measured again, within the attempt limit
         assert sum("queued again" in n for n in report.notes) == DEFAULT_MAX_ATTEMPTS - 1

@@ -112,8 +112,13 @@ def test_apply_acts_on_one_decision_once_and_never_takes_off_a_protected_label(g
     pull = github_double.state.add_pull(3, labels=["copycat-warn", "copycat", "keep-me"])
     pub = publisher(gh, store)
     pr = gh.get_pull(3)
-    decision = Decision(("copycat",), ("copycat", "copycat-warn"), False,
-                        Notice("screen", "copycat", ("90% of this PR's code is in #1 <script>",)), close="copycat")
+    decision = Decision(
+        ("copycat",),
+        ("copycat", "copycat-warn"),
+        False,
+        Notice("screen", "copycat", ("90% of this PR's code is in #1 <script>",)),
+        close="copycat",
+    )
     after = pub.apply(pr, decision, pr.labels, protected={"copycat-warn"})  # a maintainer's label stays
     assert after == {"copycat", "copycat-warn", "keep-me"} and set(gh.get_pull(3).labels) == after
     assert gh.get_pull(3).state == "closed"

@@ -325,10 +325,17 @@ def case_pass_injection():
 
 NOISY_128 = [(40.1, 44.9), (43.2, 41.0), (39.8, 42.6), (44.0, 42.2), (41.5, 44.8), (42.9, 41.7)]
 NOISY_512 = [(36.0, 37.9), (37.5, 36.2), (35.1, 37.4), (37.9, 36.8), (36.2, 38.8), (37.0, 36.1)]
-REFERENCE = {"engine": "llama.cpp", "cached": False, "llama_cpp_python": "0.3.36", "pinned_version": "0.3.36",
-             "cmake_args": "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF",
-             "build_key": "0123456789ab", "libs": {"libggml-cpu.so": "e" * 64}, "lib_sha256": "e" * 64,
-             "features": ["AVX", "AVX2", "F16C", "FMA"]}
+REFERENCE = {
+    "engine": "llama.cpp",
+    "cached": False,
+    "llama_cpp_python": "0.3.36",
+    "pinned_version": "0.3.36",
+    "cmake_args": "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF",
+    "build_key": "0123456789ab",
+    "libs": {"libggml-cpu.so": "e" * 64},
+    "lib_sha256": "e" * 64,
+    "features": ["AVX", "AVX2", "F16C", "FMA"],
+}
 
 
 def case_inconclusive_noisy_box():
@@ -337,13 +344,29 @@ def case_inconclusive_noisy_box():
     from evalbot.rules import default_rules_dir, load_rules
     from evalbot.verdict.decide import decide
 
-    samples = tuple({"model": MODEL, "context": ctx, "pair": i + 1, "at": f"2025-03-01T12:0{i}:00Z",
-                     "load1": 1.1 + 0.1 * i, "other_cores": 0.02 * i, "during_other_cores": 0.05 + 0.01 * i,
-                     "waited_s": 0.0 if i else 31.5, "others_top": ["kworker/0:1 0.01"]}
-                    for ctx in (128, 512) for i in range(6))
+    samples = tuple(
+        {
+            "model": MODEL,
+            "context": ctx,
+            "pair": i + 1,
+            "at": f"2025-03-01T12:0{i}:00Z",
+            "load1": 1.1 + 0.1 * i,
+            "other_cores": 0.02 * i,
+            "during_other_cores": 0.05 + 0.01 * i,
+            "waited_s": 0.0 if i else 31.5,
+            "others_top": ["kworker/0:1 0.01"],
+        }
+        for ctx in (128, 512)
+        for i in range(6)
+    )
     m = Measurements(
-        provenance=_provenance(pr=73, title="Unroll the dequant loop", author="dave", branch="unroll",
-                               reference={MODEL: REFERENCE}),
+        provenance=_provenance(
+            pr=73,
+            title="Unroll the dequant loop",
+            author="dave",
+            branch="unroll",
+            reference={MODEL: REFERENCE},
+        ),
         throughput=(_throughput(128, NOISY_128), _throughput(512, NOISY_512)),
         accuracy=(AccuracyResult(MODEL, 128, 0.984, 0.0021, 1.004, 0.984, 0.0021),),
         reproduce=_reproduce(73),
@@ -588,8 +611,10 @@ def test_box_summary_gives_the_ranges_across_pairs():
     assert box_summary(()) == ""
     cpu = ({"load1": 0.8, "at": "t"}, {"load1": 1.4}, {"load1": None})
     assert box_summary(cpu) == "3 samples, load 0.8–1.4"
-    gpu = ({"load1": 1.0, "gpu_clock_sm": "1980 MHz", "gpu_temp": "41"}, {"load1": 1.0, "gpu_clock_sm": "1755 MHz",
-           "gpu_temp": "44"})
+    gpu = (
+        {"load1": 1.0, "gpu_clock_sm": "1980 MHz", "gpu_temp": "41"},
+        {"load1": 1.0, "gpu_clock_sm": "1755 MHz", "gpu_temp": "44"},
+    )
     assert box_summary(gpu) == "2 samples, load 1, GPU SM clock 1755–1980, GPU 41–44 °C"
 
 
@@ -616,11 +641,16 @@ def test_every_rules_prose_has_its_template_and_escapes_what_a_contributor_wrote
         Prose.of("sensitive_paths", paths=("evalbot/x.py", hostile), more=3),
         Prose.of("exhausted", count=4, limit=3),
         Prose.of("stale", days=40),
-        Prose.of("benchmark_needed", why=hostile, commands=("python -m engine bench --ctx 512",), required=True),
+        Prose.of(
+            "benchmark_needed", why=hostile, commands=("python -m engine bench --ctx 512",), required=True
+        ),
         Prose.of("infra", reason=hostile),
     ]
     used = {p.template for p in samples}
-    shipped = {f.name.removesuffix(".md.j2") for f in (Path(__file__).parents[2] / "evalbot/templates/notices").iterdir()}
+    shipped = {
+        f.name.removesuffix(".md.j2")
+        for f in (Path(__file__).parents[2] / "evalbot/templates/notices").iterdir()
+    }
     assert used == shipped
     for p in samples:
         text = render_prose((p,))

@@ -157,7 +157,9 @@ class TestRankRound:
         assert [(d.pr, d.role) for d in r.decisions] == [(1, MERGE_FIRST), (2, OUT), (3, OUT), (4, OUT)]
         assert r.decision(2).reason == "not a contender: the verdict is REJECT"
         assert r.decision(4).reason == "not a contender: no scored decode estimate"
-        assert r.decision(2).labels_add == () and set(r.decision(2).labels_remove) == rules.owned(LabelFamily.ROUND)
+        assert r.decision(2).labels_add == () and set(r.decision(2).labels_remove) == rules.owned(
+            LabelFamily.ROUND
+        )
 
     def test_measured_against_an_old_main_must_be_re_evaluated(self, rules):
         r = rank_round([contender(1, 1.03), contender(2, 1.2, base=OLD_MAIN)], MAIN, rules)

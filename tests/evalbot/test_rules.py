@@ -595,10 +595,19 @@ def test_label_families_are_declared_once_and_never_overlap_where_two_producers_
 
     rules = load_rules(default_rules_dir())
     fam = {f: rules.owned(f) for f in LabelFamily}
-    setters = (LabelFamily.VERDICT, LabelFamily.ROUND, LabelFamily.INTAKE, LabelFamily.SCREEN, LabelFamily.CLAIM)
+    setters = (
+        LabelFamily.VERDICT,
+        LabelFamily.ROUND,
+        LabelFamily.INTAKE,
+        LabelFamily.SCREEN,
+        LabelFamily.CLAIM,
+    )
     for i, a in enumerate(setters):
-        for b in setters[i + 1:]:
+        for b in setters[i + 1 :]:
             assert not fam[a] & fam[b], (a, b, fam[a] & fam[b])
-    assert fam[LabelFamily.SCREEN] <= fam[LabelFamily.PROTECTED] and rules.labels.hold in fam[LabelFamily.PROTECTED]
+    assert (
+        fam[LabelFamily.SCREEN] <= fam[LabelFamily.PROTECTED]
+        and rules.labels.hold in fam[LabelFamily.PROTECTED]
+    )
     assert fam[LabelFamily.CLEARED] - fam[LabelFamily.PROTECTED] == {rules.labels.exhausted}
     assert {t.label for t in rules.tiers} <= fam[LabelFamily.VERDICT]

@@ -22,34 +22,52 @@ PY = sys.executable
 
 
 def _spec(tmp: Path, cap: int = 1 << 20) -> sandbox.SandboxSpec:
-    return sandbox.SandboxSpec(ro_binds=(), scratch=tmp, workdir=tmp, env={"PATH": os.environ["PATH"]},
-                               limits=sandbox.Limits(max_output_bytes=cap, timeout_s=60))
+    return sandbox.SandboxSpec(
+        ro_binds=(),
+        scratch=tmp,
+        workdir=tmp,
+        env={"PATH": os.environ["PATH"]},
+        limits=sandbox.Limits(max_output_bytes=cap, timeout_s=60),
+    )
 
 
 def _fake(tmp: Path, body: str, cap: int = 1 << 20) -> served.ServedProcess:
     script = tmp / "fake.py"
-    script.write_text(textwrap.dedent('''
+    script.write_text(
+        textwrap.dedent("""
         import json, sys, threading, time
         def send(o):
             sys.stdout.write(json.dumps(o) + "\\n"); sys.stdout.flush()
         send({"event": "ready", "protocol": "evalbot.serve/1", "config": {"vocab_size": 100}})
-    ''') + textwrap.dedent(body))
+    """)
+        + textwrap.dedent(body)
+    )
     return served.ServedProcess.start("fake", _spec(tmp, cap), [PY, str(script)], no_sandbox=True)
 
 
 @pytest.fixture(scope="module")
 def fixture_model(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("fx-cache")
-    proc = subprocess.run([PY, "-m", "engine.registry", "fetch", fb.MODEL_NAME], cwd=fb.TEMPLATE, capture_output=True,
-                          text=True, check=True, env={**os.environ, "XDG_CACHE_HOME": str(cache)})
+    proc = subprocess.run(
+        [PY, "-m", "engine.registry", "fetch", fb.MODEL_NAME],
+        cwd=fb.TEMPLATE,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "XDG_CACHE_HOME": str(cache)},
+    )
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
 def test_the_harness_times_a_real_serving_engine(tmp_path, fixture_model):
     argv = [PY, "-m", "engine", "serve", "--model", str(fixture_model), "--max-seq", "200"]
-    spec = sandbox.SandboxSpec(ro_binds=(fb.TEMPLATE,), scratch=tmp_path, workdir=fb.TEMPLATE,
-                               env={"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1"},
-                               limits=sandbox.Limits(timeout_s=60))
+    spec = sandbox.SandboxSpec(
+        ro_binds=(fb.TEMPLATE,),
+        scratch=tmp_path,
+        workdir=fb.TEMPLATE,
+        env={"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1"},
+        limits=sandbox.Limits(timeout_s=60),
+    )
     p = served.ServedProcess.start("fixture", spec, argv, no_sandbox=True)
     try:
         ready = p.wait_ready(30)
@@ -69,16 +87,26 @@ def test_the_harness_times_a_real_serving_engine(tmp_path, fixture_model):
         p.close()
 
 
-@pytest.mark.parametrize(("body", "stage", "words"), [
-    ('print("plain text, not the protocol", flush=True)\ntime.sleep(30)', "protocol", "not the protocol"),
-    ('send([1, 2])\ntime.sleep(30)', "protocol", "not an object"),
-    ('sys.stderr.write("x" * 4096 * 1024); sys.stderr.flush()\ntime.sleep(30)', "output", "stopped"),
-    ('time.sleep(30)', "timeout", "no answer within"),
-    ('sys.exit(7)', "run", "exited with code 7"),
-    ('line = sys.stdin.readline(); send({"id": "someone-else", "tok": 1})\ntime.sleep(30)', "serve", "a line for"),
-    ('line = sys.stdin.readline(); send({"id": json.loads(line)["id"], "tok": 100})\ntime.sleep(30)', "serve",
-     "not a token line"),
-])
+@pytest.mark.parametrize(
+    ("body", "stage", "words"),
+    [
+        ('print("plain text, not the protocol", flush=True)\ntime.sleep(30)', "protocol", "not the protocol"),
+        ("send([1, 2])\ntime.sleep(30)", "protocol", "not an object"),
+        ('sys.stderr.write("x" * 4096 * 1024); sys.stderr.flush()\ntime.sleep(30)', "output", "stopped"),
+        ("time.sleep(30)", "timeout", "no answer within"),
+        ("sys.exit(7)", "run", "exited with code 7"),
+        (
+            'line = sys.stdin.readline(); send({"id": "someone-else", "tok": 1})\ntime.sleep(30)',
+            "serve",
+            "a line for",
+        ),
+        (
+            'line = sys.stdin.readline(); send({"id": json.loads(line)["id"], "tok": 100})\ntime.sleep(30)',
+            "serve",
+            "not a token line",
+        ),
+    ],
+)
 def test_a_misbehaving_server_is_stopped_with_the_reason(tmp_path, body, stage, words):
     p = _fake(tmp_path, body)
     try:
@@ -91,14 +119,14 @@ def test_a_misbehaving_server_is_stopped_with_the_reason(tmp_path, body, stage, 
     assert p.proc.poll() is not None
 
 
-BUSY = '''
+BUSY = """
 def spin():
     while True:
         pass
 for _ in range(2):
     threading.Thread(target=spin, daemon=True).start()
 time.sleep(60)
-'''
+"""
 
 
 def test_a_frozen_side_uses_no_cpu_and_resumes_when_thawed(tmp_path):
@@ -120,9 +148,12 @@ def test_run_alone_freezes_every_other_side_while_one_is_timed(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     a = _fake(tmp_path / "a", BUSY)
-    b = _fake(tmp_path / "b", 'line = sys.stdin.readline(); rid = json.loads(line)["id"]\n'
-                              'send({"id": rid, "tok": 1}); send({"id": rid, "tok": 2})\n'
-                              'send({"id": rid, "event": "done", "n": 2})\ntime.sleep(60)')
+    b = _fake(
+        tmp_path / "b",
+        'line = sys.stdin.readline(); rid = json.loads(line)["id"]\n'
+        'send({"id": rid, "tok": 1}); send({"id": rid, "tok": 2})\n'
+        'send({"id": rid, "event": "done", "n": 2})\ntime.sleep(60)',
+    )
     try:
         a.wait_ready(10)
         b.wait_ready(10)
@@ -141,8 +172,14 @@ def test_run_alone_freezes_every_other_side_while_one_is_timed(tmp_path):
 
 def _timed(n: int, gap_ns: int, first_after_ns: int = 1_000_000) -> served.Timed:
     arrivals = tuple(first_after_ns + i * gap_ns for i in range(n))
-    return served.Timed({"op": "generate"}, 0, tuple(range(n)), arrivals, tuple((i,) for i in range(n)),
-                        {"n": n, "timings": {"decode_s": 0.001}})
+    return served.Timed(
+        {"op": "generate"},
+        0,
+        tuple(range(n)),
+        arrivals,
+        tuple((i,) for i in range(n)),
+        {"n": n, "timings": {"decode_s": 0.001}},
+    )
 
 
 def test_tokens_streamed_in_a_burst_are_refused_and_burst_time_counts_as_prefill():
@@ -157,8 +194,9 @@ def test_tokens_streamed_in_a_burst_are_refused_and_burst_time_counts_as_prefill
 
 
 def test_a_side_that_streams_fewer_or_grouped_tokens_is_refused():
-    grouped = served.Timed({"op": "generate"}, 0, tuple(range(8)), (1_000_000, 9_000_000), ((0, 1, 2, 3), (4, 5, 6, 7)),
-                           {"n": 8})
+    grouped = served.Timed(
+        {"op": "generate"}, 0, tuple(range(8)), (1_000_000, 9_000_000), ((0, 1, 2, 3), (4, 5, 6, 7)), {"n": 8}
+    )
     with pytest.raises(abtest.SideError, match="one line per token"):
         abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 8, grouped)
     with pytest.raises(abtest.SideError, match="streamed 8"):

@@ -26,21 +26,30 @@ def _run(rng: random.Random, blocks: int, per_block: int, within: float, between
     return pairs, labels
 
 
-@pytest.mark.parametrize(("within", "between", "blocks", "per_block"), [
-    (0.005, 0.002, 4, 8), (0.01, 0.005, 6, 3), (0.02, 0.01, 5, 4), (0.01, 0.0, 4, 6),
-])
+@pytest.mark.parametrize(
+    ("within", "between", "blocks", "per_block"),
+    [
+        (0.005, 0.002, 4, 8),
+        (0.01, 0.005, 6, 3),
+        (0.02, 0.01, 5, 4),
+        (0.01, 0.0, 4, 6),
+    ],
+)
 def test_blocked_intervals_cover_the_true_ratio(within, between, blocks, per_block):
     rng = random.Random(hash((within, between, blocks)) & 0xFFFF)
-    covered = sum(e.ci_low <= TRUE <= e.ci_high
-                  for e in (stats.estimate_blocked(*_run(rng, blocks, per_block, within, between))
-                            for _ in range(SIMS)))
+    covered = sum(
+        e.ci_low <= TRUE <= e.ci_high
+        for e in (stats.estimate_blocked(*_run(rng, blocks, per_block, within, between)) for _ in range(SIMS))
+    )
     assert covered / SIMS >= 0.94, covered / SIMS  # nominal 95%, with Monte Carlo error of about 0.6%
 
 
 def test_ignoring_the_blocks_undercovers_when_processes_differ():
     rng = random.Random(11)
-    naive = sum(e.ci_low <= TRUE <= e.ci_high
-                for e in (stats.estimate(_run(rng, 4, 8, 0.005, 0.01)[0]) for _ in range(SIMS)))
+    naive = sum(
+        e.ci_low <= TRUE <= e.ci_high
+        for e in (stats.estimate(_run(rng, 4, 8, 0.005, 0.01)[0]) for _ in range(SIMS))
+    )
     assert naive / SIMS < 0.8  # why the verdict uses estimate_blocked
 
 

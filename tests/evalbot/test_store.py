@@ -544,15 +544,27 @@ def test_a_version_3_store_moves_every_table_into_the_migrations_and_keeps_its_d
             for statement in _MIGRATIONS[v]:
                 conn.execute(statement)
         conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '3')")
-        conn.execute("CREATE TABLE copycat_prs (number INTEGER PRIMARY KEY, author TEXT NOT NULL, "
-                     "created_at TEXT NOT NULL, merged_at TEXT, closed_at TEXT)")
+        conn.execute(
+            "CREATE TABLE copycat_prs (number INTEGER PRIMARY KEY, author TEXT NOT NULL, "
+            "created_at TEXT NOT NULL, merged_at TEXT, closed_at TEXT)"
+        )
         conn.execute("INSERT INTO copycat_prs VALUES (5, 'alice', '2026-11-30T10:00:00Z', NULL, NULL)")
         conn.execute("INSERT INTO strikes (author, pr, reason, at) VALUES ('m', 4, 'copy', ?)", (iso(T0),))
     conn.close()
     with Store(db) as store:
         assert store.schema_version == SCHEMA_VERSION == 5
-        tables = {r[0] for r in store.open_connection().execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert {"dispatch_runs", "copycat_prs", "copycat_postings", "copycat_lines", "copycat_main", "leases"} <= tables
+        tables = {
+            r[0]
+            for r in store.open_connection().execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        assert {
+            "dispatch_runs",
+            "copycat_prs",
+            "copycat_postings",
+            "copycat_lines",
+            "copycat_main",
+            "leases",
+        } <= tables
         assert not {"penalties", "poll_state"} & tables
         assert [s.pr for s in store.strikes("m")] == [4]
         assert store.open_connection().execute("SELECT author FROM copycat_prs").fetchall() == [("alice",)]
@@ -561,8 +573,12 @@ def test_a_version_3_store_moves_every_table_into_the_migrations_and_keeps_its_d
 def test_times_compare_as_times_whatever_their_text(store):
     """A strike written with an offset (by an older writer, or by hand) counts from the right moment."""
     with store._write() as conn:  # 10:30+01:00 is 09:30Z: earlier than 10:15Z, though its text sorts later
-        conn.execute("INSERT INTO strikes (author, pr, reason, at) VALUES ('m', 1, 'a', '2026-11-30T10:30:00+01:00')")
-        conn.execute("INSERT INTO strikes (author, pr, reason, at) VALUES ('m', 2, 'b', '2026-11-30T10:15:00.000000Z')")
+        conn.execute(
+            "INSERT INTO strikes (author, pr, reason, at) VALUES ('m', 1, 'a', '2026-11-30T10:30:00+01:00')"
+        )
+        conn.execute(
+            "INSERT INTO strikes (author, pr, reason, at) VALUES ('m', 2, 'b', '2026-11-30T10:15:00.000000Z')"
+        )
     assert [s.pr for s in store.strikes("m")] == [1, 2]
     assert [s.pr for s in store.strikes("m", since=T0)] == [2]
 

@@ -39,7 +39,9 @@ def pairs(ratio: float, n: int = 12, noise: float = 0.004, seed: int = 0) -> tup
 
 
 def meas(*tps, accuracy=(), spec=(), failures=(), skipped=None) -> Measurements:
-    return Measurements(PROV, throughput=tps, accuracy=accuracy, spec=spec, failures=failures, skipped_reason=skipped)
+    return Measurements(
+        PROV, throughput=tps, accuracy=accuracy, spec=spec, failures=failures, skipped_reason=skipped
+    )
 
 
 def tp(ctx: int, ratio: float, **kw) -> ThroughputPairs:
@@ -156,31 +158,42 @@ def test_decided_verdicts_render(rules, case):
 
 
 def _audit(side, ctx, tokens=64, agree=64, ties=0, violations=0, worst=()):
-    return DecodeAudit("qwen2.5-coder-0.5b", ctx, side, "llama.cpp", 4, tokens, agree, ties, violations, worst)
+    return DecodeAudit(
+        "qwen2.5-coder-0.5b", ctx, side, "llama.cpp", 4, tokens, agree, ties, violations, worst
+    )
 
 
 def test_the_decode_audit_rejects_tokens_the_reference_does_not_produce(rules):
     honest = (_audit(Side.BASE, 512), _audit(Side.HEAD, 512, agree=62, ties=2))
-    v = decide(Measurements(PROV, throughput=(tp(128, 1.05), tp(512, 1.05)), accuracy=(GOOD_ACC,), audits=honest),
-               rules)
+    v = decide(
+        Measurements(PROV, throughput=(tp(128, 1.05), tp(512, 1.05)), accuracy=(GOOD_ACC,), audits=honest),
+        rules,
+    )
     assert v.status == Status.PASS and any(g.name == "decode agreement" and g.passed for g in v.gates)
     worst = ({"request": "head-ctx512-b2-p3", "position": 7, "token": 5, "reference": 9, "margin": 4.2},)
     shortcut = (_audit(Side.BASE, 512), _audit(Side.HEAD, 512, agree=40, ties=1, violations=23, worst=worst))
-    v = decide(Measurements(PROV, throughput=(tp(128, 1.30), tp(512, 1.30)), accuracy=(GOOD_ACC,),
-                            audits=shortcut), rules)
+    v = decide(
+        Measurements(PROV, throughput=(tp(128, 1.30), tp(512, 1.30)), accuracy=(GOOD_ACC,), audits=shortcut),
+        rules,
+    )
     assert v.status == Status.REJECT and v.tier is None and rules.labels.accuracy_fail in v.labels_add
     gate = next(g for g in v.gates if g.name == "decode agreement")
-    assert gate.context == 512 and "head-ctx512-b2-p3 position 7" in gate.detail and "margin 4.20" in gate.detail
+    assert (
+        gate.context == 512 and "head-ctx512-b2-p3 position 7" in gate.detail and "margin 4.20" in gate.detail
+    )
     one_bad = (_audit(Side.BASE, 512), _audit(Side.HEAD, 512, agree=63, violations=1, worst=worst))
-    assert decide(Measurements(PROV, throughput=(tp(512, 1.05),), audits=one_bad), rules).status == Status.REJECT
+    assert (
+        decide(Measurements(PROV, throughput=(tp(512, 1.05),), audits=one_bad), rules).status == Status.REJECT
+    )
 
 
 def test_main_failing_the_decode_audit_is_an_infra_error(rules):
-    audits = (_audit(Side.BASE, 512, agree=30, violations=34), _audit(Side.HEAD, 512, agree=30, violations=34))
+    audits = (
+        _audit(Side.BASE, 512, agree=30, violations=34),
+        _audit(Side.HEAD, 512, agree=30, violations=34),
+    )
     v = decide(Measurements(PROV, throughput=(tp(512, 1.05),), audits=audits), rules)
     assert v.status == Status.INFRA_ERROR and "main fails the decode audit too" in v.reasons[0]
-
-
 
 
 def _self_audit(side, agree, ties, violations=0, ctx=4096):
@@ -192,27 +205,46 @@ def test_where_main_is_the_reference_its_own_share_sets_the_bar(rules):
     tokens, every other one a near-tie. That is the harness working, not failing; the head is held to it."""
     g = rules.gates.decode_audit
     main = _self_audit(Side.BASE, 236, 20)
-    ok = decide(Measurements(PROV, throughput=(tp(4096, 1.05),), audits=(main, _self_audit(Side.HEAD, 240, 16))),
-                rules)
+    ok = decide(
+        Measurements(PROV, throughput=(tp(4096, 1.05),), audits=(main, _self_audit(Side.HEAD, 240, 16))),
+        rules,
+    )
     gate = next(x for x in ok.gates if x.name == "decode agreement")
     assert ok.status == Status.PASS and gate.passed and "main's own share" in gate.bar
     # a head that skips work: far below main's own share, even with every disagreement a near-tie
     drop = int(256 * (236 / 256 - g.self_drop_max)) - 2
-    lazy = decide(Measurements(PROV, throughput=(tp(4096, 1.30),),
-                               audits=(main, _self_audit(Side.HEAD, drop, 256 - drop))), rules)
+    lazy = decide(
+        Measurements(
+            PROV, throughput=(tp(4096, 1.30),), audits=(main, _self_audit(Side.HEAD, drop, 256 - drop))
+        ),
+        rules,
+    )
     assert lazy.status == Status.REJECT and lazy.tier is None
     # one disagreement beyond a near-tie still fails, whatever the shares
-    assert decide(Measurements(PROV, throughput=(tp(4096, 1.05),), audits=(main, _self_audit(Side.HEAD, 240, 15, 1))),
-                  rules).status == Status.REJECT
+    assert (
+        decide(
+            Measurements(
+                PROV, throughput=(tp(4096, 1.05),), audits=(main, _self_audit(Side.HEAD, 240, 15, 1))
+            ),
+            rules,
+        ).status
+        == Status.REJECT
+    )
     # main far from itself: the harness is off, nobody's PR
     broken = _self_audit(Side.BASE, int(256 * g.self_top1_min) - 1, 256 - int(256 * g.self_top1_min) + 1)
-    v = decide(Measurements(PROV, throughput=(tp(4096, 1.05),), audits=(broken, _self_audit(Side.HEAD, 240, 16))),
-               rules)
+    v = decide(
+        Measurements(PROV, throughput=(tp(4096, 1.05),), audits=(broken, _self_audit(Side.HEAD, 240, 16))),
+        rules,
+    )
     assert v.status == Status.INFRA_ERROR and "main fails the decode audit too" in v.reasons[0]
     # against llama.cpp with main at 100%, the absolute bar stays: 236/256 is too few
     llama = (_audit(Side.BASE, 512), _audit(Side.HEAD, 512, tokens=256, agree=236, ties=20))
-    assert decide(Measurements(PROV, throughput=(tp(512, 1.05),), accuracy=(GOOD_ACC,), audits=llama),
-                  rules).status == Status.REJECT
+    assert (
+        decide(
+            Measurements(PROV, throughput=(tp(512, 1.05),), accuracy=(GOOD_ACC,), audits=llama), rules
+        ).status
+        == Status.REJECT
+    )
 
 
 def test_the_headline_and_the_lower_bound_are_computed_once_and_survive_the_store(rules):
@@ -230,14 +262,20 @@ def test_the_headline_and_the_lower_bound_are_computed_once_and_survive_the_stor
     assert back.lower_bound_gain == v.lower_bound_gain and back.headline == at512 and back == v
     assert dataclasses.replace(v, lower_bound_gain=9.0).lower_bound_gain == v.lower_bound_gain
     rejected = decide(meas(tp(128, 1.2), tp(512, 0.9), accuracy=(GOOD_ACC,)), rules)
-    assert rejected.status is Status.REJECT and rejected.headline.context == 512 and rejected.headline.regression
+    assert (
+        rejected.status is Status.REJECT and rejected.headline.context == 512 and rejected.headline.regression
+    )
 
 
 def test_gates_are_matched_by_kind_never_by_their_display_name(rules):
     from evalbot.model import Gate, GateKind
 
-    v = decide(meas(tp(128, 1.0), tp(512, 0.9), accuracy=(AccuracyResult("qwen2.5-coder-0.5b", 512, 0.5, 0.4, 1.3),)),
-               rules)
+    v = decide(
+        meas(
+            tp(128, 1.0), tp(512, 0.9), accuracy=(AccuracyResult("qwen2.5-coder-0.5b", 512, 0.5, 0.4, 1.3),)
+        ),
+        rules,
+    )
     kinds = {g.name: g.kind for g in v.gates}
     assert kinds["no regression"] is GateKind.REGRESSION and kinds["accuracy top-1"] is GateKind.ACCURACY
     assert {"regression", "accuracy-fail"} <= set(v.labels_add)
@@ -252,8 +290,12 @@ def test_spec_gates_carry_their_context_and_the_report_shows_each_row_its_own(ru
     never shows ctx 128's bars (the demo showed both under each row)."""
     from evalbot import render
 
-    at128 = SpecResult("qwen2.5-coder-0.5b", "ngram-3", 7, 3, 3, None, 1.28, 1.52, pairs(1.0), pairs(1.2), context=128)
-    at512 = SpecResult("qwen2.5-coder-0.5b", "ngram-3", 7, 3, 2, 9, 1.61, 1.61, pairs(1.0), pairs(1.0), context=512)
+    at128 = SpecResult(
+        "qwen2.5-coder-0.5b", "ngram-3", 7, 3, 3, None, 1.28, 1.52, pairs(1.0), pairs(1.2), context=128
+    )
+    at512 = SpecResult(
+        "qwen2.5-coder-0.5b", "ngram-3", 7, 3, 2, 9, 1.61, 1.61, pairs(1.0), pairs(1.0), context=512
+    )
     m = meas(tp(128, 1.0), tp(512, 1.0), accuracy=(GOOD_ACC,), spec=(at128, at512))
     v = decide(m, rules)
     spec = [(g.name, g.context, g.passed) for g in v.gates if g.name.startswith("spec")]
@@ -268,13 +310,27 @@ def test_against_llama_cpp_main_below_the_bar_on_near_ties_sets_it_for_the_head(
     tokens (94.8%), every other one a near-tie. Identical code is no infra error; the head is held to main."""
     g = rules.gates.decode_audit
     main = _audit(Side.BASE, 128, tokens=384, agree=364, ties=20)
-    same = decide(Measurements(PROV, throughput=(tp(128, 1.0), tp(512, 1.0)), accuracy=(GOOD_ACC,),
-                               audits=(main, _audit(Side.HEAD, 128, tokens=384, agree=362, ties=22))), rules)
+    same = decide(
+        Measurements(
+            PROV,
+            throughput=(tp(128, 1.0), tp(512, 1.0)),
+            accuracy=(GOOD_ACC,),
+            audits=(main, _audit(Side.HEAD, 128, tokens=384, agree=362, ties=22)),
+        ),
+        rules,
+    )
     assert same.status is not Status.INFRA_ERROR
     gate = next(x for x in same.gates if x.name == "decode agreement")
     assert gate.passed and "main's own share" in gate.bar
     # a head far below main's share fails, even with every disagreement a near-tie
     drop = int(384 * (364 / 384 - g.self_drop_max)) - 2
-    lazy = decide(Measurements(PROV, throughput=(tp(128, 1.3), tp(512, 1.3)), accuracy=(GOOD_ACC,),
-                               audits=(main, _audit(Side.HEAD, 128, tokens=384, agree=drop, ties=384 - drop))), rules)
+    lazy = decide(
+        Measurements(
+            PROV,
+            throughput=(tp(128, 1.3), tp(512, 1.3)),
+            accuracy=(GOOD_ACC,),
+            audits=(main, _audit(Side.HEAD, 128, tokens=384, agree=drop, ties=384 - drop)),
+        ),
+        rules,
+    )
     assert lazy.status == Status.REJECT and lazy.tier is None
