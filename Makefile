@@ -9,7 +9,7 @@ NPROC := $(shell nproc 2>/dev/null || echo 2)
 DEMO_MODEL ?= qwen2.5-coder-0.5b
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test setup setup-dev models lint clean sandbox browser
+.PHONY: demo test test-clock setup setup-dev models lint clean sandbox browser
 
 # bubblewrap is the sandbox untrusted engine code runs in; without it `evalbot evaluate` refuses to run PR code
 sandbox:
@@ -64,16 +64,34 @@ demo: setup-dev models
 	  echo; cat $(DEMO_DIR)/out/report.md; echo; echo "evalbot evaluate exit status: $$status (0 PASS, 1 REJECT, 3 INFRA_ERROR, 4 SKIPPED, 5 INCONCLUSIVE)"; \
 	  test $$status -ne 3 -a -f $(DEMO_DIR)/out/report.md
 
+# ruff (lint and format), mypy, the import contracts and the workflows
 lint: setup-dev
 	$(BIN)/ruff check .
-	$(BIN)/lint-imports
-
-test: setup-dev browser
-	$(BIN)/python -m engine.registry fetch $(DEMO_MODEL) qwen2.5-coder-1.5b
-	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/actionlint
-	$(BIN)/python -m pytest -q
+
+# The suite in two parts: everything that does not time anything on every core (pytest-xdist; a module's
+# tests stay on one worker, so its fixtures are built once), then the tests marked `timing` (A/B runs,
+# clocks, the quiet-box guard) alone, so that no other test is the load they measure. The total time,
+# setup included, is printed at the end.
+PYTEST_WORKERS ?= $(NPROC)
+test: test-clock setup-dev browser
+	$(BIN)/python -m engine.registry fetch $(DEMO_MODEL) qwen2.5-coder-1.5b
+	@echo "make test: setup $$(( $$(date +%s) - $$(cat .make-test-t0) )) s"; date +%s > .make-test-t1
+	$(MAKE) --no-print-directory lint
+	@t2=$$(date +%s); status=0; \
+	  $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope -m "not timing" || status=$$?; \
+	  t3=$$(date +%s); \
+	  if [ $$status -eq 0 ]; then $(BIN)/python -m pytest -q -p no:xdist -m timing || status=$$?; fi; \
+	  t4=$$(date +%s); \
+	  echo "make test: lint $$((t2 - $$(cat .make-test-t1))) s, tests on $(PYTEST_WORKERS) workers $$((t3 - t2)) s," \
+	    "timing tests alone $$((t4 - t3)) s; exit $$status after $$((t4 - $$(cat .make-test-t0))) s in all"; \
+	  exit $$status
+
+test-clock:
+	@date +%s > .make-test-t0
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache $(DEMO_DIR)
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .make-test-t0 .make-test-t1 $(DEMO_DIR)

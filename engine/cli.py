@@ -75,6 +75,7 @@ def _record(
 def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
     lm = gen.load(args.model, args.device)
     tok = lm.tokenizer
+    assert tok is not None  # a model file always carries its tokenizer (only random weights have none)
     text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else args.prompt
     if args.chat:
         text = tok.apply_chat_template([{"role": "user", "content": text}])
@@ -211,6 +212,7 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_score(args: argparse.Namespace) -> dict[str, Any]:
     lm = gen.load(args.model, args.device)
     text = Path(args.text_file).read_text(encoding="utf-8")
+    assert lm.tokenizer is not None  # a model file always carries its tokenizer
     ids = lm.tokenizer.encode(text)
     if len(ids) < args.positions + 1:
         raise ValueError(
@@ -270,7 +272,10 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
     else:
         drafter = spec.NgramDrafter(args.ngram)
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    ar_tps, spec_tps, runs, hist = [], [], [], Counter()
+    ar_tps: list[float] = []
+    spec_tps: list[float] = []
+    runs: list[list[int]] = []
+    hist: Counter[int] = Counter()
     ar = None
     for r in range(args.runs):  # interleaved AR / speculative, same process, same model load
         ar = target.generate(prompt, args.gen, params)

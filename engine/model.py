@@ -7,7 +7,8 @@ each at load time. Attention goes through ``engine.ops``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -201,14 +202,15 @@ class Transformer(nn.Module):
         self.tok_embd = weights["tok_embd"]  # [V, d_model]
         self.out_norm = weights["out_norm"]
         self.w_out = weights.get("w_out", self.tok_embd)  # [V, d_model]; tied when absent
-        self.blocks = nn.ModuleList(Block(cfg, w) for w in layers)
+        # an nn.ModuleList (so the layers are submodules) of Blocks: not generic, so typed by what it holds
+        self.blocks = cast("Sequence[Block]", nn.ModuleList(Block(cfg, w) for w in layers))
         self.cos, self.sin = rope_tables(cfg.head_dim, max_pos, cfg.rope_base, device)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.tok_embd.dtype
 
-    def compile(self) -> None:  # type: ignore[override]
+    def compile(self) -> None:
         """Fuse each layer's elementwise work with torch.compile (CUDA decode: far fewer kernel launches).
 
         The two halves of a layer are compiled once and shared by all layers (weights are arguments, so

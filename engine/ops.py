@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -67,14 +68,14 @@ class DecodeChoice:
 _decode_choices: dict[tuple, DecodeChoice] = {}
 
 
-def _flash_decode():  # type: ignore[no-untyped-def]
+def _flash_decode() -> ModuleType:
     # imported on first CUDA use: triton comes with CUDA builds of torch, and CPU installs may lack it
     from kernels import flash_decode
 
     return flash_decode
 
 
-def _cluster_decode():  # type: ignore[no-untyped-def]
+def _cluster_decode() -> ModuleType:
     from kernels import cluster_decode
 
     return cluster_decode

@@ -220,7 +220,7 @@ def compiled_features(system_info: str) -> dict[str, bool]:
     return {m.group(1): m.group(2) == "1" for m in re.finditer(r"([A-Z0-9_]+) = (\d)", system_info)}
 
 
-def identity(llama_cpp: Any | None = None) -> dict[str, Any]:
+def identity(llama_cpp: Any = None) -> dict[str, Any]:
     """Version, pinned flags, library digests and compiled features of the llama.cpp in this interpreter."""
     if llama_cpp is None:
         import llama_cpp  # noqa: PLC0415

@@ -368,9 +368,9 @@ def audit_sequences(
             model_path, aligned_ctx(longest + 1), logits_all=False, n_threads=n_threads or default_threads()
         )
         try:
-            for prompt, group in todo.items():
+            for prefix, group in todo.items():
                 llm.reset()
-                llm.eval(list(prompt))
+                llm.eval(list(prefix))
                 first_row = _last_logits(llm)
                 state = llm.save_state()
                 for item, key in group:

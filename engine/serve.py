@@ -149,7 +149,7 @@ class Server:
                 drafter = spec.DraftModelDrafter(self.draft)
             else:
                 drafter = spec.NgramDrafter(_int(req, "ngram", 3, 1, 16))
-            out = spec.speculative_generate(
+            spec_out = spec.speculative_generate(
                 self.session,
                 drafter,
                 prompt,
@@ -162,9 +162,9 @@ class Server:
                 {
                     "id": rid,
                     "event": "done",
-                    "n": len(out.token_ids),
-                    "steps": out.steps,
-                    "timings": {"prefill_s": out.prefill_s, "decode_s": out.decode_s},
+                    "n": len(spec_out.token_ids),
+                    "steps": spec_out.steps,
+                    "timings": {"prefill_s": spec_out.prefill_s, "decode_s": spec_out.decode_s},
                 }
             )
         elif op == "tokenize":
@@ -282,7 +282,7 @@ def serve(args: argparse.Namespace, stdin: IO[bytes] | None = None, out: IO[str]
             server.send({"id": rid, "event": "error", "message": str(exc)[:2000]})
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The `serve` subcommand of `python -m engine`."""
     p = sub.add_parser("serve", help="load once, then answer JSON-lines requests on stdin (evalbot.serve/1)")
     p.add_argument("--model", help="registry name or GGUF path")

@@ -9,13 +9,27 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, replace
+from typing import TypedDict
 
 import torch
 
 from engine.config import ModelConfig
 from engine.model import Transformer
 
-_QWEN3 = dict(
+
+class _Family(TypedDict):
+    """The ModelConfig fields a model family's shapes share."""
+
+    arch: str
+    vocab_size: int
+    context_length: int
+    rope_base: float
+    rms_eps: float
+    qk_norm: bool
+    qkv_bias: bool
+
+
+_QWEN3: _Family = dict(
     arch="qwen3",
     vocab_size=151936,
     context_length=40960,

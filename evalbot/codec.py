@@ -73,7 +73,7 @@ def _build(tp: Any, data: Any, where: str) -> Any:
         return {k: _build(args[1], v, f"{where}.{k}") for k, v in data.items()}
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp(data)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, dict):
             raise TypeError(f"{where}: expected an object, got {type(data).__name__}")
         hints, names = _fields_of(tp)

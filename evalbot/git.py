@@ -66,7 +66,8 @@ def run(
             stdin=subprocess.DEVNULL,
             timeout=timeout,
             env=environ(env),
-            **({"text": True, "errors": "surrogateescape"} if text else {}),
+            text=text,
+            errors="surrogateescape" if text else None,
         )
     except FileNotFoundError as exc:
         raise GitError(f"git is not installed: {exc}") from exc

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 from evalbot import dispatch, rounds, times
@@ -33,8 +34,8 @@ from evalbot.model import (
 from evalbot.policy import IntakeContext, TemplateFacts, intake, parse_body
 from evalbot.publish import Publisher
 from evalbot.rules import LabelFamily, Rules
+from evalbot.store import DEFAULT_LEASE_S, EvalKey, EvaluationRecord, LeaseKeeper, Store
 from evalbot.store import DEFAULT_MAX_ATTEMPTS as MAX_ATTEMPTS
-from evalbot.store import EvalKey, EvaluationRecord, LeaseKeeper, Store
 from evalbot.verdict import verdict_decision
 
 Log = Callable[[str], None]
@@ -127,7 +128,7 @@ class Bot:
         self._contained(None, "blocked ledger", self.book.sync_blocked)
         blocked = self.book.blocked()
         for summary in listing:
-            self._contained(summary.number, "intake", lambda n=summary.number: self._intake(n, blocked))
+            self._contained(summary.number, "intake", partial(self._intake, summary.number, blocked))
         self._work_queue()
         self._round()
         self._contained(None, "blocked ledger", self.book.sync_blocked)
@@ -300,16 +301,16 @@ class Bot:
         # in actions mode a claim is held while its run is in flight, through every retry
         lease = d.timeout_minutes * 60 * d.max_attempts + 3600 if actions else None
         while (
-            rec := self.store.claim_next(self.settings.worker, **({"lease_s": lease} if lease else {}))
+            rec := self.store.claim_next(self.settings.worker, lease_s=lease or DEFAULT_LEASE_S)
         ) is not None:
             key, pr = rec.key, facts.get(rec.key.pr)
             failed = self._contained(
-                key.pr, "evaluation", lambda k=key, p=pr: self._evaluate(k, p, main_sha, actions)
+                key.pr, "evaluation", partial(self._evaluate, key, pr, main_sha, actions)
             )
             if failed is not None:
                 why = f"{type(failed).__name__}: {cap_text(str(failed), 500)}"
                 self._contained(key.pr, "recording the infra error",
-                                lambda k=key, p=pr, w=why: self._evaluation_crashed(k, p, w))  # fmt: skip
+                                partial(self._evaluation_crashed, key, pr, why))  # fmt: skip
 
     def _evaluate(self, key: EvalKey, pr: PullRequest | None, main_sha: str, actions: bool) -> None:
         """Measure (or dispatch) one claimed evaluation."""
@@ -437,6 +438,7 @@ class Bot:
                 continue
             latest = max(done, key=lambda r: (r.key.base_sha == main_sha, r.finished_at or ""))
             records[pr.number] = latest
+            assert latest.verdict is not None  # _verdicts_at_head keeps judged evaluations only
             contenders.append(rounds.Contender(pr.number, pr.head_sha, latest.key.base_sha, latest.verdict))
         held = {h.pr for h in self.store.holds()}
         ranking = rounds.rank_round(contenders, main_sha, self.rules, held)
@@ -467,15 +469,17 @@ class Bot:
         # the best PASS merges; when GitHub refuses it (a conflict, a failing required check), the next
         # one takes its place and the refused PR is told to rebase
         for place, number in enumerate(ranking.order):
-            if place:  # the one before was refused: this PASS takes its place in the round
-                self._contained(number, "promoting", lambda n=number: self._relabel(
-                    facts[n], {self.rules.labels.merge_first}, owned))  # fmt: skip
             outcome: list[str] = []
-            self._contained(
-                number,
-                "merging",
-                lambda n=number, o=outcome: o.append(self._maybe_merge(facts[n], records[n])),
-            )
+
+            def promote(n: int = number) -> None:
+                self._relabel(facts[n], {self.rules.labels.merge_first}, owned)
+
+            def merge(n: int = number, o: list[str] = outcome) -> None:
+                o.append(self._maybe_merge(facts[n], records[n]))
+
+            if place:  # the one before was refused: this PASS takes its place in the round
+                self._contained(number, "promoting", promote)
+            self._contained(number, "merging", merge)
             if outcome != ["refused"]:
                 break
 

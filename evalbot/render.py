@@ -295,8 +295,8 @@ def box_summary(samples: tuple[dict[str, Any], ...]) -> str:
         ("gpu_clock_sm", "GPU SM clock", ""),
         ("gpu_temp", "GPU", " °C"),
     ):
-        values = [_leading_number(s.get(key)) for s in samples]
-        values = [v for v in values if v is not None]
+        read = [_leading_number(s.get(key)) for s in samples]
+        values = [v for v in read if v is not None]
         if values:
             lo, hi = min(values), max(values)
             span = f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"

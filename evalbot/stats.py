@@ -406,8 +406,8 @@ def crossover(
     _check_confidence(confidence)
     groups: dict[int, list[float]] = {}
     order_of: dict[int, bool] = {}
-    for b, first, d in zip(blocks, base_first, _log_ratios(pairs), strict=True):
-        if order_of.setdefault(b, bool(first)) != bool(first):
+    for b, loaded_first, d in zip(blocks, base_first, _log_ratios(pairs), strict=True):
+        if order_of.setdefault(b, bool(loaded_first)) != bool(loaded_first):
             raise StatsError(f"block {b} has pairs with both load orders")
         groups.setdefault(b, []).append(d)
     means = {b: math.fsum(v) / len(v) for b, v in groups.items()}

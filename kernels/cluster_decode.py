@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -97,7 +99,7 @@ def _source_digest() -> str:
 
 
 @functools.cache
-def _build() -> tuple[object | None, str | None]:
+def _build() -> tuple[ModuleType | None, str | None]:
     """The built extension, or the reason there is none (built once per process, cached on disk by torch)."""
     if not torch.cuda.is_available() or torch.version.cuda is None:
         return None, "no CUDA device (or a CPU build of torch)"
@@ -105,7 +107,7 @@ def _build() -> tuple[object | None, str | None]:
         return None, "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
     if shutil.which("ninja") is None:
         try:
-            import ninja  # noqa: F401  # the pip package puts the binary beside the interpreter
+            importlib.import_module("ninja")  # the pip package puts the binary beside the interpreter
         except ImportError:
             return None, "ninja not found (torch's extension builder needs it)"
     from torch.utils import cpp_extension
@@ -133,7 +135,7 @@ def unavailable_reason(device: torch.device) -> str | None:
     return _build()[1]
 
 
-def _module():  # type: ignore[no-untyped-def]
+def _module() -> ModuleType:
     module, reason = _build()
     if module is None:
         raise RuntimeError(f"{KERNEL} unavailable: {reason}")

@@ -17,6 +17,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 import torch
 import triton
@@ -108,6 +109,18 @@ def tile_config(head_dim: int) -> dict[str, int]:
     return {"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
 
 
+class Tuning(TypedDict, total=False):
+    """Launch overrides for tuning experiments (None or absent: the default)."""
+
+    block_n: int | None
+    num_warps: int | None
+    num_stages: int | None
+    pdl: bool | None
+    combine_block_d: int | None
+    pdl_wait: bool | None
+    combine_warps: int | None
+
+
 def decode_config(
     q: torch.Tensor,  # [B, Hq, D]
     k_cache: torch.Tensor,  # [B, Hkv, S_max, D]
@@ -116,7 +129,7 @@ def decode_config(
     *,
     num_splits: int | None = None,
     workspace: "FlashDecodeWorkspace | None" = None,
-    **tuning: int | None,
+    **tuning: Unpack[Tuning],
 ) -> dict[str, int | str]:
     """The settings `flash_decode` uses for the same arguments, for the engine's `config` record."""
     del v_cache, lengths  # the launch depends on shapes only; taken so both calls read alike
@@ -260,7 +273,7 @@ def flash_decode(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,  # [B, Hq, D] in q's dtype
     workspace: FlashDecodeWorkspace | None = None,
-    **tuning: int | None,  # block_n, num_warps, num_stages, pdl, combine_block_d: for tuning experiments
+    **tuning: Unpack[Tuning],  # block_n, num_warps, num_stages, pdl, combine_block_d: for tuning experiments
 ) -> torch.Tensor:  # [B, Hq, D]
     """One-token GQA attention over the first lengths[b] cache positions (split-KV).
 

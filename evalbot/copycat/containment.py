@@ -221,7 +221,9 @@ def assess(
     merged = evidence.merged - evidence.main - boilerplate
     own = new.hashes - evidence.main - boilerplate - merged
     eligible = sorted(n for n, m in evidence.others.items() if may_copy_from(meta, m))
-    best, score, best_shared = None, 0.0, frozenset()
+    best: int | None = None
+    score = 0.0
+    best_shared: frozenset[int] = frozenset()
     for n in eligible:
         shared = credited(meta, evidence, n) & own
         if own and len(shared) / len(own) > score:

@@ -194,6 +194,8 @@ def _target_lines(path: str, patch: str) -> list[tuple[int, str, bool]]:
         for hunk in patched:
             for line in hunk:
                 if line.is_added or line.is_context:
+                    # added and context lines are on the new side: each has a new-file line number
+                    assert line.target_line_no is not None
                     out.append((line.target_line_no, line.value.rstrip("\r\n"), line.is_added))
     return out
 
@@ -209,15 +211,15 @@ def _normalize_lines(path: str, lines: Sequence[str], keep: Iterable[int]) -> li
         starts.append(starts[-1] + len(line) + 1)
     out: list[Token] = []
     for offset, kind, value in _lex(path, text):
-        line = bisect.bisect_right(starts, offset) - 1
-        if line not in keep:
+        row = bisect.bisect_right(starts, offset) - 1
+        if row not in keep:
             continue
         for piece in _normal(kind, value):
             if piece == LITERAL and out and out[-1].text == LITERAL:
                 continue  # a string lexed in pieces (prefix, quotes, body) is one literal
             if piece in _CLOSERS and out and out[-1].text == ",":
                 out.pop()  # formatters add and remove trailing commas at will
-            out.append(Token(piece, line))
+            out.append(Token(piece, row))
     return out
 
 

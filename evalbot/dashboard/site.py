@@ -103,7 +103,8 @@ class _Writer:
     """Writes the site's files, keeping the list of them and each page's weight."""
 
     def __init__(self, out: Path, report: SiteReport) -> None:
-        self.out, self.report, self.written = out, report, set()
+        self.out, self.report = out, report
+        self.written: set[str] = set()
         self.sizes: dict[str, int] = {}
 
     def file(self, rel: str, text: str) -> None:
@@ -168,8 +169,8 @@ def build_site(
 
     # the frontier: one plot per (model, metric)
     groups: dict[tuple[str, str], list[FrontierSeries]] = defaultdict(list)
-    for s in series:
-        groups[(s.model, s.metric)].append(s)
+    for fs in series:
+        groups[(fs.model, fs.metric)].append(fs)
     frontier_plots = []
     for i, ((model, metric), group) in enumerate(groups.items()):
         rel = f"plots/frontier-{i}-{_slug(model, metric)}.svg"
@@ -204,8 +205,8 @@ def build_site(
     for f in view.flags:
         flags_by_pr[f.pr].append(f)
     strikes_by_pr, clears_by_pr, ledger_by_pr = defaultdict(list), defaultdict(list), defaultdict(list)
-    for s in strikes:
-        strikes_by_pr[s.pr].append(s)
+    for st in strikes:
+        strikes_by_pr[st.pr].append(st)
     for c in clears:
         clears_by_pr[c.pr].append(c)
     for e in ledger_rows:
@@ -243,12 +244,12 @@ def build_site(
     noise_plots = []
     by_profile: dict[str, list[NoiseSeries]] = defaultdict(list)
     # the noisiest boxes first: when the pool has more than a plot can hold, the quiet ones are left out
-    for s in sorted(noise_series, key=lambda s: (-s.points[-1].noise_cv, s.box)):
-        by_profile[s.profile].append(s)
-    for i, (profile, group) in enumerate(sorted(by_profile.items())):
+    for ns in sorted(noise_series, key=lambda s: (-s.points[-1].noise_cv, s.box)):
+        by_profile[ns.profile].append(ns)
+    for i, (profile, boxes) in enumerate(sorted(by_profile.items())):
         rel = f"plots/noise-{i}-{_slug(profile)}.svg"
-        w.file(rel, plot_noise(group))
-        noise_plots.append({"profile": profile, "src": rel, "left_out": [g.box for g in group[MAX_SERIES:]]})
+        w.file(rel, plot_noise(boxes))
+        noise_plots.append({"profile": profile, "src": rel, "left_out": [g.box for g in boxes[MAX_SERIES:]]})
     latest_rows = latest_calibrations(calibrations)
     w.page("noise.html", "noise.html.j2", {
         **common, "page": "noise", "count": len(calibrations),

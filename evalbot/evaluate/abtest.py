@@ -27,6 +27,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from evalbot import stats
@@ -390,8 +391,10 @@ def _pair(
                 timed = run_alone(
                     procs[side],
                     other,
-                    lambda side=side: procs[side].request(
-                        {"op": "generate", "prompt_ids": prompt, "max_new": gen}, timeout_s
+                    partial(
+                        procs[side].request,
+                        {"op": "generate", "prompt_ids": prompt, "max_new": gen},
+                        timeout_s,
                     ),
                 )
             except ServeError as exc:
@@ -458,7 +461,8 @@ def sample(
             f"{gen} tokens arrived within {t.decode_s * 1e6:.0f} µs: a burst, not a "
             "decode (they were computed before the first was sent)",
         )
-    reported = t.summary.get("timings") if isinstance(t.summary.get("timings"), dict) else {}
+    timings = t.summary.get("timings")
+    reported = timings if isinstance(timings, dict) else {}
     cpu = t.decode_cpu_s
     if cpu is not None and cpu <= 0:
         cpu = None  # a coarse meter (10 ms ticks) that did not move: no CPU reading for this request

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +115,8 @@ def accuracy_served(
             served.run_alone(
                 p,
                 others,
-                lambda p=p, n=name_npy: p.request(
-                    {"op": "score", "ids": ids, "from": 1, "save": n}, ctx.run_timeout_s
+                partial(
+                    p.request, {"op": "score", "ids": ids, "from": 1, "save": name_npy}, ctx.run_timeout_s
                 ),
             )
         except served.ServeError as exc:
@@ -237,7 +238,7 @@ def audit_answers(
     out = {}
     for s in chosen:
         req = {"op": "score", "ids": [*s.prompt, *s.tokens], "from": len(s.prompt)}
-        got = served.run_alone(main, head, lambda req=req: main.request(req, ctx.run_timeout_s))
+        got = served.run_alone(main, head, partial(main.request, req, ctx.run_timeout_s))
         out[audit.key(s)] = got.summary
     return out, "main"
 

@@ -218,7 +218,7 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
                     if registry
                     else ["--random-weights", "--shape", ref.name]
                 )
-                measured = _measure_served(
+                served_model = _measure_served(
                     ctx,
                     profile,
                     ref.name,
@@ -228,12 +228,12 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
                     registry,
                     reference=references.get(ref.name) if registry and cfg.accuracy else None,
                 )
-                throughput += measured.throughput
-                audits += measured.audits
-                spec_results += measured.spec
-                notes += measured.notes
-                if measured.accuracy is not None:
-                    accuracy.append(measured.accuracy)
+                throughput += served_model.throughput
+                audits += served_model.audits
+                spec_results += served_model.spec
+                notes += served_model.notes
+                if served_model.accuracy is not None:
+                    accuracy.append(served_model.accuracy)
         except SideFailed as exc:
             failures.append(exc.failure)
         except box.BoxBusy as exc:
@@ -380,7 +380,8 @@ def _measure_served(
         chosen = audit.choose(run.samples, share=gate.share, minimum=gate.min_requests)
         answers, judge_name = audit_answers(ctx, chosen, procs, registry, name)
         audits = audit.judge(name, judge_name, chosen, answers, gate.near_tie)
-        spec, tau_notes = [], []
+        spec: list[SpecResult] = []
+        tau_notes: list[str] = []
         if ctx.cfg.spec and ctx.cfg.rules.spec_pair.profile == ctx.cfg.profile:
             spec, tau_notes = spec_served(ctx, profile, name, procs, run, block, pool)
         accuracy = accuracy_served(ctx, name, procs, reference) if reference is not None else None

@@ -6,6 +6,8 @@ nothing: one that moved beyond the run-to-run noise is shown as a note.
 
 from __future__ import annotations
 
+from functools import partial
+
 from evalbot.evaluate import abtest, served
 from evalbot.evaluate.context import RunContext
 from evalbot.model import Side, SpecResult
@@ -24,8 +26,8 @@ def _plain_pair(
             t = served.run_alone(
                 p,
                 others,
-                lambda p=p: p.request(
-                    {"op": "generate", "prompt_ids": prompt, "max_new": gen}, ctx.run_timeout_s
+                partial(
+                    p.request, {"op": "generate", "prompt_ids": prompt, "max_new": gen}, ctx.run_timeout_s
                 ),
             )
         except served.ServeError as exc:
@@ -78,7 +80,7 @@ def spec_served(
                     "ngram": 3,
                 }
                 try:
-                    t = served.run_alone(p, others, lambda p=p, req=req: p.request(req, ctx.run_timeout_s))
+                    t = served.run_alone(p, others, partial(p.request, req, ctx.run_timeout_s))
                 except served.ServeError as exc:
                     raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
                 sp[side].append(t.decode_tps)

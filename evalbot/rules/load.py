@@ -61,8 +61,7 @@ def load_rules(directory: str | Path) -> Rules:
     tier_bounds = _tiers(*docs["tiers"])
     tiers, labels = _labels(*docs["labels"], tier_bounds)
     gates = _gates(*docs["gates"])
-    profiles = _profiles(*docs["profiles"])
-    profiles, spec_pair = _models(*docs["models"], profiles)
+    profiles, spec_pair = _models(*docs["models"], _profiles(*docs["profiles"]))
     copycat = _copycat(*docs["copycat"])
     policy = _policy(*docs["policy"], _label_owners(tiers, labels))
     known = _label_owners(tiers, labels) | {a.label: f"policy.areas.{a.label}" for a in policy.areas}

@@ -99,7 +99,7 @@ def _policy(f: _File, root: _Node, labels_in_use: dict[str, str]) -> Policy:
     if not math.isclose(total, 1.0, abs_tol=1e-9):
         f.fail(m["areas"], "policy.areas", f"expected weights summing to 1, got {total:g}")
     sensitive = f.sequence(m["sensitive_paths"], "policy.sensitive_paths")
-    logins = []
+    logins: list[str] = []
     for i, node in enumerate(f.sequence(m["blocklist"], "policy.blocklist")):
         login = f.text(node, _join("policy.blocklist", i), _LOGIN, "a GitHub login")
         if login.casefold() in (x.casefold() for x in logins):

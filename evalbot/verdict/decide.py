@@ -130,10 +130,10 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
         )
     tier = best.tier if best else None
     add = [rules.labels.verified]
-    if tier:
+    if best is not None and tier:  # a tier comes from a best estimate
         add.append(rules.tier(tier).label)
         reason = (
-            f"{tier}: {best.ratio - 1:+.1%} at ctx {best.context} "  # type: ignore[union-attr]
+            f"{tier}: {best.ratio - 1:+.1%} at ctx {best.context} "
             f"(95% CI {best.ci_low - 1:+.1%} to {best.ci_high - 1:+.1%}); every gate passed"
         )
     elif best is not None:

@@ -36,13 +36,16 @@ from tests.fixtures import fixture_engine_branches as fb
 from tests.github_double.gitrepo import BareRepo, add_git_pull, push_git_commit
 from tests.github_double.serve import serve
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("bwrap") is None
-    or subprocess.run(
-        ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "true"], capture_output=True
-    ).returncode,
-    reason="bubblewrap cannot create namespaces here",
-)
+pytestmark = [
+    pytest.mark.timing,
+    pytest.mark.skipif(
+        shutil.which("bwrap") is None
+        or subprocess.run(
+            ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "true"], capture_output=True
+        ).returncode,
+        reason="bubblewrap cannot create namespaces here",
+    ),
+]
 
 BOT = "evalbot[bot]"
 TOKEN = "ghp_scenario"

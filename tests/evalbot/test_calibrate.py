@@ -176,6 +176,7 @@ _SANDBOX = subprocess.run(
 
 
 @pytest.mark.skipif(not _SANDBOX, reason="bubblewrap cannot create namespaces here")
+@pytest.mark.timing
 def test_calibrate_cli_on_the_fixture_engine_stores_one_row_per_context(tmp_path):
     cache = tmp_path / "cache"
     env = {**os.environ, "XDG_CACHE_HOME": str(cache), "PYTHONDONTWRITEBYTECODE": "1"}

@@ -24,6 +24,8 @@ from evalbot.model import Measurements, Provenance, Side, Status, ThroughputPair
 from evalbot.rules import default_rules_dir, load_rules
 from evalbot.verdict.decide import decide, no_pair_could_change, score_clocks
 
+pytestmark = pytest.mark.timing  # times work: runs alone, after the rest (make test)
+
 PY = sys.executable
 PROV = Provenance("repo", "a" * 40, "b" * 40, "a" * 40, "0" * 64, "cpu")
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.timing  # times work: runs alone, after the rest (make test)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -33,14 +33,21 @@ from tests.fixtures import fixture_engine_branches as fb
 PY = sys.executable
 SECRET = "ghp_fixtureSecret0123456789abcdef"
 
-pytestmark = pytest.mark.skipif(
-    subprocess.run(
-        [PY, "-c", "from evalbot.evaluate.sandbox import sandbox_available as a; raise SystemExit(not a())"],
-        capture_output=True,
-    ).returncode
-    != 0,
-    reason="bubblewrap cannot create namespaces here",
-)
+pytestmark = [
+    pytest.mark.timing,
+    pytest.mark.skipif(
+        subprocess.run(
+            [
+                PY,
+                "-c",
+                "from evalbot.evaluate.sandbox import sandbox_available as a; raise SystemExit(not a())",
+            ],
+            capture_output=True,
+        ).returncode
+        != 0,
+        reason="bubblewrap cannot create namespaces here",
+    ),
+]
 
 
 def tier_for_gain(rules: Rules, gain: float) -> str | None:

@@ -18,6 +18,8 @@ from evalbot.evaluate import abtest, box, sandbox, served
 from evalbot.model import Side
 from tests.fixtures import fixture_engine_branches as fb
 
+pytestmark = pytest.mark.timing  # times work: runs alone, after the rest (make test)
+
 PY = sys.executable
 
 
