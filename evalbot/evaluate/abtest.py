@@ -262,7 +262,7 @@ def measure(
                         block,
                         i,
                         c.ctx,
-                        prompts.next(c.ctx),
+                        prompts,
                         m.decode_tokens,
                         request_timeout_s,
                         quiet,
@@ -370,7 +370,7 @@ def _pair(
     block: int,
     i: int,
     ctx: int,
-    prompt: list[int],
+    prompts: Prompts,
     gen: int,
     timeout_s: float,
     quiet: Quiet,
@@ -379,10 +379,17 @@ def _pair(
     run: Run,
     base_first: bool = True,
 ) -> list[Sample]:
-    """One interleaved pair, measured again if others used the box meanwhile. Main goes first on even
-    pairs of even blocks and odd pairs of odd blocks, so each side opens every block's first pair as often."""
+    """One interleaved pair, measured again if others used the box meanwhile: on a fresh prompt each time (a
+    prompt an engine has seen could be answered from a cache), until one attempt is clean or the quiet
+    budget (`max_wait_s`, at least CONTAMINATED_RETRIES attempts) is spent, so that a bursty neighbour
+    delays the pairs instead of ending the evaluation. Main goes first on even pairs of even blocks and odd
+    pairs of odd blocks, so each side opens every block's first pair as often."""
     order = (Side.BASE, Side.HEAD) if (i + block) % 2 == 0 else (Side.HEAD, Side.BASE)
-    for _attempt in range(CONTAMINATED_RETRIES):
+    start = time.monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
+        prompt = prompts.next(ctx)
         snap = box.cpu_snapshot()
         out = []
         for side in order:
@@ -425,9 +432,11 @@ def _pair(
                 }
             )
             return out
+        spent = time.monotonic() - start
+        if attempt >= CONTAMINATED_RETRIES and spent >= quiet.max_wait_s:
+            raise box.BoxBusy(f"box busy: {reason}, during {attempt} attempts at one pair over {spent:.0f} s")
         log(f"pair measured again: while it ran, {reason}")
         box.wait_until_quiet(quiet, with_gpu=gpu, log=log)
-    raise box.BoxBusy(f"box busy: {reason}, during {CONTAMINATED_RETRIES} attempts at one pair")
 
 
 MAX_DECODE_TPS = 1e5  # faster than any engine: tokens that arrive this fast came in a burst

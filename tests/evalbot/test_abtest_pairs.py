@@ -1,0 +1,113 @@
+"""One A/B pair on a box that others use now and then: measured again on a fresh prompt each time, until a
+clean attempt or the quiet budget is spent.
+
+The attack this guards against: an engine that answers a prompt it has seen from a cache. A pair measured
+again on the same prompt would time the cached answer; with a fresh prompt per attempt there is nothing to
+reuse. The box and the engines are stand-ins here (the real ones are in test_served and test_fixture_e2e).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import pytest
+
+from evalbot.evaluate import abtest, box
+from evalbot.evaluate.served import Timed
+from evalbot.model import Side
+from evalbot.rules import Quiet
+
+GEN = 8
+
+
+@dataclass
+class CachingEngine:
+    """Decodes at 10 tok/s, except a prompt it has answered before: at once, from its cache."""
+
+    label: str
+    seen: set[tuple[int, ...]] = field(default_factory=set)
+    frozen: bool = False
+    clock: itertools.count = field(default_factory=lambda: itertools.count(0, 1))
+
+    def freeze(self) -> None:
+        self.frozen = True
+
+    def thaw(self) -> None:
+        self.frozen = False
+
+    def request(self, body: dict, timeout_s: float) -> Timed:
+        prompt = tuple(body["prompt_ids"])
+        step = 1_000_000 if prompt in self.seen else 100_000_000  # ns per token: cached vs computed
+        self.seen.add(prompt)
+        t0 = next(self.clock) * 10**10
+        arrivals = tuple(t0 + (k + 1) * step for k in range(GEN))
+        return Timed(
+            body, t0, tuple(range(GEN)), arrivals, tuple((k,) for k in range(GEN)), {"event": "done"}
+        )
+
+
+def _fake_box(monkeypatch: pytest.MonkeyPatch, busy_attempts: int, clock: list[float]) -> list[str]:
+    """The box is busy during the first `busy_attempts` pairs; waiting for quiet costs 10 s of `clock`."""
+    calls = {"n": 0}
+    waits: list[str] = []
+
+    def busy_reason(usage: object, quiet: Quiet) -> str | None:
+        calls["n"] += 1
+        return (
+            "other processes used 1.2 cores (limit 0.3): hog (1.2)" if calls["n"] <= busy_attempts else None
+        )
+
+    def wait_until_quiet(quiet: Quiet, **kw: object) -> tuple[object, float]:
+        clock[0] += 10.0
+        waits.append("waited")
+        return object(), 10.0
+
+    monkeypatch.setattr(box, "cpu_snapshot", lambda: None)
+    monkeypatch.setattr(
+        box,
+        "usage",
+        lambda a, b, pid: box.Usage(window_s=1.0, other_cores=1.2, own_cores=1.0, top=(("hog", 1.2),)),
+    )
+    monkeypatch.setattr(box, "busy_reason", busy_reason)
+    monkeypatch.setattr(box, "wait_until_quiet", wait_until_quiet)
+    monkeypatch.setattr(abtest.time, "monotonic", lambda: clock[0])
+    return waits
+
+
+def _pair(quiet: Quiet) -> tuple[list[abtest.Sample], abtest.Prompts, dict[Side, CachingEngine]]:
+    procs = {Side.BASE: CachingEngine("main"), Side.HEAD: CachingEngine("the PR")}
+    prompts = abtest.Prompts(lambda ctx, serial: [serial] * ctx)
+    out = abtest._pair(procs, 0, 0, 16, prompts, GEN, 60.0, quiet, False, lambda _m: None, abtest.Run())  # type: ignore[arg-type]
+    return out, prompts, procs
+
+
+def test_a_contaminated_pair_is_measured_again_on_a_fresh_prompt_so_a_cache_gains_nothing(monkeypatch):
+    clock = [0.0]
+    waits = _fake_box(monkeypatch, busy_attempts=5, clock=clock)
+    out, prompts, procs = _pair(Quiet(max_other_cores=0.3, max_wait_s=300))
+    assert (
+        len(waits) == 5 and prompts.served == 6
+    )  # five busy attempts, each on its own prompt, then a clean one
+    base, head = sorted(out, key=lambda s: s.side is Side.HEAD)
+    assert base.prompt == head.prompt == (6,) * 16  # both sides of the pair on the same, new prompt
+    assert (
+        head.decode_tps == pytest.approx(base.decode_tps) == pytest.approx(10.0)
+    )  # nothing came from a cache
+    assert all(len(p.seen) == 6 for p in procs.values())
+
+
+def test_a_box_busy_past_the_quiet_budget_ends_in_box_busy(monkeypatch):
+    clock = [0.0]
+    _fake_box(monkeypatch, busy_attempts=10**6, clock=clock)
+    with pytest.raises(
+        box.BoxBusy, match=r"box busy: other processes used .* during 4 attempts at one pair over 30 s"
+    ):
+        _pair(Quiet(max_other_cores=0.3, max_wait_s=25))
+
+
+def test_a_short_budget_still_gets_its_three_attempts(monkeypatch):
+    clock = [0.0]
+    _fake_box(monkeypatch, busy_attempts=2, clock=clock)
+    out, prompts, _ = _pair(Quiet(max_other_cores=0.3, max_wait_s=1))
+    assert prompts.served == 3 and len(out) == 2
