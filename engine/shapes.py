@@ -52,6 +52,23 @@ SHAPES: dict[str, ModelConfig] = {
     "qwen3-1.7b": ModelConfig(
         n_layer=28, d_model=2048, n_head=16, n_kv_head=8, head_dim=128, d_ff=6144, tied_output=True, **_QWEN3
     ),
+    # not a real model: two small layers, for smoke tests and the test suite where the weights are random
+    "qwen3-tiny": ModelConfig(
+        arch="qwen3",
+        n_layer=2,
+        d_model=128,
+        n_head=4,
+        n_kv_head=2,
+        head_dim=32,
+        d_ff=256,
+        vocab_size=2048,
+        context_length=4096,
+        rope_base=1e6,
+        rms_eps=1e-6,
+        qk_norm=True,
+        qkv_bias=False,
+        tied_output=True,
+    ),
     "qwen2.5-0.5b": ModelConfig(
         arch="qwen2",
         n_layer=24,
