@@ -168,6 +168,8 @@ def test_red_team_head_sees_no_secrets_no_network_and_its_fake_json_goes_nowhere
             "--no-spec",
             "--max-pairs",
             "2",
+            "--rules",
+            str(_random_weight_rules(tmp_path)),
         ],
         capture_output=True,
         text=True,
@@ -178,7 +180,9 @@ def test_red_team_head_sees_no_secrets_no_network_and_its_fake_json_goes_nowhere
     result = json.loads((out / "result.json").read_text())
     assert result["measurements"]["failures"] == [], proc.stderr[-2000:]  # it ran: no leak, no network
     assert result["verdict"]["status"] in ("PASS", "INCONCLUSIVE") and result["verdict"]["tier"] is None
-    assert all(e["ratio"] < 1.5 for e in result["verdict"]["estimates"])  # the 1e9 tok/s went nowhere
+    # the 1e9 tok/s went nowhere: it would read as a ratio of 10^5 and more (the tiny shape's timings are
+    # noisy, so the honest ratio is only bounded loosely)
+    assert all(e["ratio"] < 5 for e in result["verdict"]["estimates"])
     assert "ghp_secret" not in (out / "report.md").read_text()
 
 
@@ -220,7 +224,9 @@ def test_a_speculative_speedup_that_skips_verification_is_rejected(tmp_path):
         "    return len(drafts), int(logits[len(drafts)].argmax())\n"
     )
     repo = _repo_with_branch(tmp_path, "engine/speculative.py", cheat)
-    code, result = _evaluate_flags(repo, tmp_path, "--no-accuracy")
+    code, result = _evaluate_flags(
+        repo, tmp_path, "--no-accuracy", "--rules", str(_one_context_rules(tmp_path))
+    )
     assert code == 1 and result["verdict"]["status"] == "REJECT"
     failed = {g["name"] for g in result["verdict"]["gates"] if not g["passed"]}
     assert "spec lossless" in failed and "spec-fail" in result["verdict"]["labels_add"]
@@ -238,7 +244,7 @@ def test_an_accuracy_break_is_rejected_on_top1_and_kl(tmp_path):
         "    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)\n"
     )
     repo = _repo_with_branch(tmp_path, "engine/model.py", broken)
-    code, result = _evaluate_flags(repo, tmp_path, "--no-spec")
+    code, result = _evaluate_flags(repo, tmp_path, "--no-spec", "--rules", str(_one_context_rules(tmp_path)))
     assert code == 1 and result["verdict"]["status"] == "REJECT"
     failed = {g["name"] for g in result["verdict"]["gates"] if not g["passed"]}
     assert {"accuracy top-1", "accuracy KL"} <= failed and "accuracy-fail" in result["verdict"]["labels_add"]
@@ -246,9 +252,42 @@ def test_an_accuracy_break_is_rejected_on_top1_and_kl(tmp_path):
     assert acc["top1_agreement"] < 0.9 <= acc["base_top1_agreement"]
 
 
+def _one_context_rules(tmp_path: Path) -> Path:
+    """The shipped rules and the real model, with a cpu profile of one context and short requests: the
+    gates these tests check (speculative losslessness, accuracy against llama.cpp) run on the real engine
+    and the real reference, and a second context would only repeat them."""
+    import shutil
+
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    (rules / "profiles.yaml").write_text(
+        """\
+cpu:
+  device: cpu
+  contexts:
+    - {ctx: 128, guarded: true, scored: true}
+  measurement:
+    decode_tokens: 16
+    warmup_runs: 1
+    ci_half_width: 0.005
+    min_pairs: 2
+    max_pairs: 2
+    pairs_per_block: 2
+    min_blocks: 2
+    time_budget_s: 600
+"""
+        + _shipped_profile("gpu")
+    )
+    return rules
+
+
 def _random_weight_rules(tmp_path: Path) -> Path:
     """The shipped rules with a cpu profile that measures a random-weight shape (as the gpu profile does,
-    where no model file can travel): there is no llama.cpp for random weights, so main is the reference."""
+    where no model file can travel): there is no llama.cpp for random weights, so main is the reference.
+    The shape is qwen3-tiny: what these tests check (the sandbox, the audit, the spec gate) does not depend
+    on the model's size, and a run takes seconds instead of minutes. (Not the speculative cheat: a random
+    model's greedy text cycles, so the n-gram drafter's guesses are right and accepting them all is
+    lossless there.)"""
     import shutil
 
     rules = tmp_path / "rules"
@@ -275,7 +314,7 @@ cpu:
     models = models.replace(
         "    - registry: qwen2.5-coder-0.5b\n      sha256: "
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32\n  gpu:",
-        "    - shape: qwen2.5-0.5b\n  gpu:",
+        "    - shape: qwen3-tiny\n  gpu:",
     )
     (rules / "models.yaml").write_text(models.replace("spec:\n  profile: cpu", "spec:\n  profile: gpu"))
     return rules
