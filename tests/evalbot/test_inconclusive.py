@@ -104,6 +104,7 @@ def test_a_settled_top_tier_is_not_inconclusive_however_few_the_pairs():
 def test_a_regression_as_large_as_the_top_tier_is_settled_however_noisy():
     v = decide(_evaluation(random.Random(6), 0.05, gain=-0.6), RULES)
     assert v.status is Status.REJECT and RULES.labels.regression in v.labels_add
+    assert max(e.mde for e in v.estimates if e.metric == "decode_tps") > RULES.tiers[0].lower_bound
 
 
 def test_a_regression_read_too_imprecisely_to_stand_is_inconclusive_not_a_reject():
@@ -113,7 +114,23 @@ def test_a_regression_read_too_imprecisely_to_stand_is_inconclusive_not_a_reject
     by = {e.context: e for e in v.estimates}
     assert by[512].ci_high < RULES.gates.no_regression.min_ratio and by[512].ci_high * (1 + by[512].mde) > 1
     assert v.status is Status.INCONCLUSIVE and RULES.labels.regression not in v.labels_add
-    assert max(e.mde for e in v.estimates if e.metric == "decode_tps") > RULES.tiers[0].lower_bound
+
+
+def test_a_precise_but_shallow_prefill_slowdown_is_inconclusive_and_says_why():
+    """Prefill (guarded, not scored) reads 0.955x [0.93, 0.977] at an MDE of 3%: not an MDE below 1, so no
+    REJECT, and the reason names the slowdown, not a tier floor it has nothing to do with."""
+    d = [math.log(0.955) + 0.0335 * (1 if i % 2 else -1) for i in range(12)]
+    prefill = ThroughputPairs("m", 512, "prefill_tps", tuple((10.0, 10.0 * math.exp(x)) for x in d), guarded=True,
+                              scored=False)  # fmt: skip
+    v = _decide(_fixed(128, 1.0, 0.002), _fixed(512, 1.0, 0.002), prefill)
+    by = {e.metric: e for e in v.estimates if e.context == 512}
+    e = by["prefill_tps"]
+    assert e.regression and e.ci_high * (1 + e.mde) > 1 and e.mde < RULES.tiers[0].lower_bound * 2
+    assert v.status is Status.INCONCLUSIVE
+    [reason] = v.reasons
+    assert (
+        "prefill_tps" in reason and "too imprecise to call a regression" in reason and "floor" not in reason
+    )
 
 
 def _fixed(ctx: int, ratio: float, sd: float, n: int = 12) -> ThroughputPairs:
