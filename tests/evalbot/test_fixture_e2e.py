@@ -109,6 +109,7 @@ def write_rules(
     max_output_mb: int = 64,
     max_wait_s: float = 120,
     max_other_cores: float = 0.4,
+    max_pairs: int = 24,
 ) -> Path:
     """The shipped rules, with a cpu profile sized for the fixture and models.yaml naming its model."""
     dest.mkdir(parents=True)
@@ -133,7 +134,7 @@ cpu:
     warmup_runs: 1
     ci_half_width: 0.005
     min_pairs: 5
-    max_pairs: 24
+    max_pairs: {max_pairs}
     pairs_per_block: 4
     min_blocks: 4
     time_budget_s: 600
@@ -637,7 +638,7 @@ def test_a_fast_path_for_the_default_benchmark_prompt_gains_nothing_on_fresh_pro
 
     assert decode_tps() > 2 * decode_tps("--prompt-file", str(other_prompt))
     # Then evaluate it: evalbot draws fresh prompts, so the fast path never triggers.
-    run = evaluate(lab, "prompt-tuned", "--no-spec", "--no-accuracy")
+    run = evaluate(lab, "prompt-tuned", "--no-spec", "--no-accuracy", "--max-pairs", "8")
     assert run.verdict["status"] in ("PASS", "REJECT", "INCONCLUSIVE") and run.verdict["tier"] is None, (
         run.verdict
     )
@@ -702,7 +703,7 @@ def test_a_head_that_floods_stdout_forever_is_stopped_at_the_cap_not_the_time_li
 def test_the_trusted_harness_comes_from_main_whatever_the_bots_working_directory(lab: Lab):
     repo_root = Path(__file__).resolve().parents[2]
     assert (repo_root / "engine" / "__init__.py").is_file()
-    run = evaluate(lab, "speedup", "--no-spec", "--no-accuracy", cwd=repo_root)
+    run = evaluate(lab, "speedup", "--no-spec", "--no-accuracy", "--max-pairs", "8", cwd=repo_root)
     # a harness taken from the working directory fails to import or judges the wrong code; noise on a
     # shared 2-core box can leave the 3x speedup unresolved (INCONCLUSIVE, measured again), never more
     assert run.measurements["failures"] == [] and run.verdict["status"] in ("PASS", "INCONCLUSIVE"), (
@@ -715,7 +716,9 @@ def test_the_trusted_harness_comes_from_main_whatever_the_bots_working_directory
 def test_an_engine_that_lies_about_its_own_speed_is_measured_as_it_is(lab: Lab, branch: str):
     """A clock that runs slow, a clock that moves decode seconds into load, records that inflate the
     rate: the engine's own numbers are diagnostics; the harness's clock measures the real (equal) speed."""
-    run = evaluate(lab, branch, "--no-spec", "--no-accuracy")
+    run = evaluate(
+        lab, branch, "--no-spec", "--no-accuracy", "--max-pairs", "8"
+    )  # honest or not: no power needed
     _assert_measured_honestly(run)
     if branch != "inflated-record":  # its serve summaries are honest: only a record it never prints lies
         assert any("away from the harness's clock" in d for d in run.measurements["diagnostics"]), (
@@ -727,7 +730,7 @@ def test_an_engine_that_lies_about_its_own_speed_is_measured_as_it_is(lab: Lab, 
 def test_a_decode_shortcut_fails_the_audit_of_its_timed_tokens(lab: Lab, branch: str):
     """Decode steps that skip a layer (always, past 256 positions only, or only when the engine thinks it
     is measured): prefill and `score` stay exact, the timed tokens do not, and the audit says where."""
-    run = evaluate(lab, branch, "--no-spec")
+    run = evaluate(lab, branch, "--no-spec", "--max-pairs", "8")  # the audit decides whatever the noise
     assert run.code == 1 and run.verdict["status"] == "REJECT", run.verdict
     failed = {(g["name"], g["context"]) for g in run.failed_gates()}
     assert ("decode agreement", 512) in failed, failed
@@ -741,7 +744,7 @@ def test_a_decode_shortcut_fails_the_audit_of_its_timed_tokens(lab: Lab, branch:
 def test_tokens_computed_up_front_and_streamed_in_a_burst_gain_nothing(lab: Lab):
     """The continuation computed with the prompt, then handed out at once: the harness sees a slow
     prefill and a burst, not a fast decode."""
-    run = evaluate(lab, "burst", "--no-spec", "--no-accuracy")
+    run = evaluate(lab, "burst", "--no-spec", "--no-accuracy", "--max-pairs", "8")
     assert run.code == 1 and run.verdict["status"] == "REJECT", run.verdict
     reasons = " ".join(run.verdict["reasons"])
     assert "burst" in reasons or any(
@@ -765,5 +768,5 @@ def test_a_busy_thread_in_the_head_cannot_slow_main(lab: Lab):
 
 
 def test_a_head_cannot_carry_state_from_one_run_to_the_next(lab: Lab):
-    run = evaluate(lab, "memo", "--no-spec", "--no-accuracy")
+    run = evaluate(lab, "memo", "--no-spec", "--no-accuracy", "--max-pairs", "8")
     _assert_no_fabricated_gain(run)
