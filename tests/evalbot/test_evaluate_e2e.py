@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timing  # times work: runs alone, after the rest (make test)
+# Nothing here reads the A/B's numbers closely: each test checks what noise cannot move (a skip, a build, the
+# sandbox, a correctness gate), with a quiet-box guard that lets it run beside the rest of the suite.
+LOOSE_QUIET = """\
+  quiet:
+    max_other_cores: 64
+    max_gpu_util: 5
+    sample_s: 0.25
+    max_wait_s: 60
+"""
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -179,10 +187,13 @@ def test_red_team_head_sees_no_secrets_no_network_and_its_fake_json_goes_nowhere
     listener.close()
     result = json.loads((out / "result.json").read_text())
     assert result["measurements"]["failures"] == [], proc.stderr[-2000:]  # it ran: no leak, no network
-    assert result["verdict"]["status"] in ("PASS", "INCONCLUSIVE") and result["verdict"]["tier"] is None
+    # no tier; a regression call is allowed (the tiny shape's prefill takes a millisecond, and 2 pairs of it
+    # are what they are): the head is judged on its measured speed, never on the record it printed
+    failed = {g["name"] for g in result["verdict"]["gates"] if not g["passed"]}
+    assert result["verdict"]["tier"] is None and failed <= {"no regression"}, result["verdict"]["reasons"]
     # the 1e9 tok/s went nowhere: it would read as a ratio of 10^5 and more (the tiny shape's timings are
-    # noisy, so the honest ratio is only bounded loosely)
-    assert all(e["ratio"] < 5 for e in result["verdict"]["estimates"])
+    # noisy, and this runs beside other tests, so the honest ratio is only bounded loosely)
+    assert all(e["ratio"] < 20 for e in result["verdict"]["estimates"])
     assert "ghp_secret" not in (out / "report.md").read_text()
 
 
@@ -276,6 +287,7 @@ cpu:
     min_blocks: 2
     time_budget_s: 600
 """
+        + LOOSE_QUIET
         + _shipped_profile("gpu")
     )
     return rules
@@ -308,6 +320,7 @@ cpu:
     min_blocks: 2
     time_budget_s: 600
 """
+        + LOOSE_QUIET
         + _shipped_profile("gpu")
     )  # the spec pair below runs on the gpu profile: not this run's
     models = (rules / "models.yaml").read_text()

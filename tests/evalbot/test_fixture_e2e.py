@@ -11,6 +11,7 @@ head once (venvs are cached by tree hash).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -34,7 +35,6 @@ PY = sys.executable
 SECRET = "ghp_fixtureSecret0123456789abcdef"
 
 pytestmark = [
-    pytest.mark.timing,
     pytest.mark.skipif(
         subprocess.run(
             [
@@ -154,8 +154,19 @@ cpu:
     return dest
 
 
+@pytest.fixture
+def lab(_lab: Lab, request: pytest.FixtureRequest) -> Lab:
+    """The module's lab. A test marked `timing` (its assertions read the A/B's numbers) gets the quiet-box
+    guard of the shipped rules and runs alone, after the rest (make test); every other test checks what
+    the A/B's noise cannot move (a sandbox, a correctness gate, a build, a skip) and gets rules whose
+    guard lets it run beside the rest of the suite."""
+    if request.node.get_closest_marker("timing"):
+        return _lab
+    return dataclasses.replace(_lab, rules_dir=_lab.root / "rules-loose")
+
+
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
+def _lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
     root = tmp_path_factory.mktemp("fixture-e2e")
     cache = root / "cache"
     # the fixture's own fetcher, as evaluate's trusted fetch step runs it
@@ -171,6 +182,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
     model = Path(proc.stdout.strip().splitlines()[-1])
     sha = hashlib.sha256(model.read_bytes()).hexdigest()
     rules_dir = write_rules(root / "rules", sha)
+    write_rules(root / "rules-loose", sha, max_other_cores=64)  # other work on the box never waits
     rules = load_rules(rules_dir)
     assert sensitive_hits(fb.HARNESS_FILES, rules.policy.sensitive_paths) == tuple(fb.HARNESS_FILES)
     repo = fb.make_repo(root / "repo", fb.STANDARD)
@@ -284,6 +296,14 @@ def _assert_measured_honestly(run: Run) -> None:
     _assert_no_fabricated_gain(run)
 
 
+def _assert_ran(run: Run) -> None:
+    """The head ran to the end like main (no failure, no tier, no gate failed but a noisy regression
+    call): what a test checks that does not time anything, run beside the rest of the suite."""
+    assert run.measurements["failures"] == [], run.measurements["failures"]
+    assert {g["name"] for g in run.failed_gates()} <= {"no regression"}, run.verdict["reasons"]
+    assert run.verdict["tier"] is None
+
+
 def _assert_no_fabricated_gain(run: Run) -> None:
     """The red-team heads report 3x (or more) when their attack works; honest numbers stay near 1x.
 
@@ -298,6 +318,7 @@ def _assert_no_fabricated_gain(run: Run) -> None:
 # ---------------------------------------------------------------- honest PRs
 
 
+@pytest.mark.timing
 def test_a_genuine_speedup_passes_with_the_tier_its_lower_bound_earns(lab: Lab):
     run = evaluate(lab, "speedup")
     assert run.code == 0 and run.verdict["status"] == "PASS", run.why
@@ -325,6 +346,7 @@ def test_a_genuine_speedup_passes_with_the_tier_its_lower_bound_earns(lab: Lab):
     assert f"perf:{tier}" in run.report or tier in run.report
 
 
+@pytest.mark.timing
 def test_a_regression_at_one_context_is_rejected_naming_that_context(lab: Lab):
     run = evaluate(lab, "regress-long", "--no-accuracy", "--no-spec")
     assert run.code == 1 and run.verdict["status"] == "REJECT", run.why
@@ -387,6 +409,7 @@ def test_a_harness_crash_on_main_and_the_pr_is_infra_not_the_prs_fault(lab: Lab)
 # ---------------------------------------------------------------- the harness first, and a quiet box
 
 
+@pytest.mark.timing
 def test_a_reference_that_dies_by_a_signal_is_infra_within_a_minute_naming_the_signal(lab: Lab):
     """main's reference is computed before the PR is built or any pair runs; when it dies, the report
     says how (the signal by name, the exit code, its stderr), within a minute of the start."""
@@ -419,6 +442,7 @@ def test_a_pr_that_repoints_packaging_at_another_harness_is_never_run(lab: Lab):
 HOG = "import sys, time; open('/proc/self/comm', 'w').write('evalbot-hog')\nwhile True: pass"
 
 
+@pytest.mark.timing
 def test_a_busy_box_gives_box_busy_and_a_quiet_one_a_verdict(lab: Lab):
     """A real CPU hog beside evaluate: INFRA_ERROR "box busy", naming it by its command name and never
     by its arguments. With the hog stopped, the same evaluation completes."""
@@ -473,7 +497,7 @@ def test_secrets_in_the_bots_environment_never_reach_the_head(lab: Lab, monkeypa
         "AWS_SECRET_ACCESS_KEY": SECRET + "-aws",
     }
     run = evaluate(lab, "env-leak", "--no-spec", "--no-accuracy", "--max-pairs", "2", env=env)
-    _assert_measured_honestly(run)
+    _assert_ran(run)
     for path in run.out.iterdir():
         assert SECRET not in path.read_text(), path.name
     assert "leak:" not in run.stderr
@@ -498,7 +522,7 @@ def test_the_head_cannot_reach_the_network(lab: Lab, monkeypatch):
         run = evaluate(lab, "phone-home", "--no-spec", "--no-accuracy", "--max-pairs", "2")
         pending, _, _ = select.select([listener], [], [], 0)
     assert not pending, "the head connected to a listener on the host"
-    _assert_measured_honestly(run)
+    _assert_ran(run)
 
 
 def _host_targets(lab: Lab, store: Path) -> tuple[list[Path], list[str]]:
@@ -563,7 +587,7 @@ def test_the_head_cannot_write_outside_its_scratch_dir(lab: Lab, tmp_path: Path)
     assert any("site-packages/engine/reference.py" in p for p in before)  # main's trusted harness is a target
     run = evaluate(lab, "escape-run", "--no-spec", "--no-accuracy", "--max-pairs", "2")
     _assert_nothing_written(dirs, globs, before, lab)
-    _assert_measured_honestly(run)
+    _assert_ran(run)
 
 
 def test_the_heads_build_is_confined_too(lab: Lab):
@@ -584,7 +608,7 @@ def test_the_heads_build_is_confined_too(lab: Lab):
     assert not pending, "the head's build connected to a listener on the host"
     build_log = (lab.work / "logs" / f"build-{sha}.log").read_text()
     assert "attempt from engine._warm: wrote" in build_log and "phoned home: False" in build_log  # it did try
-    _assert_measured_honestly(run)
+    _assert_ran(run)
 
 
 @pytest.mark.parametrize(
@@ -604,6 +628,7 @@ def test_a_pr_that_edits_the_harness_is_skipped_before_anything_runs(
     assert not (work / "venvs").exists() and run.measurements["throughput"] == []
 
 
+@pytest.mark.timing
 def test_a_fabricated_record_printed_on_stdout_never_reaches_the_protocol(lab: Lab):
     """The head prints a record with an impossible decode rate on stdout at load: the serving harness
     keeps stdout for protocol lines only (anything else goes to stderr), so it changes nothing."""
@@ -611,6 +636,7 @@ def test_a_fabricated_record_printed_on_stdout_never_reaches_the_protocol(lab: L
     _assert_measured_honestly(run)
 
 
+@pytest.mark.timing
 def test_a_fast_path_for_the_default_benchmark_prompt_gains_nothing_on_fresh_prompts(
     lab: Lab, tmp_path: Path
 ):
@@ -648,6 +674,7 @@ def test_a_fast_path_for_the_default_benchmark_prompt_gains_nothing_on_fresh_pro
         )
 
 
+@pytest.mark.timing
 def test_a_head_that_never_finishes_is_killed_at_the_run_time_limit(lab: Lab):
     marker = f"fixture-sleeper-{uuid.uuid4().hex}"
     fb.add_branch(lab.repo, fb.sleeper_branch(marker))
@@ -659,6 +686,7 @@ def test_a_head_that_never_finishes_is_killed_at_the_run_time_limit(lab: Lab):
     assert not _survivors(marker), "processes of the head outlived its run"
 
 
+@pytest.mark.timing
 def test_a_head_cannot_leave_a_process_behind_to_slow_main_down(lab: Lab):
     marker = f"fixture-burner-{uuid.uuid4().hex}"
     fb.add_branch(lab.repo, fb.burner_branch(marker))
@@ -680,6 +708,7 @@ def _survivors(marker: str) -> list[int]:
     return found
 
 
+@pytest.mark.timing
 def test_a_head_that_floods_stdout_is_stopped_at_the_output_cap(lab: Lab):
     fb.add_branch(lab.repo, fb.flood_branch(256))
     run = evaluate(lab, "flood", "--no-spec", "--no-accuracy", "--max-pairs", "2", measure_rss=True)
@@ -689,6 +718,7 @@ def test_a_head_that_floods_stdout_is_stopped_at_the_output_cap(lab: Lab):
     assert run.peak_rss_kib is not None and run.peak_rss_kib < 1_500_000  # KiB: the bot stayed bounded
 
 
+@pytest.mark.timing
 def test_a_head_that_floods_stdout_forever_is_stopped_at_the_cap_not_the_time_limit(lab: Lab):
     fb.add_branch(lab.repo, fb.flood_branch(None))
     rules_dir = write_rules(lab.root / "rules-flood", lab.sha256, run_timeout_s=15)
@@ -700,6 +730,7 @@ def test_a_head_that_floods_stdout_forever_is_stopped_at_the_cap_not_the_time_li
     assert run.elapsed_s < 12
 
 
+@pytest.mark.timing
 def test_the_trusted_harness_comes_from_main_whatever_the_bots_working_directory(lab: Lab):
     repo_root = Path(__file__).resolve().parents[2]
     assert (repo_root / "engine" / "__init__.py").is_file()
@@ -712,6 +743,7 @@ def test_the_trusted_harness_comes_from_main_whatever_the_bots_working_directory
     assert all(e["ratio"] > 1.5 for e in run.decode_estimates().values()), run.decode_estimates()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("branch", ["clock", "clock-shift", "inflated-record"])
 def test_an_engine_that_lies_about_its_own_speed_is_measured_as_it_is(lab: Lab, branch: str):
     """A clock that runs slow, a clock that moves decode seconds into load, records that inflate the
@@ -741,6 +773,7 @@ def test_a_decode_shortcut_fails_the_audit_of_its_timed_tokens(lab: Lab, branch:
     assert run.verdict["tier"] is None and "accuracy-fail" in run.verdict["labels_add"]
 
 
+@pytest.mark.timing
 def test_tokens_computed_up_front_and_streamed_in_a_burst_gain_nothing(lab: Lab):
     """The continuation computed with the prompt, then handed out at once: the harness sees a slow
     prefill and a burst, not a fast decode."""
@@ -753,6 +786,7 @@ def test_tokens_computed_up_front_and_streamed_in_a_burst_gain_nothing(lab: Lab)
     assert run.verdict["tier"] is None
 
 
+@pytest.mark.timing
 def test_a_busy_thread_in_the_head_cannot_slow_main(lab: Lab):
     """Threads that spin whenever the head is idle are frozen with it while main is timed."""
     control = evaluate(lab, "speedup", "--no-spec", "--no-accuracy", "--max-pairs", "8")
@@ -767,6 +801,7 @@ def test_a_busy_thread_in_the_head_cannot_slow_main(lab: Lab):
     _assert_no_fabricated_gain(run)
 
 
+@pytest.mark.timing
 def test_a_head_cannot_carry_state_from_one_run_to_the_next(lab: Lab):
     run = evaluate(lab, "memo", "--no-spec", "--no-accuracy", "--max-pairs", "8")
     _assert_no_fabricated_gain(run)
