@@ -2,7 +2,29 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker gets its own share of the CPUs, and torch (and every engine an
+    evaluation starts: evalbot sizes their threads to this process's affinity) as many threads as that
+    share has. Two workers whose torch threads both spread over both cores spin at each other's OpenMP
+    barriers: a real-model test took 4x as long beside another one."""
+    worker, count = (
+        os.environ.get("PYTEST_XDIST_WORKER", ""),
+        int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")),
+    )
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < count:
+        return
+    mine = set(cpus[int(worker[2:]) :: count])
+    os.sched_setaffinity(0, mine)
+    os.environ["OMP_NUM_THREADS"] = str(len(mine))
+
 
 REAL_MODEL = "qwen2.5-coder-0.5b"
 

@@ -99,13 +99,22 @@ SIDE_LABEL = {Side.BASE: "main", Side.HEAD: "the PR"}
 # --- the sandbox ------------------------------------------------------------------------------------
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity: an operator who pins evaluate with taskset pins its
+    engines' threads too), else every CPU of the machine."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def sandbox_spec(
     ctx: RunContext, venv: Path, scratch: Path, extra_binds: list[Path], timeout_s: float
 ) -> sandbox.SandboxSpec:
     """The sandbox of one engine process: scratch is the only writable place, the env is scrubbed."""
     scratch.mkdir(exist_ok=True)
     env = sandbox.scrub_env(os.environ)
-    cores = str(os.cpu_count() or 1)
+    cores = str(usable_cores())
     env.update(
         {
             "HOME": str(scratch),
@@ -124,7 +133,7 @@ def sandbox_spec(
         workdir=scratch,
         env=env,
         limits=sandbox.Limits(
-            cpu_seconds=int(timeout_s * (os.cpu_count() or 1)),
+            cpu_seconds=int(timeout_s * usable_cores()),
             memory_bytes=48 << 30,
             max_output_bytes=ctx.max_output_bytes,
             timeout_s=timeout_s,
