@@ -76,6 +76,7 @@ class RunContext:
     ro_binds: list[Path] = field(default_factory=list)
     sides: dict[Side, SideBuild] = field(default_factory=dict)
     profile_device: str = "cpu"
+    engine_threads: int | None = None  # the profile's threads per engine; None: every usable core
     run_timeout_s: float = 600.0
     max_output_bytes: int = 64 << 20
     box_samples: list[dict[str, Any]] = field(default_factory=list)
@@ -114,7 +115,7 @@ def sandbox_spec(
     """The sandbox of one engine process: scratch is the only writable place, the env is scrubbed."""
     scratch.mkdir(exist_ok=True)
     env = sandbox.scrub_env(os.environ)
-    cores = str(usable_cores())
+    cores = str(ctx.engine_threads or usable_cores())
     env.update(
         {
             "HOME": str(scratch),

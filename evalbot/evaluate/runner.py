@@ -146,6 +146,7 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
             log,
             Path(tmp),
             profile_device=profile.device,
+            engine_threads=profile.measurement.threads,
             run_timeout_s=profile.measurement.run_timeout_s,
             max_output_bytes=profile.measurement.max_output_mb << 20,
             quiet=profile.quiet,

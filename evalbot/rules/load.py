@@ -240,7 +240,7 @@ def _quiet(f: _File, node: yaml.Node, field: str) -> Quiet:
     )
 
 
-_OPTIONAL_MEASUREMENT = ("run_timeout_s", "max_output_mb", "pairs_per_block", "min_blocks")
+_OPTIONAL_MEASUREMENT = ("run_timeout_s", "max_output_mb", "pairs_per_block", "min_blocks", "threads")
 
 
 def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:

@@ -147,6 +147,9 @@ class Measurement:
     max_output_mb: int = 64  # stdout or stderr of one run beyond this stops it
     pairs_per_block: int = 4  # pairs per context in each block of fresh serving processes
     min_blocks: int = 3  # the CI treats blocks as clusters: at least this many
+    threads: int | None = (
+        None  # each engine's CPU threads (OMP_NUM_THREADS); None: every core evaluate may use
+    )
 
 
 @dataclass(frozen=True)

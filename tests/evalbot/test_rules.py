@@ -611,3 +611,22 @@ def test_label_families_are_declared_once_and_never_overlap_where_two_producers_
     )
     assert fam[LabelFamily.CLEARED] - fam[LabelFamily.PROTECTED] == {rules.labels.exhausted}
     assert {t.label for t in rules.tiers} <= fam[LabelFamily.VERDICT]
+
+
+def test_a_profile_may_set_each_engines_threads_and_a_bad_count_names_its_line(rules_dir):
+    assert load_rules(rules_dir).profile("cpu").measurement.threads is None  # shipped: every usable core
+    edit(rules_dir, "profiles.yaml", "    min_blocks: 6 ", "    threads: 1\n    min_blocks: 6 ")
+    assert load_rules(rules_dir).profile("cpu").measurement.threads == 1
+    line = edit(rules_dir, "profiles.yaml", "    threads: 1\n", "    threads: 0\n")
+    err = load_error(rules_dir)
+    assert err.line == line and "threads" in err.field
+
+
+def test_the_engines_threads_follow_the_profile_else_this_process_cpus(tmp_path):
+    from evalbot.evaluate.context import EvalConfig, RunContext, sandbox_spec, usable_cores
+
+    cfg = EvalConfig(tmp_path, "main", "head", load_rules(default_rules_dir()), "cpu", tmp_path)
+    ctx = RunContext(cfg, lambda _m: None, tmp_path)
+    assert sandbox_spec(ctx, tmp_path, tmp_path / "s", [], 60).env["OMP_NUM_THREADS"] == str(usable_cores())
+    ctx.engine_threads = 1
+    assert sandbox_spec(ctx, tmp_path, tmp_path / "s", [], 60).env["OMP_NUM_THREADS"] == "1"
