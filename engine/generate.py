@@ -190,8 +190,14 @@ class Session:
         params: SamplingParams | None = None,
         stop_ids: frozenset[int] = frozenset(),
         on_token: Callable[[int], None] | None = None,
+        stream: bool = True,
     ) -> Generation:
-        """Prefill the prompt, then decode up to max_new tokens (stopping at a stop id)."""
+        """Prefill the prompt, then decode up to max_new tokens (stopping at a stop id).
+
+        With `stream` (the default) `on_token` sees every token as it is decoded, which costs a host sync
+        per token. Without it, a greedy generation with no stop ids hands `on_token` the first token only
+        and decodes the rest with the tokens kept on the device (one sync at the end; on CUDA the GPU then
+        runs the steps back to back): the same tokens, no per-token margins."""
         if len(prompt_ids) + max_new > self.cache.max_seq:
             raise ValueError(
                 f"prompt {len(prompt_ids)} + {max_new} new tokens exceed the cache ({self.cache.max_seq})"
@@ -207,6 +213,14 @@ class Session:
         self._sync()
         t1 = time.perf_counter()
         out.prefill_s = t1 - t0
+        if not stream and params.greedy and not stop_ids and max_new > 1:
+            if on_token:
+                on_token(token)
+            first = torch.tensor([token], dtype=torch.long, device=self.model.device)
+            rest = self.greedy_on_device(first, max_new - 1).tolist()  # .tolist() is the one sync
+            out.token_ids = [token, *rest]
+            out.decode_s = time.perf_counter() - t1
+            return out
         for i in range(max_new):
             if params.greedy:
                 out.margins.append(_margin(logits))

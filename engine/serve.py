@@ -11,6 +11,13 @@ Protocol ``evalbot.serve/1`` (one JSON object per line, both ways):
     <- {"id": "r1", "tok": 1234}                        one line per generated token
     <- {"id": "r1", "event": "done", "n": 32, "stop": "length", "timings": {...}}
 
+    With "stream": "ends" (greedy, no stop ids) the first token comes as soon as the prefill has it, and
+    the other tokens in one line when the last is decoded: no per-token write, flush or host sync while
+    the harness's clock runs (decode is still first line to last).
+    <- {"id": "r1", "tok": 1234}
+    <- {"id": "r1", "toks": [..]}                       the remaining max_new - 1 tokens
+    <- {"id": "r1", "event": "done", ...}
+
     -> {"id": "r2", "op": "spec", "prompt_ids": [..], "max_new": 64, "drafter": "ngram", "ngram": 3, "block": 7}
     <- {"id": "r2", "toks": [..]}                       one line per verify step (the first: the prefill's token)
     <- {"id": "r2", "event": "done", "n": 64, "steps": 20, "timings": {...}}
@@ -55,6 +62,7 @@ SAVE_NAME = re.compile(r"[a-z0-9_-]{1,40}\.npy")
 MAX_REQUEST_BYTES = 4 << 20
 MAX_ID_CHARS = 64
 OPS = ("generate", "spec", "score", "tokenize", "shutdown")
+STREAMS = ("token", "ends")
 
 
 class RequestError(ValueError):
@@ -126,9 +134,24 @@ class Server:
                 _float(req, "top_p", 1.0, 0.0, 1.0),
                 _int(req, "seed", 0, 0, 2**63 - 1),
             )
-            out = self.session.generate(
-                prompt, max_new, params, on_token=lambda t: self.send({"id": rid, "tok": t})
-            )
+            mode = req.get("stream", "token")
+            if mode not in STREAMS:
+                raise RequestError(f"stream: expected one of {', '.join(STREAMS)}, got {mode!r}")
+            if mode == "ends" and not params.greedy:
+                raise RequestError("stream 'ends' is for greedy requests (temperature 0)")
+            sent: list[int] = []
+
+            def on_token(t: int) -> None:
+                if mode == "token" or not sent:  # ends: the first token at once, the rest after the last
+                    self.send({"id": rid, "tok": t})
+                    sent.append(t)
+
+            out = self.session.generate(prompt, max_new, params, on_token=on_token, stream=mode == "token")
+            if mode == "ends":
+                if out.token_ids[: len(sent)] != sent:
+                    raise RequestError("the engine returned other tokens than it streamed")
+                if out.token_ids[len(sent) :]:
+                    self.send({"id": rid, "toks": out.token_ids[len(sent) :]})
             self.send(
                 {
                     "id": rid,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -20,6 +21,7 @@ from evalbot.rules.reader import (
 from evalbot.rules.schema import (
     DEVICES,
     FILES,
+    STREAMS,
     AccuracyGate,
     Context,
     DecodeAuditGate,
@@ -241,13 +243,19 @@ def _quiet(f: _File, node: yaml.Node, field: str) -> Quiet:
 
 
 _OPTIONAL_MEASUREMENT = ("run_timeout_s", "max_output_mb", "pairs_per_block", "min_blocks", "threads")
+_OPTIONAL_TEXT = ("stream",)
 
 
 def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:
     keys = [fl.name for fl in fields(Measurement)]
     present = {key for key, _, _ in f.items(node, field)}
-    m = f.mapping(node, field, [k for k in keys if k not in _OPTIONAL_MEASUREMENT or k in present])
-    optional = {k: f.integer(m[k], f"{field}.{k}", minimum=1) for k in _OPTIONAL_MEASUREMENT if k in m}
+    optional_keys = _OPTIONAL_MEASUREMENT + _OPTIONAL_TEXT
+    m = f.mapping(node, field, [k for k in keys if k not in optional_keys or k in present])
+    optional: dict[str, Any] = {
+        k: f.integer(m[k], f"{field}.{k}", minimum=1) for k in _OPTIONAL_MEASUREMENT if k in m
+    }
+    if "stream" in m:
+        optional["stream"] = f.choice(m["stream"], f"{field}.stream", STREAMS, "a stream mode")
     min_pairs = f.integer(m["min_pairs"], f"{field}.min_pairs", minimum=2)  # one pair has no spread
     max_pairs = f.integer(m["max_pairs"], f"{field}.max_pairs", minimum=2)
     if max_pairs < min_pairs:

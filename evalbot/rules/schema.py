@@ -150,6 +150,12 @@ class Measurement:
     threads: int | None = (
         None  # each engine's CPU threads (OMP_NUM_THREADS); None: every core evaluate may use
     )
+    # How a timed request's tokens come back: "token" (a line each, as decoded) or "ends" (the first at
+    # once, the rest in one line after the last: no per-token write, flush or host sync while timed).
+    stream: str = "token"
+
+
+STREAMS = ("token", "ends")
 
 
 @dataclass(frozen=True)

@@ -622,6 +622,15 @@ def test_a_profile_may_set_each_engines_threads_and_a_bad_count_names_its_line(r
     assert err.line == line and "threads" in err.field
 
 
+def test_a_profile_chooses_how_timed_tokens_come_back_and_a_bad_mode_names_its_line(rules_dir):
+    rules = load_rules(rules_dir)
+    assert rules.profile("gpu").measurement.stream == "ends"  # shipped: no per-token sync on the GPU
+    assert rules.profile("cpu").measurement.stream == "token"  # absent: a line per token
+    line = edit(rules_dir, "profiles.yaml", "    stream: ends\n", "    stream: chunks\n")
+    err = load_error(rules_dir)
+    assert err.line == line and "stream" in err.field and "token" in str(err) and "ends" in str(err)
+
+
 def test_the_engines_threads_follow_the_profile_else_this_process_cpus(tmp_path):
     from evalbot.evaluate.context import EvalConfig, RunContext, sandbox_spec, usable_cores
 

@@ -203,3 +203,28 @@ def test_a_side_that_streams_fewer_or_grouped_tokens_is_refused():
         abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 8, grouped)
     with pytest.raises(abtest.SideError, match="streamed 8"):
         abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 16, grouped)
+
+
+def _ends(n: int, decode_ns: int) -> served.Timed:
+    return served.Timed(
+        {"op": "generate", "stream": "ends"},
+        0,
+        tuple(range(n)),
+        (50_000_000, 50_000_000 + decode_ns),
+        ((0,), tuple(range(1, n))),
+        {"n": n},
+    )
+
+
+def test_the_ends_stream_is_timed_first_line_to_last_and_nothing_else_passes_for_it():
+    s = abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _ends(32, 310_000_000), stream="ends")
+    assert s.decode_tps == pytest.approx(31 / 0.31) and s.prefill_tps == pytest.approx(128 / 0.05)
+    # the decode computed during the prefill, sent at once: a burst, never a rate
+    with pytest.raises(abtest.SideError, match="burst"):
+        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _ends(32, 300), stream="ends")
+    # a line per token where the ends were asked for (or everything in one line): refused, not averaged
+    with pytest.raises(abtest.SideError, match="the first token, then the rest"):
+        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _timed(32, 20_000_000), stream="ends")
+    one = served.Timed({"op": "generate"}, 0, tuple(range(32)), (9_000_000,), (tuple(range(32)),), {"n": 32})
+    with pytest.raises(abtest.SideError, match="in 1 lines"):
+        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, one, stream="ends")

@@ -1,0 +1,64 @@
+"""`engine serve`'s stream modes, in process on a tiny random-weight shape: "token" sends a line per token,
+"ends" the first token and then the rest in one line, with the same tokens."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from engine import generate as gen
+from engine import serve
+
+PROMPT = list(range(3, 40))
+
+
+@pytest.fixture(scope="module")
+def server() -> serve.Server:
+    lm = gen.load_random("qwen3-tiny", "cpu", seed=3, max_pos=128)
+    return serve.Server(lm, 128, io.StringIO())
+
+
+def _lines(server: serve.Server, req: dict) -> list[dict]:
+    server.out = io.StringIO()
+    server.handle(req)
+    return [json.loads(x) for x in server.out.getvalue().splitlines()]
+
+
+def _tokens(lines: list[dict]) -> list[int]:
+    return [t for x in lines for t in ([x["tok"]] if "tok" in x else x.get("toks", []))]
+
+
+def test_ends_sends_the_first_token_then_the_rest_in_one_line_with_the_same_tokens(server):
+    token = _lines(server, {"id": "a", "op": "generate", "prompt_ids": PROMPT, "max_new": 12})
+    ends = _lines(
+        server, {"id": "b", "op": "generate", "prompt_ids": PROMPT, "max_new": 12, "stream": "ends"}
+    )
+    assert [list(x) for x in token[:-1]] == [["id", "tok"]] * 12
+    assert [sorted(x) for x in ends[:-1]] == [["id", "tok"], ["id", "toks"]]
+    assert _tokens(ends) == _tokens(token) and len(_tokens(ends)) == 12
+    assert ends[-1]["event"] == "done" and ends[-1]["n"] == 12
+    one = _lines(server, {"id": "c", "op": "generate", "prompt_ids": PROMPT, "max_new": 1, "stream": "ends"})
+    assert _tokens(one) == _tokens(token)[:1] and len(one) == 2  # one token: its line and done
+
+
+def test_ends_holds_back_the_tokens_of_an_engine_that_streams_each_one_anyway(server, monkeypatch):
+    real = server.session.generate
+    monkeypatch.setattr(server.session, "generate", lambda *a, **k: real(*a, **{**k, "stream": True}))
+    lines = _lines(
+        server, {"id": "d", "op": "generate", "prompt_ids": PROMPT, "max_new": 9, "stream": "ends"}
+    )
+    assert [sorted(x) for x in lines[:-1]] == [["id", "tok"], ["id", "toks"]] and len(_tokens(lines)) == 9
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ({"stream": "chunks"}, "stream: expected one of token, ends"),
+        ({"stream": "ends", "temperature": 0.7}, "greedy"),
+    ],
+)
+def test_a_bad_stream_request_is_refused_by_name(server, extra, words):
+    with pytest.raises(serve.RequestError, match=words):
+        server.handle({"id": "e", "op": "generate", "prompt_ids": PROMPT, "max_new": 4, **extra})
