@@ -5,9 +5,12 @@
 #
 #   MODE=smoke      one A/A `evaluate` on a small shape: does the served path run on CUDA, in the sandbox?
 #   MODE=calibrate  `evalbot calibrate --profile gpu`: RUNS A/A evaluations of SHAPE at CTXS
+#   MODE=synthetic  one `evaluate` of a known change: main decodes with SYNTH_K extra no-op kernels per step
+#                   (in-place adds of 0 to the logits, bit-identical tokens), the PR removes them
 #
 # Knobs (env): SHAPE (qwen3-8b), CTXS ("4096 16384"), PAIRS_PER_BLOCK (8), MIN_BLOCKS (4), MAX_PAIRS (32),
-# RUNS (1), DECODE (128), BUDGET (seconds the command may take, default 540). Results go to $OUT.
+# RUNS (1), DECODE (128), STREAM (ends), SYNTH_K (16), BUDGET (seconds the command may take, default 540).
+# Results go to $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 MODE=${MODE:-calibrate}
@@ -19,6 +22,8 @@ MAX_PAIRS=${MAX_PAIRS:-32}
 RUNS=${RUNS:-1}
 DECODE=${DECODE:-128}
 BUDGET=${BUDGET:-540}
+STREAM=${STREAM:-ends}
+SYNTH_K=${SYNTH_K:-16}
 T0=$(date +%s)
 
 # into the interpreter's own environment: the builds' venvs see it through --system-site-packages (a
@@ -42,6 +47,20 @@ fi
 
 export GIT_AUTHOR_NAME=x GIT_AUTHOR_EMAIL=x@x GIT_COMMITTER_NAME=x GIT_COMMITTER_EMAIL=x@x
 git init -q && git add -A && git commit -qm snapshot && git branch -M main && echo "repo $(git rev-parse --short HEAD)"
+if [ "$MODE" = synthetic ]; then
+  git branch pr
+  python3 - "$SYNTH_K" <<'PY'
+import sys
+p = "engine/model.py"
+s = open(p).read()
+old = "        return self.logits(x)[:, 0]\n\n    def logits"
+assert s.count(old) == 1, "the decode step's return moved: update the synthetic change"
+new = ("        out = self.logits(x)[:, 0]\n        for _ in range(%d):  # synthetic: no-op kernels\n"
+       "            out.add_(0.0)\n        return out\n\n    def logits") % int(sys.argv[1])
+open(p, "w").write(s.replace(old, new))
+PY
+  git commit -qam "synthetic: $SYNTH_K no-op kernels per decode step on main" && echo "main: +$SYNTH_K no-op kernels; pr: without"
+fi
 mkdir -p /tmp/rules && cp rules/*.yaml /tmp/rules/
 {
   echo "gpu:"
@@ -56,6 +75,7 @@ mkdir -p /tmp/rules && cp rules/*.yaml /tmp/rules/
     min_pairs: $((PPB * MIN_BLOCKS < MAX_PAIRS ? PPB * MIN_BLOCKS : MAX_PAIRS))
     max_pairs: $MAX_PAIRS
     pairs_per_block: $PPB
+    stream: $STREAM
     min_blocks: $MIN_BLOCKS
     time_budget_s: $((BUDGET - 120))
     run_timeout_s: 300
@@ -82,8 +102,8 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw
   --format=csv,noheader -lms 1000 > "$OUT/gpu_trace.csv" 2>/dev/null &
 SAMPLER=$!
 LEFT=$((BUDGET - ($(date +%s) - T0) - 15))
-if [ "$MODE" = smoke ]; then
-  git branch pr && git checkout -q pr && git commit -q --allow-empty -m "A/A head" && git checkout -q main
+if [ "$MODE" = smoke ] || [ "$MODE" = synthetic ]; then
+  [ "$MODE" = smoke ] && git branch pr && git checkout -q pr && git commit -q --allow-empty -m "A/A head" && git checkout -q main
   timeout "$LEFT" python3 -m evalbot evaluate --repo . --base main --head pr --profile gpu --rules /tmp/rules \
     $SANDBOX --no-spec --no-accuracy --out /tmp/eval --work-dir /tmp/work --seed 7 > "$OUT/smoke.log" 2>&1
   echo "evaluate exit $?" | tee -a "$OUT/smoke.log"

@@ -8,6 +8,7 @@ sandbox made here: scratch is the only writable place, the env is scrubbed, the 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -95,6 +96,36 @@ def fresh_scratch(ctx: RunContext, label: str) -> Path:
 
 
 SIDE_LABEL = {Side.BASE: "main", Side.HEAD: "the PR"}
+COMPILE_CACHES = (".inductor", ".triton")
+COMPILE_CACHE_CAP = 2 << 30
+
+
+def carry_compile_cache(previous: Path | None, scratch: Path, cap_bytes: int = COMPILE_CACHE_CAP) -> int:
+    """Copy the compile caches (TorchInductor, Triton) a side's previous serving process left in its scratch
+    into the side's next one, so that only its first process pays the compile (on the H200 a qwen3-8b start
+    took 48 s cold, 8 s warm). Only ever within one side: main's processes never read what the PR's wrote.
+    Regular files and folders only (a link is skipped, never followed); past `cap_bytes` nothing is carried
+    and the process compiles afresh. Returns the bytes copied."""
+    if previous is None:
+        return 0
+    files: list[tuple[Path, int]] = []
+    for name in COMPILE_CACHES:
+        root = previous / name
+        if root.is_symlink() or not root.is_dir():
+            continue
+        for path in sorted(root.rglob("*")):
+            if path.is_symlink() or not path.is_file():
+                continue
+            if any(p.is_symlink() for p in path.relative_to(previous).parents if p != Path(".")):
+                continue
+            files.append((path, path.stat().st_size))
+    if sum(size for _, size in files) > cap_bytes:
+        return 0
+    for path, _ in files:
+        target = scratch / path.relative_to(previous)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    return sum(size for _, size in files)
 
 
 # --- the sandbox ------------------------------------------------------------------------------------

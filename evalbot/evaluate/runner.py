@@ -24,6 +24,7 @@ from evalbot.evaluate.context import (
     RunContext,
     SideBuild,
     SideFailed,
+    carry_compile_cache,
     confine_build,
     fresh_scratch,
     ro_binds,
@@ -282,12 +283,14 @@ class _Served:
 
 
 def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int) -> abtest.Launch:
-    """Start one side's `engine serve`, sandboxed, in a fresh scratch dir, with the profile's device."""
+    """Start one side's `engine serve`, sandboxed, in a fresh scratch dir (holding the compile caches of
+    that side's previous process, if any), with the profile's device."""
 
     def launch(side: Side) -> served.ServedProcess:
         venv = ctx.sides[side].build.venv
         assert venv is not None
         scratch = fresh_scratch(ctx, f"{side.value}-serve")
+        carry_compile_cache(ctx.serve_scratch.get(side), scratch)
         ctx.serve_scratch[side] = scratch
         spec = sandbox_spec(
             ctx,
