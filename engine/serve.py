@@ -253,6 +253,8 @@ def serve(args: argparse.Namespace, stdin: IO[bytes] | None = None, out: IO[str]
     t0 = time.perf_counter()
     lm = _load(args)
     draft = gen.load(args.draft, args.device) if args.draft else None
+    if lm.device.type == "cuda" and args.pack:
+        lm.transformer.pack()
     compiled = lm.device.type == "cuda" if args.compile is None else args.compile
     if compiled:
         lm.transformer.compile()
@@ -277,6 +279,7 @@ def serve(args: argparse.Namespace, stdin: IO[bytes] | None = None, out: IO[str]
                 "threads": torch.get_num_threads(),
                 "max_seq": args.max_seq,
                 "compile": compiled,
+                "packed_weights": lm.device.type == "cuda" and args.pack,
                 "cuda_graph": server.session.graph is not None,
                 "random_weights": lm.random_weights,
                 "vocab_size": lm.cfg.vocab_size,
@@ -322,5 +325,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action=argparse.BooleanOptionalAction,
         default=None,
         help="torch.compile the dense halves (default: on for CUDA)",
+    )
+    p.add_argument(
+        "--pack",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CUDA: every weight in one allocation at fixed aligned offsets (default: on)",
     )
     p.set_defaults(func=None, serve=True)

@@ -96,14 +96,14 @@ def fresh_scratch(ctx: RunContext, label: str) -> Path:
 
 
 SIDE_LABEL = {Side.BASE: "main", Side.HEAD: "the PR"}
-COMPILE_CACHES = (".inductor", ".triton")
+COMPILE_CACHES = (".inductor", ".triton", ".cache/torch_extensions")
 COMPILE_CACHE_CAP = 2 << 30
 
 
 def carry_compile_cache(previous: Path | None, scratch: Path, cap_bytes: int = COMPILE_CACHE_CAP) -> int:
-    """Copy the compile caches (TorchInductor, Triton) a side's previous serving process left in its scratch
-    into the side's next one, so that only its first process pays the compile (on the H200 a qwen3-8b start
-    took 48 s cold, 8 s warm). Only ever within one side: main's processes never read what the PR's wrote.
+    """Copy the compile caches (TorchInductor, Triton, torch's C++/CUDA extension builds) a side's previous
+    serving process left in its scratch into the side's next one, so that only its first process pays the
+    compile (on the H200 a qwen3-8b start took 48 s cold, 8 s warm). Only ever within one side: main's processes never read what the PR's wrote.
     Regular files and folders only (a link is skipped, never followed); past `cap_bytes` nothing is carried
     and the process compiles afresh. Returns the bytes copied."""
     if previous is None:
