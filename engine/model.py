@@ -227,9 +227,9 @@ class Transformer(nn.Module):
         """Move every weight into one allocation, each tensor of at least `align` bytes at an `align`-byte
         offset (the small ones at 256 bytes), in a fixed order; returns the allocation's bytes.
 
-        Where weights sit in memory moved a served qwen3-8b's decode rate by about 1% per process on the
-        H200 (a fixed offset for the process's life, docs/benchmarks.md): one layout, fixed relative to
-        itself, takes that out of the A/B's between-process spread. Call before CUDA graphs are captured."""
+        An experiment on where the weights sit (bench/gpu_placement.py): on the H200 a qwen3-8b's decode
+        rate moved by 0.34% sd between placements in one process, and by 0.36% packed, so packing is off
+        by default (`engine serve --pack`). Call before CUDA graphs are captured."""
         tensors = self.weights()
         offsets, total = [], 0
         for t in tensors:

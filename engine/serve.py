@@ -329,7 +329,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--pack",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="CUDA: every weight in one allocation at fixed aligned offsets (default: on)",
+        default=False,
+        help="CUDA: every weight in one allocation at fixed aligned offsets (an experiment: on the H200 it "
+        "left the spread between placements as it was, docs/benchmarks.md)",
     )
     p.set_defaults(func=None, serve=True)
