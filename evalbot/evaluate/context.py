@@ -8,7 +8,6 @@ sandbox made here: scratch is the only writable place, the env is scrubbed, the 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,45 +86,15 @@ class RunContext:
     serve_scratch: dict[Side, Path] = field(default_factory=dict)  # each side's latest serving process's
 
 
-def fresh_scratch(ctx: RunContext, label: str) -> Path:
-    """A new, empty folder under the run's scratch for one engine process."""
+def fresh_scratch(ctx: RunContext, label: str, under: Path | None = None) -> Path:
+    """A new, empty folder under the run's scratch (or under `under`) for one engine process."""
     ctx.runs += 1
-    path = ctx.scratch / "runs" / f"{ctx.runs:05d}-{label}"
+    path = (under or ctx.scratch) / "runs" / f"{ctx.runs:05d}-{label}"
     path.mkdir(parents=True)
     return path
 
 
 SIDE_LABEL = {Side.BASE: "main", Side.HEAD: "the PR"}
-COMPILE_CACHES = (".inductor", ".triton", ".cache/torch_extensions")
-COMPILE_CACHE_CAP = 2 << 30
-
-
-def carry_compile_cache(previous: Path | None, scratch: Path, cap_bytes: int = COMPILE_CACHE_CAP) -> int:
-    """Copy the compile caches (TorchInductor, Triton, torch's C++/CUDA extension builds) a side's previous
-    serving process left in its scratch into the side's next one, so that only its first process pays the
-    compile (on the H200 a qwen3-8b start took 48 s cold, 8 s warm). Only ever within one side: main's processes never read what the PR's wrote.
-    Regular files and folders only (a link is skipped, never followed); past `cap_bytes` nothing is carried
-    and the process compiles afresh. Returns the bytes copied."""
-    if previous is None:
-        return 0
-    files: list[tuple[Path, int]] = []
-    for name in COMPILE_CACHES:
-        root = previous / name
-        if root.is_symlink() or not root.is_dir():
-            continue
-        for path in sorted(root.rglob("*")):
-            if path.is_symlink() or not path.is_file():
-                continue
-            if any(p.is_symlink() for p in path.relative_to(previous).parents if p != Path(".")):
-                continue
-            files.append((path, path.stat().st_size))
-    if sum(size for _, size in files) > cap_bytes:
-        return 0
-    for path, _ in files:
-        target = scratch / path.relative_to(previous)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target)
-    return sum(size for _, size in files)
 
 
 # --- the sandbox ------------------------------------------------------------------------------------
@@ -141,27 +110,42 @@ def usable_cores() -> int:
 
 
 def sandbox_spec(
-    ctx: RunContext, venv: Path, scratch: Path, extra_binds: list[Path], timeout_s: float
+    ctx: RunContext,
+    venv: Path,
+    scratch: Path,
+    extra_binds: list[Path],
+    timeout_s: float,
+    side_root: Path | None = None,
 ) -> sandbox.SandboxSpec:
-    """The sandbox of one engine process: scratch is the only writable place, the env is scrubbed."""
-    scratch.mkdir(exist_ok=True)
+    """The sandbox of one engine process: scratch is the only writable place, the env is scrubbed.
+
+    With `side_root` (a folder above scratch that only one side's processes get) the process may write there
+    too, and its compile caches (TorchInductor, Triton, torch's extension builds) live in side_root/caches:
+    one path for all of that side's serving processes, so that only the first pays the compile. The path
+    must stay the same: an extension build copied to another folder is built again (its ninja commands name
+    the folder). Main's processes never see the PR's root, nor the PR's processes main's."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    if side_root is not None and not scratch.is_relative_to(side_root):
+        raise ValueError(f"{scratch} is not inside the side's root {side_root}")
+    caches = scratch if side_root is None else side_root / "caches"
+    caches.mkdir(exist_ok=True)
     env = sandbox.scrub_env(os.environ)
     cores = str(ctx.engine_threads or usable_cores())
     env.update(
         {
             "HOME": str(scratch),
             "TMPDIR": str(scratch),
-            "XDG_CACHE_HOME": str(scratch / ".cache"),
+            "XDG_CACHE_HOME": str(caches / ".cache"),
             "OMP_NUM_THREADS": cores,
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONHASHSEED": "0",
-            "TRITON_CACHE_DIR": str(scratch / ".triton"),
-            "TORCHINDUCTOR_CACHE_DIR": str(scratch / ".inductor"),
+            "TRITON_CACHE_DIR": str(caches / ".triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(caches / ".inductor"),
         }
     )
     return sandbox.SandboxSpec(
         ro_binds=tuple(dict.fromkeys([*ctx.ro_binds, venv, *extra_binds])),
-        scratch=scratch,
+        scratch=side_root or scratch,
         workdir=scratch,
         env=env,
         limits=sandbox.Limits(

@@ -24,7 +24,6 @@ from evalbot.evaluate.context import (
     RunContext,
     SideBuild,
     SideFailed,
-    carry_compile_cache,
     confine_build,
     fresh_scratch,
     ro_binds,
@@ -283,14 +282,14 @@ class _Served:
 
 
 def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int) -> abtest.Launch:
-    """Start one side's `engine serve`, sandboxed, in a fresh scratch dir (holding the compile caches of
-    that side's previous process, if any), with the profile's device."""
+    """Start one side's `engine serve`, sandboxed, in a fresh scratch dir under that side's own root (whose
+    compile caches its earlier processes filled), with the profile's device."""
 
     def launch(side: Side) -> served.ServedProcess:
         venv = ctx.sides[side].build.venv
         assert venv is not None
-        scratch = fresh_scratch(ctx, f"{side.value}-serve")
-        carry_compile_cache(ctx.serve_scratch.get(side), scratch)
+        root = ctx.scratch / "serve" / side.value
+        scratch = fresh_scratch(ctx, f"{side.value}-serve", under=root)
         ctx.serve_scratch[side] = scratch
         spec = sandbox_spec(
             ctx,
@@ -298,6 +297,7 @@ def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int)
             scratch,
             [ctx.scratch / "prompts"],
             ctx.cfg.rules.profile(ctx.cfg.profile).measurement.time_budget_s + ctx.run_timeout_s,
+            side_root=root,
         )
         argv = [
             str(venv / "bin" / "python"),

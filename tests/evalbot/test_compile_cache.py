@@ -1,50 +1,42 @@
-"""A side's compile caches travel from its previous serving process's scratch to its next one: files only,
-never a link, never past the cap, never from nothing."""
+"""Each side's serving processes share one compile-cache path (only the first pays the compile) and nothing
+else: a fresh working folder each, and main's and the PR's roots apart."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+import pytest
 
-from evalbot.evaluate.context import carry_compile_cache
+from evalbot.evaluate.context import EvalConfig, RunContext, fresh_scratch, sandbox_spec
+from evalbot.rules import default_rules_dir, load_rules
 
-
-def _tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+CACHE_VARS = ("XDG_CACHE_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
 
 
-def test_the_compile_caches_are_copied_and_nothing_else(tmp_path):
-    old, new = tmp_path / "old", tmp_path / "new"
-    (old / ".inductor" / "fx").mkdir(parents=True)
-    (old / ".triton" / "k").mkdir(parents=True)
-    (old / ".inductor" / "fx" / "graph.py").write_bytes(b"code")
-    (old / ".triton" / "k" / "kernel.cubin").write_bytes(b"\x00sass")
-    (old / "prompts.cache").write_text("what the last process saw")  # not a compile cache: stays behind
-    new.mkdir()
-    assert carry_compile_cache(old, new) == 4 + 5
-    assert _tree(new) == {".inductor/fx/graph.py": b"code", ".triton/k/kernel.cubin": b"\x00sass"}
+def _ctx(tmp_path):
+    cfg = EvalConfig(tmp_path, "main", "head", load_rules(default_rules_dir()), "gpu", tmp_path)
+    return RunContext(cfg, lambda _m: None, tmp_path / "run")
 
 
-def test_links_are_skipped_never_followed(tmp_path):
-    secret = tmp_path / "secret"
-    secret.write_text("the bot's key")
-    (tmp_path / "dir").mkdir()
-    (tmp_path / "dir" / "x").write_text("outside")
-    old, new = tmp_path / "old", tmp_path / "new"
-    (old / ".inductor").mkdir(parents=True)
-    os.symlink(secret, old / ".inductor" / "key")
-    os.symlink(tmp_path / "dir", old / ".inductor" / "linked-dir")
-    os.symlink(tmp_path / "dir", old / ".triton")
-    new.mkdir()
-    assert carry_compile_cache(old, new) == 0
-    assert _tree(new) == {} and not any(p.is_symlink() for p in new.rglob("*"))
+def test_one_sides_processes_share_their_caches_path_and_nothing_across_sides(tmp_path):
+    ctx = _ctx(tmp_path)
+    specs = {}
+    for side in ("base", "head", "base"):
+        root = ctx.scratch / "serve" / side
+        work = fresh_scratch(ctx, f"{side}-serve", under=root)
+        specs.setdefault(side, []).append(sandbox_spec(ctx, tmp_path, work, [], 60, side_root=root))
+    first, second = specs["base"]
+    assert first.workdir != second.workdir and first.env["HOME"] != second.env["HOME"]  # fresh each time
+    assert all(first.env[k] == second.env[k] for k in CACHE_VARS)  # the same path: no rebuild
+    (head,) = specs["head"]
+    assert first.scratch != head.scratch  # the writable binds
+    assert not head.scratch.is_relative_to(first.scratch) and not first.scratch.is_relative_to(head.scratch)
+    for k in CACHE_VARS:
+        assert first.env[k].startswith(str(first.scratch)) and head.env[k].startswith(str(head.scratch))
 
 
-def test_a_cache_past_the_cap_or_no_previous_process_carries_nothing(tmp_path):
-    old, new = tmp_path / "old", tmp_path / "new"
-    (old / ".inductor").mkdir(parents=True)
-    (old / ".inductor" / "big").write_bytes(b"x" * 1000)
-    new.mkdir()
-    assert carry_compile_cache(old, new, cap_bytes=999) == 0 and _tree(new) == {}
-    assert carry_compile_cache(None, new) == 0
-    assert carry_compile_cache(old, new, cap_bytes=1000) == 1000
+def test_without_a_side_root_everything_stays_in_the_process_scratch(tmp_path):
+    ctx = _ctx(tmp_path)
+    work = fresh_scratch(ctx, "audit")
+    spec = sandbox_spec(ctx, tmp_path, work, [], 60)
+    assert spec.scratch == work and all(spec.env[k].startswith(str(work)) for k in CACHE_VARS)
+    with pytest.raises(ValueError, match="not inside the side's root"):
+        sandbox_spec(ctx, tmp_path, work, [], 60, side_root=ctx.scratch / "serve" / "head")
