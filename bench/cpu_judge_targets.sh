@@ -8,13 +8,15 @@
 #   main, the first with every gate (spec and accuracy included: the full evaluation's time), the rest A/B
 #   and decode audit only;
 # - SLOWDOWN_RUNS evaluations of demo/cpu-slow-long-context.patch (slower past 256 positions only).
+# With RULES=DIR in the environment, every run reads that rules directory instead of the repository's.
 # Then `python bench/cpu_judge_summary.py OUT_DIR` prints the tables docs/benchmarks.md holds.
 set -uo pipefail
 out=${1:?OUT_DIR}; box=${2:?BOX}; aa=${3:-10}; fast=${4:-3}; slow=${5:-1}; blocks=${6:-0}
 root=$(git rev-parse --show-toplevel); bot="$root/.venv/bin/evalbot"
 mkdir -p "$out"; tmp=$(mktemp -d /tmp/cpu-judge.XXXX)
+rules=(); [ -n "${RULES:-}" ] && rules=(--rules "$RULES")
 stamp() { date -u +%Y-%m-%dT%H:%M:%SZ; }
-echo "$(stamp) start: HEAD $(git -C "$root" rev-parse --short HEAD), box $box, $(nproc) cores" | tee -a "$out/log.txt"
+echo "$(stamp) start: HEAD $(git -C "$root" rev-parse --short HEAD), box $box, $(nproc) cores, rules ${RULES:-rules/}" | tee -a "$out/log.txt"
 if [ "$blocks" -gt 0 ]; then
   t0=$(date +%s)
   "$root/.venv/bin/python" "$root/bench/variance_breakdown.py" --blocks "$blocks" --out "$out/breakdown.json" \
@@ -23,7 +25,7 @@ if [ "$blocks" -gt 0 ]; then
 fi
 for i in $(seq 1 "$aa"); do
   t0=$(date +%s)
-  "$bot" calibrate --repo "$root" --rev HEAD --runs 1 --profile cpu --no-spec --no-accuracy --box "$box" \
+  "$bot" calibrate --repo "$root" --rev HEAD --runs 1 --profile cpu "${rules[@]}" --no-spec --no-accuracy --box "$box" \
     --state "$tmp/aa.db" --work-dir "$tmp/work" --json > "$out/aa$i.json" 2> "$out/aa$i.err"
   echo "$(stamp) aa $i: exit $? in $(( $(date +%s) - t0 )) s: $(tail -1 "$out/aa$i.err")" | tee -a "$out/log.txt"
 done
@@ -32,7 +34,7 @@ judge() {  # name patch first last
   for i in $(seq "$3" "$4"); do
     t0=$(date +%s); gates=()
     [ "$i" -gt 1 ] || [ "$1" = slowdown ] && gates=(--no-spec --no-accuracy)  # the first speedup run: every gate
-    "$bot" evaluate --repo "$tmp/$1-repo" --base main --head demo-head --profile cpu --work-dir "$tmp/work" \
+    "$bot" evaluate --repo "$tmp/$1-repo" --base main --head demo-head --profile cpu "${rules[@]}" --work-dir "$tmp/work" \
       "${gates[@]}" --out "$out/$1$i" > "$out/$1$i.log" 2>&1
     echo "$(stamp) $1 $i: exit $? in $(( $(date +%s) - t0 )) s" | tee -a "$out/log.txt"
   done
