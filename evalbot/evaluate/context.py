@@ -119,11 +119,12 @@ def sandbox_spec(
 ) -> sandbox.SandboxSpec:
     """The sandbox of one engine process: scratch is the only writable place, the env is scrubbed.
 
-    With `side_root` (a folder above scratch that only one side's processes get) the process may write there
-    too, and its compile caches (TorchInductor, Triton, torch's extension builds) live in side_root/caches:
-    one path for all of that side's serving processes, so that only the first pays the compile. The path
-    must stay the same: an extension build copied to another folder is built again (its ninja commands name
-    the folder). Main's processes never see the PR's root, nor the PR's processes main's."""
+    With `side_root` (a folder above scratch; the runner gives one to main's serving processes only, whose
+    code is trusted) the process may write there too, and its compile caches (TorchInductor, Triton, torch's
+    extension builds) live in side_root/caches: one path for all of them, so that only the first pays the
+    compile. The path must stay the same: an extension build copied to another folder is built again (its
+    ninja commands name the folder). The PR's processes get none: anything they could all write would
+    carry state from one process to the next."""
     scratch.mkdir(parents=True, exist_ok=True)
     if side_root is not None and not scratch.is_relative_to(side_root):
         raise ValueError(f"{scratch} is not inside the side's root {side_root}")

@@ -281,15 +281,23 @@ class _Served:
     accuracy: AccuracyResult | None = None
 
 
+def serve_dirs(ctx: RunContext, side: Side) -> tuple[Path, Path | None]:
+    """A serving process's fresh scratch, and the root it may share with its side's other processes: main's
+    share their compile caches (one root, one path); the PR's share nothing, since a store they could all
+    write would carry state (a memo of timed prompts) from one process to the next, and the speculative
+    runs take prompts that earlier processes timed."""
+    root = ctx.scratch / "serve" / side.value if side is Side.BASE else None
+    return fresh_scratch(ctx, f"{side.value}-serve", under=root), root
+
+
 def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int) -> abtest.Launch:
-    """Start one side's `engine serve`, sandboxed, in a fresh scratch dir under that side's own root (whose
-    compile caches its earlier processes filled), with the profile's device."""
+    """Start one side's `engine serve`, sandboxed, in a fresh scratch dir (main's under its own root, whose
+    compile caches main's earlier processes filled), with the profile's device."""
 
     def launch(side: Side) -> served.ServedProcess:
         venv = ctx.sides[side].build.venv
         assert venv is not None
-        root = ctx.scratch / "serve" / side.value
-        scratch = fresh_scratch(ctx, f"{side.value}-serve", under=root)
+        scratch, root = serve_dirs(ctx, side)
         ctx.serve_scratch[side] = scratch
         spec = sandbox_spec(
             ctx,

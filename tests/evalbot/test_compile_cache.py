@@ -40,3 +40,19 @@ def test_without_a_side_root_everything_stays_in_the_process_scratch(tmp_path):
     assert spec.scratch == work and all(spec.env[k].startswith(str(work)) for k in CACHE_VARS)
     with pytest.raises(ValueError, match="not inside the side's root"):
         sandbox_spec(ctx, tmp_path, work, [], 60, side_root=ctx.scratch / "serve" / "head")
+
+
+def test_only_mains_processes_share_a_root_the_prs_get_a_fresh_scratch_each(tmp_path):
+    from evalbot.evaluate.runner import serve_dirs
+    from evalbot.model import Side
+
+    ctx = _ctx(tmp_path)
+    (m1, mroot), (m2, mroot2) = serve_dirs(ctx, Side.BASE), serve_dirs(ctx, Side.BASE)
+    (h1, hroot), (h2, hroot2) = serve_dirs(ctx, Side.HEAD), serve_dirs(ctx, Side.HEAD)
+    assert mroot == mroot2 and m1 != m2 and m1.is_relative_to(mroot) and m2.is_relative_to(mroot)
+    assert hroot is None and hroot2 is None and h1 != h2
+    assert not h1.is_relative_to(mroot) and not h2.is_relative_to(mroot)
+    # the PR's sandbox may write its own scratch and nothing a later process of it will see
+    s1, s2 = (sandbox_spec(ctx, tmp_path, h, [], 60, side_root=None) for h in (h1, h2))
+    assert s1.scratch == h1 and s2.scratch == h2 and not s2.scratch.is_relative_to(s1.scratch)
+    assert all(s1.env[k] != s2.env[k] for k in CACHE_VARS)
