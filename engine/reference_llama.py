@@ -343,8 +343,8 @@ def audit_sequences(
     model_sha: str | None = None,
     n_threads: int | None = None,
 ) -> list[dict[str, Any]]:
-    """For each {key, prompt, tokens}: llama.cpp's argmax and top-2 margin at every position that
-    predicts one of the tokens, teacher-forced on those tokens. Sequences sharing a prompt evaluate it
+    """For each {key, prompt, tokens}: llama.cpp's argmax, top-2 margin and the token's gap below the top-1
+    at every position that predicts one of the tokens, teacher-forced on those tokens. Sequences sharing a prompt evaluate it
     once (the state after it is saved and restored); each result is cached by the sequence's hash."""
     sha = model_sha or model_sha256(model_path)
     build = build_identity()
@@ -355,11 +355,10 @@ def audit_sequences(
         prompt, tokens = [int(t) for t in item["prompt"]], [int(t) for t in item["tokens"]]
         key = _audit_key(sha, build, prompt, tokens)
         try:
-            out[item["key"]] = {
-                "key": item["key"],
-                **json.loads((root / f"{key}.json").read_text()),
-                "cached": True,
-            }
+            cached = json.loads((root / f"{key}.json").read_text())
+            if "gap" not in cached:  # written before the audit asked for each token's gap: redo it
+                raise ValueError("no gap")
+            out[item["key"]] = {"key": item["key"], **cached, "cached": True}
         except (OSError, ValueError):
             todo.setdefault(tuple(prompt), []).append((item, key))
     if todo:
@@ -375,14 +374,15 @@ def audit_sequences(
                 state = llm.save_state()
                 for item, key in group:
                     llm.load_state(state)
-                    argmax, margin, row = [], [], first_row
+                    argmax, margin, gap, row = [], [], [], first_row
                     for t in item["tokens"]:
                         a, m = _row_summary(row)
                         argmax.append(a)
                         margin.append(m)
+                        gap.append(float(row[a] - row[int(t)]))  # logits: the normalizer cancels
                         llm.eval([int(t)])
                         row = _last_logits(llm)
-                    result = {"argmax": argmax, "margin": margin}
+                    result = {"argmax": argmax, "margin": margin, "gap": gap}
                     out[item["key"]] = {"key": item["key"], **result, "cached": False}
                     try:
                         root.mkdir(parents=True, exist_ok=True)

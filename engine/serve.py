@@ -26,7 +26,7 @@ Protocol ``evalbot.serve/1`` (one JSON object per line, both ways):
     <- {"id": "r4", "event": "done", "ids": [..]}
 
     -> {"id": "r3", "op": "score", "ids": [..], "from": 128}
-    <- {"id": "r3", "event": "done", "argmax": [..], "margin": [..], "logprob": [..]}
+    <- {"id": "r3", "event": "done", "argmax": [..], "margin": [..], "top1": [..], "logprob": [..]}
        (teacher-forced: position i predicts ids[i + 1], for i from `from` - 1 to len(ids) - 2; with
        "save": "head.npy" every position's full log-probabilities are also written there, float32 [P, V])
 
@@ -223,6 +223,7 @@ class Server:
                     "event": "done",
                     "argmax": logprobs.argmax(-1).tolist(),
                     "margin": (top2[:, 0] - top2[:, 1]).tolist(),
+                    "top1": top2[:, 0].tolist(),
                     "logprob": logprobs.gather(1, targets[:, None])[:, 0].tolist(),
                 }
             )

@@ -353,6 +353,16 @@ def _start_block(
                     side, exc.stage, f"the serving engine did not start: {exc}", exc.tail
                 ) from exc
             log(f"{p.label}'s serving engine ready in {time.monotonic() - t0:.1f} s")
+        vocab = {side: p.vocab for side, p in procs.items()}
+        if vocab.get(Side.HEAD) != vocab.get(Side.BASE):
+            # each side's tokens are bounded by the vocabulary its own ready line names: the PR's must be
+            # main's, or tokens past main's model would reach the audit as main's failure
+            raise SideError(
+                Side.HEAD,
+                "protocol",
+                f"the PR's engine names a vocabulary of {vocab.get(Side.HEAD)} tokens, main's of "
+                f"{vocab.get(Side.BASE)}: the same model has one",
+            )
         for p in procs.values():
             p.freeze()
         return procs
@@ -468,14 +478,18 @@ def sample(
 ) -> Sample:
     if len(t.tokens) != gen:
         raise SideError(side, "serve", f"asked for {gen} tokens, the engine streamed {len(t.tokens)}")
-    lines = gen if stream == "token" else min(gen, 2)
-    if len(t.arrivals_ns) != lines:
+    shape = (1,) * gen if stream == "token" else (1, gen - 1)[: min(gen, 2)]
+    if tuple(len(step) for step in t.steps) != shape:
         how = "one line per token" if stream == "token" else "the first token, then the rest in one line"
         raise SideError(
             side,
             "serve",
-            f"{gen} tokens arrived in {len(t.arrivals_ns)} lines; a generate request streams {how}",
+            f"{gen} tokens arrived in {len(t.arrivals_ns)} lines "
+            f"({', '.join(str(len(x)) for x in t.steps[:8])}{', ...' if len(t.steps) > 8 else ''} tokens); "
+            f"a generate request streams {how}",
         )
+    if t.prefill_s <= 0:
+        raise SideError(side, "protocol", "the first token arrived before the request was sent")
     if t.decode_tps > MAX_DECODE_TPS:
         raise SideError(
             side,

@@ -45,6 +45,18 @@ def key(s: Sample) -> str:
     return f"{s.side.value}-ctx{s.context}-b{s.block + 1}-p{s.pair + 1}"
 
 
+def _gaps(answer: Mapping[str, Any], n: int) -> list[float] | None:
+    """How far below the reference's top-1 each generated token is (log-probability): the answer's `gap`,
+    or its `top1` less its `logprob`; None where the reference gives neither."""
+    gap = answer.get("gap")
+    if isinstance(gap, list) and len(gap) == n:
+        return [float(g) for g in gap]
+    top1, lp = answer.get("top1"), answer.get("logprob")
+    if isinstance(top1, list) and isinstance(lp, list) and len(top1) == len(lp) == n:
+        return [float(t) - float(x) for t, x in zip(top1, lp, strict=True)]
+    return None
+
+
 def judge(
     model: str,
     reference: str,
@@ -53,7 +65,10 @@ def judge(
     near_tie: float,
 ) -> list[DecodeAudit]:
     """Per (side, context): how many generated tokens the reference agrees with, and every disagreement
-    that is not a near-tie (reference margin >= near_tie), named by request, position and margin."""
+    that is not a near-tie, named by request, position and margin. A near-tie is a token the reference
+    finds within near_tie of its own top-1 (the `gap`, in log-probability; a reference that gives no gap
+    falls back to its top-2 margin): with random weights the logits are flat, the top two are always close,
+    and a margin rule would excuse any token at all."""
     groups: dict[tuple[Side, int], list[Sample]] = {}
     for s in chosen:
         groups.setdefault((s.side, s.context), []).append(s)
@@ -71,8 +86,10 @@ def judge(
                 or len(margin) != len(s.tokens)
             ):
                 raise ValueError(f"the reference gave no answer for {key(s)}")
-            for pos, (tok, ref, gap) in enumerate(zip(s.tokens, argmax, margin, strict=True)):
+            gaps = _gaps(a or {}, len(s.tokens))
+            for pos, (tok, ref, top2) in enumerate(zip(s.tokens, argmax, margin, strict=True)):
                 tokens += 1
+                gap = top2 if gaps is None else max(gaps[pos], top2)
                 if tok == ref:
                     agree += 1
                 elif gap < near_tie:
@@ -84,7 +101,7 @@ def judge(
                             "position": pos,
                             "token": tok,
                             "reference": ref,
-                            "margin": round(float(gap), 4),
+                            "margin": round(float(gap), 4),  # the token's gap below the top-1
                         }
                     )
         violations.sort(key=lambda v: -v["margin"])

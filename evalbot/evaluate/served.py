@@ -278,6 +278,13 @@ class ServedProcess:
         while True:
             line = self._next(deadline, timeout_s)
             obj = line.obj
+            if line.at_ns < sent:  # request ids are predictable: an answer written ahead is no answer
+                raise ServeError(
+                    f"{self.label}: a line for {str(obj.get('id'))[:40]!r} arrived before the request was "
+                    "sent",
+                    self.tail(),
+                    stage="protocol",
+                )
             if obj.get("id") != rid:
                 raise ServeError(
                     f"{self.label}: a line for request {str(obj.get('id'))[:40]!r} while {rid} was "

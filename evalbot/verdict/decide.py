@@ -351,7 +351,7 @@ def _audit_gates(audits: Sequence[DecodeAudit], rules: Rules) -> list[Gate]:
         if worst:
             detail += (
                 f"; {a.violations} not near-ties, the worst at {worst['request']} position {worst['position']}"
-                f" (margin {worst['margin']:.2f} >= {g.near_tie:g})"
+                f" (margin {worst['margin']:.2f} below the top-1 >= {g.near_tie:g})"
             )
         against = "" if bar >= g.top1_min else " (main's own share less the allowed drop)"
         out.append(
