@@ -139,3 +139,19 @@ def test_bench_reports_positive_finite_throughput(model_path, scored):
     for key in ("prefill_tps", "decode_tps"):
         assert math.isfinite(out[key]) and out[key] > 0
     assert len(out["prefill_tps_runs"]) == 2 and out["config"]["logits_all"] is False
+
+
+def test_the_audit_gives_each_tokens_gap_below_llamas_top1(model_path, tmp_path, monkeypatch):
+    from engine import reference_llama
+
+    monkeypatch.setenv("EVALBOT_CACHE", str(tmp_path))  # no cached answer from an earlier run
+    prompt = [9707, 11, 1879, 0, 576, 374, 264]
+    (first,) = reference_llama.audit_sequences(model_path, [{"key": "k", "prompt": prompt, "tokens": [0]}])
+    top = first["argmax"][0]
+    unlikely = 151000 if top != 151000 else 150000
+    (got,) = reference_llama.audit_sequences(
+        model_path, [{"key": "k", "prompt": prompt, "tokens": [top, unlikely, top]}]
+    )
+    assert got["gap"][0] == 0.0 and got["argmax"][0] == top  # the top-1 itself: no gap
+    assert got["gap"][1] >= got["margin"][1] and got["gap"][1] > 1.0  # an unlikely token: far below
+    assert len(got["gap"]) == len(got["margin"]) == 3
