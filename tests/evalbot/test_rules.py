@@ -614,10 +614,12 @@ def test_label_families_are_declared_once_and_never_overlap_where_two_producers_
 
 
 def test_a_profile_may_set_each_engines_threads_and_a_bad_count_names_its_line(rules_dir):
-    assert load_rules(rules_dir).profile("cpu").measurement.threads is None  # shipped: every usable core
-    edit(rules_dir, "profiles.yaml", "    min_blocks: 6 ", "    threads: 1\n    min_blocks: 6 ")
-    assert load_rules(rules_dir).profile("cpu").measurement.threads == 1
-    line = edit(rules_dir, "profiles.yaml", "    threads: 1\n", "    threads: 0\n")
+    rules = load_rules(rules_dir)
+    assert rules.profile("cpu").measurement.threads == 1  # shipped: one each on the 2-core box
+    assert rules.profile("gpu").measurement.threads is None  # absent: every core evaluate may use
+    edit(rules_dir, "profiles.yaml", "    threads: 1\n", "    threads: 2\n")
+    assert load_rules(rules_dir).profile("cpu").measurement.threads == 2
+    line = edit(rules_dir, "profiles.yaml", "    threads: 2\n", "    threads: 0\n")
     err = load_error(rules_dir)
     assert err.line == line and "threads" in err.field
 
