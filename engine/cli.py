@@ -41,8 +41,9 @@ def _config(lm: gen.LoadedModel, session: gen.Session, **extra: Any) -> dict[str
         "dtype": str(lm.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "prefill_chunk": session.prefill_chunk,
-        "max_seq": session.cache.max_seq,
-        "cuda_graph": session.graph is not None,
+        "max_seq": session.max_seq,
+        "cuda_graph": session.graphed,
+        **({"block": session.block, "block_split": session.split} if session.block else {}),
         "random_weights": lm.random_weights,
         "torch": torch.__version__,
         "decode_attention": ops.decode_config(
@@ -260,7 +261,13 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
         text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else None
         prompt = tokens_of_length(lm.tokenizer, args.ctx, text)
     max_seq = args.ctx + args.gen + args.block
-    target = gen.Session(lm, max_seq=max_seq)
+    compiled = lm.device.type == "cuda" if args.compile is None else args.compile
+    if compiled:
+        lm.transformer.compile()
+    # --invariant: decode and verify are one fixed-width block (row-invariant), so the check is bit-exact
+    target = gen.Session(lm, max_seq=max_seq, block=args.block if args.invariant else 0)
+    # plain decode on the engine's fastest path, for the speed comparison (and the same prompt's tokens)
+    plain = gen.Session(lm, max_seq=max_seq) if args.invariant else target
     draft_lm = None
     if args.draft is not None:
         draft_lm = gen.load(args.draft, args.device)
@@ -277,16 +284,20 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[list[int]] = []
     hist: Counter[int] = Counter()
     ar = None
+    plain_tps: list[float] = []
     for r in range(args.runs):  # interleaved AR / speculative, same process, same model load
         ar = target.generate(prompt, args.gen, params)
         ar_tps.append((len(ar.token_ids) - 1) / ar.decode_s)
+        if params.greedy:  # decode alone, tokens kept on the device: the rate speculation must beat
+            plain_tps.append((args.gen - 1) / bench_once(plain, prompt, args.gen - 1)[1])
         out = spec.speculative_generate(target, drafter, prompt, args.gen, args.block, params)
         spec_tps.append((len(out.token_ids) - 1) / out.decode_s)
         runs.append(out.token_ids)
         hist.update(out.accept_hist)
         print(
-            f"run {r + 1}/{args.runs}: AR {ar_tps[-1]:.2f} tok/s, spec {spec_tps[-1]:.2f} tok/s, "
-            f"tau {out.mean_accept:.2f}",
+            f"run {r + 1}/{args.runs}: AR {ar_tps[-1]:.2f} tok/s, "
+            + (f"plain decode {plain_tps[-1]:.2f} tok/s, " if plain_tps else "")
+            + f"spec {spec_tps[-1]:.2f} tok/s, tau {out.mean_accept:.2f}",
             file=sys.stderr,
         )
     assert ar is not None
@@ -299,6 +310,8 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
         drafter=drafter.name,
         draft_model_sha256=draft_lm.sha256 if draft_lm else None,
         block_size=args.block,
+        invariant=bool(args.invariant),
+        compile=compiled,
         ctx=args.ctx,
         gen=args.gen,
         runs=args.runs,
@@ -325,6 +338,8 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
         spec_tps=statistics.median(spec_tps),
         ar_tps_runs=ar_tps,
         spec_tps_runs=spec_tps,
+        plain_decode_tps=statistics.median(plain_tps) if plain_tps else None,
+        plain_decode_tps_runs=plain_tps,
         mean_accept=sum(k * v for k, v in hist.items()) / steps,
         block_size=args.block,
         accept_hist={str(k): hist[k] for k in range(1, args.block + 1)},
@@ -417,6 +432,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--block", type=int, default=DEFAULT_BLOCK, help="most tokens committed per target pass (B)"
     )
     sp.add_argument("--runs", type=int, default=3)
+    sp.add_argument(
+        "--invariant",
+        action="store_true",
+        help="row-invariant decode and verify (fixed-width blocks): bit-exact losslessness in bf16",
+    )
+    sp.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile the layers (default: on CUDA)",
+    )
     sp.add_argument(
         "--prompt-file", help="prompt text, cut or tiled to --ctx tokens (default: the bundled corpus)"
     )

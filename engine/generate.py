@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from engine.config import ModelConfig
-from engine.cuda_graph import GraphedDecode
+from engine.cuda_graph import GraphedBlock, GraphedDecode
 from engine.gguf import GGUFFile
 from engine.kv_cache import KVCache
 from engine.model import Transformer, load_transformer
@@ -86,6 +86,13 @@ def load_random(
     )
 
 
+def block_split(cache_positions: int, n_kv_head: int, num_sms: int) -> int:
+    """Positions per attention split of a block session (a session constant: see kernels.block_attention)."""
+    from kernels.block_attention import split_size
+
+    return split_size(cache_positions, 1, n_kv_head, num_sms)
+
+
 @dataclass
 class Generation:
     """What one generate call produced, with timings that separate prefill from decode."""
@@ -112,21 +119,63 @@ class Session:
         max_seq: int,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         cuda_graph: bool = True,
+        block: int = 0,
     ):
+        """block > 0: the row-invariant mode for lossless speculation (`Transformer.block`): every decode
+        step and every verify pass of up to `block` tokens is one block of that width, so a position's
+        logits are the same bits either way."""
         cfg = model.cfg
         if max_seq > cfg.context_length:
             raise ValueError(f"{max_seq} positions exceed the model's context length {cfg.context_length}")
+        if block < 0:
+            raise ValueError(f"block must be >= 0, got {block}")
         self.model = model
         self.prefill_chunk = prefill_chunk
-        self.cache = KVCache(cfg.n_layer, 1, cfg.n_kv_head, max_seq, cfg.head_dim, model.dtype, model.device)
+        self.block = block
+        # a block's padding rows write past the last real position: room for them
+        self.cache = KVCache(
+            cfg.n_layer,
+            1,
+            cfg.n_kv_head,
+            max_seq + max(0, block - 1),
+            cfg.head_dim,
+            model.dtype,
+            model.device,
+        )
+        self.max_seq = max_seq
         self.on_cuda = model.device.type == "cuda"
-        # on CUDA, single tokens go through the graph-safe decode path, replayed from a graph unless disabled
-        self.graph = GraphedDecode(model.transformer, self.cache) if self.on_cuda and cuda_graph else None
         self._pos = torch.zeros(1, dtype=torch.long, device=model.device)
+        self.graph: GraphedDecode | None = None
+        self._blocks: dict[int, GraphedBlock] = {}
+        if block:
+            sms = torch.cuda.get_device_properties(model.device).multi_processor_count if self.on_cuda else 8
+            self.split = block_split(self.cache.max_seq, cfg.n_kv_head, sms)
+            self._block_ids = torch.zeros(1, block, dtype=torch.long, device=model.device)
+            if self.on_cuda and cuda_graph:
+                for n_real in (1, block):
+                    self._blocks[n_real] = GraphedBlock(
+                        model.transformer, self.cache, block, n_real, self.split
+                    )
+        elif self.on_cuda and cuda_graph:
+            # on CUDA, single tokens go through the graph-safe decode path, replayed from a graph
+            self.graph = GraphedDecode(model.transformer, self.cache)
 
     @property
     def length(self) -> int:
         return self.cache.length
+
+    @property
+    def graphed(self) -> bool:
+        """Whether decode replays a captured CUDA graph."""
+        return self.graph is not None or bool(self._blocks)
+
+    def _run_block(self, ids: torch.Tensor, start: torch.Tensor, n_real: int) -> torch.Tensor:
+        """One block (ids: up to `block` tokens on the device) at device position start; logits [block, V]."""
+        if n_real in self._blocks:
+            return self._blocks[n_real](ids, start)
+        buf = self._block_ids
+        buf[0, : ids.numel()].copy_(ids.view(-1))
+        return self.model.transformer.block(buf, start.view(1), self.cache, n_real, self.split)
 
     def _sync(self) -> None:
         if self.model.device.type == "cuda":
@@ -137,6 +186,15 @@ class Session:
         """Append tokens to the sequence in prefill-sized chunks; float32 logits [T, V] or the last [V]."""
         if not ids:
             raise ValueError("forward needs at least one token")
+        if self.block and self.cache.length and len(ids) <= self.block:
+            # after the prompt, every pass is one block: decode (one row) or verify (up to `block` rows)
+            if self.cache.length + len(ids) > self.max_seq:
+                raise ValueError(f"the KV cache is full ({self.max_seq} positions)")
+            n_real = 1 if len(ids) == 1 else self.block
+            tokens = torch.tensor(list(ids), dtype=torch.long, device=self.model.device)
+            logits = self._run_block(tokens, self._pos.fill_(self.cache.length), n_real)[: len(ids)].clone()
+            self.cache.length += len(ids)
+            return logits if all_logits else logits[-1]
         if self.on_cuda and len(ids) == 1 and not all_logits:
             return self.step(int(ids[0]))
         outs = []
@@ -153,9 +211,12 @@ class Session:
 
         The result is a copy: a graph's output buffer is overwritten by the next replay.
         """
-        if self.cache.length >= self.cache.max_seq:
-            raise ValueError(f"the KV cache is full ({self.cache.max_seq} positions)")
-        if self.graph is not None:
+        if self.cache.length >= self.max_seq:
+            raise ValueError(f"the KV cache is full ({self.max_seq} positions)")
+        if self.block:
+            token_t = torch.full((1,), token, dtype=torch.long, device=self.model.device)
+            logits = self._run_block(token_t, self._pos.fill_(self.cache.length), 1)[:1].clone()
+        elif self.graph is not None:
             logits = self.graph(token, self.cache.length).clone()
         else:
             ids = torch.full((1, 1), token, dtype=torch.long, device=self.model.device)
@@ -170,7 +231,9 @@ class Session:
         token = first.view(1, 1)
         pos = self._pos.fill_(self.cache.length)
         for i in range(n):
-            if self.graph is not None:
+            if self.block:
+                logits = self._run_block(token, pos, 1)[:1]
+            elif self.graph is not None:
                 logits = self.graph(token, pos)
             else:
                 logits = self.model.transformer.decode(token, pos, self.cache)
@@ -198,9 +261,9 @@ class Session:
         per token. Without it, a greedy generation with no stop ids hands `on_token` the first token only
         and decodes the rest with the tokens kept on the device (one sync at the end; on CUDA the GPU then
         runs the steps back to back): the same tokens, no per-token margins."""
-        if len(prompt_ids) + max_new > self.cache.max_seq:
+        if len(prompt_ids) + max_new > self.max_seq:
             raise ValueError(
-                f"prompt {len(prompt_ids)} + {max_new} new tokens exceed the cache ({self.cache.max_seq})"
+                f"prompt {len(prompt_ids)} + {max_new} new tokens exceed the cache ({self.max_seq})"
             )
         params = params or SamplingParams()
         self.reset()

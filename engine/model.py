@@ -124,6 +124,24 @@ def qkv_projection_into_cache(
     return q
 
 
+def qkv_block_into_cache(
+    x: torch.Tensor,
+    w: LayerWeights,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    heads: Heads,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: torch.Tensor,
+) -> torch.Tensor:
+    """A block step: `qkv_projection` of T rows at device positions pos [T], whose keys and values are
+    stored in the layer's caches at those positions; returns q [B, Hq, T, D]."""
+    q, k, v = qkv_projection(x, w, cos, sin, heads)
+    k_cache[:, :, pos] = k.to(k_cache.dtype)
+    v_cache[:, :, pos] = v.to(v_cache.dtype)
+    return q
+
+
 def attention_output_and_ffn(x: torch.Tensor, a: torch.Tensor, w: LayerWeights, eps: float) -> torch.Tensor:
     """Output projection and residual, then the SwiGLU block and its residual."""
     b, hq, t, hd = a.shape
@@ -156,6 +174,7 @@ class Block(nn.Module):
         # the two dense halves of a layer; Transformer.compile() swaps in compiled versions (same math)
         self.pre = qkv_projection
         self.pre_decode = qkv_projection_into_cache
+        self.pre_block = qkv_block_into_cache
         self.post = attention_output_and_ffn
 
     def forward(
@@ -184,6 +203,32 @@ class Block(nn.Module):
                 q[:, :, 0], k_cache, v_cache, step.lengths, scale, self.decode_splits, self.decode_kernel
             )[:, :, None]
         return self.post(x, a, self.w, self.heads.eps)
+
+    def block_forward(
+        self,
+        x: torch.Tensor,
+        layer: int,
+        cache: KVCache,
+        step: BlockStep,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """A fixed-width block of rows at device positions (decode and verify alike: `Transformer.block`)."""
+        k_cache, v_cache = cache.k[layer], cache.v[layer]
+        q = self.pre_block(x, self.w, cos, sin, self.heads, k_cache, v_cache, step.pos)
+        a = ops.block_attention(
+            q, k_cache, v_cache, step.lengths, self.heads.dim**-0.5, step.n_real, step.split
+        )
+        return self.post(x, a, self.w, self.heads.eps)
+
+
+class BlockStep(NamedTuple):
+    """A block step's positions [T] and lengths [1, T] (device), real rows and split (host constants)."""
+
+    pos: torch.Tensor
+    lengths: torch.Tensor
+    n_real: int
+    split: int
 
 
 class Transformer(nn.Module):
@@ -256,9 +301,10 @@ class Transformer(nn.Module):
         """
         pre = torch.compile(qkv_projection, dynamic=False)
         pre_decode = torch.compile(qkv_projection_into_cache, dynamic=False)
+        pre_block = torch.compile(qkv_block_into_cache, dynamic=False)
         post = torch.compile(attention_output_and_ffn, dynamic=False)
         for block in self.blocks:
-            block.pre, block.pre_decode, block.post = pre, pre_decode, post
+            block.pre, block.pre_decode, block.pre_block, block.post = pre, pre_decode, pre_block, post
 
     def forward(self, ids: torch.Tensor, start: int, cache: KVCache, last_only: bool = False) -> torch.Tensor:
         """Run T new tokens at positions start..start+T-1; returns float32 logits [B, T or 1, V]."""
@@ -288,6 +334,30 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, i, cache, pos, cos, sin, None, step)
         return self.logits(x)[:, 0]
+
+    def block(
+        self, ids: torch.Tensor, start: torch.Tensor, cache: KVCache, n_real: int, split: int
+    ) -> torch.Tensor:
+        """A fixed-width block of T rows (ids [1, T]) at positions start..start+T-1 (start: a device [1]
+        tensor); the first n_real rows are real. Float32 logits [T, V].
+
+        Row-invariant: a row's logits depend on its token, its position and the cache, not on the rows
+        beside it or how many of them are real. Every call has the same shapes (the matmuls run with T
+        rows whatever n_real is, attention through `ops.block_attention`), so one-token decode (n_real 1)
+        and a verify pass of T rows give the same bits for the same position: lossless speculation in
+        bf16. The cache must hold start + T positions (padding rows write theirs; later rows overwrite)."""
+        t = ids.shape[1]
+        if ids.shape[0] != 1:
+            raise ValueError(f"a block step takes one sequence, got {ids.shape[0]}")
+        pos = start + torch.arange(t, device=ids.device)  # [T]
+        # padding rows may sit past the RoPE table; real rows never do (the session checks)
+        rope_pos = pos.clamp(max=self.cos.shape[0] - 1)
+        cos, sin = self.cos.index_select(0, rope_pos), self.sin.index_select(0, rope_pos)  # [T, D/2]
+        step = BlockStep(pos, (pos + 1).to(torch.int32)[None], n_real, split)
+        x = F.embedding(ids, self.tok_embd)  # [1, T, d_model]
+        for i, block in enumerate(self.blocks):
+            x = block.block_forward(x, i, cache, step, cos, sin)
+        return self.logits(x)[0]
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         x = rms_norm(x, self.out_norm, self.cfg.rms_eps)

@@ -196,6 +196,24 @@ def decode_attention(
     return reference.decode_attention(q, k_cache, v_cache, lengths, scale)
 
 
+def block_attention(
+    q: torch.Tensor,  # [1, Hq, T, D]
+    k_cache: torch.Tensor,  # [1, Hkv, S_max, D]
+    v_cache: torch.Tensor,
+    lengths: torch.Tensor,  # [1, T] int32
+    scale: float,
+    n_real: int,
+    split: int,
+) -> torch.Tensor:  # [1, Hq, T, D]
+    """Row-invariant attention of a block's rows (`kernels.block_attention`): Triton on CUDA, PyTorch a
+    row at a time elsewhere. Both keep a row's bits independent of the rows beside it."""
+    from kernels import block_attention as ba
+
+    if q.is_cuda and not ba.unsupported_reasons(q, k_cache):
+        return ba.block_attention(q, k_cache, v_cache, lengths, scale, n_real, split)
+    return ba.block_attention_torch(q, k_cache, v_cache, lengths, scale, n_real)
+
+
 def decode_config(
     n_head: int, cache: KVCache, num_splits: int | None = None, kernel: str | None = None
 ) -> dict[str, Any]:

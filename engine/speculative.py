@@ -211,10 +211,8 @@ def speculative_generate(
     `on_step` receives the tokens each step commits, the prefill's first token as a step of its own."""
     if block_size < 1:
         raise ValueError(f"block size must be >= 1, got {block_size}")
-    if len(prompt) + max_new > target.cache.max_seq:
-        raise ValueError(
-            f"prompt {len(prompt)} + {max_new} new tokens exceed the cache ({target.cache.max_seq})"
-        )
+    if len(prompt) + max_new > target.max_seq:
+        raise ValueError(f"prompt {len(prompt)} + {max_new} new tokens exceed the cache ({target.max_seq})")
     params = params or SamplingParams()
     gen = None if params.greedy else make_generator(params)
     out = SpecGeneration()
