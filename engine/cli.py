@@ -285,11 +285,14 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
     hist: Counter[int] = Counter()
     ar = None
     plain_tps: list[float] = []
+    block_tps: list[float] = []
     for r in range(args.runs):  # interleaved AR / speculative, same process, same model load
         ar = target.generate(prompt, args.gen, params)
         ar_tps.append((len(ar.token_ids) - 1) / ar.decode_s)
         if params.greedy:  # decode alone, tokens kept on the device: the rate speculation must beat
             plain_tps.append((args.gen - 1) / bench_once(plain, prompt, args.gen - 1)[1])
+            if plain is not target:  # and the row-invariant block decode's own rate, the same way
+                block_tps.append((args.gen - 1) / bench_once(target, prompt, args.gen - 1)[1])
         out = spec.speculative_generate(target, drafter, prompt, args.gen, args.block, params)
         spec_tps.append((len(out.token_ids) - 1) / out.decode_s)
         runs.append(out.token_ids)
@@ -297,6 +300,7 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
         print(
             f"run {r + 1}/{args.runs}: AR {ar_tps[-1]:.2f} tok/s, "
             + (f"plain decode {plain_tps[-1]:.2f} tok/s, " if plain_tps else "")
+            + (f"block decode {block_tps[-1]:.2f} tok/s, " if block_tps else "")
             + f"spec {spec_tps[-1]:.2f} tok/s, tau {out.mean_accept:.2f}",
             file=sys.stderr,
         )
@@ -340,6 +344,8 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
         spec_tps_runs=spec_tps,
         plain_decode_tps=statistics.median(plain_tps) if plain_tps else None,
         plain_decode_tps_runs=plain_tps,
+        block_decode_tps=statistics.median(block_tps) if block_tps else None,
+        block_decode_tps_runs=block_tps,
         mean_accept=sum(k * v for k, v in hist.items()) / steps,
         block_size=args.block,
         accept_hist={str(k): hist[k] for k in range(1, args.block + 1)},

@@ -103,3 +103,17 @@ def test_on_the_gpu_bf16_compiled_and_graphed_block_decode_is_bit_exact(compiled
     runs = [spec.speculative_generate(s, spec.NgramDrafter(3), prompt, 96, B) for _ in range(3)]
     rep = spec.lossless_report(ar.token_ids, [o.token_ids for o in runs])
     assert rep.lossless == 1, rep
+
+
+def test_engine_spec_invariant_reports_the_block_mode_and_both_decode_rates():
+    from engine import cli
+
+    rec = cli.cmd_spec(
+        cli.build_parser().parse_args(
+            "spec --random-weights --shape qwen3-tiny --ngram 3 --ctx 120 --gen 24 --runs 1 --invariant".split()
+        )
+    )
+    assert rec["lossless"] == 1 and rec["lossless_runs"] == 1
+    assert rec["config"]["invariant"] is True and rec["config"]["block"] == 7
+    assert rec["config"]["block_split"] % 64 == 0
+    assert rec["plain_decode_tps"] > 0 and rec["block_decode_tps"] > 0 and rec["mean_accept"] >= 1
