@@ -9,7 +9,7 @@
 #                   (in-place adds of 0 to the logits, bit-identical tokens), the PR removes them
 #
 # Knobs (env): SHAPE (qwen3-8b), CTXS ("4096 16384"), PAIRS_PER_BLOCK (8), MIN_BLOCKS (4), MAX_PAIRS (32),
-# RUNS (1), DECODE (128), STREAM (ends), SYNTH_K (16), BUDGET (seconds the command may take, default 540).
+# RUNS (1), DECODE (128), STREAM (ends), SYNTH_K (16), WARM (1: untimed requests per context and side a block), BUDGET (seconds the command may take, default 540).
 # Results go to $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -24,6 +24,7 @@ DECODE=${DECODE:-128}
 BUDGET=${BUDGET:-540}
 STREAM=${STREAM:-ends}
 SYNTH_K=${SYNTH_K:-16}
+WARM=${WARM:-1}
 T0=$(date +%s)
 
 # into the interpreter's own environment: the builds' venvs see it through --system-site-packages (a
@@ -76,6 +77,7 @@ mkdir -p /tmp/rules && cp rules/*.yaml /tmp/rules/
     max_pairs: $MAX_PAIRS
     pairs_per_block: $PPB
     stream: $STREAM
+    warm_requests: $WARM
     min_blocks: $MIN_BLOCKS
     time_budget_s: $((BUDGET - 120))
     run_timeout_s: 300

@@ -153,6 +153,9 @@ class Measurement:
     # How a timed request's tokens come back: "token" (a line each, as decoded) or "ends" (the first at
     # once, the rest in one line after the last: no per-token write, flush or host sync while timed).
     stream: str = "token"
+    # Untimed requests per context and side at the start of every block, each side alone, before the timed
+    # pairs: the shapes a timed request takes are compiled off the clock, in both processes alike.
+    warm_requests: int = 0
 
 
 STREAMS = ("token", "ends")

@@ -111,3 +111,40 @@ def test_a_short_budget_still_gets_its_three_attempts(monkeypatch):
     _fake_box(monkeypatch, busy_attempts=2, clock=clock)
     out, prompts, _ = _pair(Quiet(max_other_cores=0.3, max_wait_s=1))
     assert prompts.served == 3 and len(out) == 2
+
+
+def test_a_blocks_warm_up_requests_are_untimed_each_side_alone_on_prompts_no_pair_reuses(monkeypatch):
+    _fake_box(monkeypatch, busy_attempts=0, clock=[0.0])
+    procs = {Side.BASE: CachingEngine("main"), Side.HEAD: CachingEngine("the PR")}
+    frozen_when_asked: list[bool] = []
+    for p in procs.values():
+        ask = p.request
+
+        def spy(body: dict, timeout_s: float, _ask=ask, _me=p) -> Timed:
+            other = next(q for q in procs.values() if q is not _me)
+            frozen_when_asked.append(other.frozen and not _me.frozen)
+            return _ask(body, timeout_s)
+
+        p.request = spy  # type: ignore[method-assign]
+    prompts = abtest.Prompts(lambda ctx, serial: [serial] * ctx)
+    abtest.warm(procs, [16, 32], prompts, GEN, 60.0, "token", 2)  # type: ignore[arg-type]
+    assert prompts.served == 4 and all(frozen_when_asked) and len(frozen_when_asked) == 8
+    assert {len(k) for k in procs[Side.HEAD].seen} == {16, 32}  # each context's own shapes
+    out = abtest._pair(procs, 0, 0, 16, prompts, GEN, 60.0, Quiet(), False, lambda _m: None, abtest.Run())  # type: ignore[arg-type]
+    # the timed pair takes a prompt no warm-up used: nothing it times comes from a cache
+    assert all(s.decode_tps == pytest.approx(10.0) for s in out)
+
+
+def test_a_failing_warm_up_is_that_sides_failure(monkeypatch):
+    from evalbot.evaluate.served import ServeError
+
+    _fake_box(monkeypatch, busy_attempts=0, clock=[0.0])
+    procs = {Side.BASE: CachingEngine("main"), Side.HEAD: CachingEngine("the PR")}
+
+    def broken(body: dict, timeout_s: float) -> Timed:
+        raise ServeError("the engine exited (code 1)")
+
+    procs[Side.HEAD].request = broken  # type: ignore[method-assign]
+    with pytest.raises(abtest.SideError, match="warm-up") as err:
+        abtest.warm(procs, [16], abtest.Prompts(lambda c, s: [s] * c), GEN, 60.0, "token", 1)  # type: ignore[arg-type]
+    assert err.value.side is Side.HEAD

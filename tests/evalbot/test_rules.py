@@ -633,6 +633,15 @@ def test_a_profile_chooses_how_timed_tokens_come_back_and_a_bad_mode_names_its_l
     assert err.line == line and "stream" in err.field and "token" in str(err) and "ends" in str(err)
 
 
+def test_a_profile_warms_each_block_off_the_clock_and_a_negative_count_names_its_line(rules_dir):
+    rules = load_rules(rules_dir)
+    assert rules.profile("gpu").measurement.warm_requests == 1  # shipped: compile the timed shapes first
+    assert rules.profile("cpu").measurement.warm_requests == 0  # absent: none
+    line = edit(rules_dir, "profiles.yaml", "    warm_requests: 1\n", "    warm_requests: -1\n")
+    err = load_error(rules_dir)
+    assert err.line == line and "warm_requests" in err.field
+
+
 def test_the_engines_threads_follow_the_profile_else_this_process_cpus(tmp_path):
     from evalbot.evaluate.context import EvalConfig, RunContext, sandbox_spec, usable_cores
 
