@@ -72,56 +72,7 @@ T_GGUF=$(date +%s.%N)
     >"$OUT/gguf.json" 2>"$WORK/gguf.err"; echo $? >"$WORK/gguf.rc"; date +%s.%N >"$WORK/gguf.t1" ) &
 GGUF_PID=$!
 
-# The CUDA toolkit that nvcc belongs to may lack what ggml-cuda links: an nvcc-only toolkit (as on the
-# dev box) has no cuBLAS, which then comes from the pip nvidia packages beside torch (its library passed
-# to CMake by path, its headers by -I), and no libcuda.so stub, for which the driver's libcuda.so.1 is
-# passed by path. LLAMA_LD (the toolkit's and cuBLAS's folders) is LD_LIBRARY_PATH for llama.cpp's link
-# and run alone: CMake leaves the toolkit's folder out of the RPATH, and torch must keep its own libraries.
-cuda_toolkit() {
-  local tk nv inc lib real d
-  # nvcc on PATH may be a wrapper script: its own dry run names the folder it runs from
-  d=$("$NVCC" --dryrun -c -x cu /dev/null 2>&1 | sed -n 's/^#\$ _HERE_=//p' | head -1)
-  [ -n "$d" ] && [ -x "$d/nvcc" ] && NVCC=$d/nvcc
-  tk=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
-  CUDA_ARGS=(-DCUDAToolkit_ROOT="$tk" -DCMAKE_CUDA_COMPILER="$NVCC")
-  for d in "$tk/lib64" "$tk/lib" "$tk/targets/x86_64-linux/lib"; do [ -d "$d" ] && LLAMA_LD=$LLAMA_LD:$d; done
-  inc=$(find "$tk/include" "$tk/targets" -name cublas_v2.h 2>/dev/null | head -1)
-  lib=$(find -L "$tk/lib64" "$tk/lib" "$tk/targets" -maxdepth 3 -name 'libcublas.so*' 2>/dev/null | head -1)
-  if [ -z "$inc" ] || [ -z "$lib" ]; then
-    nv=$(python3 -c 'import nvidia; print(" ".join(nvidia.__path__))' 2>/dev/null)
-    if [ -n "$nv" ]; then
-      # shellcheck disable=SC2086  # nv is a list of folders
-      inc=$(find $nv -name cublas_v2.h 2>/dev/null | head -1)
-      # shellcheck disable=SC2086
-      lib=$(find $nv -name 'libcublas.so.*' 2>/dev/null | head -1)
-    fi
-    say "cuBLAS not in $tk; from the pip packages: header ${inc:-none}, library ${lib:-none}"
-    if [ -n "$inc" ] && [ -n "$lib" ]; then
-      d=$(dirname "$lib")
-      CUDA_ARGS+=(-DCUDA_cublas_LIBRARY="$lib" -DCMAKE_CUDA_FLAGS="-I$(dirname "$inc")" -DCMAKE_CXX_FLAGS="-I$(dirname "$inc")")
-      real=$(find "$d" -name 'libcublasLt.so.*' | head -1)
-      [ -n "$real" ] && CUDA_ARGS+=(-DCUDA_cublasLt_LIBRARY="$real")
-      LLAMA_LD=$d:$LLAMA_LD
-    fi
-  fi
-  real=""
-  if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so '; then
-    if [ ! -e "$tk/lib64/stubs/libcuda.so" ] && [ ! -e "$tk/lib/stubs/libcuda.so" ]; then
-      real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / { print $NF; exit }')
-      if [ -z "$real" ]; then
-        for d in ${LD_LIBRARY_PATH//:/ } /usr/lib/x86_64-linux-gnu /usr/local/nvidia/lib64 /usr/lib64; do
-          [ -e "$d/libcuda.so.1" ] && real="$d/libcuda.so.1" && break
-        done
-      fi
-      [ -n "$real" ] && CUDA_ARGS+=(-DCUDA_cuda_driver_LIBRARY="$real")
-    fi
-  fi
-  LLAMA_LD=${LLAMA_LD#:}; LLAMA_LD=${LLAMA_LD%:}
-  say "CUDA toolkit $tk; cmake gets: ${CUDA_ARGS[*]}; LD_LIBRARY_PATH for llama.cpp: $LLAMA_LD"
-}
-
 # (b) the build
-LLAMA_LD=${LD_LIBRARY_PATH:-}
 BUILD_STATUS=skipped; BUILD_S=0; CONFIGURE_S=0; UNPACK_S=0; BUILD_TIMEOUT=0; BENCH_BIN=""
 NVCC=$(command -v nvcc || find /usr/local/cuda*/bin -maxdepth 1 -name nvcc 2>/dev/null | sort -V | tail -1)
 # cmake and ninja: on PATH, else the pip packages' binaries, else a carried cmake wheel (.llama/cmake-*.whl)
@@ -150,14 +101,11 @@ else
   rm -rf "$WORK/llama.cpp" && tar -xJf "$TARBALL" -C "$WORK"
   UNPACK_S=$(el "$t")
   say "unpacked in $UNPACK_S s: $(head -2 "$WORK/llama.cpp/REPACK.txt" 2>/dev/null | tr '\n' ' ')"
-  CUDA_ARGS=()
-  if [ "$LLAMA_CUDA" = ON ]; then
-    cuda_toolkit
+  if [ -n "$NVCC" ]; then
     CUDACXX=$NVCC; PATH="$(dirname "$NVCC"):$PATH"; export CUDACXX PATH
   fi
   t=$(date +%s.%N)
-  timeout 120 "$CMAKE" -S "$WORK/llama.cpp" -B "$WORK/build" -G "$GENERATOR" "${GEN_ARGS[@]}" "${CUDA_ARGS[@]}" \
-    -DCMAKE_BUILD_TYPE=Release \
+  timeout 120 "$CMAKE" -S "$WORK/llama.cpp" -B "$WORK/build" -G "$GENERATOR" "${GEN_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DGGML_CUDA="$LLAMA_CUDA" -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
     -DGGML_CCACHE=OFF -DLLAMA_BUILD_NUMBER=0 -DLLAMA_BUILD_COMMIT=$LLAMA_COMMIT >"$WORK/build.log" 2>&1
@@ -171,7 +119,7 @@ else
     [ "$BUILD_TIMEOUT" -lt 30 ] && BUILD_TIMEOUT=30
     say "building llama-bench, timeout $BUILD_TIMEOUT s"
     t=$(date +%s.%N)
-    LD_LIBRARY_PATH=$LLAMA_LD timeout "$BUILD_TIMEOUT" "$CMAKE" --build "$WORK/build" --target llama-bench -j "$JOBS" >>"$WORK/build.log" 2>&1
+    timeout "$BUILD_TIMEOUT" "$CMAKE" --build "$WORK/build" --target llama-bench -j "$JOBS" >>"$WORK/build.log" 2>&1
     rc=$?
     BUILD_S=$(el "$t")
     if [ $rc -eq 0 ] && [ -x "$WORK/build/bin/llama-bench" ]; then
@@ -225,7 +173,7 @@ if [ -n "$BENCH_BIN" ] && [ "$GGUF_RC" = 0 ]; then
   else
     say "phase d: $LLAMA_CMD (timeout $LB_TIMEOUT s)"
     t=$(date +%s.%N)
-    LD_LIBRARY_PATH=$LLAMA_LD timeout "$LB_TIMEOUT" "$BENCH_BIN" -m "$GGUF" -p "$CTX" -n "$GEN" -d "0,$CTX" -ngl 99 -fa on -r "$REPS" \
+    timeout "$LB_TIMEOUT" "$BENCH_BIN" -m "$GGUF" -p "$CTX" -n "$GEN" -d "0,$CTX" -ngl 99 -fa on -r "$REPS" \
       -o json -oe md >"$OUT/llama_bench.json" 2>"$WORK/llama_bench.err"
     rc=$?
     grep -v '^llama_\|^load\|^print_info\|^\.\|^gguf' "$WORK/llama_bench.err" | tail -40 | tee -a "$LOG"
