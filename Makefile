@@ -60,7 +60,7 @@ demo: setup-dev models
 	  --prompt "Write a Python function that checks whether a string is a palindrome."
 	bash scripts/make_demo_repo.sh $(DEMO_DIR)/repo
 	@status=0; $(BIN)/evalbot evaluate --repo $(DEMO_DIR)/repo --base main --head demo-head --profile cpu \
-	  --max-pairs 4 --out $(DEMO_DIR)/out || status=$$?; \
+	  --max-pairs 6 --out $(DEMO_DIR)/out || status=$$?; \
 	  echo; cat $(DEMO_DIR)/out/report.md; echo; echo "evalbot evaluate exit status: $$status (0 PASS, 1 REJECT, 3 INFRA_ERROR, 4 SKIPPED, 5 INCONCLUSIVE)"; \
 	  test $$status -ne 3 -a -f $(DEMO_DIR)/out/report.md
 
