@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from engine import ops
 from engine.config import ModelConfig
 from engine.cuda_graph import GraphedBlock, GraphedDecode
 from engine.gguf import GGUFFile
@@ -86,13 +87,6 @@ def load_random(
     )
 
 
-def block_split(cache_positions: int, n_kv_head: int, num_sms: int) -> int:
-    """Positions per attention split of a block session (a session constant: see kernels.block_attention)."""
-    from kernels.block_attention import split_size
-
-    return split_size(cache_positions, 1, n_kv_head, num_sms)
-
-
 @dataclass
 class Generation:
     """What one generate call produced, with timings that separate prefill from decode."""
@@ -148,8 +142,7 @@ class Session:
         self.graph: GraphedDecode | None = None
         self._blocks: dict[int, GraphedBlock] = {}
         if block:
-            sms = torch.cuda.get_device_properties(model.device).multi_processor_count if self.on_cuda else 8
-            self.split = block_split(self.cache.max_seq, cfg.n_kv_head, sms)
+            self.split = ops.block_split(self.cache.max_seq, cfg.n_kv_head, model.device)
             self._block_ids = torch.zeros(1, block, dtype=torch.long, device=model.device)
             if self.on_cuda and cuda_graph:
                 for n_real in (1, block):

@@ -214,6 +214,15 @@ def block_attention(
     return ba.block_attention_torch(q, k_cache, v_cache, lengths, scale, n_real)
 
 
+def block_split(cache_positions: int, n_kv_head: int, device: torch.device) -> int:
+    """Positions per attention split of a row-invariant block session: a session constant (one program
+    per SM at full length on CUDA; a nominal 8 SMs elsewhere), see `kernels.block_attention`."""
+    from kernels.block_attention import split_size
+
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    return split_size(cache_positions, 1, n_kv_head, sms)
+
+
 def decode_config(
     n_head: int, cache: KVCache, num_splits: int | None = None, kernel: str | None = None
 ) -> dict[str, Any]:
