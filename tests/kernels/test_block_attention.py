@@ -4,30 +4,20 @@ independent of the rows beside it, in the Triton interpreter on the CPU (and on 
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("needs triton", allow_module_level=True)
+
+from tests.kernels.triton_interp import import_triton, run_in_fresh_interpreter  # noqa: E402
+
 CUDA = torch.cuda.is_available()
-if not CUDA and "triton" not in sys.modules:  # tl's helpers are interpreted only if imported so
-    _saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    import triton.language  # noqa: F401
-
-    os.environ.pop("TRITON_INTERPRET") if _saved is None else os.environ.update(TRITON_INTERPRET=_saved)
-
-import triton.language as tl  # noqa: E402
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+INTERPRETER_READY = import_triton()
 
 from kernels import block_attention as ba  # noqa: E402
 from kernels import reference  # noqa: E402
-
-INTERPRETER_READY = isinstance(tl.cdiv, InterpretedFunction)
 
 
 @pytest.fixture(autouse=True)
@@ -41,10 +31,7 @@ def _kernels(monkeypatch, request):
 
 @pytest.mark.skipif(CUDA or INTERPRETER_READY, reason="the kernel tests run in this process")
 def test_kernels_in_fresh_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", __file__]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+    run_in_fresh_interpreter(__file__)
 
 
 def _device() -> str:

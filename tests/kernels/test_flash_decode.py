@@ -12,32 +12,19 @@ in a subprocess instead, so they are never silently lost. With CUDA they run com
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import zlib
 
 import pytest
 import torch
 
+from tests.kernels.triton_interp import import_triton, run_in_fresh_interpreter
+
 CUDA = torch.cuda.is_available()
-if not CUDA and "triton" not in sys.modules:
-    _saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    import triton.language  # noqa: F401
-
-    if _saved is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved
-
-import triton.language as tl  # noqa: E402
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+INTERPRETER_READY = import_triton()
 
 from kernels import flash_decode as fd  # noqa: E402
 from kernels.reference import combine_partials, decode_attention, decode_partials  # noqa: E402
 
-INTERPRETER_READY = isinstance(tl.cdiv, InterpretedFunction)
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 F16, BF16 = torch.float16, torch.bfloat16
 # fp16 rounds p and the output to 11 bits; bf16 to 8, and the interpreter truncates instead of rounding
@@ -56,10 +43,7 @@ def kernels(monkeypatch):
 
 @pytest.mark.skipif(CUDA or INTERPRETER_READY, reason="the kernel tests run in this process")
 def test_kernels_in_fresh_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", __file__]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+    run_in_fresh_interpreter(__file__)
 
 
 def make_inputs(b, hq, hkv, d, s_max, dtype, lengths, seed, strided=False):
