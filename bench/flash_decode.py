@@ -90,7 +90,10 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--no-cluster", action="store_true", help="leave out the CUDA cluster kernel")
     p.add_argument(
-        "--cluster-splits", nargs="+", default=["auto"], help="cluster kernel: 'auto' and/or CTAs a cluster"
+        "--cluster-splits",
+        nargs="+",
+        default=["auto"],
+        help="cluster kernel: 'auto' and/or CTAs a cluster (C: one cluster a head) or CxK (K clusters of C)",
     )
     p.add_argument(
         "--cluster-configs",
@@ -354,6 +357,12 @@ def ceiling_us(torch, triton, sets, kv_bytes: int, num_sms: int) -> dict[str, fl
     return out
 
 
+def _cluster_plan(text: str) -> tuple[int, int]:
+    """'9' -> (9, 1): one cluster of 9 a head; '2x8' -> (2, 8): 8 clusters of 2."""
+    c, _, k = text.partition("x")
+    return int(c), int(k or 1)
+
+
 def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: ANN001
     """The CUDA cluster kernel: its default and every asked variant, each checked then graph-replayed."""
     q, k, _ = sets[0]
@@ -368,8 +377,10 @@ def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: A
         args.cluster_l2,
         args.cluster_orders,
     ):
+        c_k = (base["num_splits"], base["num_clusters"]) if splits == "auto" else _cluster_plan(splits)
         tile = {
-            "num_splits": base["num_splits"] if splits == "auto" else int(splits),
+            "num_splits": c_k[0],
+            "num_clusters": c_k[1],
             "stages": stages,
             "groups": groups,
             "pdl": base["pdl"] if pdl == "auto" else bool(int(pdl)),
@@ -379,9 +390,8 @@ def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: A
         }
         if tile not in variants:
             variants.append(tile)
-    default = {
-        key: base[key] for key in ("num_splits", "stages", "groups", "pdl", "layout", "l2_promotion", "order")
-    }
+    keys = ("num_splits", "num_clusters", "stages", "groups", "pdl", "layout", "l2_promotion", "order")
+    default = {key: base[key] for key in keys}
     if default not in variants:
         variants.insert(0, default)
     if args.cluster_probe:
@@ -678,9 +688,15 @@ def cluster_cells(r: dict) -> str:
         return "- | - | - | -"
     again = f" ({c['graph_us_again']:.1f})" if "graph_us_again" in c else ""
     return (
-        f"{c['graph_us']:.1f}{again} | {c['graph_pct_copy']:.0f} | {c['config']['num_splits']} "
+        f"{c['graph_us']:.1f}{again} | {c['graph_pct_copy']:.0f} | {_plan_cell(c['config'])} "
         f"| {c['max_abs_err']:.1e}"
     )
+
+
+def _plan_cell(config: dict) -> str:
+    """CTAs a cluster, and 'x K' when K clusters serve a head."""
+    k = config.get("num_clusters", 1)
+    return f"{config['num_splits']}" + (f"x{k}" if k > 1 else "")
 
 
 def cluster_tuning_table(rows: list[dict]) -> str:
@@ -695,7 +711,7 @@ def cluster_tuning_table(rows: list[dict]) -> str:
             mark = " (default)" if v["default"] else " (probe: no attention)" if c.get("probe") else ""
             timing = f"{v['graph_us']:.1f}" if "graph_us" in v else v["error"][:60]
             lines.append(
-                f"| {r['shape']} | {r['ctx']} | {r['batch']} | {c['num_splits']}{mark} | {c['stages']} "
+                f"| {r['shape']} | {r['ctx']} | {r['batch']} | {_plan_cell(c)}{mark} | {c['stages']} "
                 f"| {c['groups']} | {int(c['pdl'])} | {c['layout']} | {c['l2_promotion']} | {c['order']} | {timing} "
                 f"| {v.get('rel_err', float('nan')):.1e} |"
             )

@@ -1,9 +1,12 @@
 """Split-KV decode attention in CUDA C++ whose splits merge through thread-block-cluster shared memory.
 
-The kernel (``kernels/cuda/flash_decode_cluster.cu``) gives each (sequence, KV head) one cluster of
-``num_splits`` CTAs; each CTA streams its tiles of K and V through TMA into shared memory, serves
-the whole GQA group on the tensor cores, and the cluster merges its partial softmax states through
-distributed shared memory, with no second kernel and no round trip through HBM. It needs a Hopper
+The kernel (``kernels/cuda/flash_decode_cluster.cu``) gives each (sequence, KV head) ``num_clusters``
+clusters of ``num_splits`` CTAs; each CTA streams its tiles of K and V through TMA into shared memory,
+serves the whole GQA group on the tensor cores, and each cluster merges its partial softmax states
+through distributed shared memory. With one cluster a head that is the output: no second kernel and
+no round trip through HBM. A cluster must sit in one GPC, so few large clusters fit at once (an H200
+holds 7 of 10-16 CTAs, 64 of 2); with several clusters a head, the last CTA of each rank to arrive folds
+the clusters' merged states from a small L2-resident workspace, in the same launch. It needs a Hopper
 GPU (sm_90) and nvcc: it is built on first use as a torch C++/CUDA extension. Where either is
 missing, ``unavailable_reason`` says why, and ``engine.ops`` falls back to Triton, then to PyTorch.
 """
@@ -18,6 +21,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
+from typing import NamedTuple
 
 import torch
 
@@ -25,6 +29,15 @@ KERNEL = "cuda-cluster-decode"
 HEAD_DIMS = (64, 128, 256)
 MAX_GQA_RATIO = 16  # the query group is padded to 16 mma rows
 MAX_CLUSTER = 16  # Hopper's largest (non-portable) cluster
+MAX_CLUSTERS = 128  # clusters a (sequence, KV head): the kernel's MAX_CLUSTERS
+# a plan whose splits come within this share of the most the SMs allow counts as full; among those the
+# largest cluster wins (fewer states cross the L2 workspace, more merge through shared memory)
+FULL_SHARE = 0.9
+# the workspace of the cross-cluster merge, per device: slots of [16 rows][256 cols] float32 (one per
+# cluster of a launch; the heuristic uses at most one per SM), and counter rows of 16 (one per sequence
+# and KV head)
+WORKSPACE_SLOTS = 512
+WORKSPACE_HEADS = 512
 BLOCK_N = 64  # positions per K/V tile
 MIN_TILES_PER_SPLIT = 4  # fewer and the TMA pipeline has nothing to overlap
 # head dim -> the (stages, consumer groups) instantiated in the .cu file; the first is the default. A
@@ -49,6 +62,52 @@ _CUDA_DIR = Path(__file__).resolve().parent / "cuda"
 _CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v", "-lineinfo")
 
 
+class SplitPlan(NamedTuple):
+    """How one (sequence, KV head) is split: ``clusters`` clusters of ``cluster`` CTAs."""
+
+    cluster: int  # CTAs a cluster, merged through distributed shared memory (1 to 16)
+    clusters: int  # clusters a (sequence, KV head), merged through the L2 workspace (1 to 128)
+
+    @property
+    def splits(self) -> int:
+        return self.cluster * self.clusters
+
+
+def split_plan(
+    num_sms: int,
+    batch: int,
+    num_kv_heads: int,
+    ctx_len: int,
+    head_dim: int,
+    max_active_clusters: Mapping[int, int] | None = None,
+) -> SplitPlan:
+    """The split of each (sequence, KV head) for one launch (pure).
+
+    At most one CTA per SM (a CTA fills an SM's shared memory) and every cluster of the launch resident
+    at once (``max_active_clusters``: size -> clusters that fit, as the device reports; None: all fit),
+    each split keeping MIN_TILES_PER_SPLIT tiles. Among the plans that use the most SMs (within
+    FULL_SHARE), the largest cluster, then the fewest clusters.
+    """
+    tiles = max(1, -(-ctx_len // BLOCK_N))
+    heads = max(1, batch * num_kv_heads)
+    most = min(MAX_CLUSTER * MAX_CLUSTERS, max(1, num_sms // heads), max(1, tiles // MIN_TILES_PER_SPLIT))
+    plans = []
+    for cluster in range(1, min(MAX_CLUSTER, head_dim, most) + 1):
+        clusters = min(MAX_CLUSTERS, most // cluster)
+        while (
+            clusters > 0
+            and max_active_clusters is not None
+            and max_active_clusters.get(cluster, 0) < heads * clusters
+        ):
+            clusters -= 1
+        if clusters:
+            plans.append(SplitPlan(cluster, clusters))
+    if not plans:
+        return SplitPlan(1, 1)
+    best = max(p.splits for p in plans)
+    return max((p for p in plans if p.splits >= FULL_SHARE * best), key=lambda p: (p.cluster, -p.clusters))
+
+
 def num_splits(
     num_sms: int,
     batch: int,
@@ -57,29 +116,21 @@ def num_splits(
     head_dim: int,
     max_active_clusters: Mapping[int, int] | None = None,
 ) -> int:
-    """CTAs per cluster (splits per sequence and KV head), 1 to 16.
-
-    As many as one wave of CTAs allows (at most one per SM, since a CTA fills an SM's shared memory),
-    each split keeping MIN_TILES_PER_SPLIT tiles, and no more than keep every cluster of the launch
-    resident at once (``max_active_clusters``: size -> clusters that fit, as the device reports; on an
-    H200 only 7 clusters of 16 fit, since a cluster must sit in one GPC).
-    """
-    tiles = max(1, -(-ctx_len // BLOCK_N))
-    heads = max(1, batch * num_kv_heads)
-    splits = min(MAX_CLUSTER, head_dim, max(1, num_sms // heads), max(1, tiles // MIN_TILES_PER_SPLIT))
-    while splits > 1 and max_active_clusters is not None and max_active_clusters.get(splits, 0) < heads:
-        splits -= 1
-    return splits
+    """Splits of one (sequence, KV head): CTAs a cluster times clusters (see `split_plan`)."""
+    return split_plan(num_sms, batch, num_kv_heads, ctx_len, head_dim, max_active_clusters).splits
 
 
-def split_table(num_sms: int = 132, head_dim: int = 128) -> list[dict[str, int]]:
+def split_table(
+    num_sms: int = 132, head_dim: int = 128, max_active_clusters: Mapping[int, int] | None = None
+) -> list[dict[str, int]]:
     """The heuristic's choices over batch, KV heads and context (for the docs and the tests)."""
     rows = []
     for batch in (1, 2, 4, 8, 16):
         for hkv in (2, 4, 8):
             for ctx in (64, 256, 1024, 4096, 16384, 32768):
-                rows.append({"batch": batch, "kv_heads": hkv, "ctx": ctx,
-                             "splits": num_splits(num_sms, batch, hkv, ctx, head_dim)})  # fmt: skip
+                plan = split_plan(num_sms, batch, hkv, ctx, head_dim, max_active_clusters)
+                rows.append({"batch": batch, "kv_heads": hkv, "ctx": ctx, "cluster": plan.cluster,
+                             "clusters": plan.clusters, "splits": plan.splits})  # fmt: skip
     return rows
 
 
@@ -132,7 +183,10 @@ def unavailable_reason(device: torch.device) -> str | None:
         return (
             f"compute capability {torch.cuda.get_device_capability(device)} is not 9.0 (the kernel is sm_90a)"
         )
-    return _build()[1]
+    why = _build()[1]
+    if why is None:
+        workspace(device)  # allocated here, before any launch could be inside a CUDA-graph capture
+    return why
 
 
 def _module() -> ModuleType:
@@ -195,6 +249,35 @@ def max_active_clusters(
         return {c: int(module.max_active_clusters(code, head_dim, stages, groups, c)) for c in range(1, 17)}
 
 
+_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The cross-cluster merge's buffers on a device: (states, max and sum, arrival counters).
+
+    One set per device, allocated on first use and shared by every launch on it, so launches with
+    several clusters a head must be ordered on one stream, as the engine's are. The counters start at
+    zero and each launch leaves them at zero. It must not first be allocated inside a CUDA-graph
+    capture (the graph's private pool would own it): `unavailable_reason` allocates it beforehand.
+    """
+    device = torch.device(
+        device.type, device.index if device.index is not None else torch.cuda.current_device()
+    )
+    if device not in _workspaces:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"{KERNEL}: first launch on {device} inside a CUDA-graph capture; launch once (or call "
+                "unavailable_reason) before capturing, so the merge workspace is not owned by the graph"
+            )
+        with torch.cuda.device(device):
+            _workspaces[device] = (
+                torch.zeros(WORKSPACE_SLOTS * 16 * max(HEAD_DIMS), dtype=torch.float32, device=device),
+                torch.zeros(WORKSPACE_SLOTS * MAX_CLUSTER * 16 * 2, dtype=torch.float32, device=device),
+                torch.zeros(WORKSPACE_HEADS * MAX_CLUSTER, dtype=torch.int32, device=device),
+            )
+    return _workspaces[device]
+
+
 @functools.cache
 def sm_count(device: torch.device) -> int:
     """Multiprocessors of a CUDA device."""
@@ -206,6 +289,7 @@ def decode_config(
     k_cache: torch.Tensor,  # [B, Hkv, S_max, D]
     *,
     num_splits: int | None = None,
+    num_clusters: int | None = None,
     stages: int | None = None,
     groups: int | None = None,
     pdl: bool | None = None,
@@ -213,19 +297,28 @@ def decode_config(
     l2_promotion: int | None = None,
     order: int | None = None,
 ) -> dict[str, int | str | bool]:
-    """The settings `flash_decode` uses for these shapes (for the engine's `config` record)."""
+    """The settings `flash_decode` uses for these shapes (for the engine's `config` record).
+
+    ``num_splits`` is the CTAs a cluster and ``num_clusters`` the clusters a (sequence, KV head); either
+    left out comes from `split_plan` (``num_splits`` alone given: one cluster a head).
+    """
     b, _, d = q.shape
     hkv, s_max = k_cache.shape[1], k_cache.shape[2]
     stages = stages or CONFIGS[d][0][0]
     groups = groups or next((g for s, g in CONFIGS[d] if s == stages), CONFIGS[d][0][1])
     if num_splits is None:
         fits = max_active_clusters(q.device, q.dtype, d, stages, groups)
-        num_splits, source = _split_heuristic(sm_count(q.device), b, hkv, s_max, d, fits), "heuristic"
+        plan = split_plan(sm_count(q.device), b, hkv, s_max, d, fits)
+        num_splits = plan.cluster
+        num_clusters = plan.clusters if num_clusters is None else num_clusters
+        source = "heuristic" if num_clusters == plan.clusters else "override"
     else:
+        num_clusters = 1 if num_clusters is None else num_clusters
         source = "override"
     return {
         "kernel": KERNEL,
         "num_splits": num_splits,
+        "num_clusters": num_clusters,
         "splits_from": source,
         "block_n": BLOCK_N,
         "stages": stages,
@@ -238,9 +331,6 @@ def decode_config(
     }
 
 
-_split_heuristic = num_splits  # flash_decode's `num_splits` argument shadows the name
-
-
 def flash_decode(
     q: torch.Tensor,  # [B, Hq, D]
     k_cache: torch.Tensor,  # [B, Hkv, S_max, D]
@@ -249,6 +339,7 @@ def flash_decode(
     scale: float,
     *,
     num_splits: int | None = None,
+    num_clusters: int | None = None,
     out: torch.Tensor | None = None,  # [B, Hq, D] in q's dtype
     stages: int | None = None,
     groups: int | None = None,
@@ -259,12 +350,13 @@ def flash_decode(
     probe: int = 0,  # diagnostics only: 1 streams the tiles and skips the attention (wrong output)
 ) -> torch.Tensor:  # [B, Hq, D]
     """One-token GQA attention over the first lengths[b] cache positions, merged inside clusters."""
-    cfg = decode_config(q, k_cache, num_splits=num_splits, stages=stages, groups=groups, pdl=pdl, layout=layout,
-                        l2_promotion=l2_promotion, order=order)  # fmt: skip
+    cfg = decode_config(q, k_cache, num_splits=num_splits, num_clusters=num_clusters, stages=stages,
+                        groups=groups, pdl=pdl, layout=layout, l2_promotion=l2_promotion, order=order)  # fmt: skip
     if out is None:
         out = torch.empty_like(q)
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    _module().launch(q, k_cache, v_cache, lengths, out, float(scale), cfg["num_splits"], cfg["stages"],
-                     cfg["groups"], cfg["pdl"], probe, cfg["layout"], cfg["l2_promotion"], cfg["order"],
-                     stream)  # fmt: skip
+    ws_acc, ws_ml, counters = workspace(q.device)
+    _module().launch(q, k_cache, v_cache, lengths, out, float(scale), cfg["num_splits"], cfg["num_clusters"],
+                     ws_acc, ws_ml, counters, cfg["stages"], cfg["groups"], cfg["pdl"], probe, cfg["layout"],
+                     cfg["l2_promotion"], cfg["order"], stream)  # fmt: skip
     return out

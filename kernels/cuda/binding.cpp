@@ -3,13 +3,15 @@
 
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <string>
 
 extern "C" int fdc_launch(const void* q, const void* k, const void* v, const int* lengths, void* out, int dtype,
                           int B, int Hq, int Hkv, int D, int S_max, long long sqb, long long sqh, long long skb,
                           long long skh, long long skn, long long svb, long long svh, long long svn, long long sob,
-                          long long soh, float scale, int num_splits, int stages, int groups, int pdl, int probe,
-                          int layout, int promotion, int order, void* stream, char* err, int errlen);
+                          long long soh, float scale, int num_splits, int num_clusters, float* ws_acc, float* ws_ml,
+                          int* counters, long long ws_slots, long long counter_heads, int stages, int groups, int pdl,
+                          int probe, int layout, int promotion, int order, void* stream, char* err, int errlen);
 extern "C" int fdc_max_active_clusters(int dtype, int D, int stages, int groups, int cluster, int* out, char* err,
                                        int errlen);
 extern "C" int fdc_smem_bytes(int D, int stages, int groups);
@@ -30,7 +32,8 @@ int64_t stride_of(const at::Tensor& t, int dim) {
 }
 
 void launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lengths,
-            const at::Tensor& out, double scale, int64_t num_splits, int64_t stages, int64_t groups, bool pdl,
+            const at::Tensor& out, double scale, int64_t num_splits, int64_t num_clusters, const at::Tensor& ws_acc,
+            const at::Tensor& ws_ml, const at::Tensor& counters, int64_t stages, int64_t groups, bool pdl,
             int64_t probe, int64_t layout, int64_t promotion, int64_t order, int64_t stream) {
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && lengths.is_cuda() && out.is_cuda(),
               "flash_decode_cluster: every tensor must be on the GPU");
@@ -44,12 +47,23 @@ void launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
               "flash_decode_cluster: lengths must be int32 [B]");
   TORCH_CHECK(q.stride(2) == 1 && k.stride(3) == 1 && v.stride(3) == 1 && out.stride(2) == 1,
               "flash_decode_cluster: the head dim must be contiguous");
+  // the cross-cluster workspace: [slots][16][256] floats, [slots][16][16][2] floats, [heads][16] int32 counters
+  TORCH_CHECK(ws_acc.is_cuda() && ws_ml.is_cuda() && counters.is_cuda() && ws_acc.device() == q.device() &&
+                  ws_ml.device() == q.device() && counters.device() == q.device(),
+              "flash_decode_cluster: the workspace must be on q's GPU");
+  TORCH_CHECK(ws_acc.scalar_type() == at::kFloat && ws_ml.scalar_type() == at::kFloat &&
+                  counters.scalar_type() == at::kInt && ws_acc.is_contiguous() && ws_ml.is_contiguous() &&
+                  counters.is_contiguous(),
+              "flash_decode_cluster: the workspace must be contiguous float32, float32 and int32");
+  const int64_t slots = std::min(ws_acc.numel() / (16 * q.size(2)), ws_ml.numel() / (16 * 16 * 2));
+  const int64_t heads = counters.numel() / 16;
   char err[512] = {0};
   int rc = fdc_launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), lengths.data_ptr<int>(), out.data_ptr(),
                       dtype_code(q), int(q.size(0)), int(q.size(1)), int(k.size(1)), int(q.size(2)), int(k.size(2)),
                       stride_of(q, 0), stride_of(q, 1), stride_of(k, 0), stride_of(k, 1), stride_of(k, 2),
                       stride_of(v, 0), stride_of(v, 1), stride_of(v, 2), stride_of(out, 0), stride_of(out, 1),
-                      float(scale), int(num_splits), int(stages), int(groups), pdl ? 1 : 0, int(probe), int(layout),
+                      float(scale), int(num_splits), int(num_clusters), ws_acc.data_ptr<float>(),
+                      ws_ml.data_ptr<float>(), counters.data_ptr<int>(), slots, heads, int(stages), int(groups), pdl ? 1 : 0, int(probe), int(layout),
                       int(promotion), int(order), reinterpret_cast<void*>(stream), err, sizeof(err));
   TORCH_CHECK(rc == 0, "flash_decode_cluster: ", std::string(err));
 }

@@ -1,8 +1,8 @@
 // Split-KV decode attention whose splits merge inside a thread-block cluster (Hopper, sm_90a).
 //
-// One cluster of C CTAs serves one (sequence, KV head). CTA `rank` of the cluster takes the KV tiles
-// rank, rank + C, rank + 2C, ... of the sequence's valid positions (interleaved, as the Triton kernel
-// does, so the CTAs of a cluster end close together), and serves every query head of the GQA group
+// K clusters of C CTAs serve one (sequence, KV head): S = K * C splits. CTA `rank` of cluster `kc` is
+// split j = kc * C + rank; it takes the KV tiles j, j + S, j + 2S, ... of the sequence's valid positions
+// (interleaved, as the Triton kernel does, so the splits end close together), and serves every query head of the GQA group
 // against each tile, so K and V are read once per group. Tiles arrive through the tensor-memory
 // accelerator (TMA: `cp.async.bulk.tensor`, 128-byte swizzle) into a ring of STAGES shared-memory
 // buffers, fed by one producer warp and consumed by four warps of 16 positions each on the tensor
@@ -10,7 +10,12 @@
 // Each CTA folds its four warps' softmax states into one (max, sum, unnormalised output) in its own
 // shared memory; after a cluster barrier CTA `rank` merges column slice `rank` of the head dim over
 // all C CTAs, reading their states through distributed shared memory (`cluster.map_shared_rank`).
-// No second kernel, no round trip through global memory for the partials.
+// With K = 1 that is the output: no second kernel, no round trip through global memory for the
+// partials. With K > 1 (a cluster must sit in one GPC, so few large clusters fit at once: on an H200
+// only 7 of 10-16 CTAs, but 64 of 2), each cluster's merged state (unnormalised output columns, max and
+// sum per row) goes to a small global workspace; the last of the K CTAs of one rank to arrive (an
+// atomic counter per (sequence, KV head, rank), reset by that CTA for the next launch) folds the K
+// states of its columns from L2 and writes the output. Still one launch.
 //
 // Lengths are read on the device and the grid depends only on host ints, so a launch can be
 // captured in a CUDA graph. With programmatic dependent launch the kernel may start before its
@@ -37,13 +42,19 @@ constexpr int G_PAD = 16;                      // mma rows: the query group padd
 constexpr int CHUNK = 64;                      // elements of one 128-byte swizzled row
 constexpr int MAX_CLUSTER = 16;                // Hopper's non-portable cluster limit
 constexpr int RED_PAD = 8;                     // floats of padding per row of the warps' partials (no bank conflicts)
+constexpr int MAX_CLUSTERS = 128;              // K: clusters a (sequence, KV head)
 
 struct Params {
   const uint16_t* q;  // [B, Hq, D] (raw 16-bit elements)
   uint16_t* out;      // [B, Hq, D]
   const int* lengths;  // [B]
   long long stride_qb, stride_qh, stride_ob, stride_oh;  // elements
-  int num_kv_heads, group, s_max, num_splits;
+  int num_kv_heads, group, s_max;
+  int num_splits;    // C: CTAs a cluster
+  int num_clusters;  // K: clusters a (sequence, KV head)
+  float* ws_acc;     // K > 1: [B * Hkv * K][G_PAD][D] each cluster's unnormalised output
+  float* ws_ml;      // K > 1: [B * Hkv * K][MAX_CLUSTER][G_PAD][2] each CTA's (max, sum) per row
+  int* counters;     // K > 1: [B * Hkv][MAX_CLUSTER] arrivals, zero between launches
   float qk_scale;  // softmax scale * log2(e): scores are base-2 logits
   int probe;       // diagnostics only: 1 = stream the tiles and skip the attention (the output is wrong)
   int layout;      // 0: a tile is [D/64][64 positions][128 B] (D/64 boxes); 1: [64 positions][D/64][128 B] (one box)
@@ -191,6 +202,8 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
   constexpr int CONSUMERS = L::CONSUMERS;
   constexpr int THREADS = L::THREADS;
   static_assert(L::RED_BYTES <= STAGES * L::STAGE_BYTES, "the warps' partials reuse the stage buffers");
+  static_assert(3 * MAX_CLUSTERS * G_PAD * 4 <= STAGES * L::STAGE_BYTES, "so do the K clusters' weights");
+  __shared__ int last_arrival;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* stages = smem;                                              // [STAGES][K tile, V tile]
@@ -200,7 +213,10 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(part_l + G_PAD);        // [STAGES] tile landed
   uint64_t* empty = full + STAGES;                                     // [STAGES] tile consumed
 
-  const int split = blockIdx.x;  // the CTA's rank in its cluster (the cluster spans blockIdx.x)
+  const int C = p.num_splits;
+  const int S = C * p.num_clusters;  // splits of one (sequence, KV head)
+  const int split = blockIdx.x;      // j = kc * C + rank (a cluster spans C consecutive blockIdx.x)
+  const int rank = split % C;
   const int bh = blockIdx.y;
   const int b = bh / p.num_kv_heads;
   const int h = bh % p.num_kv_heads;
@@ -222,11 +238,11 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
 
   const int length = min(p.lengths[b], p.s_max);  // a bad length must not read past the cache
   const int n_tiles = (length + BLOCK_N - 1) / BLOCK_N;
-  const int run = (n_tiles + p.num_splits - 1) / p.num_splits;  // tiles of a contiguous split
+  const int run = (n_tiles + S - 1) / S;  // tiles of a contiguous split
   const int my_tiles = p.order ? max(0, min(run, n_tiles - split * run))
-                               : (split < n_tiles ? (n_tiles - 1 - split) / p.num_splits + 1 : 0);
+                               : (split < n_tiles ? (n_tiles - 1 - split) / S + 1 : 0);
   // first position of this CTA's i-th tile
-  auto tile_start = [&](int i) { return (p.order ? split * run + i : split + i * p.num_splits) * BLOCK_N; };
+  auto tile_start = [&](int i) { return (p.order ? split * run + i : split + i * S) * BLOCK_N; };
 
   float* red = reinterpret_cast<float*>(stages);           // [CONSUMERS][G_PAD][D + RED_PAD], after the loop
   float* red_m = red + CONSUMERS * G_PAD * (D + RED_PAD);  // [CONSUMERS][G_PAD]
@@ -423,7 +439,7 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
       a += f * red[(w * G_PAD + row) * (D + RED_PAD) + col];
       l += f * red_l[w * G_PAD + row];
     }
-    if (p.num_splits == 1) {
+    if (S == 1) {
       p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(a / l);
     } else {
       part_acc[row * D + col] = a;
@@ -433,16 +449,19 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
       }
     }
   }
-  if (p.num_splits == 1) return;
+  if (S == 1) return;
 
   // the cluster's merge: CTA `rank` finishes head-dim columns rank, rank + C, rank + 2C, ... (any C <= 16)
+  const int K = p.num_clusters;
+  const long long slot = (long long)bh * K + split / C;  // this cluster's workspace slot (K > 1)
+  float* ws_acc = p.ws_acc + slot * G_PAD * D;
+  float* ws_ml = p.ws_ml + (slot * MAX_CLUSTER + rank) * G_PAD * 2;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // every CTA's state is written (release/acquire at cluster scope)
-  const int C = p.num_splits;
-  const int cols = (D - split + C - 1) / C;
+  const int cols = (D - rank + C - 1) / C;
   for (int e = threadIdx.x; e < G * cols; e += THREADS) {
     const int row = e / cols;
-    const int col = split + (e % cols) * C;
+    const int col = rank + (e % cols) * C;
     float mc[MAX_CLUSTER];
     float mmax = -INFINITY;
 #pragma unroll
@@ -450,19 +469,70 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
       mc[c] = c < C ? cluster.map_shared_rank(part_m, c)[row] : -INFINITY;
       mmax = fmaxf(mmax, mc[c]);
     }
+    // an empty split (-inf) weighs 0; with K = 1 some split is not empty, with K > 1 a whole cluster may be
+    const float base = mmax == -INFINITY ? 0.f : mmax;
     float a = 0.f, l = 0.f;
 #pragma unroll
     for (int c = 0; c < MAX_CLUSTER; ++c) {
       if (c < C) {
-        const float f = exp2f(mc[c] - mmax);  // an empty split (-inf) weighs 0; some split is not empty
+        const float f = exp2f(mc[c] - base);
         a += f * cluster.map_shared_rank(part_acc, c)[row * D + col];
         l += f * cluster.map_shared_rank(part_l, c)[row];
       }
     }
-    p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(a / l);
+    if (K == 1) {
+      p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(a / l);
+    } else {
+      ws_acc[row * D + col] = a;
+      if (col == rank) {
+        ws_ml[row * 2] = mmax;
+        ws_ml[row * 2 + 1] = l;
+      }
+    }
   }
   // no CTA leaves while another still reads its shared memory (ordering nothing else: relaxed)
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");
+  if (K == 1) return;
+
+  // across the K clusters: the last CTA of this rank to arrive merges columns rank, rank + C, ...
+  __threadfence();  // this CTA's workspace writes are visible at device scope before its arrival
+  __syncthreads();
+  int* counter = p.counters + (long long)bh * MAX_CLUSTER + rank;
+  if (threadIdx.x == 0) last_arrival = atomicAdd(counter, 1) == K - 1;
+  __syncthreads();
+  if (!last_arrival) return;
+  __threadfence();  // acquire: the other K - 1 CTAs' writes, read below from L2 (ld.global.cg)
+  float* w_m = reinterpret_cast<float*>(stages);  // [K][G_PAD] (the stage buffers are free again)
+  float* w_l = w_m + MAX_CLUSTERS * G_PAD;         // [K][G_PAD]
+  float* w = w_l + MAX_CLUSTERS * G_PAD;           // [K][G_PAD] weight of cluster k's row, 1 / sum folded in
+  const float* ml0 = p.ws_ml + ((long long)bh * K * MAX_CLUSTER + rank) * G_PAD * 2;
+  for (int e = threadIdx.x; e < K * G; e += THREADS) {
+    const int k = e / G, row = e % G;
+    const float2 ml = __ldcg(reinterpret_cast<const float2*>(ml0 + ((long long)k * MAX_CLUSTER * G_PAD + row) * 2));
+    w_m[k * G_PAD + row] = ml.x;
+    w_l[k * G_PAD + row] = ml.y;
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int row = threadIdx.x;
+    float mmax = -INFINITY;
+    for (int k = 0; k < K; ++k) mmax = fmaxf(mmax, w_m[k * G_PAD + row]);  // finite: split 0 holds position 0
+    float l = 0.f;
+    for (int k = 0; k < K; ++k) l += exp2f(w_m[k * G_PAD + row] - mmax) * w_l[k * G_PAD + row];
+    const float inv = 1.f / l;
+    for (int k = 0; k < K; ++k) w[k * G_PAD + row] = exp2f(w_m[k * G_PAD + row] - mmax) * inv;
+  }
+  __syncthreads();
+  const float* acc0 = p.ws_acc + (long long)bh * K * G_PAD * D;
+  for (int e = threadIdx.x; e < G * cols; e += THREADS) {
+    const int row = e / cols;
+    const int col = rank + (e % cols) * C;
+    float a = 0.f;
+#pragma unroll 4
+    for (int k = 0; k < K; ++k) a += w[k * G_PAD + row] * __ldcg(acc0 + ((long long)k * G_PAD + row) * D + col);
+    p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(a);
+  }
+  if (threadIdx.x == 0) *counter = 0;  // every arrival of this launch is in: ready for the next one
 }
 
 // ---- host side ------------------------------------------------------------------------------------
@@ -528,7 +598,7 @@ static int launch_t(const CUtensorMap& km, const CUtensorMap& vm, const Params& 
     configured = true;
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.num_splits, batch * p.num_kv_heads, 1);
+  cfg.gridDim = dim3(p.num_splits * p.num_clusters, batch * p.num_kv_heads, 1);
   cfg.blockDim = dim3(Layout<D, GROUPS>::THREADS, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -549,8 +619,8 @@ static int launch_t(const CUtensorMap& km, const CUtensorMap& vm, const Params& 
   cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, km, vm, p);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) {
-    snprintf(err, errlen, "launch (splits %d, D %d, stages %d, %d bytes of shared memory): %s", p.num_splits, D,
-             STAGES, smem, cudaGetErrorString(e));
+    snprintf(err, errlen, "launch (clusters of %d x %d, D %d, stages %d, %d bytes of shared memory): %s",
+             p.num_splits, p.num_clusters, D, STAGES, smem, cudaGetErrorString(e));
     return 1;
   }
   return 0;
@@ -598,11 +668,24 @@ static int max_clusters_t(int cluster, int* out, char* err, int errlen) {
 extern "C" int fdc_launch(const void* q, const void* k, const void* v, const int* lengths, void* out, int dtype,
                           int B, int Hq, int Hkv, int D, int S_max, long long sqb, long long sqh, long long skb,
                           long long skh, long long skn, long long svb, long long svh, long long svn, long long sob,
-                          long long soh, float scale, int num_splits, int stages, int groups, int pdl, int probe,
-                          int layout, int promotion, int order, void* stream, char* err, int errlen) {
+                          long long soh, float scale, int num_splits, int num_clusters, float* ws_acc, float* ws_ml,
+                          int* counters, long long ws_slots, long long counter_heads, int stages, int groups, int pdl,
+                          int probe, int layout, int promotion, int order, void* stream, char* err, int errlen) {
   using namespace fdc;
   if (num_splits < 1 || num_splits > MAX_CLUSTER) {
     snprintf(err, errlen, "num_splits %d must be 1..%d", num_splits, MAX_CLUSTER);
+    return 1;
+  }
+  if (num_clusters < 1 || num_clusters > MAX_CLUSTERS) {
+    snprintf(err, errlen, "num_clusters %d must be 1..%d", num_clusters, MAX_CLUSTERS);
+    return 1;
+  }
+  if (num_clusters > 1 && (!ws_acc || !ws_ml || !counters || (long long)B * Hkv * num_clusters > ws_slots ||
+                           (long long)B * Hkv > counter_heads)) {
+    snprintf(err, errlen,
+             "%d clusters a head over %d sequences x %d KV heads need %lld workspace slots and %d counter rows; "
+             "the workspace has %lld and %lld",
+             num_clusters, B, Hkv, (long long)B * Hkv * num_clusters, B * Hkv, ws_slots, counter_heads);
     return 1;
   }
   if (Hkv < 1 || Hq % Hkv || Hq / Hkv > G_PAD) {
@@ -624,6 +707,10 @@ extern "C" int fdc_launch(const void* q, const void* k, const void* v, const int
   p.group = Hq / Hkv;
   p.s_max = S_max;
   p.num_splits = num_splits;
+  p.num_clusters = num_clusters;
+  p.ws_acc = ws_acc;
+  p.ws_ml = ws_ml;
+  p.counters = counters;
   p.qk_scale = scale * 1.4426950408889634f;
   p.probe = probe;
   p.layout = layout;

@@ -28,48 +28,57 @@ H200_CLUSTERS = {1: 132, 2: 66, 3: 39, 4: 30, 5: 22, 6: 17, 7: 15, 8: 15, 9: 9, 
 
 
 def test_splits_examples_on_an_h200():
-    # 132 SMs, batch 1, 8 KV heads (qwen3-8b): 16 CTAs a cluster (128 CTAs) by SMs; 4 KV heads: 16, the
-    # cluster limit; short contexts keep 4 tiles a split; batch 8: 2 (128 CTAs)
+    # no device limits: 132 SMs, batch 1, 8 KV heads (qwen3-8b): one cluster of 16 a head (128 CTAs);
+    # short contexts keep 4 tiles a split; batch 8: 2 (128 CTAs); 256 heads already fill the SMs
     ctxs = (1, 64, 256, 512, 1024, 4096, 16384, 32768)
-    assert [cd.num_splits(132, 1, 8, c, 128) for c in ctxs] == [1, 1, 1, 2, 4, 16, 16, 16]
-    assert [cd.num_splits(132, 1, 4, c, 256) for c in ctxs] == [1, 1, 1, 2, 4, 16, 16, 16]
+    assert [cd.split_plan(132, 1, 8, c, 128) for c in ctxs] == [(1, 1)] * 3 + [(2, 1), (4, 1)] + [(16, 1)] * 3
     assert [cd.num_splits(132, 8, 8, c, 128) for c in ctxs] == [1, 1, 1, 2, 2, 2, 2, 2]
     assert [cd.num_splits(132, 1, 8, 256 * s, 128) for s in range(4, 10)] == [4, 5, 6, 7, 8, 9]  # any size
-    assert cd.num_splits(132, 1, 2, 32768, 64) == 16  # qwen2.5-0.5b: 2 KV heads
-    assert cd.num_splits(132, 32, 8, 32768, 128) == 1  # 256 heads already fill the SMs
+    assert cd.split_plan(132, 1, 2, 32768, 64) == (16, 4)  # qwen2.5-0.5b, 2 KV heads: 4 clusters of 16 each
+    assert cd.num_splits(132, 32, 8, 32768, 128) == 1
 
 
-def test_splits_fall_back_when_the_device_cannot_hold_the_clusters():
-    # only 7 clusters of 10 to 16 fit at once (a cluster sits in one GPC): 8 heads get clusters of 9
-    assert cd.num_splits(132, 1, 8, 16384, 128, H200_CLUSTERS) == 9
-    assert cd.num_splits(132, 1, 8, 16384, 128, H200_CLUSTERS | {16: 8}) == 16
-    assert cd.num_splits(132, 1, 4, 16384, 256, H200_CLUSTERS) == 16  # 4 heads: 7 clusters of 16 suffice
-    assert cd.num_splits(132, 1, 8, 16384, 128, {c: 0 for c in H200_CLUSTERS}) == 1
+def test_plans_keep_every_cluster_resident_on_an_h200():
+    # only 7 clusters of 10 to 16 fit at once (a cluster sits in one GPC), 15 of 8, 30 of 4, 66 of 2: 8
+    # heads get 8 clusters of 2 each (128 CTAs) instead of one cluster of 9 (72 CTAs)
+    assert cd.split_plan(132, 1, 8, 16384, 128, H200_CLUSTERS) == (2, 8)
+    assert cd.split_plan(132, 1, 8, 4096, 128, H200_CLUSTERS) == (2, 8)
+    assert cd.split_plan(132, 1, 8, 16384, 128, H200_CLUSTERS | {16: 8}) == (16, 1)
+    assert cd.split_plan(132, 1, 4, 16384, 256, H200_CLUSTERS) == (2, 16)  # 4 heads: 32 CTAs each
+    assert cd.split_plan(132, 8, 8, 16384, 128, H200_CLUSTERS) == (2, 1)  # batch 8: as before
+    assert cd.split_plan(132, 4, 8, 8192, 128, H200_CLUSTERS) == (2, 2)  # 3 of 4 would not all fit
+    assert cd.split_plan(132, 1, 8, 16384, 128, {c: 0 for c in H200_CLUSTERS}) == (1, 1)
+    assert cd.split_plan(132, 1, 8, 16384, 128, {1: 132}) == (1, 16)  # no clusters: the L2 merge alone
 
 
 @pytest.mark.parametrize("num_sms", [8, 78, 132])
-def test_splits_properties(num_sms):
+@pytest.mark.parametrize("fits", [None, H200_CLUSTERS])
+def test_plan_properties(num_sms, fits):
     for batch in (1, 3, 8, 64):
         for hkv in (1, 2, 4, 8):
             for d in cd.HEAD_DIMS:
                 for ctx in (1, 63, 64, 65, 255, 256, 1000, 4096, 16448, 32768, 131072):
-                    s = cd.num_splits(num_sms, batch, hkv, ctx, d)
+                    plan = cd.split_plan(num_sms, batch, hkv, ctx, d, fits)
+                    s, heads = plan.splits, batch * hkv
                     tiles = -(-ctx // cd.BLOCK_N)
-                    assert 1 <= s <= cd.MAX_CLUSTER, "within one cluster"
+                    assert 1 <= plan.cluster <= cd.MAX_CLUSTER and 1 <= plan.clusters <= cd.MAX_CLUSTERS
                     assert s == 1 or tiles // s >= cd.MIN_TILES_PER_SPLIT, "each split keeps enough tiles"
-                    assert s == 1 or batch * hkv * s <= num_sms, "one wave, at most one CTA per SM"
-                    bigger = s + 1
-                    assert (
-                        bigger > cd.MAX_CLUSTER
-                        or batch * hkv * bigger > num_sms
-                        or tiles // bigger < cd.MIN_TILES_PER_SPLIT
-                    ), "no larger cluster would also fit"
+                    assert s == 1 or heads * s <= num_sms, "one wave, at most one CTA per SM"
+                    assert s == 1 or fits is None or fits[plan.cluster] >= heads * plan.clusters, (
+                        "all resident"
+                    )
+                    assert s == 1 or heads * plan.clusters <= cd.WORKSPACE_SLOTS, "the workspace holds it"
+                    most = min(num_sms // heads, tiles // cd.MIN_TILES_PER_SPLIT)
+                    assert s >= cd.FULL_SHARE * most, "within FULL_SHARE of the most the SMs allow"
 
 
 def test_split_table_is_the_heuristic():
-    rows = cd.split_table()
+    rows = cd.split_table(max_active_clusters=H200_CLUSTERS)
     assert rows and all(
-        r["splits"] == cd.num_splits(132, r["batch"], r["kv_heads"], r["ctx"], 128) for r in rows
+        (r["cluster"], r["clusters"])
+        == cd.split_plan(132, r["batch"], r["kv_heads"], r["ctx"], 128, H200_CLUSTERS)
+        and r["splits"] == r["cluster"] * r["clusters"]
+        for r in rows
     )
 
 
@@ -174,15 +183,10 @@ def test_gpu_matches_reference(hq, hkv, d, batch, ctx):
     q, k, v, k_nan, v_nan, n = _inputs(batch, hq, hkv, d, ctx, lengths, torch.bfloat16, seed=ctx + batch + hq)
     out = torch.full_like(q, float("nan"))
     cd.flash_decode(q, k_nan, v_nan, n, d**-0.5, out=out)
-    _check(
-        out,
-        q,
-        k,
-        v,
-        n,
-        d**-0.5,
-        f"B={batch} ctx={ctx} {hq}/{hkv} d{d} splits {cd.decode_config(q, k)['num_splits']}",
-    )
+    cfg = cd.decode_config(q, k)
+    _check(out, q, k, v, n, d**-0.5,
+           f"B={batch} ctx={ctx} {hq}/{hkv} d{d} clusters {cfg['num_clusters']} x {cfg['num_splits']}")  # fmt: skip
+    assert not cd.workspace(q.device)[2].any(), "every arrival counter is back at zero"
 
 
 @pytest.mark.gpu
@@ -200,6 +204,38 @@ def test_gpu_every_split_config_and_dtype(splits, config, dtype):
         q, k_nan, v_nan, n, 0.7 * d**-0.5, out=out, num_splits=splits, stages=stages, groups=groups
     )
     _check(out, q, k, v, n, 0.7 * d**-0.5, f"splits {splits} stages {stages} groups {groups} d{d} {dtype}")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("plan", [(1, 2), (1, 16), (2, 8), (3, 5), (4, 4), (8, 2), (16, 3), (1, 64)])
+@pytest.mark.parametrize("config", [(d, s, g) for d, cs in cd.CONFIGS.items() for s, g in cs])
+@pytest.mark.parametrize("order", [0, 1])
+def test_gpu_several_clusters_a_head(plan, config, order):
+    # the merge through the L2 workspace: whole clusters empty (length 1, 130), the last arrival of each
+    # rank, counters back at zero for the next launch; launched twice to catch a counter left behind
+    d, stages, groups = config
+    hq, hkv, s_max = 8 if d == 256 else 16, 2, 9000
+    lengths = [9000, 1, 130, 8999]
+    q, k, v, k_nan, v_nan, n = _inputs(4, hq, hkv, d, s_max, lengths, torch.bfloat16, seed=plan[0] * 31 + d)
+    for attempt in range(2):
+        out = torch.full_like(q, float("nan"))
+        cd.flash_decode(q, k_nan, v_nan, n, d**-0.5, out=out, num_splits=plan[0], num_clusters=plan[1],
+                        stages=stages, groups=groups, order=order)  # fmt: skip
+        _check(
+            out, q, k, v, n, d**-0.5, f"clusters {plan[1]} x {plan[0]} d{d} {stages}/{groups} try {attempt}"
+        )
+        assert not cd.workspace(q.device)[2].any(), "every arrival counter is back at zero"
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_workspace_limits_are_named():
+    q, _, _, k, v, n = _inputs(8, 64, 8, 128, 4096, [4096] * 8, torch.bfloat16, seed=2)
+    with pytest.raises(RuntimeError, match="workspace slots"):
+        cd.flash_decode(q, k, v, n, 0.1, num_splits=1, num_clusters=16)  # 64 heads x 16 > 512 slots
+    with pytest.raises(RuntimeError, match="num_clusters 129"):
+        cd.flash_decode(q[:1], k[:1], v[:1], n[:1], 0.1, num_splits=1, num_clusters=129)
 
 
 @pytest.mark.gpu
@@ -234,8 +270,9 @@ def test_gpu_strided_caches_and_query(pdl):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (24, 4, 256), (14, 2, 64)])
-def test_gpu_cuda_graph_replay_follows_lengths(hq, hkv, d):
-    batch, s_max = 4, 8192
+@pytest.mark.parametrize("batch", [1, 4])
+def test_gpu_cuda_graph_replay_follows_lengths(hq, hkv, d, batch):
+    s_max = 8192
     q, k, v, _, _, n = _inputs(batch, hq, hkv, d, s_max, [s_max] * batch, torch.bfloat16, seed=9)
     out = torch.empty_like(q)
     side = torch.cuda.Stream()
@@ -246,8 +283,8 @@ def test_gpu_cuda_graph_replay_follows_lengths(hq, hkv, d):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         cd.flash_decode(q, k, v, n, d**-0.5, out=out)
-    for lens in ([s_max, 1, 4000, 77], [5000, 8191, 64, 65]):
-        n.copy_(torch.tensor(lens, dtype=torch.int32))
+    for lens in ([s_max, 1, 4000, 77], [5000, 8191, 64, 65], [1, 2, 3, 4]):
+        n.copy_(torch.tensor(lens[:batch], dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()
         _check(out, q, k, v, n, d**-0.5, f"graph replay {lens}")
@@ -284,12 +321,14 @@ class _Binding:
     def __init__(self):
         self.launches = []
 
-    def launch(
-        self, q, k, v, lengths, out, scale, num_splits, stages, groups, pdl, probe, layout, l2, order, stream
-    ):
+    def launch(self, q, k, v, lengths, out, scale, num_splits, num_clusters, ws_acc, ws_ml, counters, stages,
+               groups, pdl, probe, layout, l2, order, stream):  # fmt: skip
         assert isinstance(scale, float) and isinstance(pdl, bool) and isinstance(stream, int)
         assert layout in (0, 1) and l2 in (0, 1, 2, 3) and order in (0, 1)
-        self.launches.append(dict(num_splits=num_splits, stages=stages, groups=groups, pdl=pdl, probe=probe))
+        assert (ws_acc.dtype, ws_ml.dtype, counters.dtype) == (torch.float32, torch.float32, torch.int32)
+        assert ws_acc.numel() == cd.WORKSPACE_SLOTS * 16 * 256 and counters.numel() == cd.WORKSPACE_HEADS * 16
+        self.launches.append(dict(num_splits=num_splits, num_clusters=num_clusters, stages=stages, groups=groups,
+                                  pdl=pdl, probe=probe))  # fmt: skip
 
     def max_active_clusters(self, dtype, head_dim, stages, groups, cluster):
         return H200_CLUSTERS[cluster]
@@ -304,6 +343,12 @@ def test_python_layer_hands_the_binding_its_arguments(monkeypatch):
     binding = _Binding()
     monkeypatch.setattr(cd, "_build", lambda: (binding, None))
     monkeypatch.setattr(cd, "sm_count", lambda device: 132)
+    ws = (
+        torch.zeros(cd.WORKSPACE_SLOTS * 16 * 256),
+        torch.zeros(cd.WORKSPACE_SLOTS * 16 * 16 * 2),
+        torch.zeros(cd.WORKSPACE_HEADS * 16, dtype=torch.int32),
+    )
+    monkeypatch.setattr(cd, "workspace", lambda device: ws)
     cd.max_active_clusters.cache_clear()
     monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
 
@@ -316,8 +361,9 @@ def test_python_layer_hands_the_binding_its_arguments(monkeypatch):
     n = torch.full((1,), 16384, dtype=torch.int32)
     cfg = cd.decode_config(q, k)
     stages, groups = cd.CONFIGS[128][0]
-    # 16 CTAs a cluster would be wanted, but the device holds only 7 such clusters for 8 heads: 9
-    assert cfg | {"num_splits": 9, "stages": stages, "groups": groups, "pdl": cd.PDL_DEFAULT} == cfg
+    # one cluster of 16 a head would be wanted, but the device holds only 7 such: 8 clusters of 2 a head
+    want = {"num_splits": 2, "num_clusters": 8, "stages": stages, "groups": groups, "pdl": cd.PDL_DEFAULT}
+    assert cfg | want | {"splits_from": "heuristic"} == cfg
     assert cfg["smem_bytes"] == 1000 * stages + groups
     for d, configs in cd.CONFIGS.items():
         for stages, groups in configs:
@@ -328,8 +374,27 @@ def test_python_layer_hands_the_binding_its_arguments(monkeypatch):
             cd.flash_decode(
                 qd, kd, kd, n.repeat(2), 0.1, stages=stages, groups=groups, num_splits=4, pdl=True
             )
-            assert binding.launches[-1] == dict(num_splits=4, stages=stages, groups=groups, pdl=True, probe=0)
+            assert binding.launches[-1] == dict(num_splits=4, num_clusters=1, stages=stages, groups=groups,
+                                                pdl=True, probe=0)  # fmt: skip
     cd.flash_decode(q, k, k, n, 0.1)
-    assert binding.launches[-1] == dict(num_splits=9, stages=cd.CONFIGS[128][0][0],
+    assert binding.launches[-1] == dict(num_splits=2, num_clusters=8, stages=cd.CONFIGS[128][0][0],
                                         groups=cd.CONFIGS[128][0][1], pdl=cd.PDL_DEFAULT, probe=0)  # fmt: skip
+    cd.flash_decode(q, k, k, n, 0.1, num_clusters=3)  # clusters given, CTAs a cluster from the plan
+    assert binding.launches[-1] | {"num_splits": 2, "num_clusters": 3} == binding.launches[-1]
+    assert cd.decode_config(q, k, num_clusters=3)["splits_from"] == "override"
     cd.max_active_clusters.cache_clear()
+
+
+def test_bench_names_plans_as_clusters_of_ctas():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "flash_decode.py"
+    spec = importlib.util.spec_from_file_location("bench_flash_decode", path)
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench._cluster_plan("9") == (9, 1) and bench._cluster_plan("2x8") == (2, 8)
+    assert bench._plan_cell({"num_splits": 2, "num_clusters": 8}) == "2x8"
+    assert bench._plan_cell({"num_splits": 9, "num_clusters": 1}) == "9"
+    assert bench._plan_cell({"num_splits": 9}) == "9"  # records from before K existed
