@@ -249,11 +249,14 @@ def max_active_clusters(
         return {c: int(module.max_active_clusters(code, head_dim, stages, groups, c)) for c in range(1, 17)}
 
 
-_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+# what a CTA's stamps record (globaltimer ns in 0-7, clock64 in 8-15), in the kernel's order
+PHASES = ("entry", "length read", "first tile", "own tiles done", "warps written", "CTA merged",
+          "cluster merged", "exit")  # fmt: skip
+_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
-def workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The cross-cluster merge's buffers on a device: (states, max and sum, arrival counters).
+def workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The cross-cluster merge's buffers on a device: (states, max and sum, arrival counters, no stamps).
 
     One set per device, allocated on first use and shared by every launch on it, so launches with
     several clusters a head must be ordered on one stream, as the engine's are. The counters start at
@@ -274,6 +277,7 @@ def workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.T
                 torch.zeros(WORKSPACE_SLOTS * 16 * max(HEAD_DIMS), dtype=torch.float32, device=device),
                 torch.zeros(WORKSPACE_SLOTS * MAX_CLUSTER * 16 * 2, dtype=torch.float32, device=device),
                 torch.zeros(WORKSPACE_HEADS * MAX_CLUSTER, dtype=torch.int32, device=device),
+                torch.empty(0, dtype=torch.int64, device=device),
             )
     return _workspaces[device]
 
@@ -348,6 +352,7 @@ def flash_decode(
     l2_promotion: int | None = None,
     order: int | None = None,
     probe: int = 0,  # diagnostics only: 1 streams the tiles and skips the attention (wrong output)
+    stamps: torch.Tensor | None = None,  # diagnostics: int64 [CTAs * 16], each CTA's phase times (`PHASES`)
 ) -> torch.Tensor:  # [B, Hq, D]
     """One-token GQA attention over the first lengths[b] cache positions, merged inside clusters."""
     cfg = decode_config(q, k_cache, num_splits=num_splits, num_clusters=num_clusters, stages=stages,
@@ -355,8 +360,8 @@ def flash_decode(
     if out is None:
         out = torch.empty_like(q)
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    ws_acc, ws_ml, counters = workspace(q.device)
+    ws_acc, ws_ml, counters, no_stamps = workspace(q.device)
     _module().launch(q, k_cache, v_cache, lengths, out, float(scale), cfg["num_splits"], cfg["num_clusters"],
-                     ws_acc, ws_ml, counters, cfg["stages"], cfg["groups"], cfg["pdl"], probe, cfg["layout"],
-                     cfg["l2_promotion"], cfg["order"], stream)  # fmt: skip
+                     ws_acc, ws_ml, counters, no_stamps if stamps is None else stamps, cfg["stages"], cfg["groups"],
+                     cfg["pdl"], probe, cfg["layout"], cfg["l2_promotion"], cfg["order"], stream)  # fmt: skip
     return out

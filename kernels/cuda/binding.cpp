@@ -10,8 +10,9 @@ extern "C" int fdc_launch(const void* q, const void* k, const void* v, const int
                           int B, int Hq, int Hkv, int D, int S_max, long long sqb, long long sqh, long long skb,
                           long long skh, long long skn, long long svb, long long svh, long long svn, long long sob,
                           long long soh, float scale, int num_splits, int num_clusters, float* ws_acc, float* ws_ml,
-                          int* counters, long long ws_slots, long long counter_heads, int stages, int groups, int pdl,
-                          int probe, int layout, int promotion, int order, void* stream, char* err, int errlen);
+                          int* counters, long long ws_slots, long long counter_heads, unsigned long long* stamps,
+                          long long stamp_capacity, int stages, int groups, int pdl, int probe, int layout,
+                          int promotion, int order, void* stream, char* err, int errlen);
 extern "C" int fdc_max_active_clusters(int dtype, int D, int stages, int groups, int cluster, int* out, char* err,
                                        int errlen);
 extern "C" int fdc_smem_bytes(int D, int stages, int groups);
@@ -33,7 +34,8 @@ int64_t stride_of(const at::Tensor& t, int dim) {
 
 void launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lengths,
             const at::Tensor& out, double scale, int64_t num_splits, int64_t num_clusters, const at::Tensor& ws_acc,
-            const at::Tensor& ws_ml, const at::Tensor& counters, int64_t stages, int64_t groups, bool pdl,
+            const at::Tensor& ws_ml, const at::Tensor& counters, const at::Tensor& stamps, int64_t stages,
+            int64_t groups, bool pdl,
             int64_t probe, int64_t layout, int64_t promotion, int64_t order, int64_t stream) {
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && lengths.is_cuda() && out.is_cuda(),
               "flash_decode_cluster: every tensor must be on the GPU");
@@ -57,13 +59,18 @@ void launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
               "flash_decode_cluster: the workspace must be contiguous float32, float32 and int32");
   const int64_t slots = std::min(ws_acc.numel() / (16 * q.size(2)), ws_ml.numel() / (16 * 16 * 2));
   const int64_t heads = counters.numel() / 16;
+  // diagnostics: an empty tensor (none) or int64 [CTAs * 16] on q's GPU
+  TORCH_CHECK(stamps.numel() == 0 || (stamps.is_cuda() && stamps.device() == q.device() &&
+                                      stamps.scalar_type() == at::kLong && stamps.is_contiguous()),
+              "flash_decode_cluster: stamps must be contiguous int64 on q's GPU");
+  auto* stamp_ptr = stamps.numel() ? reinterpret_cast<unsigned long long*>(stamps.data_ptr<int64_t>()) : nullptr;
   char err[512] = {0};
   int rc = fdc_launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), lengths.data_ptr<int>(), out.data_ptr(),
                       dtype_code(q), int(q.size(0)), int(q.size(1)), int(k.size(1)), int(q.size(2)), int(k.size(2)),
                       stride_of(q, 0), stride_of(q, 1), stride_of(k, 0), stride_of(k, 1), stride_of(k, 2),
                       stride_of(v, 0), stride_of(v, 1), stride_of(v, 2), stride_of(out, 0), stride_of(out, 1),
                       float(scale), int(num_splits), int(num_clusters), ws_acc.data_ptr<float>(),
-                      ws_ml.data_ptr<float>(), counters.data_ptr<int>(), slots, heads, int(stages), int(groups), pdl ? 1 : 0, int(probe), int(layout),
+                      ws_ml.data_ptr<float>(), counters.data_ptr<int>(), slots, heads, stamp_ptr, stamps.numel(), int(stages), int(groups), pdl ? 1 : 0, int(probe), int(layout),
                       int(promotion), int(order), reinterpret_cast<void*>(stream), err, sizeof(err));
   TORCH_CHECK(rc == 0, "flash_decode_cluster: ", std::string(err));
 }

@@ -55,6 +55,7 @@ struct Params {
   float* ws_acc;     // K > 1: [B * Hkv * K][G_PAD][D] each cluster's unnormalised output
   float* ws_ml;      // K > 1: [B * Hkv * K][MAX_CLUSTER][G_PAD][2] each CTA's (max, sum) per row
   int* counters;     // K > 1: [B * Hkv][MAX_CLUSTER] arrivals, zero between launches
+  unsigned long long* stamps;  // diagnostics or null: per CTA [8 globaltimer ns][8 clock64] at its phases
   float qk_scale;  // softmax scale * log2(e): scores are base-2 logits
   int probe;       // diagnostics only: 1 = stream the tiles and skip the attention (the output is wrong)
   int layout;      // 0: a tile is [D/64][64 positions][128 B] (D/64 boxes); 1: [64 positions][D/64][128 B] (one box)
@@ -83,6 +84,12 @@ constexpr int smem_bytes() {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -223,6 +230,17 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int G = p.group;
+  // the phases of this CTA (thread 0, a consumer): 0 entry, 1 length read, 2 first tile landed, 3 own
+  // tiles done, 4 every warp's state written, 5 CTA state merged (and cluster synced), 6 cluster merged,
+  // 7 exit
+  auto stamp = [&](int i) {
+    if (p.stamps && threadIdx.x == 0) {
+      unsigned long long* st = p.stamps + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * 16;
+      st[i] = globaltimer();
+      st[8 + i] = clock64();
+    }
+  };
+  stamp(0);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -237,6 +255,7 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
   __syncthreads();
 
   const int length = min(p.lengths[b], p.s_max);  // a bad length must not read past the cache
+  stamp(1);
   const int n_tiles = (length + BLOCK_N - 1) / BLOCK_N;
   const int run = (n_tiles + S - 1) / S;  // tiles of a contiguous split
   const int my_tiles = p.order ? max(0, min(run, n_tiles - split * run))
@@ -307,6 +326,7 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
     for (int i = first; i < my_tiles; i += GROUPS) {
       const int s = i % STAGES;
       mbar_wait(&full[s], (i / STAGES) & 1);
+      if (i == first) stamp(2);
       const int n0 = tile_start(i);
       const int valid = p.probe ? 0 : length - n0 - p0;  // valid rows among this warp's 16 (warp-uniform)
       uint8_t* kst = stages + s * L::STAGE_BYTES;
@@ -400,6 +420,7 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
       l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
       l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
     }
+    stamp(3);
     // every consumer is done with every tile (the producer's copies all landed before they were
     // consumed): the stage buffers now take the warps' partials
     asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS * 32) : "memory");
@@ -419,6 +440,7 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
     }
   }
   __syncthreads();
+  stamp(4);
 
   // this CTA's state: the four warps' states merged
   for (int e = threadIdx.x; e < G * D; e += THREADS) {
@@ -449,7 +471,10 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
       }
     }
   }
-  if (S == 1) return;
+  if (S == 1) {
+    stamp(7);
+    return;
+  }
 
   // the cluster's merge: CTA `rank` finishes head-dim columns rank, rank + C, rank + 2C, ... (any C <= 16)
   const int K = p.num_clusters;
@@ -458,6 +483,7 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
   float* ws_ml = p.ws_ml + (slot * MAX_CLUSTER + rank) * G_PAD * 2;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // every CTA's state is written (release/acquire at cluster scope)
+  stamp(5);
   const int cols = (D - rank + C - 1) / C;
   for (int e = threadIdx.x; e < G * cols; e += THREADS) {
     const int row = e / cols;
@@ -492,7 +518,11 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
   }
   // no CTA leaves while another still reads its shared memory (ordering nothing else: relaxed)
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");
-  if (K == 1) return;
+  stamp(6);
+  if (K == 1) {
+    stamp(7);
+    return;
+  }
 
   // across the K clusters: the last CTA of this rank to arrive merges columns rank, rank + C, ...
   __threadfence();  // this CTA's workspace writes are visible at device scope before its arrival
@@ -500,7 +530,10 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
   int* counter = p.counters + (long long)bh * MAX_CLUSTER + rank;
   if (threadIdx.x == 0) last_arrival = atomicAdd(counter, 1) == K - 1;
   __syncthreads();
-  if (!last_arrival) return;
+  if (!last_arrival) {
+    stamp(7);
+    return;
+  }
   __threadfence();  // acquire: the other K - 1 CTAs' writes, read below from L2 (ld.global.cg)
   float* w_m = reinterpret_cast<float*>(stages);  // [K][G_PAD] (the stage buffers are free again)
   float* w_l = w_m + MAX_CLUSTERS * G_PAD;         // [K][G_PAD]
@@ -533,6 +566,7 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
     p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(a);
   }
   if (threadIdx.x == 0) *counter = 0;  // every arrival of this launch is in: ready for the next one
+  stamp(7);
 }
 
 // ---- host side ------------------------------------------------------------------------------------
@@ -669,9 +703,15 @@ extern "C" int fdc_launch(const void* q, const void* k, const void* v, const int
                           int B, int Hq, int Hkv, int D, int S_max, long long sqb, long long sqh, long long skb,
                           long long skh, long long skn, long long svb, long long svh, long long svn, long long sob,
                           long long soh, float scale, int num_splits, int num_clusters, float* ws_acc, float* ws_ml,
-                          int* counters, long long ws_slots, long long counter_heads, int stages, int groups, int pdl,
-                          int probe, int layout, int promotion, int order, void* stream, char* err, int errlen) {
+                          int* counters, long long ws_slots, long long counter_heads, unsigned long long* stamps,
+                          long long stamp_capacity, int stages, int groups, int pdl, int probe, int layout,
+                          int promotion, int order, void* stream, char* err, int errlen) {
   using namespace fdc;
+  if (stamps && (long long)B * Hkv * num_splits * num_clusters * 16 > stamp_capacity) {
+    snprintf(err, errlen, "the stamps hold %lld values; this launch of %lld CTAs writes 16 each", stamp_capacity,
+             (long long)B * Hkv * num_splits * num_clusters);
+    return 1;
+  }
   if (num_splits < 1 || num_splits > MAX_CLUSTER) {
     snprintf(err, errlen, "num_splits %d must be 1..%d", num_splits, MAX_CLUSTER);
     return 1;
@@ -711,6 +751,7 @@ extern "C" int fdc_launch(const void* q, const void* k, const void* v, const int
   p.ws_acc = ws_acc;
   p.ws_ml = ws_ml;
   p.counters = counters;
+  p.stamps = stamps;
   p.qk_scale = scale * 1.4426950408889634f;
   p.probe = probe;
   p.layout = layout;

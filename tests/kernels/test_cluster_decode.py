@@ -230,6 +230,23 @@ def test_gpu_several_clusters_a_head(plan, config, order):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("plan", [(1, 1), (9, 1), (2, 8)])
+def test_gpu_stamps_follow_the_phases(plan):
+    q, _, _, k, v, n = _inputs(1, 32, 8, 128, 4096, [4096], torch.bfloat16, seed=4)
+    ctas = 8 * plan[0] * plan[1]
+    stamps = torch.zeros(ctas * 16, dtype=torch.int64, device="cuda")
+    out = cd.flash_decode(q, k, v, n, 0.1, num_splits=plan[0], num_clusters=plan[1], stamps=stamps)
+    _check(out, q, k, v, n, 0.1, f"stamped {plan}")
+    ns = stamps.view(ctas, 16)[:, :8].cpu()
+    taken = [0, 1, 2, 3, 4, 7] + ([5] if plan != (1, 1) else []) + ([6] if plan != (1, 1) else [])
+    assert (ns[:, taken] > 0).all(), "every CTA stamps each phase it passes"
+    assert (ns[:, 7] >= ns[:, 0]).all() and (ns[:, 4] >= ns[:, 3]).all()
+    with pytest.raises(RuntimeError, match="stamps hold"):
+        cd.flash_decode(q, k, v, n, 0.1, num_splits=plan[0], num_clusters=plan[1], stamps=stamps[:16])
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_workspace_limits_are_named():
     q, _, _, k, v, n = _inputs(8, 64, 8, 128, 4096, [4096] * 8, torch.bfloat16, seed=2)
     with pytest.raises(RuntimeError, match="workspace slots"):
@@ -321,8 +338,9 @@ class _Binding:
     def __init__(self):
         self.launches = []
 
-    def launch(self, q, k, v, lengths, out, scale, num_splits, num_clusters, ws_acc, ws_ml, counters, stages,
-               groups, pdl, probe, layout, l2, order, stream):  # fmt: skip
+    def launch(self, q, k, v, lengths, out, scale, num_splits, num_clusters, ws_acc, ws_ml, counters, stamps,
+               stages, groups, pdl, probe, layout, l2, order, stream):  # fmt: skip
+        assert stamps.dtype == torch.int64
         assert isinstance(scale, float) and isinstance(pdl, bool) and isinstance(stream, int)
         assert layout in (0, 1) and l2 in (0, 1, 2, 3) and order in (0, 1)
         assert (ws_acc.dtype, ws_ml.dtype, counters.dtype) == (torch.float32, torch.float32, torch.int32)
@@ -347,6 +365,7 @@ def test_python_layer_hands_the_binding_its_arguments(monkeypatch):
         torch.zeros(cd.WORKSPACE_SLOTS * 16 * 256),
         torch.zeros(cd.WORKSPACE_SLOTS * 16 * 16 * 2),
         torch.zeros(cd.WORKSPACE_HEADS * 16, dtype=torch.int32),
+        torch.empty(0, dtype=torch.int64),
     )
     monkeypatch.setattr(cd, "workspace", lambda device: ws)
     cd.max_active_clusters.cache_clear()
@@ -398,3 +417,33 @@ def test_bench_names_plans_as_clusters_of_ctas():
     assert bench._plan_cell({"num_splits": 2, "num_clusters": 8}) == "2x8"
     assert bench._plan_cell({"num_splits": 9, "num_clusters": 1}) == "9"
     assert bench._plan_cell({"num_splits": 9}) == "9"  # records from before K existed
+
+
+def test_timeline_summary_from_stamps():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "cluster_timeline.py"
+    spec = importlib.util.spec_from_file_location("bench_cluster_timeline", path)
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def cta(t0, phases_ns, clock_scale=2):  # a CTA's stamps: 8 timer values then 8 clock values
+        ts = [t0 + p if p is not None else 0 for p in phases_ns]
+        return ts + [int((t - t0) * clock_scale) + 5 if t else 0 for t in ts]
+
+    # two calls of two CTAs; the second call starts 1 µs after the first one's last CTA left
+    steps = [0, 500, 1500, 9500, 9700, 9900, None, 10500]  # a CTA that skips "cluster merged"
+    first = [cta(1000, steps), cta(1200, steps)]
+    second = [cta(12700, steps), cta(13000, steps)]
+    s = bench.summarize(
+        [first, second], bench.__dict__.get("PHASES", None) or tuple(f"p{i}" for i in range(8))
+    )
+    assert s["calls"] == 1
+    assert s["gap_us"] == 1.0 and s["start_spread_us"] == 0.3 and s["cta_us"] == 10.5
+    assert s["period_us"] == pytest.approx(11.8)
+    assert s["phase_us"]["p2"] == 1.0 and s["phase_us"]["p3"] == 8.0
+    assert s["phase_us"]["p7"] == 0.6  # from the last phase stamped before it
+    assert s["sm_clock_mhz"] == pytest.approx(2000.0)
+    assert "| 4096 |" in bench.table([{"ctx": 4096, "plan": "2x8", "probe": 0, "ctas": 128, **s}])
