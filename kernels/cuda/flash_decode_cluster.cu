@@ -13,9 +13,10 @@
 // With K = 1 that is the output: no second kernel, no round trip through global memory for the
 // partials. With K > 1 (a cluster must sit in one GPC, so few large clusters fit at once: on an H200
 // only 7 of 10-16 CTAs, but 64 of 2), each cluster's merged state (unnormalised output columns, max and
-// sum per row) goes to a small global workspace; the last of the K CTAs of one rank to arrive (an
-// atomic counter per (sequence, KV head, rank), reset by that CTA for the next launch) folds the K
-// states of its columns from L2 and writes the output. Still one launch.
+// sum per row) goes to a small global workspace (with C = 1, straight from the CTA, no cluster step);
+// the last of the K CTAs of one rank to arrive (an atomic counter per (sequence, KV head, rank), reset
+// by that CTA for the next launch) folds the K states of its columns from L2, loading 16 clusters'
+// states at once, and writes the output. Still one launch.
 //
 // Lengths are read on the device and the grid depends only on host ints, so a launch can be
 // captured in a CUDA graph. With programmatic dependent launch the kernel may start before its
@@ -209,7 +210,6 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
   constexpr int CONSUMERS = L::CONSUMERS;
   constexpr int THREADS = L::THREADS;
   static_assert(L::RED_BYTES <= STAGES * L::STAGE_BYTES, "the warps' partials reuse the stage buffers");
-  static_assert(3 * MAX_CLUSTERS * G_PAD * 4 <= STAGES * L::STAGE_BYTES, "so do the K clusters' weights");
   __shared__ int last_arrival;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -442,7 +442,13 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
   __syncthreads();
   stamp(4);
 
-  // this CTA's state: the four warps' states merged
+  // this CTA's state: the four warps' states merged. With one CTA a cluster and several clusters a head
+  // it goes straight to the workspace; with several CTAs a cluster, to shared memory for the cluster.
+  const int K = p.num_clusters;
+  const bool straight = C == 1 && K > 1;
+  const long long slot = (long long)bh * K + split / C;  // this cluster's workspace slot (K > 1)
+  float* ws_acc = p.ws_acc + slot * G_PAD * D;
+  float* ws_ml = p.ws_ml + (slot * MAX_CLUSTER + rank) * G_PAD * 2;
   for (int e = threadIdx.x; e < G * D; e += THREADS) {
     const int row = e / D;
     const int col = e % D;
@@ -463,6 +469,9 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
     }
     if (S == 1) {
       p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(a / l);
+    } else if (straight) {
+      ws_acc[row * D + col] = a;
+      if (col == 0) *reinterpret_cast<float2*>(ws_ml + row * 2) = make_float2(mmax, l);
     } else {
       part_acc[row * D + col] = a;
       if (col == 0) {
@@ -476,94 +485,104 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
     return;
   }
 
-  // the cluster's merge: CTA `rank` finishes head-dim columns rank, rank + C, rank + 2C, ... (any C <= 16)
-  const int K = p.num_clusters;
-  const long long slot = (long long)bh * K + split / C;  // this cluster's workspace slot (K > 1)
-  float* ws_acc = p.ws_acc + slot * G_PAD * D;
-  float* ws_ml = p.ws_ml + (slot * MAX_CLUSTER + rank) * G_PAD * 2;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every CTA's state is written (release/acquire at cluster scope)
-  stamp(5);
-  const int cols = (D - rank + C - 1) / C;
-  for (int e = threadIdx.x; e < G * cols; e += THREADS) {
-    const int row = e / cols;
-    const int col = rank + (e % cols) * C;
-    float mc[MAX_CLUSTER];
-    float mmax = -INFINITY;
+  int cols = D;  // the head-dim columns this CTA finishes: rank, rank + C, rank + 2C, ...
+  if (!straight) {
+    // the cluster's merge through distributed shared memory (any C <= 16)
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every CTA's state is written (release/acquire at cluster scope)
+    stamp(5);
+    cols = (D - rank + C - 1) / C;
+    for (int e = threadIdx.x; e < G * cols; e += THREADS) {
+      const int row = e / cols;
+      const int col = rank + (e % cols) * C;
+      float mc[MAX_CLUSTER];
+      float mmax = -INFINITY;
 #pragma unroll
-    for (int c = 0; c < MAX_CLUSTER; ++c) {
-      mc[c] = c < C ? cluster.map_shared_rank(part_m, c)[row] : -INFINITY;
-      mmax = fmaxf(mmax, mc[c]);
-    }
-    // an empty split (-inf) weighs 0; with K = 1 some split is not empty, with K > 1 a whole cluster may be
-    const float base = mmax == -INFINITY ? 0.f : mmax;
-    float a = 0.f, l = 0.f;
+      for (int c = 0; c < MAX_CLUSTER; ++c) {
+        mc[c] = c < C ? cluster.map_shared_rank(part_m, c)[row] : -INFINITY;
+        mmax = fmaxf(mmax, mc[c]);
+      }
+      // an empty split (-inf) weighs 0; with K = 1 some split is not empty, with K > 1 a whole cluster may be
+      const float base = mmax == -INFINITY ? 0.f : mmax;
+      float a = 0.f, l = 0.f;
 #pragma unroll
-    for (int c = 0; c < MAX_CLUSTER; ++c) {
-      if (c < C) {
-        const float f = exp2f(mc[c] - base);
-        a += f * cluster.map_shared_rank(part_acc, c)[row * D + col];
-        l += f * cluster.map_shared_rank(part_l, c)[row];
+      for (int c = 0; c < MAX_CLUSTER; ++c) {
+        if (c < C) {
+          const float f = exp2f(mc[c] - base);
+          a += f * cluster.map_shared_rank(part_acc, c)[row * D + col];
+          l += f * cluster.map_shared_rank(part_l, c)[row];
+        }
+      }
+      if (K == 1) {
+        p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(a / l);
+      } else {
+        ws_acc[row * D + col] = a;
+        if (col == rank) *reinterpret_cast<float2*>(ws_ml + row * 2) = make_float2(mmax, l);
       }
     }
+    // no CTA leaves while another still reads its shared memory (ordering nothing else: relaxed)
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");
+    stamp(6);
     if (K == 1) {
-      p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(a / l);
-    } else {
-      ws_acc[row * D + col] = a;
-      if (col == rank) {
-        ws_ml[row * 2] = mmax;
-        ws_ml[row * 2 + 1] = l;
-      }
+      stamp(7);
+      return;
     }
-  }
-  // no CTA leaves while another still reads its shared memory (ordering nothing else: relaxed)
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");
-  stamp(6);
-  if (K == 1) {
-    stamp(7);
-    return;
   }
 
   // across the K clusters: the last CTA of this rank to arrive merges columns rank, rank + C, ...
-  __threadfence();  // this CTA's workspace writes are visible at device scope before its arrival
-  __syncthreads();
+  __syncthreads();  // every thread's workspace writes are issued
   int* counter = p.counters + (long long)bh * MAX_CLUSTER + rank;
-  if (threadIdx.x == 0) last_arrival = atomicAdd(counter, 1) == K - 1;
+  if (threadIdx.x == 0) {
+    __threadfence();  // release, cumulative over the CTA's writes that the barrier made visible to this thread
+    const bool last = atomicAdd(counter, 1) == K - 1;
+    if (last) __threadfence();  // acquire: the other CTAs' writes, read below from L2 (ld.global.cg)
+    last_arrival = last;
+  }
   __syncthreads();
   if (!last_arrival) {
     stamp(7);
     return;
   }
-  __threadfence();  // acquire: the other K - 1 CTAs' writes, read below from L2 (ld.global.cg)
-  float* w_m = reinterpret_cast<float*>(stages);  // [K][G_PAD] (the stage buffers are free again)
-  float* w_l = w_m + MAX_CLUSTERS * G_PAD;         // [K][G_PAD]
-  float* w = w_l + MAX_CLUSTERS * G_PAD;           // [K][G_PAD] weight of cluster k's row, 1 / sum folded in
   const float* ml0 = p.ws_ml + ((long long)bh * K * MAX_CLUSTER + rank) * G_PAD * 2;
-  for (int e = threadIdx.x; e < K * G; e += THREADS) {
-    const int k = e / G, row = e % G;
-    const float2 ml = __ldcg(reinterpret_cast<const float2*>(ml0 + ((long long)k * MAX_CLUSTER * G_PAD + row) * 2));
-    w_m[k * G_PAD + row] = ml.x;
-    w_l[k * G_PAD + row] = ml.y;
-  }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    const int row = threadIdx.x;
-    float mmax = -INFINITY;
-    for (int k = 0; k < K; ++k) mmax = fmaxf(mmax, w_m[k * G_PAD + row]);  // finite: split 0 holds position 0
-    float l = 0.f;
-    for (int k = 0; k < K; ++k) l += exp2f(w_m[k * G_PAD + row] - mmax) * w_l[k * G_PAD + row];
-    const float inv = 1.f / l;
-    for (int k = 0; k < K; ++k) w[k * G_PAD + row] = exp2f(w_m[k * G_PAD + row] - mmax) * inv;
-  }
-  __syncthreads();
   const float* acc0 = p.ws_acc + (long long)bh * K * G_PAD * D;
+  constexpr int CHUNK_K = 16;  // clusters whose states are loaded at once: one round trip to L2 per chunk
   for (int e = threadIdx.x; e < G * cols; e += THREADS) {
     const int row = e / cols;
     const int col = rank + (e % cols) * C;
-    float a = 0.f;
-#pragma unroll 4
-    for (int k = 0; k < K; ++k) a += w[k * G_PAD + row] * __ldcg(acc0 + ((long long)k * G_PAD + row) * D + col);
-    p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(a);
+    float M = -INFINITY, L = 0.f, A = 0.f;
+    for (int k0 = 0; k0 < K; k0 += CHUNK_K) {
+      float mk[CHUNK_K], lk[CHUNK_K], ak[CHUNK_K];
+#pragma unroll
+      for (int j = 0; j < CHUNK_K; ++j) {
+        const int k = k0 + j;
+        if (k < K) {
+          const float2 ml =
+              __ldcg(reinterpret_cast<const float2*>(ml0 + ((long long)k * MAX_CLUSTER * G_PAD + row) * 2));
+          mk[j] = ml.x;
+          lk[j] = ml.y;
+          ak[j] = __ldcg(acc0 + ((long long)k * G_PAD + row) * D + col);
+        } else {
+          mk[j] = -INFINITY;
+          lk[j] = 0.f;
+          ak[j] = 0.f;
+        }
+      }
+      float m_new = M;
+#pragma unroll
+      for (int j = 0; j < CHUNK_K; ++j) m_new = fmaxf(m_new, mk[j]);
+      const float base = m_new == -INFINITY ? 0.f : m_new;  // finite once split 0 (position 0) is in
+      const float r = exp2f(M - base);
+      A *= r;
+      L *= r;
+#pragma unroll
+      for (int j = 0; j < CHUNK_K; ++j) {
+        const float f = exp2f(mk[j] - base);
+        A += f * ak[j];
+        L += f * lk[j];
+      }
+      M = m_new;
+    }
+    p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(A / L);
   }
   if (threadIdx.x == 0) *counter = 0;  // every arrival of this launch is in: ready for the next one
   stamp(7);
