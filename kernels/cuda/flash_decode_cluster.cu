@@ -533,10 +533,11 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
   __syncthreads();  // every thread's workspace writes are issued
   int* counter = p.counters + (long long)bh * MAX_CLUSTER + rank;
   if (threadIdx.x == 0) {
-    __threadfence();  // release, cumulative over the CTA's writes that the barrier made visible to this thread
-    const bool last = atomicAdd(counter, 1) == K - 1;
-    if (last) __threadfence();  // acquire: the other CTAs' writes, read below from L2 (ld.global.cg)
-    last_arrival = last;
+    // release (cumulative over the CTA's writes the barrier ordered before it) and acquire (the other
+    // CTAs' writes, read below from L2 after the next barrier) in one atomic, no separate fences
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+    last_arrival = old == K - 1;
   }
   __syncthreads();
   if (!last_arrival) {
@@ -546,12 +547,16 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
   const float* ml0 = p.ws_ml + ((long long)bh * K * MAX_CLUSTER + rank) * G_PAD * 2;
   const float* acc0 = p.ws_acc + (long long)bh * K * G_PAD * D;
   constexpr int CHUNK_K = 16;  // clusters whose states are loaded at once: one round trip to L2 per chunk
-  for (int e = threadIdx.x; e < G * cols; e += THREADS) {
-    const int row = e / cols;
-    const int col = rank + (e % cols) * C;
-    float M = -INFINITY, L = 0.f, A = 0.f;
+  // with one CTA a cluster the columns are adjacent: two a thread (8-byte loads), so 288 threads cover
+  // d128 at GQA 4 in one pass
+  const int vec = C == 1 ? 2 : 1;
+  const int units = cols / vec;
+  for (int e = threadIdx.x; e < G * units; e += THREADS) {
+    const int row = e / units;
+    const int col = rank + (e % units) * vec * C;  // vec == 2 only when C == 1
+    float M = -INFINITY, L = 0.f, A0 = 0.f, A1 = 0.f;
     for (int k0 = 0; k0 < K; k0 += CHUNK_K) {
-      float mk[CHUNK_K], lk[CHUNK_K], ak[CHUNK_K];
+      float mk[CHUNK_K], lk[CHUNK_K], ak0[CHUNK_K], ak1[CHUNK_K];
 #pragma unroll
       for (int j = 0; j < CHUNK_K; ++j) {
         const int k = k0 + j;
@@ -560,11 +565,18 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
               __ldcg(reinterpret_cast<const float2*>(ml0 + ((long long)k * MAX_CLUSTER * G_PAD + row) * 2));
           mk[j] = ml.x;
           lk[j] = ml.y;
-          ak[j] = __ldcg(acc0 + ((long long)k * G_PAD + row) * D + col);
+          const float* src = acc0 + ((long long)k * G_PAD + row) * D + col;
+          if (vec == 2) {
+            const float2 a = __ldcg(reinterpret_cast<const float2*>(src));
+            ak0[j] = a.x;
+            ak1[j] = a.y;
+          } else {
+            ak0[j] = __ldcg(src);
+            ak1[j] = 0.f;
+          }
         } else {
           mk[j] = -INFINITY;
-          lk[j] = 0.f;
-          ak[j] = 0.f;
+          lk[j] = ak0[j] = ak1[j] = 0.f;
         }
       }
       float m_new = M;
@@ -572,17 +584,21 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
       for (int j = 0; j < CHUNK_K; ++j) m_new = fmaxf(m_new, mk[j]);
       const float base = m_new == -INFINITY ? 0.f : m_new;  // finite once split 0 (position 0) is in
       const float r = exp2f(M - base);
-      A *= r;
+      A0 *= r;
+      A1 *= r;
       L *= r;
 #pragma unroll
       for (int j = 0; j < CHUNK_K; ++j) {
         const float f = exp2f(mk[j] - base);
-        A += f * ak[j];
+        A0 += f * ak0[j];
+        A1 += f * ak1[j];
         L += f * lk[j];
       }
       M = m_new;
     }
-    p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(A / L);
+    uint16_t* dst = p.out + b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col;
+    dst[0] = Elem<T>::store(A0 / L);
+    if (vec == 2) dst[1] = Elem<T>::store(A1 / L);
   }
   if (threadIdx.x == 0) *counter = 0;  // every arrival of this launch is in: ready for the next one
   stamp(7);
