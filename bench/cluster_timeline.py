@@ -46,8 +46,13 @@ def summarize(calls: list[list[list[int]]], phases: tuple[str, ...]) -> dict:
                 before = next((c[m] for m in range(j - 1, -1, -1) if c[m]), c[0])
                 spans.append((c[j] - before) / 1e3)
             phase_us[phases[j]] = med(spans)
+        streamed = [c[3] for c in calls[i] if c[3]]
+        last = max(calls[i], key=lambda c: c[n - 1])
         rows.append({
             "period_us": (max(ends) - prev_end) / 1e3,
+            # the CTAs' streams end unevenly (DRAM shared by all), and the last CTA out has its own epilogue
+            "stream_end_spread_us": (max(streamed) - med([float(t) for t in streamed])) / 1e3 if streamed else 0.0,
+            "last_epilogue_us": (last[n - 1] - (last[3] or last[0])) / 1e3,
             "gap_us": (min(starts) - prev_end) / 1e3,
             "start_spread_us": (max(starts) - min(starts)) / 1e3,
             "end_spread_us": (max(ends) - med([float(e) for e in ends])) / 1e3,
@@ -56,7 +61,8 @@ def summarize(calls: list[list[list[int]]], phases: tuple[str, ...]) -> dict:
         })  # fmt: skip
     if not rows:
         return {"calls": 0}
-    keys = ("period_us", "gap_us", "start_spread_us", "end_spread_us", "cta_us")
+    keys = ("period_us", "gap_us", "start_spread_us", "end_spread_us", "stream_end_spread_us", "last_epilogue_us",
+            "cta_us")  # fmt: skip
     out: dict = {"calls": len(rows)} | {k: med([r[k] for r in rows]) for k in keys}
     out["phase_us"] = {p: med([r["phase_us"][p] for r in rows]) for p in phases[1:]}
     # the SM clock over the CTAs' lifetimes (global timer ns against clock64 cycles)
@@ -154,7 +160,7 @@ def table(rows: list[dict]) -> str:
         return ""
     phases = list(rows[0].get("phase_us", {}))
     head = ["ctx", "plan", "probe", "CTAs", "graph µs/call", "period µs", "gap µs", "start spread", "end spread",
-            "CTA µs"] + phases  # fmt: skip
+            "stream end spread", "last CTA's epilogue", "CTA µs"] + phases  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in rows:
         cells = [r["ctx"], r["plan"], r["probe"], r["ctas"]] + [
@@ -165,6 +171,8 @@ def table(rows: list[dict]) -> str:
                 "gap_us",
                 "start_spread_us",
                 "end_spread_us",
+                "stream_end_spread_us",
+                "last_epilogue_us",
                 "cta_us",
             )
         ]

@@ -30,8 +30,7 @@ HEAD_DIMS = (64, 128, 256)
 MAX_GQA_RATIO = 16  # the query group is padded to 16 mma rows
 MAX_CLUSTER = 16  # Hopper's largest (non-portable) cluster
 MAX_CLUSTERS = 128  # clusters a (sequence, KV head): the kernel's MAX_CLUSTERS
-# a plan whose splits come within this share of the most the SMs allow counts as full; among those the
-# largest cluster wins (fewer states cross the L2 workspace, more merge through shared memory)
+# one cluster a head whose size comes within this share of the splits the SMs allow counts as full
 FULL_SHARE = 0.9
 # the workspace of the cross-cluster merge, per device: slots of [16 rows][256 cols] float32 (one per
 # cluster of a launch; the heuristic uses at most one per SM), and counter rows of 16 (one per sequence
@@ -83,29 +82,25 @@ def split_plan(
 ) -> SplitPlan:
     """The split of each (sequence, KV head) for one launch (pure).
 
-    At most one CTA per SM (a CTA fills an SM's shared memory) and every cluster of the launch resident
-    at once (``max_active_clusters``: size -> clusters that fit, as the device reports; None: all fit),
-    each split keeping MIN_TILES_PER_SPLIT tiles. Among the plans that use the most SMs (within
-    FULL_SHARE), the largest cluster, then the fewest clusters.
+    As many splits as fill the SMs once (at most one CTA per SM: a CTA fills an SM's shared memory),
+    each keeping MIN_TILES_PER_SPLIT tiles. One cluster a head (merged through distributed shared
+    memory, no workspace) when a cluster that large stays resident with every other cluster of the
+    launch (``max_active_clusters``: size -> clusters that fit, as the device reports; None: all fit)
+    and comes within FULL_SHARE of that count. Otherwise one CTA a cluster and the splits merged
+    through the L2 workspace: measured on the H200 at batch 1, that beats both one smaller cluster a
+    head and several clusters of 2 a head (docs/benchmarks.md).
     """
     tiles = max(1, -(-ctx_len // BLOCK_N))
     heads = max(1, batch * num_kv_heads)
-    most = min(MAX_CLUSTER * MAX_CLUSTERS, max(1, num_sms // heads), max(1, tiles // MIN_TILES_PER_SPLIT))
-    plans = []
-    for cluster in range(1, min(MAX_CLUSTER, head_dim, most) + 1):
-        clusters = min(MAX_CLUSTERS, most // cluster)
-        while (
-            clusters > 0
-            and max_active_clusters is not None
-            and max_active_clusters.get(cluster, 0) < heads * clusters
-        ):
-            clusters -= 1
-        if clusters:
-            plans.append(SplitPlan(cluster, clusters))
-    if not plans:
-        return SplitPlan(1, 1)
-    best = max(p.splits for p in plans)
-    return max((p for p in plans if p.splits >= FULL_SHARE * best), key=lambda p: (p.cluster, -p.clusters))
+    most = min(MAX_CLUSTERS, max(1, num_sms // heads), max(1, tiles // MIN_TILES_PER_SPLIT))
+    fits = [
+        c
+        for c in range(1, min(MAX_CLUSTER, head_dim, most) + 1)
+        if max_active_clusters is None or max_active_clusters.get(c, 0) >= heads
+    ]
+    if fits and max(fits) >= FULL_SHARE * most:
+        return SplitPlan(max(fits), 1)
+    return SplitPlan(1, most)
 
 
 def num_splits(
