@@ -30,8 +30,12 @@ HEAD_DIMS = (64, 128, 256)
 MAX_GQA_RATIO = 16  # the query group is padded to 16 mma rows
 MAX_CLUSTER = 16  # Hopper's largest (non-portable) cluster
 MAX_CLUSTERS = 128  # clusters a (sequence, KV head): the kernel's MAX_CLUSTERS
-# one cluster a head whose size comes within this share of the splits the SMs allow counts as full
-FULL_SHARE = 0.9
+# splits a head: more cost more than they gain (33 a head at d256 measured slower than 16 on the H200)
+MAX_SPLITS = 16
+# the largest cluster split_plan uses: 8 is the portable cluster size; a cluster of 16 a head measured
+# slower than 16 CTAs merged through L2 at 16k and 32k (H200, d256), and clusters of 9-16 do not all
+# fit at once for 8 KV heads
+MAX_DSMEM_CLUSTER = 8
 # the workspace of the cross-cluster merge, per device: slots of [16 rows][256 cols] float32 (one per
 # cluster of a launch; the heuristic uses at most one per SM), and counter rows of 16 (one per sequence
 # and KV head)
@@ -82,25 +86,24 @@ def split_plan(
 ) -> SplitPlan:
     """The split of each (sequence, KV head) for one launch (pure).
 
-    As many splits as fill the SMs once (at most one CTA per SM: a CTA fills an SM's shared memory),
-    each keeping MIN_TILES_PER_SPLIT tiles. One cluster a head (merged through distributed shared
-    memory, no workspace) when a cluster that large stays resident with every other cluster of the
-    launch (``max_active_clusters``: size -> clusters that fit, as the device reports; None: all fit)
-    and comes within FULL_SHARE of that count. Otherwise one CTA a cluster and the splits merged
-    through the L2 workspace: measured on the H200 at batch 1, that beats both one smaller cluster a
-    head and several clusters of 2 a head (docs/benchmarks.md).
+    S splits a head: as many as fill the SMs once (at most one CTA per SM: a CTA fills an SM's shared
+    memory), each keeping MIN_TILES_PER_SPLIT tiles, at most MAX_SPLITS. One cluster of S CTAs a head
+    (merged through distributed shared memory, no workspace) when S <= MAX_DSMEM_CLUSTER and every
+    cluster of the launch stays resident (``max_active_clusters``: size -> clusters that fit at once,
+    as the device reports; None: all fit); otherwise S clusters of one CTA merged through the L2
+    workspace. Measured on the H200 (docs/benchmarks.md): at batch 1 that beats one cluster of 9 (the
+    largest that fits 8 times) and 8 clusters of 2 at every context, one cluster of 16 at 16k and 32k
+    (d256), and 33 CTAs a head; at batch 8 clusters of 2 beat Triton at d128.
     """
     tiles = max(1, -(-ctx_len // BLOCK_N))
     heads = max(1, batch * num_kv_heads)
-    most = min(MAX_CLUSTERS, max(1, num_sms // heads), max(1, tiles // MIN_TILES_PER_SPLIT))
-    fits = [
-        c
-        for c in range(1, min(MAX_CLUSTER, head_dim, most) + 1)
-        if max_active_clusters is None or max_active_clusters.get(c, 0) >= heads
-    ]
-    if fits and max(fits) >= FULL_SHARE * most:
-        return SplitPlan(max(fits), 1)
-    return SplitPlan(1, most)
+    splits = min(MAX_SPLITS, max(1, num_sms // heads), max(1, tiles // MIN_TILES_PER_SPLIT))
+    if splits == 1:
+        return SplitPlan(1, 1)
+    fits = max_active_clusters is None or max_active_clusters.get(splits, 0) >= heads
+    if splits <= MAX_DSMEM_CLUSTER and fits:
+        return SplitPlan(splits, 1)
+    return SplitPlan(1, splits)
 
 
 def num_splits(

@@ -28,27 +28,25 @@ H200_CLUSTERS = {1: 132, 2: 66, 3: 39, 4: 30, 5: 22, 6: 17, 7: 15, 8: 15, 9: 9, 
 
 
 def test_splits_examples_on_an_h200():
-    # no device limits: 132 SMs, batch 1, 8 KV heads (qwen3-8b): one cluster of 16 a head (128 CTAs);
-    # short contexts keep 4 tiles a split; batch 8: 2 (128 CTAs); 256 heads already fill the SMs
+    # 132 SMs, batch 1, 8 KV heads (qwen3-8b): 16 CTAs a head (128 CTAs), merged in L2 beyond a cluster
+    # of 8; short contexts keep 4 tiles a split; batch 8: clusters of 2 (128 CTAs); 256 heads fill the SMs
     ctxs = (1, 64, 256, 512, 1024, 4096, 16384, 32768)
-    assert [cd.split_plan(132, 1, 8, c, 128) for c in ctxs] == [(1, 1)] * 3 + [(2, 1), (4, 1)] + [(16, 1)] * 3
-    assert [cd.num_splits(132, 8, 8, c, 128) for c in ctxs] == [1, 1, 1, 2, 2, 2, 2, 2]
+    assert [cd.split_plan(132, 1, 8, c, 128) for c in ctxs] == [(1, 1)] * 3 + [(2, 1), (4, 1)] + [(1, 16)] * 3
+    assert [cd.split_plan(132, 8, 8, c, 128) for c in ctxs] == [(1, 1)] * 3 + [(2, 1)] * 5
     assert [cd.num_splits(132, 1, 8, 256 * s, 128) for s in range(4, 10)] == [4, 5, 6, 7, 8, 9]  # any size
-    assert cd.split_plan(132, 1, 2, 32768, 64) == (1, 66)  # qwen2.5-0.5b, 2 KV heads: more than a cluster
+    assert [cd.split_plan(132, 1, 8, 256 * s, 128)[0] for s in range(7, 10)] == [7, 8, 1]  # clusters to 8
+    assert cd.split_plan(132, 1, 2, 32768, 64) == (1, 16)  # qwen2.5-0.5b, 2 KV heads: at most 16 a head
     assert cd.num_splits(132, 32, 8, 32768, 128) == 1
 
 
 def test_plans_keep_every_cluster_resident_on_an_h200():
-    # only 7 clusters of 10 to 16 fit at once (a cluster sits in one GPC): 8 heads at batch 1 would get
-    # clusters of 9 (72 CTAs); 16 CTAs a head merged through the L2 workspace instead (measured faster)
     assert cd.split_plan(132, 1, 8, 16384, 128, H200_CLUSTERS) == (1, 16)
-    assert cd.split_plan(132, 1, 8, 4096, 128, H200_CLUSTERS) == (1, 16)
-    assert cd.split_plan(132, 1, 8, 16384, 128, H200_CLUSTERS | {16: 8}) == (16, 1)
-    assert cd.split_plan(132, 1, 4, 4096, 256, H200_CLUSTERS) == (16, 1)  # 4 heads: 7 clusters of 16 suffice
-    assert cd.split_plan(132, 1, 4, 16384, 256, H200_CLUSTERS) == (1, 33)  # the SMs allow 33 a head
-    assert cd.split_plan(132, 8, 8, 16384, 128, H200_CLUSTERS) == (2, 1)  # batch 8: as before
-    assert cd.split_plan(132, 4, 8, 8192, 128, H200_CLUSTERS) == (1, 4)  # 4 a head, and 32 of 4 do not fit
-    assert cd.split_plan(132, 1, 8, 16384, 128, {c: 0 for c in H200_CLUSTERS}) == (1, 16)
+    assert cd.split_plan(132, 1, 4, 16384, 256, H200_CLUSTERS) == (1, 16)
+    assert cd.split_plan(132, 8, 8, 16384, 128, H200_CLUSTERS) == (2, 1)  # 64 clusters of 2 fit (66)
+    assert cd.split_plan(132, 8, 4, 16384, 256, H200_CLUSTERS) == (1, 4)  # 32 clusters of 4 do not (30)
+    assert cd.split_plan(132, 4, 8, 8192, 128, H200_CLUSTERS) == (1, 4)
+    assert cd.split_plan(132, 16, 4, 8192, 128, H200_CLUSTERS) == (2, 1)
+    assert cd.split_plan(132, 8, 8, 16384, 128, {c: 0 for c in H200_CLUSTERS}) == (1, 2)
 
 
 @pytest.mark.parametrize("num_sms", [8, 78, 132])
@@ -61,14 +59,14 @@ def test_plan_properties(num_sms, fits):
                     plan = cd.split_plan(num_sms, batch, hkv, ctx, d, fits)
                     s, heads = plan.splits, batch * hkv
                     tiles = -(-ctx // cd.BLOCK_N)
-                    assert 1 <= plan.cluster <= cd.MAX_CLUSTER and 1 <= plan.clusters <= cd.MAX_CLUSTERS
                     assert plan.cluster == 1 or plan.clusters == 1, "clusters, or the L2 merge, not both"
+                    assert plan.cluster <= cd.MAX_DSMEM_CLUSTER and s <= cd.MAX_SPLITS
                     assert s == 1 or tiles // s >= cd.MIN_TILES_PER_SPLIT, "each split keeps enough tiles"
                     assert s == 1 or heads * s <= num_sms, "one wave, at most one CTA per SM"
                     assert plan.cluster == 1 or fits is None or fits[plan.cluster] >= heads, "all resident"
                     assert s == 1 or heads * plan.clusters <= cd.WORKSPACE_SLOTS, "the workspace holds it"
-                    most = min(num_sms // heads, tiles // cd.MIN_TILES_PER_SPLIT)
-                    assert s >= cd.FULL_SHARE * most, "within FULL_SHARE of the most the SMs allow"
+                    most = min(cd.MAX_SPLITS, num_sms // heads, tiles // cd.MIN_TILES_PER_SPLIT)
+                    assert s == max(1, most), "as many splits as fill the SMs once"
 
 
 def test_split_table_is_the_heuristic():
