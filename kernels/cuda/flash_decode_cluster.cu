@@ -495,28 +495,25 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
     for (int e = threadIdx.x; e < G * cols; e += THREADS) {
       const int row = e / cols;
       const int col = rank + (e % cols) * C;
-      // every load unconditional (ranks past C read rank 0 and weigh 0), so all are in flight at once:
-      // loads under `if (c < C)` were issued one after another, a DSMEM round trip each (measured 2.7 us
-      // for C = 9)
-      float mc[MAX_CLUSTER], ac[MAX_CLUSTER], lc[MAX_CLUSTER];
-#pragma unroll
-      for (int c = 0; c < MAX_CLUSTER; ++c) {
-        const int src = c < C ? c : 0;
-        mc[c] = cluster.map_shared_rank(part_m, src)[row];
-        ac[c] = cluster.map_shared_rank(part_acc, src)[row * D + col];
-        lc[c] = cluster.map_shared_rank(part_l, src)[row];
-      }
+      // the loads stay under `c < C`: unconditional loads of all 16 ranks (each masked) measured slower on
+      // the H200 (the merge 2.7 -> 4.2 us for C = 9; docs/results/cluster_timeline_h200_2026-12-04e.json)
+      float mc[MAX_CLUSTER];
       float mmax = -INFINITY;
 #pragma unroll
-      for (int c = 0; c < MAX_CLUSTER; ++c) mmax = fmaxf(mmax, c < C ? mc[c] : -INFINITY);
+      for (int c = 0; c < MAX_CLUSTER; ++c) {
+        mc[c] = c < C ? cluster.map_shared_rank(part_m, c)[row] : -INFINITY;
+        mmax = fmaxf(mmax, mc[c]);
+      }
       // an empty split (-inf) weighs 0; with K = 1 some split is not empty, with K > 1 a whole cluster may be
       const float base = mmax == -INFINITY ? 0.f : mmax;
       float a = 0.f, l = 0.f;
 #pragma unroll
       for (int c = 0; c < MAX_CLUSTER; ++c) {
-        const float f = c < C ? exp2f(mc[c] - base) : 0.f;
-        a += f * ac[c];
-        l += f * lc[c];
+        if (c < C) {
+          const float f = exp2f(mc[c] - base);
+          a += f * cluster.map_shared_rank(part_acc, c)[row * D + col];
+          l += f * cluster.map_shared_rank(part_l, c)[row];
+        }
       }
       if (K == 1) {
         p.out[b * p.stride_ob + (long long)(h * G + row) * p.stride_oh + col] = Elem<T>::store(a / l);
@@ -564,22 +561,25 @@ __global__ void __launch_bounds__(Layout<D, GROUPS>::THREADS, 1)
       float mk[CHUNK_K], lk[CHUNK_K], ak0[CHUNK_K], ak1[CHUNK_K];
 #pragma unroll
       for (int j = 0; j < CHUNK_K; ++j) {
-        // unconditional loads (past K: cluster 0's, masked below), so the chunk's loads are in flight at once
-        const bool in = k0 + j < K;
-        const int k = in ? k0 + j : 0;
-        const float2 ml =
-            __ldcg(reinterpret_cast<const float2*>(ml0 + ((long long)k * MAX_CLUSTER * G_PAD + row) * 2));
-        const float* src = acc0 + ((long long)k * G_PAD + row) * D + col;
-        float2 a;
-        if (vec == 2) {
-          a = __ldcg(reinterpret_cast<const float2*>(src));
+        const int k = k0 + j;
+        if (k < K) {
+          const float2 ml =
+              __ldcg(reinterpret_cast<const float2*>(ml0 + ((long long)k * MAX_CLUSTER * G_PAD + row) * 2));
+          mk[j] = ml.x;
+          lk[j] = ml.y;
+          const float* src = acc0 + ((long long)k * G_PAD + row) * D + col;
+          if (vec == 2) {
+            const float2 a = __ldcg(reinterpret_cast<const float2*>(src));
+            ak0[j] = a.x;
+            ak1[j] = a.y;
+          } else {
+            ak0[j] = __ldcg(src);
+            ak1[j] = 0.f;
+          }
         } else {
-          a = make_float2(__ldcg(src), 0.f);
+          mk[j] = -INFINITY;
+          lk[j] = ak0[j] = ak1[j] = 0.f;
         }
-        mk[j] = in ? ml.x : -INFINITY;
-        lk[j] = in ? ml.y : 0.f;
-        ak0[j] = in ? a.x : 0.f;
-        ak1[j] = in ? a.y : 0.f;
       }
       float m_new = M;
 #pragma unroll
