@@ -296,6 +296,7 @@ def test_key_tracking_sees_reads_through_get_and_lists():
 
 class _Replay(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # no ~40 ms delayed-ACK wait on every response (see the GitHub double)
     exchanges: list[Exchange]
     served: list[tuple[str, str]]
 
