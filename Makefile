@@ -73,7 +73,8 @@ lint: setup-dev
 	$(BIN)/actionlint
 
 # The suite in two parts: everything that does not time anything on every core (pytest-xdist; a module's
-# tests stay on one worker, so its fixtures are built once), then the tests marked `timing` (A/B runs,
+# tests stay on one worker, so its fixtures are built once; the heaviest modules are queued first, see
+# tests/conftest.py), then the tests marked `timing` (A/B runs,
 # clocks, the quiet-box guard) alone, so that no other test is the load they measure. The total time,
 # setup included, is printed at the end.
 PYTEST_WORKERS ?= $(NPROC)
@@ -82,7 +83,7 @@ test: test-clock setup-dev browser
 	@echo "make test: setup $$(( $$(date +%s) - $$(cat .make-test-t0) )) s"; date +%s > .make-test-t1
 	$(MAKE) --no-print-directory lint
 	@t2=$$(date +%s); status=0; \
-	  $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope -m "not timing" --durations=20 || status=$$?; \
+	  $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not timing" --durations=20 || status=$$?; \
 	  t3=$$(date +%s); \
 	  if [ $$status -eq 0 ]; then $(BIN)/python -m pytest -q -p no:xdist -m timing --durations=20 || status=$$?; fi; \
 	  t4=$$(date +%s); \
