@@ -110,6 +110,7 @@ class ServedProcess:
     lines: queue.Queue[Line | ServeError | None] = field(default_factory=queue.Queue)
     stderr_tail: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=256))
     frozen: bool = False
+    broken: bool = False  # it broke the protocol (or ran out of time): close() does not wait on it
     max_output_bytes: int = 64 << 20
     meter: cpumeter.Meter | None = None
     _count: int = 0
@@ -241,6 +242,13 @@ class ServedProcess:
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:
         """The ready line (identity, config, its own load and warm-up timings)."""
+        try:
+            return self._wait_ready(timeout_s)
+        except ServeError:
+            self.broken = True
+            raise
+
+    def _wait_ready(self, timeout_s: float) -> dict[str, Any]:
         line = self._next(time.monotonic() + timeout_s, timeout_s)
         obj = line.obj
         if obj.get("event") != "ready" or obj.get("protocol") != PROTOCOL:
@@ -255,6 +263,13 @@ class ServedProcess:
 
     def request(self, body: dict[str, Any], timeout_s: float) -> Timed:
         """Send one request and collect its lines until its summary; ServeError on anything else."""
+        try:
+            return self._request(body, timeout_s)
+        except ServeError:
+            self.broken = True
+            raise
+
+    def _request(self, body: dict[str, Any], timeout_s: float) -> Timed:
         self._count += 1
         rid = f"{body['op'][0]}{self._count}"
         req = {**body, "id": rid}
@@ -363,15 +378,17 @@ class ServedProcess:
         self.frozen = False
 
     def close(self) -> None:
-        """Ask it to stop, then end the whole tree."""
+        """Ask it to stop, then end the whole tree (a process that broke the protocol is not asked: it
+        would only be waited on for 5 s)."""
         if self.frozen:
             self.thaw()
-        try:
-            self.proc.stdin.write(b'{"op":"shutdown"}\n')
-            self.proc.stdin.flush()
-            self.proc.wait(timeout=5)
-        except Exception:  # noqa: BLE001 - it is being killed anyway
-            pass
+        if not self.broken:
+            try:
+                self.proc.stdin.write(b'{"op":"shutdown"}\n')
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - it is being killed anyway
+                pass
         sandbox.kill_tree(self.proc.pid)
         try:
             self.proc.wait(timeout=10)

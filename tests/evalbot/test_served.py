@@ -116,19 +116,32 @@ def test_a_misbehaving_server_is_stopped_with_the_reason(tmp_path, body, stage, 
         with pytest.raises(served.ServeError) as info:
             p.request({"op": "generate", "prompt_ids": [1], "max_new": 4}, 2)
         assert info.value.stage == stage and words in str(info.value)
+        assert p.broken
     finally:
+        t0 = time.monotonic()
         p.close()
+        closed_s = time.monotonic() - t0
     assert p.proc.poll() is not None
+    assert closed_s < 3, f"close() waited {closed_s:.1f} s on a server that broke the protocol"
 
 
-BUSY = """
+# like the real engine, the fakes below that read nothing else end on the shutdown request (close() gives
+# a process that ignores it 5 s before ending its tree)
+UNTIL_SHUTDOWN = """
+for line in sys.stdin:
+    if '"shutdown"' in line:
+        sys.exit(0)
+"""
+BUSY = (
+    """
 def spin():
     while True:
         pass
 for _ in range(2):
     threading.Thread(target=spin, daemon=True).start()
-time.sleep(60)
 """
+    + UNTIL_SHUTDOWN
+)
 
 
 def test_a_frozen_side_uses_no_cpu_and_resumes_when_thawed(tmp_path):
@@ -154,7 +167,7 @@ def test_run_alone_freezes_every_other_side_while_one_is_timed(tmp_path):
         tmp_path / "b",
         'line = sys.stdin.readline(); rid = json.loads(line)["id"]\n'
         'send({"id": rid, "tok": 1}); send({"id": rid, "tok": 2})\n'
-        'send({"id": rid, "event": "done", "n": 2})\ntime.sleep(60)',
+        'send({"id": rid, "event": "done", "n": 2})\n' + UNTIL_SHUTDOWN,
     )
     try:
         a.wait_ready(10)
