@@ -115,8 +115,11 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
     import hashlib
 
     model = Path(fetched.stdout.strip().splitlines()[-1])
-    # 8 pairs per context (4 blocks): the fixture's speedups are 3-10x, which a tier's lower bound resolves
-    rules_dir = write_rules(tmp_path / "rules", hashlib.sha256(model.read_bytes()).hexdigest(), max_pairs=8)
+    # up to 12 pairs per context (4 to 6 blocks): the fixture's speedups are 3-10x, which a tier's lower
+    # bound resolves in 4 blocks; the A/B stops there when no further pair could change the verdict. With a
+    # cap of 8 (4 blocks, no more) one stalled pair on a noisy host left a 3x speedup INCONCLUSIVE (MDE
+    # 1048%) in 2 of 13 runs on 2026-12-04, and the round then went another way than this test follows
+    rules_dir = write_rules(tmp_path / "rules", hashlib.sha256(model.read_bytes()).hexdigest(), max_pairs=12)
     (rules_dir / "automerge.yaml").write_text((rules_dir / "automerge.yaml").read_text().replace(
         "enabled: false", "enabled: true"))  # fmt: skip
     rules = load_rules(rules_dir)
@@ -267,7 +270,9 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
             assert moved_merges == [measured_then_moved[moved]] and not st.pulls[moved].merged
             assert any(e.key.head_sha == st.pulls[moved].head_sha for e in store.evaluations(pr=moved))
         other = 3 - winner
-        assert "needs-rebase" in gh.get_pull(other).labels, (gh.get_pull(other).labels, log[-30:])
+        assert "needs-rebase" in gh.get_pull(other).labels, (
+            f"#{other} labels {gh.get_pull(other).labels}; #1={why(1)} #2={why(2)}; log={log[-30:]}"
+        )
 
         # --- a maintainer clears #5, and the other speedup is pushed again after main moved ----------
         out = cli("clear", "5", "--reason", "mallory co-authored one commit; dave is not blocked")
