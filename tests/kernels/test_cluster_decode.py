@@ -401,15 +401,22 @@ def test_python_layer_hands_the_binding_its_arguments(monkeypatch):
     cd.max_active_clusters.cache_clear()
 
 
-def test_bench_names_plans_as_clusters_of_ctas():
+def _bench(name: str):  # noqa: ANN202
+    """A bench/ script imported as a module (bench/ is scripts, not a package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "bench" / "flash_decode.py"
-    spec = importlib.util.spec_from_file_location("bench_flash_decode", path)
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{name}", Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    )
     assert spec and spec.loader
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_names_plans_as_clusters_of_ctas():
+    bench = _bench("flash_decode")
     assert bench._cluster_plan("9") == (9, 1) and bench._cluster_plan("2x8") == (2, 8)
     assert bench._plan_cell({"num_splits": 2, "num_clusters": 8}) == "2x8"
     assert bench._plan_cell({"num_splits": 9, "num_clusters": 1}) == "9"
@@ -417,14 +424,7 @@ def test_bench_names_plans_as_clusters_of_ctas():
 
 
 def test_timeline_summary_from_stamps():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "bench" / "cluster_timeline.py"
-    spec = importlib.util.spec_from_file_location("bench_cluster_timeline", path)
-    assert spec and spec.loader
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("cluster_timeline")
 
     def cta(t0, phases_ns, clock_scale=2):  # a CTA's stamps: 8 timer values then 8 clock values
         ts = [t0 + p if p is not None else 0 for p in phases_ns]
