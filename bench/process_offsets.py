@@ -30,7 +30,8 @@ from evalbot.evaluate import abtest, box, cpumeter, sandbox, served  # noqa: E40
 
 
 def parse_env(text: str) -> tuple[str, dict[str, str]]:
-    """`name:K=V,K=V` -> (name, {K: V}); the key NOASLR=1 runs the engine under `setarch -R` instead."""
+    """`name:K=V,K=V` -> (name, {K: V}); the key NOASLR=1 runs the engine under `setarch -R`, and PIN=CPUS
+    under `taskset -c CPUS`, instead of setting them in its environment."""
     name, _, rest = text.partition(":")
     pairs = [kv.split("=", 1) for kv in rest.split(",") if kv]
     return name, {k: v for k, v in pairs}
@@ -62,6 +63,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=6, help="timed requests per process")
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--threads", type=int, default=1, help="the engine's OMP_NUM_THREADS (the cpu profile: 1)")
     ap.add_argument("--env", action="append", default=[], help="name:K=V,K=V (repeatable); default base:")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -83,7 +85,7 @@ def main() -> None:
                     "HOME": str(scratch),
                     "TMPDIR": str(scratch),
                     "PYTHONHASHSEED": "0",
-                    "OMP_NUM_THREADS": str(os.cpu_count() or 1),
+                    "OMP_NUM_THREADS": str(args.threads),
                 }
                 | extra
             )
@@ -97,6 +99,8 @@ def main() -> None:
                 limits=sandbox.Limits(timeout_s=3600, memory_bytes=48 << 30),
             )
             prefix = ["setarch", os.uname().machine, "-R"] if extra.get("NOASLR") == "1" else []
+            if extra.get("PIN"):
+                prefix = ["taskset", "-c", extra["PIN"], *prefix]
             argv = [
                 *prefix,
                 sys.executable,

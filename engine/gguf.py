@@ -7,7 +7,7 @@ file, an unsupported architecture or tensor type, a missing tensor. Dequantizati
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,65 @@ class _Reader(gguf.GGUFReader):
         count = int(count)
         arr = plain[offset : offset + dt.itemsize * count].view(dt)[:count]
         return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[Any], list[int], list[Any]]:
+        """An array of strings or scalars as one part (`CompactArray`) instead of one or two numpy views per
+        element: the tokenizer's ~300k strings took 3.3 s of a 0.5B model's load that way, 0.2 s this way.
+        Nested arrays and byte-swapped files take the library's path."""
+        if raw_type != gguf.GGUFValueType.ARRAY or self.byte_order != "I" or self.__dict__.get("_nested"):
+            return super()._get_field_parts(orig_offs, raw_type)
+        raw_itype = self._get(orig_offs, np.uint32)
+        alen = self._get(orig_offs + 4, np.uint64)
+        start, count = orig_offs + 12, int(alen[0])
+        itype = gguf.GGUFValueType(int(raw_itype[0]))
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            plain = self._plain = self.data.view(np.ndarray)
+        if itype == gguf.GGUFValueType.STRING:
+            buf = memoryview(plain.data)
+            offs = start
+            for _ in range(count):
+                offs += 8 + int.from_bytes(buf[offs : offs + 8], "little")
+            if offs > len(plain):
+                raise ValueError(f"a string array at byte {orig_offs} runs past the end of the file")
+            packed = CompactArray(plain[start:offs], itype, count)
+        elif itype in self.gguf_scalar_to_np:
+            values = self._get(start, self.gguf_scalar_to_np[itype], count)
+            if len(values) != count:
+                raise ValueError(f"an array at byte {orig_offs} runs past the end of the file")
+            packed = CompactArray(values, itype, count)
+        else:  # an array of arrays: the library's path all the way down (it flattens them)
+            self._nested = True
+            try:
+                return super()._get_field_parts(orig_offs, raw_type)
+            finally:
+                self._nested = False
+        size = 12 + packed.raw.nbytes
+        return size, [raw_itype, alen, packed], [2], [gguf.GGUFValueType.ARRAY, itype]
+
+
+@dataclass(frozen=True)
+class CompactArray:
+    """A GGUF array field's elements as one buffer: scalars as their numpy array, strings as the raw
+    length-prefixed bytes (decoded by `values`)."""
+
+    raw: np.ndarray
+    itype: Any
+    count: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
+
+    def values(self) -> list[Any]:
+        if self.itype != gguf.GGUFValueType.STRING:
+            return [_scalar(v) for v in self.raw]
+        buf, out, offs = self.raw.tobytes(), [], 0
+        for _ in range(self.count):
+            n = int.from_bytes(buf[offs : offs + 8], "little")
+            out.append(buf[offs + 8 : offs + 8 + n].decode("utf-8", errors="replace"))
+            offs += 8 + n
+        return out
 
 
 def _check_header(path: Path) -> None:
@@ -174,6 +233,24 @@ class GGUFFile:
         out = dequantize(raw.data, info.qtype, info.shape, name=name)
         return out if dtype == torch.float32 else out.to(dtype)
 
+    def stacked(self, names: Sequence[str]) -> torch.Tensor:
+        """Float32 tensors of equal row length dequantized one under the other into one allocation: the
+        same values as ``torch.cat([self.tensor(n) for n in names])``, without the second copy."""
+        for name in names:
+            if name not in self._raw:
+                raise MissingTensor(f"{self.path}: tensor {name!r} is missing")
+        shapes = [self.tensors[n].shape for n in names]
+        tails = {s[1:] for s in shapes}
+        if len(tails) != 1 or any(len(s) < 1 for s in shapes):
+            raise GGUFError(f"{self.path}: tensors {', '.join(names)} cannot be stacked (shapes {shapes})")
+        out = torch.empty((sum(s[0] for s in shapes), *shapes[0][1:]), dtype=torch.float32)
+        row = 0
+        for name, shape in zip(names, shapes, strict=True):
+            info = self.tensors[name]
+            dequantize(self._raw[name].data, info.qtype, shape, name=name, out=out[row : row + shape[0]])
+            row += shape[0]
+        return out
+
     def names(self) -> Iterator[str]:
         return iter(self.tensors)
 
@@ -189,6 +266,8 @@ def _field_value(field: Any) -> Any:
     if not types:
         return None
     if types[0] == gguf.GGUFValueType.ARRAY:
+        if len(field.data) == 1 and isinstance(field.parts[field.data[0]], CompactArray):
+            return field.parts[field.data[0]].values()
         sub = types[-1]
         if sub == gguf.GGUFValueType.STRING:
             return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]

@@ -5,6 +5,9 @@ chunk of blocks at a time into torch, unpacks the block fields (fp16 scales, pac
 whole-chunk tensor ops, and writes float32 values into one preallocated output. The float32 operations run in
 the same order as gguf-py's numpy reference (e.g. Q4_K computes ``d * sc`` and ``dmin * m`` first, then
 ``d * q - dm``, never fused), so every value is bit-identical to it, while running multithreaded and in C.
+The quants are widened into the output first and scaled there in place, the broadcast scale always the
+second operand: ``torch.mul(d, q)`` with the (n, 1) scale first took 5x as long per value on one thread
+(the product is the same bits either way: IEEE multiplication commutes).
 """
 
 from __future__ import annotations
@@ -52,38 +55,39 @@ def _bits32(qh: torch.Tensor) -> torch.Tensor:
 
 
 def _q8_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
-    d = _f16(blocks, 0)
-    torch.mul(blocks[:, 2:].view(torch.int8).float(), d, out=out)
+    out.copy_(blocks[:, 2:].view(torch.int8))  # int8 -> float32 is exact
+    out.mul_(_f16(blocks, 0))
 
 
 def _q4_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
     n = blocks.shape[0]
     d = _f16(blocks, 0)
     q = _nibbles(blocks[:, 2:].unsqueeze(1)).reshape(n, 32).view(torch.int8) - 8
-    torch.mul(d, q.float(), out=out)
+    out.copy_(q)
+    out.mul_(d)
 
 
 def _q4_1(blocks: torch.Tensor, out: torch.Tensor) -> None:
     n = blocks.shape[0]
     d, m = _f16(blocks, 0), _f16(blocks, 2)
-    q = _nibbles(blocks[:, 4:].unsqueeze(1)).reshape(n, 32).float()
-    torch.add(d * q, m, out=out)
+    out.copy_(_nibbles(blocks[:, 4:].unsqueeze(1)).reshape(n, 32))
+    out.mul_(d).add_(m)
 
 
 def _q5_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
     n = blocks.shape[0]
     d = _f16(blocks, 0)
     ql = _nibbles(blocks[:, 6:].unsqueeze(1)).reshape(n, 32)
-    q = (ql | (_bits32(blocks[:, 2:6]) << 4)).view(torch.int8) - 16
-    torch.mul(d, q.float(), out=out)
+    out.copy_((ql | (_bits32(blocks[:, 2:6]) << 4)).view(torch.int8) - 16)
+    out.mul_(d)
 
 
 def _q5_1(blocks: torch.Tensor, out: torch.Tensor) -> None:
     n = blocks.shape[0]
     d, m = _f16(blocks, 0), _f16(blocks, 2)
     ql = _nibbles(blocks[:, 8:].unsqueeze(1)).reshape(n, 32)
-    q = (ql | (_bits32(blocks[:, 4:8]) << 4)).float()
-    torch.add(d * q, m, out=out)
+    out.copy_(ql | (_bits32(blocks[:, 4:8]) << 4))
+    out.mul_(d).add_(m)
 
 
 def _k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,8 +104,9 @@ def _q4_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     sc, mn = _k_scale_min(blocks[:, 4:16])
     d = _f16(blocks, 0).unsqueeze(2) * sc
     dm = _f16(blocks, 2).unsqueeze(2) * mn
-    q = _nibbles(blocks[:, 16:].reshape(n, 4, 32)).reshape(n, 8, 32).float()
-    torch.sub(d * q, dm, out=out.view(n, 8, 32))
+    o = out.view(n, 8, 32)
+    o.copy_(_nibbles(blocks[:, 16:].reshape(n, 4, 32)).reshape(n, 8, 32))
+    o.mul_(d).sub_(dm)
 
 
 def _q5_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
@@ -111,8 +116,9 @@ def _q5_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     dm = _f16(blocks, 2).unsqueeze(2) * mn
     ql = _nibbles(blocks[:, 48:].reshape(n, 4, 32)).reshape(n, 8, 32)
     qh = _bits(blocks[:, 16:48].unsqueeze(1), 1, 8).reshape(n, 8, 32)
-    q = (ql | (qh << 4)).float()
-    torch.sub(d * q, dm, out=out.view(n, 8, 32))
+    o = out.view(n, 8, 32)
+    o.copy_(ql | (qh << 4))
+    o.mul_(d).sub_(dm)
 
 
 def _q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
@@ -122,7 +128,9 @@ def _q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     ql = _nibbles(blocks[:, :128].reshape(n, 2, 64)).reshape(n, 8, 32)
     qh = _bits(blocks[:, 128:192].reshape(n, 2, 32), 2, 4).reshape(n, 8, 32)
     q = (ql | (qh << 4)).view(torch.int8) - 32
-    torch.mul(d, q.reshape(n, 16, 16).float(), out=out.view(n, 16, 16))
+    o = out.view(n, 16, 16)
+    o.copy_(q.reshape(n, 16, 16))
+    o.mul_(d)
 
 
 def _bf16(blocks: torch.Tensor, out: torch.Tensor) -> None:
@@ -166,10 +174,16 @@ def _check_type(qtype: GGMLQuantizationType | int, name: str) -> GGMLQuantizatio
 
 
 def dequantize(
-    data: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...], name: str = ""
+    data: np.ndarray,
+    qtype: GGMLQuantizationType,
+    shape: tuple[int, ...],
+    name: str = "",
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dequantize a GGUF tensor's raw ``ReaderTensor.data`` to a contiguous float32 tensor of `shape`
-    (numpy order, i.e. reversed ggml ne); the input is only read, never aliased by the result."""
+    (numpy order, i.e. reversed ggml ne); the input is only read, never aliased by the result. With `out`
+    (a contiguous float32 tensor of as many values, e.g. rows of a fused weight) the values are written
+    there, and `out` comes back viewed as `shape`."""
     qtype = _check_type(qtype, name)
     shape = tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
@@ -192,14 +206,21 @@ def dequantize(
             f"{n_blocks * type_size} ({n_blocks} blocks of {type_size} bytes)"
         )
 
+    if out is not None and (out.dtype != torch.float32 or out.numel() != n_values or not out.is_contiguous()):
+        raise ValueError(
+            f"{_label(name)}: out must be a contiguous float32 tensor of {n_values} values, "
+            f"got {out.dtype} {tuple(out.shape)}"
+        )
     if qtype == _T.F32:
-        return torch.from_numpy(raw.view(np.float32).reshape(shape).copy())
+        values = torch.from_numpy(raw.view(np.float32).reshape(shape).copy())
+        return values if out is None else out.view(shape).copy_(values)
     if qtype == _T.F16:
         # numpy's half -> single widening is exact and matches gguf-py, NaN payloads included.
-        return torch.from_numpy(raw.view(np.float16).astype(np.float32).reshape(shape))
+        values = torch.from_numpy(raw.view(np.float16).astype(np.float32).reshape(shape))
+        return values if out is None else out.view(shape).copy_(values)
 
     kernel = _BLOCK_KERNELS[qtype]
-    out = torch.empty(n_values, dtype=torch.float32)
+    out = torch.empty(n_values, dtype=torch.float32) if out is None else out.view(-1)
     step = max(1, _CHUNK_VALUES // block_size)
     for start in range(0, n_blocks, step):
         stop = min(start + step, n_blocks)

@@ -12,6 +12,7 @@ import torch
 from engine.config import ConfigError, ModelConfig
 from engine.gguf import (
     BadMagic,
+    GGUFError,
     GGUFFile,
     MissingTensor,
     TruncatedFile,
@@ -117,3 +118,69 @@ def test_copy_loads_like_original(tmp_path, synthetic_qwen3):
     shutil.copy(synthetic_qwen3, p)
     a, b = GGUFFile(synthetic_qwen3), GGUFFile(p)
     assert torch.equal(a.tensor("output.weight"), b.tensor("output.weight"))
+
+
+def _library_metadata(path):
+    """The metadata as gguf-py's own reader parses it, one numpy view per array element."""
+    from engine.gguf import _field_value
+
+    r = gguf.GGUFReader(str(path), "r")
+    return {k: _field_value(f) for k, f in r.fields.items() if not k.startswith("GGUF.")}
+
+
+def test_compact_arrays_read_as_the_library_does(tmp_path):
+    """Arrays of strings (empty, multi-byte, one long), ints, floats and bools parse to the same values as
+    gguf-py's per-element path; a nested array takes the library's path and still reads."""
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "qwen2")
+    w.add_block_count(1)
+    w.add_array("t.strings", ["", "a", "Ġhé", "😀 x", "z" * 5000, *[f"tok{i}" for i in range(3000)]])
+    w.add_array("t.ints", list(range(-5, 300)))
+    w.add_array("t.floats", [0.5, -1.25, 3.0])
+    w.add_array("t.bools", [True, False, True])
+    w.add_array("t.nested", [[1, 2], [3]])
+    w.add_string("t.one", "plain")
+    w.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    got = GGUFFile(tmp_path / "m.gguf").metadata
+    assert got == _library_metadata(tmp_path / "m.gguf")
+    assert got["t.strings"][:4] == ["", "a", "Ġhé", "😀 x"] and len(got["t.strings"]) == 3005
+    assert got["t.ints"][0] == -5 and got["t.bools"] == [True, False, True] and got["t.nested"] == [1, 2, 3]
+
+
+def test_real_model_metadata_matches_the_library(real_model_path):
+    """The tokenizer's ~150k tokens and merges read the same through the compact path."""
+    assert GGUFFile(real_model_path).metadata == _library_metadata(real_model_path)
+
+
+def test_truncated_string_array(tmp_path):
+    """A string array whose lengths run past the end of the file is a TruncatedFile, not a hang or junk."""
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "qwen2")
+    w.add_array("t.strings", [f"token-{i}" for i in range(1000)])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    data = (tmp_path / "m.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) - 2000])
+    with pytest.raises(TruncatedFile):
+        GGUFFile(tmp_path / "cut.gguf")
+
+
+def test_stacked_is_the_concatenation(synthetic_qwen2, synthetic_qwen3):
+    """Dequantized one under the other into one tensor: the same bits as torch.cat of the parts."""
+    for path in (synthetic_qwen2, synthetic_qwen3):
+        gf = GGUFFile(path)
+        names = ["blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"]
+        want = torch.cat([gf.tensor(n) for n in names])
+        got = gf.stacked(names)
+        assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_stacked_refuses_what_does_not_stack(synthetic_qwen3):
+    gf = GGUFFile(synthetic_qwen3)
+    with pytest.raises(MissingTensor, match="blk.9.attn_q.weight"):
+        gf.stacked(["blk.0.attn_q.weight", "blk.9.attn_q.weight"])
+    with pytest.raises(GGUFError, match="cannot be stacked"):
+        gf.stacked(["blk.0.attn_q.weight", "blk.0.ffn_down.weight"])

@@ -174,3 +174,35 @@ def test_wrong_typed_size_is_rejected() -> None:
 def test_row_not_a_whole_number_of_blocks_is_rejected() -> None:
     with pytest.raises(ValueError, match="not a multiple of the Q4_K block size 256"):
         dequantize(np.zeros((2, 144), dtype=np.uint8), T.Q4_K, (1, 384))
+
+
+@pytest.mark.parametrize(
+    "qtype", [T.F32, T.F16, *sorted(FP16_FIELDS, key=lambda t: t.value)], ids=lambda t: t.name
+)
+def test_out_receives_the_same_bits(qtype: T) -> None:
+    """With `out` (rows of a bigger tensor) the values land there, bit for bit as without it, and
+    nothing around them is touched."""
+    rng = np.random.default_rng(7)
+    if qtype in FP16_FIELDS:  # random blocks with finite scales, as above
+        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, size=(4, 256 // block_size, type_size), dtype=np.uint8)
+        for offset in FP16_FIELDS[qtype]:
+            finite = rng.standard_normal((4, 256 // block_size, 1)).astype(np.float16)
+            raw[..., offset : offset + 2] = finite.view(np.uint8)
+        data = read_only(raw.reshape(4, -1))
+    else:
+        values = rng.standard_normal((4, 256)).astype(np.float32)
+        data = read_only(values if qtype == T.F32 else gguf.quants.quantize(values, qtype))
+    want = dequantize(data, qtype, (4, 256))
+    big = torch.full((10, 256), 7.0)
+    got = dequantize(data, qtype, (4, 256), out=big[3:7])
+    assert got.data_ptr() == big[3:7].data_ptr()
+    assert_bit_exact(big[3:7], want.numpy())
+    assert torch.all(big[:3] == 7.0) and torch.all(big[7:] == 7.0)
+
+
+def test_out_of_the_wrong_kind_is_refused() -> None:
+    data = read_only(gguf.quants.quantize(np.ones((2, 32), np.float32), T.Q8_0))
+    for bad in (torch.empty(2, 31), torch.empty(2, 32, dtype=torch.float64), torch.empty(32, 2).t()):
+        with pytest.raises(ValueError, match="out must be a contiguous float32"):
+            dequantize(data, T.Q8_0, (2, 32), out=bad)
