@@ -189,6 +189,8 @@ def allocate(
 
 
 def _share(samples: list[Sample], contexts: list[int], per_context: int) -> dict[int, int]:
+    if per_context == 1:  # one pair a context a block: its order alternates across blocks, nothing to share
+        return {c: 1 for c in contexts}
     total = per_context * len(contexts)
     var: dict[int, float] = {}
     for ctx in contexts:
@@ -206,9 +208,10 @@ def design(pairs_per_block: int, min_blocks: int, cap: int) -> tuple[int, int, i
     """(pairs per context per block, most blocks, fewest blocks) for a pair cap per context. A block's
     pairs are even (ABBA within it) but few enough that the cap still buys 4 blocks (the smallest
     crossover, 2 of each load order: 2 blocks leave 1 degree of freedom), one where the cap is that tight
-    (the pair order then alternates across the blocks); blocks come in whole crossovers, and never more
-    pairs than the cap (2 at the least)."""
-    per_block = max(1, min(2 * math.ceil(pairs_per_block / 2), 2 * (cap // 8) or cap // 4))
+    or where one is asked for (the pair order then alternates across the blocks, with the load order);
+    blocks come in whole crossovers, and never more pairs than the cap (2 at the least)."""
+    asked = 1 if pairs_per_block <= 1 else 2 * math.ceil(pairs_per_block / 2)
+    per_block = max(1, min(asked, 2 * (cap // 8) or cap // 4))
     most = max(2, 2 * (cap // (2 * per_block)))
     return per_block, most, max(2, min(2 * math.ceil(min_blocks / 2), most))
 

@@ -251,6 +251,9 @@ def test_allocation_gives_the_noisier_context_more_pairs_in_even_numbers():
     assert abtest.allocate(samples, [128, 512], 4, cap=10) == {128: 2, 512: 2}
     assert abtest.allocate(samples, [128, 512], 4, cap=8) == {128: 0, 512: 0}
     assert abtest.allocate(samples, [128, 512], 4, cap=64) == counts
+    # one pair a context a block (the order alternating across blocks): one each, however noisy
+    assert abtest.allocate(samples, [128, 512], 1) == {128: 1, 512: 1}
+    assert abtest.allocate(samples, [128, 512], 1, cap=8) == {128: 0, 512: 0}
 
 
 def test_pairs_carry_their_block_and_load_order_and_the_utilization():
@@ -376,3 +379,4 @@ def test_the_design_never_exceeds_the_cap_and_buys_a_crossover_where_it_can():
                 assert per_block % 2 == 0
     assert abtest.design(2, 6, 32) == (2, 16, 6)  # the shipped cpu profile
     assert abtest.design(2, 6, 4) == (1, 4, 4)  # the demo's --max-pairs 4
+    assert abtest.design(1, 12, 32) == (1, 32, 12)  # one pair a block where asked: many short blocks
