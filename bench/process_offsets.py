@@ -63,7 +63,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=6, help="timed requests per process")
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=24)
-    ap.add_argument("--threads", type=int, default=1, help="the engine's OMP_NUM_THREADS (the cpu profile: 1)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="the engine's OMP_NUM_THREADS (the cpu profile: 1)"
+    )
     ap.add_argument("--env", action="append", default=[], help="name:K=V,K=V (repeatable); default base:")
     ap.add_argument("--out")
     args = ap.parse_args()

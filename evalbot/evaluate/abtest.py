@@ -31,7 +31,7 @@ from functools import partial
 from typing import Any
 
 from evalbot import stats
-from evalbot.evaluate import box
+from evalbot.evaluate import box, served
 from evalbot.evaluate.served import ServedProcess, ServeError, Timed, run_alone
 from evalbot.model import UTILIZATION_METRIC, Side, ThroughputPairs
 from evalbot.rules import Profile, Quiet
@@ -276,6 +276,7 @@ def measure(
                         run,
                         base_first,
                         m.stream,
+                        m.slice_s,
                     )
                     run.samples += pair
                     b, h = sorted(pair, key=lambda x: x.side is Side.HEAD)
@@ -395,6 +396,7 @@ def _pair(
     run: Run,
     base_first: bool = True,
     stream: str = "token",
+    slice_s: float | None = None,
 ) -> list[Sample]:
     """One interleaved pair, measured again if others used the box meanwhile: on a fresh prompt each time (a
     prompt an engine has seen could be answered from a cache), until one attempt is clean or the quiet
@@ -409,20 +411,8 @@ def _pair(
         prompt = prompts.next(ctx)
         snap = box.cpu_snapshot()
         out = []
-        for side in order:
-            other = [p for s, p in procs.items() if s is not side]
-            try:
-                timed = run_alone(
-                    procs[side],
-                    other,
-                    partial(
-                        procs[side].request,
-                        _generate(prompt, gen, stream),
-                        timeout_s,
-                    ),
-                )
-            except ServeError as exc:
-                raise SideError(side, exc.stage, str(exc), exc.tail) from exc
+        answers = _answers(procs, order, _generate(prompt, gen, stream), timeout_s, slice_s)
+        for side, timed in zip(order, answers, strict=True):
             out.append(
                 sample(
                     side,
@@ -455,6 +445,31 @@ def _pair(
             raise box.BoxBusy(f"box busy: {reason}, during {attempt} attempts at one pair over {spent:.0f} s")
         log(f"pair measured again: while it ran, {reason}")
         box.wait_until_quiet(quiet, with_gpu=gpu, log=log)
+
+
+def _answers(
+    procs: dict[Side, ServedProcess],
+    order: tuple[Side, Side],
+    body: dict[str, Any],
+    timeout_s: float,
+    slice_s: float | None,
+) -> list[Timed]:
+    """Both sides' answers to one request: one after the other, each alone, or (`slice_s`) in alternating
+    slices of the harness's time (`served.run_sliced`); a failure is its side's."""
+    if slice_s:
+        others = [p for s, p in procs.items() if s not in order]
+        try:
+            return served.run_sliced([procs[s] for s in order], others, body, slice_s, timeout_s)
+        except served.SliceError as exc:
+            raise SideError(order[exc.which], exc.stage, str(exc), exc.tail) from exc
+    out = []
+    for side in order:
+        other = [p for s, p in procs.items() if s is not side]
+        try:
+            out.append(run_alone(procs[side], other, partial(procs[side].request, body, timeout_s)))
+        except ServeError as exc:
+            raise SideError(side, exc.stage, str(exc), exc.tail) from exc
+    return out
 
 
 def warm(

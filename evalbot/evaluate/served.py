@@ -67,6 +67,12 @@ class Timed:
         0,
     )  # voluntary, involuntary context switches of the tree during the request
     steal_ticks: int = 0  # the machine's steal (all CPUs, /proc/stat) during the request
+    # where the harness froze the process while the request was open (sliced pairs): (from, to) ns
+    paused_ns: tuple[tuple[int, int], ...] = ()
+
+    def _paused(self, start: int, end: int) -> int:
+        """Nanoseconds of [start, end] that the process spent frozen by the harness."""
+        return sum(max(0, min(b, end) - max(a, start)) for a, b in self.paused_ns)
 
     @property
     def decode_cpu_s(self) -> float | None:
@@ -85,13 +91,15 @@ class Timed:
 
     @property
     def prefill_s(self) -> float:
-        """From sending the request to the first token (a burst of every token at the end lands here)."""
-        return (self.arrivals_ns[0] - self.sent_ns) / 1e9
+        """From sending the request to the first token (a burst of every token at the end lands here),
+        less the time the harness kept the process frozen."""
+        return (self.arrivals_ns[0] - self.sent_ns - self._paused(self.sent_ns, self.arrivals_ns[0])) / 1e9
 
     @property
     def decode_s(self) -> float:
-        """From the first token to the last."""
-        return (self.arrivals_ns[-1] - self.arrivals_ns[0]) / 1e9
+        """From the first token to the last, less the time the harness kept the process frozen."""
+        first, last = self.arrivals_ns[0], self.arrivals_ns[-1]
+        return (last - first - self._paused(first, last)) / 1e9
 
     @property
     def decode_tps(self) -> float:
@@ -212,10 +220,14 @@ class ServedProcess:
         """The end of what the process wrote on stderr."""
         return b"".join(self.stderr_tail).decode("utf-8", errors="replace")[-4000:]
 
-    def _next(self, deadline: float, limit_s: float) -> Line:
+    def _next(self, deadline: float, limit_s: float, until: float | None = None) -> Line | None:
+        """The next line, or None once `until` (a slice's end, before the deadline) has passed."""
+        wait_to = deadline if until is None else min(deadline, until)
         try:
-            item = self.lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+            item = self.lines.get(timeout=max(wait_to - time.monotonic(), 0.0))
         except queue.Empty:
+            if until is not None and until < deadline:
+                return None
             sandbox.kill_tree(self.proc.pid)
             raise ServeError(
                 f"{self.label}: no answer within {limit_s:.0f} s (the run time limit); stopped",
@@ -250,6 +262,7 @@ class ServedProcess:
 
     def _wait_ready(self, timeout_s: float) -> dict[str, Any]:
         line = self._next(time.monotonic() + timeout_s, timeout_s)
+        assert line is not None  # no slice end: a line or ServeError
         obj = line.obj
         if obj.get("event") != "ready" or obj.get("protocol") != PROTOCOL:
             raise ServeError(
@@ -263,13 +276,19 @@ class ServedProcess:
 
     def request(self, body: dict[str, Any], timeout_s: float) -> Timed:
         """Send one request and collect its lines until its summary; ServeError on anything else."""
+        done = self.begin(body, timeout_s).collect()
+        assert done is not None  # no slice end: collect returns the summary or raises
+        return done
+
+    def begin(self, body: dict[str, Any], timeout_s: float) -> Pending:
+        """Send one request; its lines are collected by the Pending it returns."""
         try:
-            return self._request(body, timeout_s)
+            return self._begin(body, timeout_s)
         except ServeError:
             self.broken = True
             raise
 
-    def _request(self, body: dict[str, Any], timeout_s: float) -> Timed:
+    def _begin(self, body: dict[str, Any], timeout_s: float) -> Pending:
         self._count += 1
         rid = f"{body['op'][0]}{self._count}"
         req = {**body, "id": rid}
@@ -285,66 +304,7 @@ class ServedProcess:
             raise ServeError(
                 f"{self.label}: cannot send a request: {exc}", self.tail(), stage="run"
             ) from None
-        deadline = time.monotonic() + timeout_s
-        tokens: list[int] = []
-        arrivals: list[int] = []
-        cpus: list[int] = []
-        steps: list[tuple[int, ...]] = []
-        while True:
-            line = self._next(deadline, timeout_s)
-            obj = line.obj
-            if line.at_ns < sent:  # request ids are predictable: an answer written ahead is no answer
-                raise ServeError(
-                    f"{self.label}: a line for {str(obj.get('id'))[:40]!r} arrived before the request was "
-                    "sent",
-                    self.tail(),
-                    stage="protocol",
-                )
-            if obj.get("id") != rid:
-                raise ServeError(
-                    f"{self.label}: a line for request {str(obj.get('id'))[:40]!r} while {rid} was "
-                    "being served",
-                    self.tail(),
-                )
-            if obj.get("event") == "error":
-                raise ServeError(
-                    f"{self.label}: refused request {rid}: {str(obj.get('message'))[:500]}", self.tail()
-                )
-            if obj.get("event") == "done":
-                after = self._reading()
-                switches = (
-                    after.voluntary_switches - before.voluntary_switches,
-                    after.involuntary_switches - before.involuntary_switches,
-                )
-                return Timed(
-                    req,
-                    sent,
-                    tuple(tokens),
-                    tuple(arrivals),
-                    tuple(steps),
-                    obj,
-                    cpu_sent_ns=before.cpu_ns,
-                    cpu_arrivals_ns=tuple(cpus),
-                    switches=switches,
-                    steal_ticks=cpumeter.steal_ticks() - steal0,
-                )
-            got = [obj["tok"]] if "tok" in obj else obj.get("toks")
-            if (
-                not isinstance(got, list)
-                or not got
-                or not all(
-                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab for t in got
-                )
-            ):
-                raise ServeError(
-                    f"{self.label}: request {rid}: not a token line: {str(obj)[:200]}", self.tail()
-                )
-            tokens += got
-            arrivals.append(line.at_ns)
-            cpus.append(line.cpu_ns)
-            steps.append(tuple(got))
-            if len(tokens) > body.get("max_new", 0) + 1 and body["op"] != "score":
-                raise ServeError(f"{self.label}: request {rid}: more tokens than asked for", self.tail())
+        return Pending(self, body, req, rid, sent, before, steal0, time.monotonic() + timeout_s, timeout_s)
 
     def _reading(self) -> cpumeter.Reading:
         if self.meter is None:
@@ -359,23 +319,30 @@ class ServedProcess:
     def _pids(self) -> set[int]:
         return box.tree(box.cpu_snapshot().procs, self.proc.pid)
 
-    def freeze(self) -> None:
-        """SIGSTOP the whole process tree (again until no new process appears)."""
+    def freeze(self) -> int:
+        """SIGSTOP the whole process tree (again until no new process appears); returns when the first
+        signals went out (monotonic ns): the tree is found first, then signalled in one burst."""
         stopped: set[int] = set()
+        at = 0
         for _ in range(8):
             fresh = self._pids() - stopped
             if not fresh:
                 break
+            at = at or time.monotonic_ns()
             for pid in fresh:
                 _signal(pid, signal.SIGSTOP)
             stopped |= fresh
         self.frozen = True
+        return at or time.monotonic_ns()
 
-    def thaw(self) -> None:
-        """SIGCONT the whole process tree."""
-        for pid in self._pids():
+    def thaw(self) -> int:
+        """SIGCONT the whole process tree; returns when the signals went out (monotonic ns)."""
+        pids = self._pids()
+        at = time.monotonic_ns()
+        for pid in pids:
             _signal(pid, signal.SIGCONT)
         self.frozen = False
+        return at
 
     def close(self) -> None:
         """Ask it to stop, then end the whole tree (a process that broke the protocol is not asked: it
@@ -410,6 +377,155 @@ def describe(code: int) -> str:
     from evalbot.evaluate.exits import describe_exit
 
     return describe_exit(code)
+
+
+@dataclass
+class Pending:
+    """A request that was sent and is being answered. `collect` takes its lines as they arrive, all of them
+    or, in a sliced pair, those of one slice of the harness's time; `pause` and `resume` record when the
+    harness froze and thawed the process in between, so that frozen time is not the engine's."""
+
+    proc: ServedProcess
+    body: dict[str, Any]
+    req: dict[str, Any]
+    rid: str
+    sent_ns: int
+    before: cpumeter.Reading
+    steal0: int
+    deadline: float  # time.monotonic() seconds
+    timeout_s: float
+    tokens: list[int] = field(default_factory=list)
+    arrivals: list[int] = field(default_factory=list)
+    cpus: list[int] = field(default_factory=list)
+    steps: list[tuple[int, ...]] = field(default_factory=list)
+    paused: list[tuple[int, int]] = field(default_factory=list)
+    _paused_at: int | None = None
+
+    def pause(self, at_ns: int) -> None:
+        self._paused_at = at_ns
+
+    def resume(self, at_ns: int) -> None:
+        if self._paused_at is not None:
+            self.paused.append((self._paused_at, max(at_ns, self._paused_at)))
+            self._paused_at = None
+
+    def collect(self, until: float | None = None) -> Timed | None:
+        """The request's Timed once its summary arrives; None if `until` (monotonic s) comes first."""
+        try:
+            return self._collect(until)
+        except ServeError:
+            self.proc.broken = True
+            raise
+
+    def _collect(self, until: float | None) -> Timed | None:
+        p = self.proc
+        while True:
+            line = p._next(self.deadline, self.timeout_s, until)
+            if line is None:
+                return None
+            obj = line.obj
+            if line.at_ns < self.sent_ns:  # request ids are predictable: an answer written ahead is no answer
+                raise ServeError(
+                    f"{p.label}: a line for {str(obj.get('id'))[:40]!r} arrived before the request was sent",
+                    p.tail(),
+                    stage="protocol",
+                )
+            if obj.get("id") != self.rid:
+                raise ServeError(
+                    f"{p.label}: a line for request {str(obj.get('id'))[:40]!r} while {self.rid} was "
+                    "being served",
+                    p.tail(),
+                )
+            if obj.get("event") == "error":
+                raise ServeError(
+                    f"{p.label}: refused request {self.rid}: {str(obj.get('message'))[:500]}", p.tail()
+                )
+            if obj.get("event") == "done":
+                after = p._reading()
+                switches = (
+                    after.voluntary_switches - self.before.voluntary_switches,
+                    after.involuntary_switches - self.before.involuntary_switches,
+                )
+                return Timed(
+                    self.req,
+                    self.sent_ns,
+                    tuple(self.tokens),
+                    tuple(self.arrivals),
+                    tuple(self.steps),
+                    obj,
+                    cpu_sent_ns=self.before.cpu_ns,
+                    cpu_arrivals_ns=tuple(self.cpus),
+                    switches=switches,
+                    steal_ticks=cpumeter.steal_ticks() - self.steal0,
+                    paused_ns=tuple(self.paused),
+                )
+            got = [obj["tok"]] if "tok" in obj else obj.get("toks")
+            if (
+                not isinstance(got, list)
+                or not got
+                or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < p.vocab for t in got)
+            ):
+                raise ServeError(
+                    f"{p.label}: request {self.rid}: not a token line: {str(obj)[:200]}", p.tail()
+                )
+            self.tokens += got
+            self.arrivals.append(line.at_ns)
+            self.cpus.append(line.cpu_ns)
+            self.steps.append(tuple(got))
+            if len(self.tokens) > self.body.get("max_new", 0) + 1 and self.body["op"] != "score":
+                raise ServeError(f"{p.label}: request {self.rid}: more tokens than asked for", p.tail())
+
+
+class SliceError(ServeError):
+    """A sliced pair's request failed; `which` is the index of the process whose request it was."""
+
+    def __init__(self, which: int, error: ServeError):
+        super().__init__(str(error), error.tail, error.stage)
+        self.which = which
+
+
+def run_sliced(
+    procs: list[ServedProcess],
+    others: list[ServedProcess],
+    body: dict[str, Any],
+    slice_s: float,
+    timeout_s: float,
+) -> list[Timed]:
+    """The same request to each of `procs`, answered in turns of `slice_s` seconds of the harness's time:
+    one process runs while every other is frozen, then the next, until every answer is in (the last one
+    left runs to its end). A request is sent at its process's first turn, and the time its process spent
+    frozen after that is not its time (Timed.paused_ns). The box's drift over a few seconds then falls on
+    both sides of a pair alike instead of on whichever ran second. SliceError names the failed request."""
+    for other in [*others, *procs]:
+        if not other.frozen:
+            other.freeze()
+    pending: list[Pending | None] = [None] * len(procs)
+    done: list[Timed | None] = [None] * len(procs)
+    turn = 0
+    while any(d is None for d in done):
+        i = turn % len(procs)
+        turn += 1
+        if done[i] is not None:
+            continue
+        p = procs[i]
+        at = p.thaw()
+        try:
+            if pending[i] is None:
+                pending[i] = p.begin(body, timeout_s)
+            pend = pending[i]
+            assert pend is not None
+            pend.resume(at)
+            last = sum(d is None for d in done) == 1
+            result = pend.collect(None if last else time.monotonic() + slice_s)
+        except ServeError as exc:
+            raise SliceError(i, exc) from exc
+        finally:
+            at = p.freeze()
+        if result is None:
+            pend.pause(at)
+        else:
+            done[i] = result
+    return [d for d in done if d is not None]
 
 
 def run_alone(timed: ServedProcess, others: list[ServedProcess], call: Callable[[], Timed]) -> Timed:

@@ -245,12 +245,13 @@ def _quiet(f: _File, node: yaml.Node, field: str) -> Quiet:
 _OPTIONAL_MEASUREMENT = ("run_timeout_s", "max_output_mb", "pairs_per_block", "min_blocks", "threads")
 _OPTIONAL_TEXT = ("stream",)
 _OPTIONAL_COUNTS = ("warm_requests",)  # may be 0
+_OPTIONAL_SECONDS = ("slice_s",)
 
 
 def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:
     keys = [fl.name for fl in fields(Measurement)]
     present = {key for key, _, _ in f.items(node, field)}
-    optional_keys = _OPTIONAL_MEASUREMENT + _OPTIONAL_TEXT + _OPTIONAL_COUNTS
+    optional_keys = _OPTIONAL_MEASUREMENT + _OPTIONAL_TEXT + _OPTIONAL_COUNTS + _OPTIONAL_SECONDS
     m = f.mapping(node, field, [k for k in keys if k not in optional_keys or k in present])
     optional: dict[str, Any] = {
         k: f.integer(m[k], f"{field}.{k}", minimum=1) for k in _OPTIONAL_MEASUREMENT if k in m
@@ -258,6 +259,8 @@ def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:
     for k in _OPTIONAL_COUNTS:
         if k in m:
             optional[k] = f.integer(m[k], f"{field}.{k}", minimum=0)
+    if "slice_s" in m:  # a slice must hold a few decode steps, and a signal's latency must not matter
+        optional["slice_s"] = f.number(m["slice_s"], f"{field}.slice_s", 0.05, 60)
     if "stream" in m:
         optional["stream"] = f.choice(m["stream"], f"{field}.stream", STREAMS, "a stream mode")
     min_pairs = f.integer(m["min_pairs"], f"{field}.min_pairs", minimum=2)  # one pair has no spread

@@ -156,6 +156,10 @@ class Measurement:
     # Untimed requests per context and side at the start of every block, each side alone, before the timed
     # pairs: the shapes a timed request takes are compiled off the clock, in both processes alike.
     warm_requests: int = 0
+    # A pair's two requests answered in alternating slices of this many seconds of the harness's time (each
+    # side frozen while the other runs; frozen time is not the side's), instead of one after the other:
+    # the box's slow drift then falls on both alike. None: one request, then the other.
+    slice_s: float | None = None
 
 
 STREAMS = ("token", "ends")

@@ -650,3 +650,14 @@ def test_the_engines_threads_follow_the_profile_else_this_process_cpus(tmp_path)
     assert sandbox_spec(ctx, tmp_path, tmp_path / "s", [], 60).env["OMP_NUM_THREADS"] == str(usable_cores())
     ctx.engine_threads = 1
     assert sandbox_spec(ctx, tmp_path, tmp_path / "s", [], 60).env["OMP_NUM_THREADS"] == "1"
+
+
+def test_a_profile_may_slice_its_pairs_and_a_bad_slice_names_its_line(rules_dir):
+    assert load_rules(rules_dir).profile("gpu").measurement.slice_s is None  # absent: whole requests
+    edit(rules_dir, "profiles.yaml", "    threads: 1\n", "    threads: 1\n    slice_s: 0.5\n")
+    assert load_rules(rules_dir).profile("cpu").measurement.slice_s == 0.5
+    for bad in ("0", "0.01", "-1", "fast", "1000"):
+        line = edit(rules_dir, "profiles.yaml", "    slice_s: 0.5\n", f"    slice_s: {bad}\n")
+        err = load_error(rules_dir)
+        assert err.line == line and "slice_s" in err.field, bad
+        edit(rules_dir, "profiles.yaml", f"    slice_s: {bad}\n", "    slice_s: 0.5\n")

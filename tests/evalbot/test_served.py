@@ -241,3 +241,79 @@ def test_the_ends_stream_is_timed_first_line_to_last_and_nothing_else_passes_for
     one = served.Timed({"op": "generate"}, 0, tuple(range(32)), (9_000_000,), (tuple(range(32)),), {"n": 32})
     with pytest.raises(abtest.SideError, match="in 1 lines"):
         abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, one, stream="ends")
+
+
+def test_frozen_time_inside_a_request_is_not_the_engines():
+    """Prefill and decode spans lose the time the harness kept the process frozen, and only that."""
+    t = served.Timed(
+        {"op": "generate"},
+        0,
+        (1, 2, 3),
+        (10_000_000, 20_000_000, 30_000_000),
+        ((1,), (2,), (3,)),
+        {"n": 3},
+        paused_ns=((2_000_000, 6_000_000), (12_000_000, 15_000_000), (28_000_000, 40_000_000)),
+    )
+    assert t.prefill_s == pytest.approx((10 - 4) / 1e3)  # 4 ms of the 10 before the first token frozen
+    assert t.decode_s == pytest.approx((20 - 3 - 2) / 1e3)  # 3 ms inside, 2 ms of the last pause inside
+    assert t.decode_tps == pytest.approx(2 / 0.015)
+
+
+# a fake engine whose every token is a fixed amount of CPU work, streamed a line at a time
+WORKER = """
+for line in sys.stdin:
+    req = json.loads(line)
+    if req.get("op") == "shutdown":
+        sys.exit(0)
+    if req.get("die"):
+        sys.exit(3)
+    for i in range(req["max_new"]):
+        n = 0
+        for _ in range(200_000):
+            n += 1
+        send({"id": req["id"], "tok": i % 100})
+    send({"id": req["id"], "event": "done", "n": req["max_new"]})
+"""
+
+
+def test_a_sliced_pair_runs_both_requests_in_turns_and_times_each_without_the_others(tmp_path):
+    """Two engines answer in alternating 50 ms slices: each side's decode time is its own work (about its
+    time alone, not the two requests' wall time), the pauses are recorded, and nothing runs together."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = _fake(tmp_path / "a", WORKER), _fake(tmp_path / "b", WORKER)
+    body = {"op": "generate", "prompt_ids": [1], "max_new": 30}
+    try:
+        a.wait_ready(10)
+        b.wait_ready(10)
+        alone = [served.run_alone(p, [q], lambda p=p: p.request(body, 30)) for p, q in ((a, b), (b, a))]
+        t0 = time.monotonic()
+        sliced = served.run_sliced([a, b], [], body, 0.05, 30)
+        wall = time.monotonic() - t0
+        assert a.frozen and b.frozen
+        for one, two in zip(alone, sliced, strict=True):
+            assert two.tokens == one.tokens and len(two.paused_ns) >= 2
+            # its own work, give or take the box: far from the ~2x that the other's slices would add
+            assert 0.6 < two.decode_s / one.decode_s < 1.5, (one.decode_s, two.decode_s)
+        assert wall > 1.6 * max(t.decode_s for t in sliced)  # the two really took turns
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_sliced_pair_names_the_side_that_failed(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = _fake(tmp_path / "a", WORKER), _fake(tmp_path / "b", WORKER)
+    try:
+        a.wait_ready(10)
+        b.wait_ready(10)
+        with pytest.raises(served.SliceError) as err:
+            served.run_sliced(
+                [a, b], [], {"op": "generate", "prompt_ids": [1], "max_new": 30, "die": 1}, 0.05, 30
+            )
+        assert err.value.which == 0 and err.value.stage == "run"
+        assert a.broken and not b.broken
+    finally:
+        a.close()
+        b.close()
