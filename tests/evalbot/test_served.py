@@ -279,26 +279,35 @@ for line in sys.stdin:
 def test_a_sliced_pair_runs_both_requests_in_turns_and_times_each_without_the_others(tmp_path):
     """Two engines answer in alternating 50 ms slices: each side's decode time is its own work (about its
     time alone, not the two requests' wall time), the pauses are recorded, and nothing runs together."""
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
+    for d in "abc":
+        (tmp_path / d).mkdir()
     a, b = _fake(tmp_path / "a", WORKER), _fake(tmp_path / "b", WORKER)
+    c = _fake(tmp_path / "c", BUSY)  # a third process (e.g. a spinning PR): frozen the whole time
     body = {"op": "generate", "prompt_ids": [1], "max_new": 30}
     try:
-        a.wait_ready(10)
-        b.wait_ready(10)
-        alone = [served.run_alone(p, [q], lambda p=p: p.request(body, 30)) for p, q in ((a, b), (b, a))]
+        for p in (a, b, c):
+            p.wait_ready(10)
+        alone = [served.run_alone(p, [q, c], lambda p=p: p.request(body, 30)) for p, q in ((a, b), (b, a))]
+        c_before = _cpu_ticks(c.proc.pid)
         t0 = time.monotonic()
-        sliced = served.run_sliced([a, b], [], body, 0.05, 30)
+        sliced = served.run_sliced([a, b], [c], body, 0.05, 30)
         wall = time.monotonic() - t0
-        assert a.frozen and b.frozen
+        assert a.frozen and b.frozen and c.frozen
+        assert _cpu_ticks(c.proc.pid) - c_before <= 2  # at most a tick or two of accounting noise
         for one, two in zip(alone, sliced, strict=True):
             assert two.tokens == one.tokens and len(two.paused_ns) >= 2
             # its own work, give or take the box: far from the ~2x that the other's slices would add
             assert 0.6 < two.decode_s / one.decode_s < 1.5, (one.decode_s, two.decode_s)
         assert wall > 1.6 * max(t.decode_s for t in sliced)  # the two really took turns
     finally:
-        a.close()
-        b.close()
+        for p in (a, b, c):
+            p.close()
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of one process and its threads, in clock ticks (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
 
 
 def test_a_sliced_pair_names_the_side_that_failed(tmp_path):
