@@ -653,9 +653,9 @@ def test_the_engines_threads_follow_the_profile_else_this_process_cpus(tmp_path)
 
 
 def test_a_profile_may_slice_its_pairs_and_a_bad_slice_names_its_line(rules_dir):
-    assert load_rules(rules_dir).profile("gpu").measurement.slice_s is None  # absent: whole requests
-    edit(rules_dir, "profiles.yaml", "    threads: 1\n", "    threads: 1\n    slice_s: 0.5\n")
-    assert load_rules(rules_dir).profile("cpu").measurement.slice_s == 0.5
+    rules = load_rules(rules_dir)
+    assert rules.profile("gpu").measurement.slice_s is None  # absent: whole requests
+    assert rules.profile("cpu").measurement.slice_s == 0.5  # shipped: half-second turns
     for bad in ("0", "0.01", "-1", "fast", "1000"):
         line = edit(rules_dir, "profiles.yaml", "    slice_s: 0.5\n", f"    slice_s: {bad}\n")
         err = load_error(rules_dir)
