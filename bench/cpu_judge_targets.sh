@@ -27,7 +27,8 @@ for i in $(seq 1 "$aa"); do
   t0=$(date +%s)
   "$bot" calibrate --repo "$root" --rev HEAD --runs 1 --profile cpu "${rules[@]}" --no-spec --no-accuracy --box "$box" \
     --state "$tmp/aa.db" --work-dir "$tmp/work" --json > "$out/aa$i.json" 2> "$out/aa$i.err"
-  echo "$(stamp) aa $i: exit $? in $(( $(date +%s) - t0 )) s: $(tail -1 "$out/aa$i.err")" | tee -a "$out/log.txt"
+  rc=$?  # before any command substitution resets $?
+  echo "$(stamp) aa $i: exit $rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$out/aa$i.err")" | tee -a "$out/log.txt"
 done
 judge() {  # name patch first last
   [ -d "$tmp/$1-repo" ] || bash "$root/scripts/make_demo_repo.sh" "$tmp/$1-repo" "$root/demo/$2" > /dev/null
@@ -36,7 +37,8 @@ judge() {  # name patch first last
     [ "$i" -gt 1 ] || [ "$1" = slowdown ] && gates=(--no-spec --no-accuracy)  # the first speedup run: every gate
     "$bot" evaluate --repo "$tmp/$1-repo" --base main --head demo-head --profile cpu "${rules[@]}" --work-dir "$tmp/work" \
       "${gates[@]}" --out "$out/$1$i" > "$out/$1$i.log" 2>&1
-    echo "$(stamp) $1 $i: exit $? in $(( $(date +%s) - t0 )) s" | tee -a "$out/log.txt"
+    rc=$?
+    echo "$(stamp) $1 $i: exit $rc in $(( $(date +%s) - t0 )) s" | tee -a "$out/log.txt"
   done
 }
 # one speedup run with every gate, the slowdown, then the rest of the speedup runs
