@@ -138,6 +138,9 @@ class SpecResult:
     context: int | None = None  # prompt tokens (served runs measure spec at every scored context)
     base_tau_runs: tuple[float, ...] = ()  # per run: tokens committed per verify step, as streamed
     head_tau_runs: tuple[float, ...] = ()
+    # every verify step's committed tokens over all runs (the streamed lines after the first): tau's spread
+    base_tau_steps: tuple[int, ...] = ()
+    head_tau_steps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ def spec_served(
             pairs.append(_plain_pair(ctx, procs, pool, c.ctx, gen))
         sp: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
         taus: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
+        steps: dict[Side, list[int]] = {Side.BASE: [], Side.HEAD: []}
         lossless, first_div = 0, None
         for r, pair in enumerate(pairs):
             for side in (Side.BASE, Side.HEAD) if r % 2 == 0 else (Side.HEAD, Side.BASE):
@@ -85,6 +86,7 @@ def spec_served(
                     raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
                 sp[side].append(t.decode_tps)
                 taus[side].append((len(t.tokens) - 1) / max(len(t.steps) - 1, 1))
+                steps[side] += [len(step) for step in t.steps[1:]]
                 if side is Side.HEAD:
                     if list(t.tokens) == list(ar.tokens):
                         lossless += 1
@@ -111,6 +113,8 @@ def spec_served(
             context=c.ctx,
             base_tau_runs=tuple(taus[Side.BASE]),
             head_tau_runs=tuple(taus[Side.HEAD]),
+            base_tau_steps=tuple(steps[Side.BASE]),
+            head_tau_steps=tuple(steps[Side.HEAD]),
         )
         out.append(result)
         note = tau_note(result)

@@ -16,6 +16,7 @@ a guarded context.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 
 from evalbot import stats
@@ -398,6 +399,29 @@ def _accuracy_gates(results: Iterable[AccuracyResult], rules: Rules) -> list[Gat
     return out
 
 
+def tau_ratio_upper(base_steps: Sequence[int], head_steps: Sequence[int]) -> float | None:
+    """The 95% upper bound of head's over main's mean tokens per verify step, from every step's count
+    (delta method on the log ratio); None with fewer than two steps a side.
+
+    The PR's outputs may differ from main's (int8 weights, another kernel's rounding), and an n-gram
+    drafter's acceptance follows the text: three runs of main moved tau from 1.05 to 1.92 on one box. A
+    point estimate against a 5% bar then rejects a lossless PR on the text it happened to write; the
+    bound rejects a tau that is lower beyond that spread (a drafter that never hits: every step 1 token)."""
+    if len(base_steps) < 2 or len(head_steps) < 2:
+        return None
+
+    def mean_se(xs: Sequence[int]) -> tuple[float, float]:
+        m = sum(xs) / len(xs)
+        var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+        return m, math.sqrt(var / len(xs))
+
+    mb, sb = mean_se(base_steps)
+    mh, sh = mean_se(head_steps)
+    if mb <= 0 or mh <= 0:
+        return 0.0
+    return (mh / mb) * math.exp(1.96 * math.sqrt((sh / mh) ** 2 + (sb / mb) ** 2))
+
+
 def _spec_gates(results: Iterable[SpecResult], rules: Rules) -> list[Gate]:
     g = rules.gates.spec
     out = []
@@ -416,18 +440,33 @@ def _spec_gates(results: Iterable[SpecResult], rules: Rules) -> list[Gate]:
             )
         )
         ratio = s.head_tau / s.base_tau if s.base_tau > 0 else 0.0
-        out.append(
-            Gate(
-                "spec tau",
-                ratio,
-                f"tau >= {g.tau_min_ratio:.2f}x main",
-                ratio >= g.tau_min_ratio,
-                f"tau {s.head_tau:.2f} vs main {s.base_tau:.2f}",
-                s.context,
-                s.target,
-                GateKind.SPEC,
+        upper = tau_ratio_upper(s.base_tau_steps, s.head_tau_steps)
+        if upper is None:  # no per-step record (an older result): the point estimate decides, as it did
+            out.append(
+                Gate(
+                    "spec tau",
+                    ratio,
+                    f"tau >= {g.tau_min_ratio:.2f}x main",
+                    ratio >= g.tau_min_ratio,
+                    f"tau {s.head_tau:.2f} vs main {s.base_tau:.2f}",
+                    s.context,
+                    s.target,
+                    GateKind.SPEC,
+                )
             )
-        )
+        else:
+            out.append(
+                Gate(
+                    "spec tau",
+                    upper,
+                    f"CI upper bound of tau >= {g.tau_min_ratio:.2f}x main",
+                    upper >= g.tau_min_ratio,
+                    f"tau {s.head_tau:.2f} vs main {s.base_tau:.2f} ({ratio:.3f}x)",
+                    s.context,
+                    s.target,
+                    GateKind.SPEC,
+                )
+            )
         if len(s.ar_pairs) >= 2:
             est = stats.estimate(s.ar_pairs)
             out.append(

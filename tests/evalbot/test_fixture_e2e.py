@@ -341,7 +341,9 @@ def test_a_genuine_speedup_passes_with_the_tier_its_lower_bound_earns(lab: Lab):
     gates = {g["name"]: g for g in run.verdict["gates"]}
     assert gates["accuracy top-1"]["passed"] and gates["accuracy top-1"]["value"] == 1.0
     assert gates["accuracy KL"]["value"] < 1e-6
-    assert gates["spec lossless"]["passed"] and gates["spec tau"]["value"] == pytest.approx(1.0)
+    # the same outputs, so the same verify steps: tau's ratio is 1 and its upper bound at least that
+    assert gates["spec lossless"]["passed"] and gates["spec tau"]["passed"]
+    assert gates["spec tau"]["value"] >= 1.0 - 1e-9
     assert run.measurements["provenance"]["model_sha256s"] == {fb.MODEL_NAME: lab.sha256}
     assert f"perf:{tier}" in run.report or tier in run.report
 

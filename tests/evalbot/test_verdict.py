@@ -18,7 +18,7 @@ from evalbot.model import (
     ThroughputPairs,
 )
 from evalbot.rules import LabelFamily, default_rules_dir, load_rules
-from evalbot.verdict.decide import decide
+from evalbot.verdict.decide import decide, tau_ratio_upper
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +106,70 @@ def test_lower_acceptance_rejects(rules):
     s = SpecResult("qwen2.5-coder-1.5b", "draft-model", 7, 3, 3, None, 3.5, 3.0, pairs(1.0), pairs(1.0))
     v = decide(meas(tp(512, 1.0), spec=(s,)), rules)
     assert [g.name for g in v.gates if not g.passed] == ["spec tau"]
+
+
+def _steps(counts: dict[int, int]) -> tuple[int, ...]:
+    """Verify steps committing k tokens, n times each."""
+    return tuple(k for k, n in sorted(counts.items()) for _ in range(n))
+
+
+def test_tau_moved_by_the_text_a_pr_writes_is_not_a_rejection(rules):
+    """The demo's int8 patch, 2026-12-04: lossless, its outputs a little different from main's, so its
+    n-gram drafter hit a little less (tau 1.43 against 1.53 over 3 runs). A point estimate against the 5%
+    bar rejected it; the bound over the verify steps does not."""
+    base = _steps({1: 32, 2: 9, 3: 4, 4: 2, 6: 1})  # 48 steps, tau 1.54
+    head = _steps({1: 35, 2: 9, 3: 3, 4: 1, 6: 1})  # 49 steps, tau 1.43
+    s = SpecResult(
+        "qwen2.5-coder-0.5b",
+        "ngram-3",
+        7,
+        3,
+        3,
+        None,
+        1.54,
+        1.43,
+        pairs(3.3),
+        pairs(3.6),
+        context=512,
+        base_tau_steps=base,
+        head_tau_steps=head,
+    )
+    v = decide(meas(tp(512, 1.0), spec=(s,)), rules)
+    gate = next(g for g in v.gates if g.name == "spec tau")
+    assert gate.passed and gate.value > 0.95 and "1.43 vs main 1.54" in gate.detail
+    assert v.status == Status.PASS
+
+
+def test_a_drafter_that_never_hits_is_rejected_on_the_bound(rules):
+    """Every verify step commits one token (verification that rejects every draft): the bound is far
+    below 0.95 of main's, and the PR is rejected naming the gate."""
+    base = _steps({1: 32, 2: 9, 3: 4, 4: 2, 6: 1})
+    head = (1,) * 69
+    s = SpecResult(
+        "qwen2.5-coder-0.5b",
+        "ngram-3",
+        7,
+        3,
+        3,
+        None,
+        1.54,
+        1.0,
+        pairs(1.0),
+        pairs(1.0),
+        context=512,
+        base_tau_steps=base,
+        head_tau_steps=head,
+    )
+    v = decide(meas(tp(512, 1.0), spec=(s,)), rules)
+    assert v.status == Status.REJECT and [g.name for g in v.gates if not g.passed] == ["spec tau"]
+    assert tau_ratio_upper(base, head) < 0.85
+
+
+def test_the_tau_bound(rules):
+    assert tau_ratio_upper((), (1, 2)) is None and tau_ratio_upper((1,), (1, 2)) is None
+    assert tau_ratio_upper((2, 2, 2), (2, 2, 2)) == 1.0  # no spread: the ratio itself
+    wide, narrow = tau_ratio_upper((1, 3) * 5, (1, 3) * 5), tau_ratio_upper((1, 3) * 50, (1, 3) * 50)
+    assert wide > narrow > 1.0  # more steps, a tighter bound
 
 
 def test_main_failing_too_is_infra_not_the_contributor(rules):
