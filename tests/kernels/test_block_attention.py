@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,9 +64,27 @@ def test_every_real_row_matches_the_reference_and_padding_rows_are_zero(hq, hkv,
     assert not out[:, :, n_real:].any()
 
 
+def _numpy_dot_is_row_invariant() -> bool:
+    """Whether numpy's matmul (the Triton interpreter's tl.dot) gives a row the same bits whatever rows sit
+    beside it in the tile. OpenBLAS's SkylakeX kernels do; its Haswell and Zen kernels did not on a Zen 5
+    VM (2026-12-04), so there the interpreter cannot show the GPU kernel's row invariance bit for bit."""
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        a = rng.standard_normal((16, 64), dtype=np.float32)
+        b = rng.standard_normal((64, 64), dtype=np.float32)
+        for row in range(1, 16):
+            alone = rng.standard_normal((16, 64), dtype=np.float32)
+            alone[0] = a[row]
+            if not np.array_equal(np.matmul(alone, b)[0], np.matmul(a, b)[row]):
+                return False
+    return True
+
+
 def test_a_rows_bits_do_not_depend_on_its_slot_the_real_rows_or_their_lengths():
     """Decode (the row alone, slot 0, one real row) and verify (the row at slot i of seven) agree bit for bit,
-    also when the cache past the row holds different values (padding rows write there)."""
+    also when the cache past the row holds different values (padding rows write there). On the CPU the
+    interpreter's tl.dot is numpy's matmul: where that is not row-invariant itself (some OpenBLAS kernels),
+    the rows must agree to float32 rounding instead, and the GPU run keeps the bit-for-bit check."""
     t, hq, hkv, d, split = 7, 8, 2, 64, 64
     q, k, v = _case(hq, hkv, d, 400, t, torch.float32, seed=1)
     start = 190  # the rows cross a split boundary (256) and a tile boundary
@@ -79,7 +98,10 @@ def test_a_rows_bits_do_not_depend_on_its_slot_the_real_rows_or_their_lengths():
         v2[:, :, start + i + 1 :] = torch.randn_like(v2[:, :, start + i + 1 :])
         own = (start + i + torch.arange(t) + 1)[None].int().to(q.device)
         decode = ba.block_attention(alone, k2, v2, own, d**-0.5, 1, split)
-        assert torch.equal(decode[:, :, 0], verify[:, :, i]), i
+        if q.is_cuda or _numpy_dot_is_row_invariant():
+            assert torch.equal(decode[:, :, 0], verify[:, :, i]), i
+        else:
+            assert torch.allclose(decode[:, :, 0], verify[:, :, i], rtol=1e-6, atol=1e-7), i
 
 
 def test_a_different_split_changes_the_bits_so_the_split_is_a_session_constant():
