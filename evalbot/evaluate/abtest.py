@@ -254,7 +254,7 @@ def measure(
             {"block": block + 1, "waited_s": round(waited, 1), **before.as_record(), **box.state()}
         )
         base_first = block % 2 == 0
-        procs = _start_block(launch, ready_timeout_s, log, base_first)
+        procs = _start_block(launch, ready_timeout_s, log, base_first, m.start == "parallel")
         run.ready = {s.value: p.ready for s, p in procs.items()}
         counts = allocate(run.samples, contexts, per_block, cap)
         try:
@@ -340,25 +340,28 @@ def _done(run: Run, profile: Profile, half_width: float) -> bool:
 
 
 def _start_block(
-    launch: Launch, timeout_s: float, log: Log, base_first: bool = True
+    launch: Launch, timeout_s: float, log: Log, base_first: bool = True, parallel: bool = False
 ) -> dict[Side, ServedProcess]:
-    """A fresh serving process per side, started one after the other (two loading at once on a small box
-    fight over its cores and memory bandwidth: 90 s instead of 30), main first when `base_first`, else the
-    PR; both are frozen once both are ready. The first waits idle (reading its stdin), not frozen, while the
-    second loads: on a 2-core VM a load next to a stopped process took 11.5 s instead of 6.5 (next to an
-    idle one, 7.3), and loading two processes the same way keeps the sides' conditions alike."""
+    """A fresh serving process per side, main launched first when `base_first`, else the PR; both are frozen
+    once both are ready. Serial (the default): the second launches once the first is ready, and the first
+    waits idle (reading its stdin), not frozen, meanwhile: with every core per engine two loads at once
+    fight over the cores and memory bandwidth (90 s instead of 30), and on a 2-core VM a load next to a
+    stopped process took 11.5 s instead of 6.5 (next to an idle one, 7.3). `parallel`: both launch at once,
+    each timed from the block's start: with one engine thread each on that VM both were ready in 4.7-5.6 s
+    against 11-20 s for the two one after the other."""
     procs: dict[Side, ServedProcess] = {}
+    order = (Side.BASE, Side.HEAD) if base_first else (Side.HEAD, Side.BASE)
     try:
-        for side in (Side.BASE, Side.HEAD) if base_first else (Side.HEAD, Side.BASE):
-            t0 = time.monotonic()
+        t0 = time.monotonic()
+        for side in order:
+            if not parallel:
+                t0 = time.monotonic()
             p = procs[side] = launch(side)
-            try:
-                p.wait_ready(timeout_s)
-            except ServeError as exc:
-                raise SideError(
-                    side, exc.stage, f"the serving engine did not start: {exc}", exc.tail
-                ) from exc
-            log(f"{p.label}'s serving engine ready in {time.monotonic() - t0:.1f} s")
+            if not parallel:
+                _wait_ready(side, p, timeout_s, log, t0)
+        if parallel:
+            for side in order:
+                _wait_ready(side, procs[side], timeout_s, log, t0)
         vocab = {side: p.vocab for side, p in procs.items()}
         if vocab.get(Side.HEAD) != vocab.get(Side.BASE):
             # each side's tokens are bounded by the vocabulary its own ready line names: the PR's must be
@@ -375,6 +378,14 @@ def _start_block(
     except BaseException:
         _close(procs)
         raise
+
+
+def _wait_ready(side: Side, p: ServedProcess, timeout_s: float, log: Log, t0: float) -> None:
+    try:
+        p.wait_ready(timeout_s)
+    except ServeError as exc:
+        raise SideError(side, exc.stage, f"the serving engine did not start: {exc}", exc.tail) from exc
+    log(f"{p.label}'s serving engine ready in {time.monotonic() - t0:.1f} s")
 
 
 def _close(procs: dict[Side, ServedProcess]) -> None:

@@ -21,6 +21,7 @@ from evalbot.rules.reader import (
 from evalbot.rules.schema import (
     DEVICES,
     FILES,
+    STARTS,
     STREAMS,
     AccuracyGate,
     Context,
@@ -243,7 +244,7 @@ def _quiet(f: _File, node: yaml.Node, field: str) -> Quiet:
 
 
 _OPTIONAL_MEASUREMENT = ("run_timeout_s", "max_output_mb", "pairs_per_block", "min_blocks", "threads")
-_OPTIONAL_TEXT = ("stream",)
+_OPTIONAL_TEXT = ("stream", "start")
 _OPTIONAL_COUNTS = ("warm_requests",)  # may be 0
 _OPTIONAL_SECONDS = ("slice_s",)
 
@@ -263,6 +264,8 @@ def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:
         optional["slice_s"] = f.number(m["slice_s"], f"{field}.slice_s", 0.05, 60)
     if "stream" in m:
         optional["stream"] = f.choice(m["stream"], f"{field}.stream", STREAMS, "a stream mode")
+    if "start" in m:
+        optional["start"] = f.choice(m["start"], f"{field}.start", STARTS, "a start mode")
     min_pairs = f.integer(m["min_pairs"], f"{field}.min_pairs", minimum=2)  # one pair has no spread
     max_pairs = f.integer(m["max_pairs"], f"{field}.max_pairs", minimum=2)
     if max_pairs < min_pairs:

@@ -160,9 +160,14 @@ class Measurement:
     # side frozen while the other runs; frozen time is not the side's), instead of one after the other:
     # the box's slow drift then falls on both alike. None: one request, then the other.
     slice_s: float | None = None
+    # How a block's two serving processes start: "serial" (one loads, then the other) or "parallel" (both
+    # load at once). On a 2-core VM with one engine thread each, both were ready in 4.7-5.6 s at once against
+    # 11-20 s one after the other (docs/benchmarks.md, #26); with every core per engine two loads fight.
+    start: str = "serial"
 
 
 STREAMS = ("token", "ends")
+STARTS = ("serial", "parallel")
 
 
 @dataclass(frozen=True)

@@ -661,3 +661,12 @@ def test_a_profile_may_slice_its_pairs_and_a_bad_slice_names_its_line(rules_dir)
         err = load_error(rules_dir)
         assert err.line == line and "slice_s" in err.field, bad
         edit(rules_dir, "profiles.yaml", f"    slice_s: {bad}\n", "    slice_s: 0.5\n")
+
+
+def test_a_profile_may_start_its_processes_at_once_and_a_bad_start_names_its_line(rules_dir):
+    rules = load_rules(rules_dir)
+    assert rules.profile("gpu").measurement.start == "serial"  # absent: one load, then the other
+    assert rules.profile("cpu").measurement.start == "parallel"  # shipped: one engine thread each
+    line = edit(rules_dir, "profiles.yaml", "    start: parallel\n", "    start: sometimes\n")
+    err = load_error(rules_dir)
+    assert err.line == line and "start" in err.field and "parallel" in str(err)
