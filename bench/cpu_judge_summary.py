@@ -2,9 +2,11 @@
 
     python bench/cpu_judge_summary.py OUT_DIR
 
-A/A runs (aaN.json, aaN.err): per run and context the scored clock's ratio, 95% CI and MDE, and the
-verdict; then false tiers, false regressions, INCONCLUSIVE runs, the largest MDE, and a two-sided sign
-test of "the head came out faster" per context (on equal code the head should win about half the time).
+A/A runs (aaN.json, aaN.err): per run and context the scored clock's ratio, 95% CI and MDE, the pairs'
+spread (sd of their wall-clock log ratios, from the log), the A/B's blocks, time and why it stopped, and
+the verdict; then false tiers, false regressions, INCONCLUSIVE runs, the largest MDE, the mean A/A ratio
+and a two-sided sign test of "the head came out faster" per context (on equal code the head should win
+about half the time).
 Evaluations (speedupN/, slowdownN/ with result.json): verdict, tier, the scored estimates, wall time.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -40,16 +43,37 @@ def aa_rows(out: Path) -> list[dict]:
         for r in data.get("rows", []):
             d = r["details"]
             per_ctx[r["context"]] = (d["ratios"][0], *d["ci"][0], r["mde"], d.get("metric", "decode_tps"))
-        rows.append({"run": int(re.sub(r"\D", "", path.stem)), "verdict": verdict, "ctx": per_ctx})
+        log = err.read_text() if err.exists() else ""
+        rows.append(
+            {"run": int(re.sub(r"\D", "", path.stem)), "verdict": verdict, "ctx": per_ctx, **read_log(log)}
+        )
     return rows
+
+
+def read_log(log: str) -> dict:
+    """The pairs' spread and the A/B's end, from an evaluation's progress lines."""
+    ratios = [
+        math.log(float(h) / float(b))
+        for b, h in re.findall(r"ctx \d+ pair \d+: main ([\d.]+) tok/s, PR ([\d.]+) tok/s", log)
+    ]
+    end = re.search(r"A/B done after (\d+) blocks \((\d+) s\): (.*)", log)
+    return {
+        "pairs": len(ratios),
+        "pair_sd": statistics.stdev(ratios) if len(ratios) >= 2 else None,
+        "ab": f"{end.group(1)} blocks, {end.group(2)} s ({end.group(3)})" if end else "-",
+    }
 
 
 def print_aa(rows: list[dict]) -> None:
     if not rows:
         return
     contexts = sorted({c for r in rows for c in r["ctx"]})
-    print("| run | " + " | ".join(f"ctx {c} ratio [95% CI], MDE (clock)" for c in contexts) + " | verdict |")
-    print("|---|" + "---|" * len(contexts) + "---|")
+    print(
+        "| run | "
+        + " | ".join(f"ctx {c} ratio [95% CI], MDE (clock)" for c in contexts)
+        + " | pair sd | A/B | verdict |"
+    )
+    print("|---|" + "---|" * len(contexts) + "--:|---|---|")
     for r in rows:
         cells = []
         for c in contexts:
@@ -58,7 +82,8 @@ def print_aa(rows: list[dict]) -> None:
                 cells.append(f"{ratio:.4f}x [{lo:.4f}, {hi:.4f}], {mde:.2%} ({metric})")
             else:
                 cells.append("-")
-        print(f"| {r['run']} | " + " | ".join(cells) + f" | {r['verdict']} |")
+        sd = f"{r['pair_sd']:.2%}" if r.get("pair_sd") is not None else "-"
+        print(f"| {r['run']} | " + " | ".join(cells) + f" | {sd} | {r.get('ab', '-')} | {r['verdict']} |")
     verdicts = [r["verdict"] for r in rows]
     tiers = sum(v.startswith("PASS ") for v in verdicts)
     rejects = sum(v.startswith("REJECT") for v in verdicts)
@@ -71,8 +96,10 @@ def print_aa(rows: list[dict]) -> None:
         got = [r["ctx"][c] for r in rows if c in r["ctx"]]
         wins = sum(g[0] > 1.0 for g in got)
         mdes = sorted(g[3] for g in got)
+        mean = math.exp(statistics.fmean(math.log(g[0]) for g in got)) - 1
         print(
-            f"ctx {c}: head faster in {wins} of {len(got)} (sign test p = {sign_test(wins, len(got)):.3f}); "
+            f"ctx {c}: mean ratio {mean:+.2%}; "
+            f"head faster in {wins} of {len(got)} (sign test p = {sign_test(wins, len(got)):.3f}); "
             f"MDE median {mdes[len(mdes) // 2]:.2%}, max {mdes[-1]:.2%}; CIs covering 1.0: "
             f"{sum(g[1] <= 1.0 <= g[2] for g in got)} of {len(got)}"
         )

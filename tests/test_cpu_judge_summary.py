@@ -23,7 +23,12 @@ def test_aa_rows_read_calibrate_json_and_its_log(tmp_path, capsys):
         "details": {"ratios": [1.003], "ci": [[0.995, 1.011]], "metric": "decode_cpu_tps"},
     }
     (tmp_path / "aa1.json").write_text(json.dumps({"rows": [row]}))
-    (tmp_path / "aa1.err").write_text("evalbot: x\nevalbot: calibration run 1/1: PASS\n")
+    (tmp_path / "aa1.err").write_text(
+        "evalbot: block 1 ctx 128 pair 1: main 8.00 tok/s, PR 8.08 tok/s (+1.0%)\n"
+        "evalbot: block 1 ctx 128 pair 2: main 8.08 tok/s, PR 8.00 tok/s (-1.0%)\n"
+        "evalbot: A/B done after 8 blocks (401 s): no further pair could change the decision\n"
+        "evalbot: calibration run 1/1: PASS\n"
+    )
     (tmp_path / "aa2.json").write_text("")
     (tmp_path / "aa2.err").write_text("Traceback\nOSError: disk\n")
     rows = summary.aa_rows(tmp_path)
@@ -31,3 +36,6 @@ def test_aa_rows_read_calibrate_json_and_its_log(tmp_path, capsys):
     summary.print_aa(rows)
     out = capsys.readouterr().out
     assert "1.0030x [0.9950, 1.0110], 0.90% (decode_cpu_tps)" in out and "head faster in 1 of 1" in out
+    assert rows[0]["pairs"] == 2 and abs(rows[0]["pair_sd"] - 0.01407) < 1e-4  # log(1.01) apart, twice
+    assert "8 blocks, 401 s (no further pair could change the decision)" in out
+    assert "mean ratio +0.30%" in out and rows[1]["pairs"] == 0 and rows[1]["ab"] == "-"
