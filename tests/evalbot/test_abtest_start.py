@@ -2,17 +2,23 @@
 
 What must hold either way: the side named first launches first (the crossover alternates it), neither side
 is timed or asked anything before both are ready and frozen, a side that fails to start is that side's
-failure (never the other's), and a failed start leaves no process running. The processes are stand-ins
-that record what was done to them; the real serving processes start in test_served and test_fixture_e2e.
+failure (never the other's), and a failed start leaves no process running. The first tests' processes
+are stand-ins that record what was done to them; the last two start real processes whose loads can only
+finish together, so that a "parallel" start that in fact loads one after the other fails.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import textwrap
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest
+from evalbot.evaluate import abtest, sandbox, served
 from evalbot.evaluate.served import ServeError
 from evalbot.model import Side
 
@@ -90,3 +96,71 @@ def test_a_head_naming_another_vocabulary_is_the_head_s_failure_either_way(paral
         abtest._start_block(launch, 10, lambda _m: None, False, parallel=parallel)
     assert info.value.side is Side.HEAD and "vocabulary" in str(info.value)
     assert sorted(e for e in events if e.startswith("close")) == ["close base", "close head"]
+
+
+# ------------------------------------------------------------------ real processes
+
+
+def _meeting_server(tmp: Path, me: str, other: str, wait_s: float = 20) -> served.ServedProcess:
+    """A stand-in whose "load" ends only once the other side's load has begun (each leaves a marker and
+    waits up to `wait_s` for the other's): it reaches its ready line only if both load at once."""
+    script = textwrap.dedent(f"""
+        import json, sys, time, pathlib
+        here, there = pathlib.Path({str(tmp / me)!r}), pathlib.Path({str(tmp / other)!r})
+        here.touch()
+        deadline = time.monotonic() + {wait_s}
+        while not there.exists():
+            if time.monotonic() > deadline:
+                sys.exit("loaded alone")
+            time.sleep(0.01)
+        sys.stdout.write(json.dumps({{"event": "ready", "protocol": "evalbot.serve/1",
+                                      "config": {{"vocab_size": 100}}}}) + "\\n")
+        sys.stdout.flush()
+        for line in sys.stdin:
+            if json.loads(line).get("op") == "shutdown":
+                break
+    """)
+    path = tmp / f"{me}.py"
+    path.write_text(script)
+    spec = sandbox.SandboxSpec(
+        ro_binds=(),
+        scratch=tmp,
+        workdir=tmp,
+        env={"PATH": os.environ["PATH"]},
+        limits=sandbox.Limits(timeout_s=60),
+    )
+    return served.ServedProcess.start(me, spec, [sys.executable, str(path)], no_sandbox=True)
+
+
+def _state(pid: int) -> str:
+    """The process's state letter, once a signal sent to it has had time to land (up to 5 s)."""
+    deadline = time.monotonic() + 5
+    while True:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "T" or time.monotonic() > deadline:
+            return state
+        time.sleep(0.01)
+
+
+def test_real_processes_started_in_parallel_load_at_once_and_are_frozen_once_both_are_ready(tmp_path):
+    def launch(side: Side) -> served.ServedProcess:
+        other = Side.HEAD if side is Side.BASE else Side.BASE
+        return _meeting_server(tmp_path, side.value, other.value)
+
+    procs = abtest._start_block(launch, 30, lambda _m: None, False, parallel=True)
+    try:
+        assert {s: _state(p.proc.pid) for s, p in procs.items()} == {Side.BASE: "T", Side.HEAD: "T"}
+    finally:
+        abtest._close(procs)
+    assert all(p.proc.poll() is not None for p in procs.values())  # closed: nothing left running
+
+
+def test_the_same_processes_started_serially_never_meet_and_the_first_is_blamed(tmp_path):
+    def launch(side: Side) -> served.ServedProcess:
+        other = Side.HEAD if side is Side.BASE else Side.BASE
+        return _meeting_server(tmp_path, side.value, other.value, wait_s=2)
+
+    with pytest.raises(abtest.SideError) as info:  # the first never sees the second begin: 2 s, then exit
+        abtest._start_block(launch, 30, lambda _m: None, True, parallel=False)
+    assert info.value.side is Side.BASE and "did not start" in str(info.value)
+    assert not (tmp_path / "head").exists()  # the second was never launched
