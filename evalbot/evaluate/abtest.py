@@ -352,16 +352,14 @@ def _start_block(
     procs: dict[Side, ServedProcess] = {}
     order = (Side.BASE, Side.HEAD) if base_first else (Side.HEAD, Side.BASE)
     try:
-        t0 = time.monotonic()
+        block_t0 = time.monotonic()
         for side in order:
+            t0 = time.monotonic()
+            procs[side] = launch(side)
             if not parallel:
-                t0 = time.monotonic()
-            p = procs[side] = launch(side)
-            if not parallel:
-                _wait_ready(side, p, timeout_s, log, t0)
-        if parallel:
-            for side in order:
                 _wait_ready(side, procs[side], timeout_s, log, t0)
+        for side in order if parallel else ():
+            _wait_ready(side, procs[side], timeout_s, log, block_t0)
         vocab = {side: p.vocab for side, p in procs.items()}
         if vocab.get(Side.HEAD) != vocab.get(Side.BASE):
             # each side's tokens are bounded by the vocabulary its own ready line names: the PR's must be

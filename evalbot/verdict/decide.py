@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 
 from evalbot import stats
@@ -409,16 +410,11 @@ def tau_ratio_upper(base_steps: Sequence[int], head_steps: Sequence[int]) -> flo
     bound rejects a tau that is lower beyond that spread (a drafter that never hits: every step 1 token)."""
     if len(base_steps) < 2 or len(head_steps) < 2:
         return None
-
-    def mean_se(xs: Sequence[int]) -> tuple[float, float]:
-        m = sum(xs) / len(xs)
-        var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
-        return m, math.sqrt(var / len(xs))
-
-    mb, sb = mean_se(base_steps)
-    mh, sh = mean_se(head_steps)
+    mb, mh = statistics.fmean(base_steps), statistics.fmean(head_steps)
     if mb <= 0 or mh <= 0:
         return 0.0
+    sb = statistics.stdev(base_steps) / math.sqrt(len(base_steps))
+    sh = statistics.stdev(head_steps) / math.sqrt(len(head_steps))
     return (mh / mb) * math.exp(1.96 * math.sqrt((sh / mh) ** 2 + (sb / mb) ** 2))
 
 
@@ -441,32 +437,15 @@ def _spec_gates(results: Iterable[SpecResult], rules: Rules) -> list[Gate]:
         )
         ratio = s.head_tau / s.base_tau if s.base_tau > 0 else 0.0
         upper = tau_ratio_upper(s.base_tau_steps, s.head_tau_steps)
+        detail = f"tau {s.head_tau:.2f} vs main {s.base_tau:.2f}"
         if upper is None:  # no per-step record (an older result): the point estimate decides, as it did
-            out.append(
-                Gate(
-                    "spec tau",
-                    ratio,
-                    f"tau >= {g.tau_min_ratio:.2f}x main",
-                    ratio >= g.tau_min_ratio,
-                    f"tau {s.head_tau:.2f} vs main {s.base_tau:.2f}",
-                    s.context,
-                    s.target,
-                    GateKind.SPEC,
-                )
-            )
+            value, bar = ratio, f"tau >= {g.tau_min_ratio:.2f}x main"
         else:
-            out.append(
-                Gate(
-                    "spec tau",
-                    upper,
-                    f"CI upper bound of tau >= {g.tau_min_ratio:.2f}x main",
-                    upper >= g.tau_min_ratio,
-                    f"tau {s.head_tau:.2f} vs main {s.base_tau:.2f} ({ratio:.3f}x)",
-                    s.context,
-                    s.target,
-                    GateKind.SPEC,
-                )
-            )
+            value, bar = upper, f"CI upper bound of tau >= {g.tau_min_ratio:.2f}x main"
+            detail += f" ({ratio:.3f}x)"
+        out.append(
+            Gate("spec tau", value, bar, value >= g.tau_min_ratio, detail, s.context, s.target, GateKind.SPEC)
+        )
         if len(s.ar_pairs) >= 2:
             est = stats.estimate(s.ar_pairs)
             out.append(
