@@ -7,7 +7,7 @@ spread (sd of their wall-clock log ratios, from the log), the A/B's blocks, time
 the verdict; then false tiers, false regressions, INCONCLUSIVE runs, the largest MDE, the mean A/A ratio
 and a two-sided sign test of "the head came out faster" per context (on equal code the head should win
 about half the time).
-Evaluations (speedupN/, slowdownN/ with result.json): verdict, tier, the scored estimates, wall time.
+Evaluations (speedupN/, slowdownN/, gain3N/ with result.json): verdict, tier, the scored estimates, wall time.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def print_evaluations(out: Path) -> None:
     log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
     took = {
         m.group(1) + m.group(2): m.group(3)
-        for m in re.finditer(r"(speedup|slowdown) (\d+): exit \d+ in (\d+) s", log)
+        for m in re.finditer(r"(speedup|slowdown|gain3) (\d+): exit \d+ in (\d+) s", log)
     }
     for result in sorted(out.glob("*/result.json")):
         name = result.parent.name

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # The cpu judge's targets on this box, one run after another (nothing else may run on the box meanwhile):
-#   bash bench/cpu_judge_targets.sh OUT_DIR BOX [AA_RUNS] [SPEEDUP_RUNS] [SLOWDOWN_RUNS] [BREAKDOWN_BLOCKS]
+#   bash bench/cpu_judge_targets.sh OUT_DIR BOX [AA_RUNS] [SPEEDUP_RUNS] [SLOWDOWN_RUNS] [BREAKDOWN_BLOCKS] [GAIN3_RUNS]
 # - first, with BREAKDOWN_BLOCKS > 0, bench/variance_breakdown.py on an A/A run of that many blocks;
 # - AA_RUNS served A/A runs of this checkout's HEAD (`evalbot calibrate --runs 1`, no spec, no accuracy:
 #   the A/B and the decode audit), each its own JSON and log;
 # - SPEEDUP_RUNS evaluations of demo/cpu-fewer-dispatches.patch (a bit-identical decode speedup) against
 #   main, the first with every gate (spec and accuracy included: the full evaluation's time), the rest A/B
 #   and decode audit only;
-# - SLOWDOWN_RUNS evaluations of demo/cpu-slow-long-context.patch (slower past 256 positions only).
+# - SLOWDOWN_RUNS evaluations of demo/cpu-slow-long-context.patch (slower past 256 positions only);
+# - GAIN3_RUNS evaluations of this checkout as the head against a base with demo/cpu-redundant-logits.patch
+#   (main plus 16,384 vocabulary rows scored again each decode step, ~3% more bytes read): a genuine ~3%
+#   decode speedup with identical output (the head does less of the same work), A/B and decode audit only.
 # With RULES=DIR in the environment, every run reads that rules directory instead of the repository's.
 # Then `python bench/cpu_judge_summary.py OUT_DIR` prints the tables docs/benchmarks.md holds.
 set -uo pipefail
-out=${1:?OUT_DIR}; box=${2:?BOX}; aa=${3:-10}; fast=${4:-3}; slow=${5:-1}; blocks=${6:-0}
+out=${1:?OUT_DIR}; box=${2:?BOX}; aa=${3:-10}; fast=${4:-3}; slow=${5:-1}; blocks=${6:-0}; gain3=${7:-0}
 root=$(git rev-parse --show-toplevel); bot="$root/.venv/bin/evalbot"
 mkdir -p "$out"; tmp=$(mktemp -d /tmp/cpu-judge.XXXX)
 rules=(); [ -n "${RULES:-}" ] && rules=(--rules "$RULES")
@@ -30,12 +33,14 @@ for i in $(seq 1 "$aa"); do
   rc=$?  # before any command substitution resets $?
   echo "$(stamp) aa $i: exit $rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$out/aa$i.err")" | tee -a "$out/log.txt"
 done
-judge() {  # name patch first last
+judge() {  # name patch first last [reversed: the patched branch is the base, this checkout the head]
   [ -d "$tmp/$1-repo" ] || bash "$root/scripts/make_demo_repo.sh" "$tmp/$1-repo" "$root/demo/$2" > /dev/null
+  local base=main head=demo-head
+  [ "${5:-}" = reversed ] && base=demo-head head=main
   for i in $(seq "$3" "$4"); do
     t0=$(date +%s); gates=()
-    [ "$i" -gt 1 ] || [ "$1" = slowdown ] && gates=(--no-spec --no-accuracy)  # the first speedup run: every gate
-    "$bot" evaluate --repo "$tmp/$1-repo" --base main --head demo-head --profile cpu "${rules[@]}" --work-dir "$tmp/work" \
+    [ "$i" -gt 1 ] || [ "$1" != speedup ] && gates=(--no-spec --no-accuracy)  # the first speedup run: every gate
+    "$bot" evaluate --repo "$tmp/$1-repo" --base "$base" --head "$head" --profile cpu "${rules[@]}" --work-dir "$tmp/work" \
       "${gates[@]}" --out "$out/$1$i" > "$out/$1$i.log" 2>&1
     rc=$?
     echo "$(stamp) $1 $i: exit $rc in $(( $(date +%s) - t0 )) s" | tee -a "$out/log.txt"
@@ -45,5 +50,6 @@ judge() {  # name patch first last
 [ "$fast" -gt 0 ] && judge speedup cpu-fewer-dispatches.patch 1 1
 [ "$slow" -gt 0 ] && judge slowdown cpu-slow-long-context.patch 1 "$slow"
 [ "$fast" -gt 1 ] && judge speedup cpu-fewer-dispatches.patch 2 "$fast"
+[ "$gain3" -gt 0 ] && judge gain3 cpu-redundant-logits.patch 1 "$gain3" reversed
 rm -rf "$tmp"
 echo "$(stamp) done" | tee -a "$out/log.txt"
