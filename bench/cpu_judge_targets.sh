@@ -8,9 +8,11 @@
 #   main, the first with every gate (spec and accuracy included: the full evaluation's time), the rest A/B
 #   and decode audit only;
 # - SLOWDOWN_RUNS evaluations of demo/cpu-slow-long-context.patch (slower past 256 positions only);
-# - GAIN3_RUNS evaluations of this checkout as the head against a base with demo/cpu-redundant-logits.patch
-#   (main plus 16,384 vocabulary rows scored again each decode step, ~3% more bytes read): a genuine ~3%
-#   decode speedup with identical output (the head does less of the same work), A/B and decode audit only.
+# - GAIN3_RUNS evaluations of a PR that takes demo/cpu-redundant-logits.patch out of a main that carries it
+#   (16,384 vocabulary rows scored again each decode step, ~3% more bytes read): a genuine ~3% decode
+#   speedup with identical output (the PR does less of the same work), A/B and decode audit only. (The bot
+#   judges the PR merged into main, so the PR must be the revert: this checkout as a head against the
+#   patched branch as a base would be judged as the base merged with itself.)
 # With RULES=DIR in the environment, every run reads that rules directory instead of the repository's.
 # Then `python bench/cpu_judge_summary.py OUT_DIR` prints the tables docs/benchmarks.md holds.
 set -uo pipefail
@@ -33,10 +35,17 @@ for i in $(seq 1 "$aa"); do
   rc=$?  # before any command substitution resets $?
   echo "$(stamp) aa $i: exit $rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$out/aa$i.err")" | tee -a "$out/log.txt"
 done
-judge() {  # name patch first last [reversed: the patched branch is the base, this checkout the head]
-  [ -d "$tmp/$1-repo" ] || bash "$root/scripts/make_demo_repo.sh" "$tmp/$1-repo" "$root/demo/$2" > /dev/null
+judge() {  # name patch first last [reversed: main carries the patch and the PR takes it out again]
+  if [ ! -d "$tmp/$1-repo" ]; then
+    bash "$root/scripts/make_demo_repo.sh" "$tmp/$1-repo" "$root/demo/$2" > /dev/null
+    if [ "${5:-}" = reversed ]; then  # the bot judges the PR merged into main: the PR must be the revert
+      git -C "$tmp/$1-repo" branch -q -f main demo-head
+      git -C "$tmp/$1-repo" -c user.name=contributor -c user.email=c@example.invalid revert -q --no-edit demo-head
+      git -C "$tmp/$1-repo" -c user.name=contributor -c user.email=c@example.invalid commit -q --amend \
+        -m "engine: take out the unused work of $2 (the same output, less read per decode step)"
+    fi
+  fi
   local base=main head=demo-head
-  [ "${5:-}" = reversed ] && base=demo-head head=main
   for i in $(seq "$3" "$4"); do
     t0=$(date +%s); gates=()
     [ "$i" -gt 1 ] || [ "$1" != speedup ] && gates=(--no-spec --no-accuracy)  # the first speedup run: every gate
