@@ -40,9 +40,10 @@ judge() {  # name patch first last [reversed: main carries the patch and the PR 
     bash "$root/scripts/make_demo_repo.sh" "$tmp/$1-repo" "$root/demo/$2" > /dev/null
     if [ "${5:-}" = reversed ]; then  # the bot judges the PR merged into main: the PR must be the revert
       git -C "$tmp/$1-repo" branch -q -f main demo-head
-      git -C "$tmp/$1-repo" -c user.name=contributor -c user.email=c@example.invalid revert -q --no-edit demo-head
+      git -C "$tmp/$1-repo" -c user.name=contributor -c user.email=c@example.invalid revert --no-edit demo-head > /dev/null &&
       git -C "$tmp/$1-repo" -c user.name=contributor -c user.email=c@example.invalid commit -q --amend \
-        -m "engine: take out the unused work of $2 (the same output, less read per decode step)"
+        -m "engine: take out the unused work of $2 (the same output, less read per decode step)" \
+        || { echo "$(stamp) $1: could not make the revert PR" | tee -a "$out/log.txt"; return 1; }
     fi
   fi
   local base=main head=demo-head
