@@ -193,6 +193,11 @@ class ServedProcess:
         except (OSError, ValueError):
             return -1
 
+    def cpu_s(self) -> float | None:
+        """CPU seconds the process tree has used since it started; None where it is not metered."""
+        ns = self._cpu_ns()
+        return ns / 1e9 if ns >= 0 else None
+
     def _read_stderr(self) -> None:
         size = total = 0
         for raw in iter(lambda: self.proc.stderr.read(65536), b""):

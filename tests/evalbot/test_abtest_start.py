@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, sandbox, served
+from evalbot.evaluate import abtest, cpumeter, sandbox, served
 from evalbot.evaluate.served import ServeError
 from evalbot.model import Side
 
@@ -30,6 +30,10 @@ class Proc:
     fail: bool = False
     vocab: int = 100
     ready: dict = field(default_factory=dict)
+    cpu: float | None = None  # CPU seconds its tree used: None, unmetered
+
+    def cpu_s(self) -> float | None:
+        return self.cpu
 
     def wait_ready(self, timeout_s: float) -> dict:
         self.events.append(f"ready {self.label}")
@@ -45,10 +49,17 @@ class Proc:
         self.events.append(f"close {self.label}")
 
 
-def _launcher(events: list[str], failing: Side | None = None, vocab: dict[Side, int] | None = None):
+def _launcher(
+    events: list[str],
+    failing: Side | None = None,
+    vocab: dict[Side, int] | None = None,
+    cpu: dict[Side, float] | None = None,
+):
     def launch(side: Side) -> Proc:
         events.append(f"launch {side.value}")
-        return Proc(side.value, events, side is failing, (vocab or {}).get(side, 100))
+        return Proc(
+            side.value, events, side is failing, (vocab or {}).get(side, 100), cpu=(cpu or {}).get(side)
+        )
 
     return launch
 
@@ -96,6 +107,58 @@ def test_a_head_naming_another_vocabulary_is_the_head_s_failure_either_way(paral
         abtest._start_block(launch, 10, lambda _m: None, False, parallel=parallel)
     assert info.value.side is Side.HEAD and "vocabulary" in str(info.value)
     assert sorted(e for e in events if e.startswith("close")) == ["close base", "close head"]
+
+
+def test_the_load_allowance_is_threads_times_the_slack_plus_the_grace():
+    assert abtest.load_overuse(None, 10, 1) is None  # unmetered
+    assert abtest.load_overuse(1e6, 10, None) is None  # every core is the engine's: nothing to exceed
+    allowed = 1 * abtest.LOAD_CPU_SLACK * 10 + abtest.LOAD_CPU_GRACE_S
+    assert abtest.load_overuse(allowed, 10, 1) is None
+    why = abtest.load_overuse(allowed + 0.1, 10, 1)
+    assert why is not None and "1 thread " in why and f"{allowed + 0.1:.1f} CPU-seconds" in why
+    assert abtest.load_overuse(2 * 10 * 1.4, 10, 2) is None  # two threads: twice the room
+    # a real one-thread engine loads at 1.00 core (the 0.5B model on a 2-core VM, 4.6-7.9 s): well inside
+    assert abtest.load_overuse(7.83, 7.89, 1) is None
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("hog", [Side.BASE, Side.HEAD])
+def test_a_side_that_used_more_cpu_than_its_threads_while_starting_is_that_side_s_failure(parallel, hog):
+    events: list[str] = []
+    launch = _launcher(events, cpu={hog: 1000.0, Side.BASE if hog is Side.HEAD else Side.HEAD: 0.5})
+    with pytest.raises(abtest.SideError) as info:
+        abtest._start_block(launch, 10, lambda _m: None, True, parallel=parallel, threads=1)
+    assert info.value.side is hog and info.value.stage == "cpu" and "1000.0 CPU-seconds" in str(info.value)
+    assert sorted(e for e in events if e.startswith("close")) == ["close base", "close head"]
+    assert not any(e.startswith("freeze") for e in events)
+
+
+def test_without_a_thread_count_there_is_no_load_allowance():
+    events: list[str] = []
+    launch = _launcher(events, cpu={Side.HEAD: 1000.0, Side.BASE: 1000.0})
+    assert set(abtest._start_block(launch, 10, lambda _m: None, True, parallel=True, threads=None)) == {
+        Side.BASE,
+        Side.HEAD,
+    }
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_main_failing_to_start_while_the_pr_hogged_the_cpu_is_the_pr_s_failure(parallel):
+    """A PR that floods the box while main loads starves main's load past its ready timeout: that is the
+    PR's failure (a REJECT), not an infrastructure fault it can repeat forever. In the serial start the
+    PR loads first (head first) and floods while it waits for main."""
+    events: list[str] = []
+    launch = _launcher(events, failing=Side.BASE, cpu={Side.HEAD: 1000.0})
+    with pytest.raises(abtest.SideError) as info:
+        abtest._start_block(launch, 10, lambda _m: None, False, parallel=parallel, threads=1)
+    assert info.value.side is Side.HEAD and info.value.stage == "cpu"
+    assert isinstance(info.value.__cause__, abtest.SideError) and info.value.__cause__.side is Side.BASE
+    # a PR within its allowance leaves main's failure main's
+    events.clear()
+    launch = _launcher(events, failing=Side.BASE, cpu={Side.HEAD: 0.5})
+    with pytest.raises(abtest.SideError) as info:
+        abtest._start_block(launch, 10, lambda _m: None, False, parallel=parallel, threads=1)
+    assert info.value.side is Side.BASE and "did not start" in str(info.value)
 
 
 # ------------------------------------------------------------------ real processes
@@ -164,3 +227,73 @@ def test_the_same_processes_started_serially_never_meet_and_the_first_is_blamed(
         abtest._start_block(launch, 30, lambda _m: None, True, parallel=False)
     assert info.value.side is Side.BASE and "did not start" in str(info.value)
     assert not (tmp_path / "head").exists()  # the second was never launched
+
+
+def _script_server(tmp: Path, name: str, body: str) -> served.ServedProcess:
+    """A real serving stand-in running `body`, metered as the product meters an engine (its cgroup where
+    one can be made here, else its /proc tree)."""
+    path = tmp / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    spec = sandbox.SandboxSpec(
+        ro_binds=(),
+        scratch=tmp,
+        workdir=tmp,
+        env={"PATH": os.environ["PATH"]},
+        limits=sandbox.Limits(timeout_s=60),
+    )
+    meter = cpumeter.make_meter(f"test-{name}")
+    return served.ServedProcess.start(name, spec, [sys.executable, str(path)], no_sandbox=True, meter=meter)
+
+
+_READY = (
+    'sys.stdout.write(json.dumps({"event": "ready", "protocol": "evalbot.serve/1", '
+    '"config": {"vocab_size": 100}}) + "\\n"); sys.stdout.flush()'
+)
+_FLOOD = f"""
+    import json, os, sys, time
+    {_READY}
+    for _ in range(3):  # spinners that hold the cores while main loads; gone after 8 s whatever happens
+        if os.fork() == 0:
+            end = time.monotonic() + 8
+            while time.monotonic() < end:
+                pass
+            os._exit(0)
+    sys.stdin.readline()  # the shutdown
+"""
+_IDLE = f"""
+    import json, sys
+    {_READY}
+    sys.stdin.readline()  # the shutdown
+"""
+_NEVER_READY = """
+    import time
+    time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize(
+    "head_body, blamed", [(_FLOOD, Side.HEAD), (_IDLE, Side.BASE)], ids=["flood", "idle"]
+)
+def test_real_spinners_forked_by_the_pr_while_main_loads_make_main_s_timeout_the_pr_s_failure(
+    tmp_path, monkeypatch, head_body, blamed
+):
+    """Real processes and the product's meter: the PR is ready at once and forks spinners that hold the
+    cores while main "loads" (here: never gets ready, 4 s timeout). Its tree's CPU is read and it is
+    blamed; the same PR idle leaves main's failure main's. The allowance is cut to a quarter core plus
+    0.5 s here, as a 4 s flood on a 2-core box shared with the other test worker cannot pass 1.5 cores
+    plus 2 s, where the real attack (a load held past 900 s) does by hundreds of seconds."""
+    monkeypatch.setattr(abtest, "LOAD_CPU_SLACK", 0.25)
+    monkeypatch.setattr(abtest, "LOAD_CPU_GRACE_S", 0.5)
+    bodies = {Side.BASE: _NEVER_READY, Side.HEAD: head_body}
+    started: list[served.ServedProcess] = []
+
+    def launch(side: Side) -> served.ServedProcess:
+        started.append(_script_server(tmp_path, side.value, bodies[side]))
+        return started[-1]
+
+    with pytest.raises(abtest.SideError) as info:
+        abtest._start_block(launch, 4, lambda _m: None, True, parallel=True, threads=1)
+    assert info.value.side is blamed, str(info.value)
+    if blamed is Side.HEAD:
+        assert info.value.stage == "cpu" and "CPU-seconds" in str(info.value)
+    assert all(p.proc.poll() is not None for p in started)  # both ended
