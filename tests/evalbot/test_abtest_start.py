@@ -164,6 +164,22 @@ def test_main_failing_to_start_while_the_pr_hogged_the_cpu_is_the_pr_s_failure(p
 # ------------------------------------------------------------------ real processes
 
 
+def _script_server(tmp: Path, name: str, body: str, metered: bool = True) -> served.ServedProcess:
+    """A real serving stand-in running `body`, unsandboxed; `metered` as the product meters an engine (its
+    cgroup where one can be made here, else its /proc tree)."""
+    path = tmp / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    spec = sandbox.SandboxSpec(
+        ro_binds=(),
+        scratch=tmp,
+        workdir=tmp,
+        env={"PATH": os.environ["PATH"]},
+        limits=sandbox.Limits(timeout_s=60),
+    )
+    meter = cpumeter.make_meter(f"test-{name}") if metered else None
+    return served.ServedProcess.start(name, spec, [sys.executable, str(path)], no_sandbox=True, meter=meter)
+
+
 def _meeting_server(tmp: Path, me: str, other: str, wait_s: float = 20) -> served.ServedProcess:
     """A stand-in whose "load" ends only once the other side's load has begun (each leaves a marker and
     waits up to `wait_s` for the other's): it reaches its ready line only if both load at once."""
@@ -183,16 +199,7 @@ def _meeting_server(tmp: Path, me: str, other: str, wait_s: float = 20) -> serve
             if json.loads(line).get("op") == "shutdown":
                 break
     """)
-    path = tmp / f"{me}.py"
-    path.write_text(script)
-    spec = sandbox.SandboxSpec(
-        ro_binds=(),
-        scratch=tmp,
-        workdir=tmp,
-        env={"PATH": os.environ["PATH"]},
-        limits=sandbox.Limits(timeout_s=60),
-    )
-    return served.ServedProcess.start(me, spec, [sys.executable, str(path)], no_sandbox=True)
+    return _script_server(tmp, me, script, metered=False)
 
 
 def _state(pid: int) -> str:
@@ -227,22 +234,6 @@ def test_the_same_processes_started_serially_never_meet_and_the_first_is_blamed(
         abtest._start_block(launch, 30, lambda _m: None, True, parallel=False)
     assert info.value.side is Side.BASE and "did not start" in str(info.value)
     assert not (tmp_path / "head").exists()  # the second was never launched
-
-
-def _script_server(tmp: Path, name: str, body: str) -> served.ServedProcess:
-    """A real serving stand-in running `body`, metered as the product meters an engine (its cgroup where
-    one can be made here, else its /proc tree)."""
-    path = tmp / f"{name}.py"
-    path.write_text(textwrap.dedent(body))
-    spec = sandbox.SandboxSpec(
-        ro_binds=(),
-        scratch=tmp,
-        workdir=tmp,
-        env={"PATH": os.environ["PATH"]},
-        limits=sandbox.Limits(timeout_s=60),
-    )
-    meter = cpumeter.make_meter(f"test-{name}")
-    return served.ServedProcess.start(name, spec, [sys.executable, str(path)], no_sandbox=True, meter=meter)
 
 
 _READY = (
