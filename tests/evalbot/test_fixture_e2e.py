@@ -110,20 +110,27 @@ def write_rules(
     max_wait_s: float = 120,
     max_other_cores: float = 0.4,
     max_pairs: int = 24,
-    no_regression: float | None = None,
+    no_regression: float = 0.7,
 ) -> Path:
-    """The shipped rules, with a cpu profile sized for the fixture and models.yaml naming its model
-    (`no_regression`: the gate's tolerance in place of the shipped one)."""
+    """The shipped rules, with a cpu profile sized for the fixture, tiers and a no-regression tolerance
+    scaled to its noise, and models.yaml naming its model."""
     dest.mkdir(parents=True)
     shipped = default_rules_dir()
     for path in shipped.glob("*.yaml"):
         if path.name not in ("profiles.yaml", "models.yaml", "tiers.yaml"):
             (dest / path.name).write_text(path.read_text())
-    if no_regression is not None:
-        gates = (dest / "gates.yaml").read_text()
-        line = "\n  min_ratio: 0.98\n"
-        assert gates.count(line) == 1, "the shipped gates.yaml changed: update write_rules"
-        (dest / "gates.yaml").write_text(gates.replace(line, f"\n  min_ratio: {no_regression}\n"))
+    # The no-regression tolerance scaled to the same noise: the shipped 0.98 is 2% against the fixture's CI
+    # half-widths of 4-10% (4 blocks, 2 degrees of freedom; its prefill, a millisecond of numpy, moves
+    # more), so equal code was called a regression at about the interval's 2.5% a context and metric. CI
+    # saw it (2026-12-05: equal code at ctx 128 read 0.879x beside a real 0.126x at 512), and so did this
+    # box (a decode-only speedup's unchanged prefill at ctx 128 read 0.785x [0.741, 0.832], a REJECT). On
+    # the real engine the half-widths are 0.3-0.7% and 2% keeps such a call several sigma away. The
+    # regressions the fixture's tests must catch are far past 0.7 (regress-long 0.11-0.13x at 512; the
+    # burst's prefill carries the whole decode).
+    gates = (dest / "gates.yaml").read_text()
+    line = "\n  min_ratio: 0.98\n"
+    assert gates.count(line) == 1, "the shipped gates.yaml changed: update write_rules"
+    (dest / "gates.yaml").write_text(gates.replace(line, f"\n  min_ratio: {no_regression}\n"))
     # The fixture decodes a token in milliseconds of numpy, and this box's timings of such short work
     # vary by 10-15% request to request (the engine's own clock sees the same): tiers scaled to that
     # noise keep the verdicts decided (the shipped +2% floor would make every fixture run INCONCLUSIVE;
@@ -357,14 +364,8 @@ def test_a_genuine_speedup_passes_with_the_tier_its_lower_bound_earns(lab: Lab):
 
 @pytest.mark.timing
 def test_a_regression_at_one_context_is_rejected_naming_that_context(lab: Lab):
-    # The no-regression tolerance scaled to the fixture's noise, as its tiers are. The shipped 0.98 is 2%
-    # against the fixture's CI half-widths of 4-10% (4 blocks, 2 degrees of freedom), so equal code at
-    # ctx 128 is called a regression at close to the interval's one-sided 2.5%: CI saw it once (2026-12-05:
-    # an upper bound of 0.879x at ctx 128 beside the real 0.126x at 512). On the real engine the
-    # half-widths are 0.3-0.7% and the 2% margin keeps such a call several sigma away. The regression
-    # here (0.11-0.13x) is far past 0.7 either way.
-    rules_dir = write_rules(lab.root / "rules-regress", lab.sha256, no_regression=0.7)
-    run = evaluate(lab, "regress-long", "--no-accuracy", "--no-spec", rules_dir=rules_dir)
+    # (the fixture's no-regression tolerance is 0.7, scaled to its noise: see write_rules)
+    run = evaluate(lab, "regress-long", "--no-accuracy", "--no-spec")
     assert run.code == 1 and run.verdict["status"] == "REJECT", run.why
     failed = run.failed_gates()
     assert failed and {(g["name"], g["context"]) for g in failed} == {("no regression", 512)}, failed
