@@ -39,3 +39,19 @@ def test_aa_rows_read_calibrate_json_and_its_log(tmp_path, capsys):
     assert rows[0]["pairs"] == 2 and abs(rows[0]["pair_sd"] - 0.01407) < 1e-4  # log(1.01) apart, twice
     assert "8 blocks, 401 s (no further pair could change the decision)" in out
     assert "mean ratio +0.30%" in out and rows[1]["pairs"] == 0 and rows[1]["ab"] == "-"
+
+
+def test_evaluation_rows_read_each_result_and_its_time_from_the_log(tmp_path, capsys):
+    est = {"context": 512, "metric": "decode_cpu_tps", "ratio": 1.0326, "ci_low": 1.027, "ci_high": 1.0382}
+    for name, status, tier in (("gain31", "PASS", "XS"), ("slowdown1", "REJECT", None)):
+        (tmp_path / name).mkdir()
+        verdict = {"status": status, "tier": tier, "estimates": [{**est, "scored": True}]}
+        (tmp_path / name / "result.json").write_text(json.dumps({"verdict": verdict}))
+    (tmp_path / "log.txt").write_text(
+        "2026-12-05T02:10:23Z gain3 1: exit 0 in 457 s\n2026-12-05T02:17:31Z slowdown 1: exit 1 in 323 s\n"
+    )
+    summary.print_evaluations(tmp_path)
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].startswith("| gain31 | PASS XS | ctx 512 decode_cpu_tps 1.0326x [1.0270, 1.0382] scored")
+    assert rows[0].endswith("| 457 s |") and rows[1].startswith("| slowdown1 | REJECT  |")
+    assert rows[1].endswith("| 323 s |")
