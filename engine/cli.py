@@ -47,7 +47,10 @@ def _config(lm: gen.LoadedModel, session: gen.Session, **extra: Any) -> dict[str
         "random_weights": lm.random_weights,
         "torch": torch.__version__,
         "decode_attention": ops.decode_config(
-            cfg.n_head, session.cache, lm.transformer.blocks[0].decode_splits
+            cfg.n_head,
+            session.cache,
+            lm.transformer.blocks[0].decode_splits,
+            lm.transformer.blocks[0].decode_kernel,
         ),
         **extra,
     }

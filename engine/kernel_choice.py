@@ -1,9 +1,11 @@
-"""Which of several kernels for one operation runs at a shape: the fastest that passed a parity test there.
+"""Which of several kernels for one operation runs at a shape: one that passed a parity test there.
 
 Each candidate is tried on fresh random inputs of the exact shape: its output must match the
-reference (no NaN, every element written, relative error under the tolerance), and only then is
-it timed. A candidate that is fast but wrong is never chosen, and one that raises is recorded with
-its error. The choice itself (`pick`) is a pure function of the trials.
+reference (no NaN, every element written, relative error under the tolerance). A candidate that is
+fast but wrong is never chosen, and one that raises is recorded with its error. Two ways to choose,
+each a pure function of the trials: `first_passed`, the preference order (a table: nothing is timed,
+so every process of the same code picks the same kernel), and `pick`, the fastest by device time
+(an experiment: on the H200 near-ties made fresh processes pick differently, docs/benchmarks.md #40).
 """
 
 from __future__ import annotations
@@ -29,16 +31,28 @@ class Trial:
 
     @property
     def passed(self) -> bool:
-        return self.error is None and self.us is not None
+        return self.error is None
+
+
+def _nothing_passed(trials: Sequence[Trial]) -> ValueError:
+    return ValueError(
+        "no kernel passed its parity test: " + "; ".join(f"{t.name}: {t.error}" for t in trials)
+    )
+
+
+def first_passed(trials: Sequence[Trial]) -> str:
+    """The earliest trial in order that passed its parity test. ValueError if none passed."""
+    for t in trials:
+        if t.passed:
+            return t.name
+    raise _nothing_passed(trials)
 
 
 def pick(trials: Sequence[Trial], tie: float = TIE) -> str:
     """The fastest trial that passed; within `tie` of it, the earliest in order. ValueError if none passed."""
-    passed = [t for t in trials if t.passed]
+    passed = [t for t in trials if t.passed and t.us is not None]
     if not passed:
-        raise ValueError(
-            "no kernel passed its parity test: " + "; ".join(f"{t.name}: {t.error}" for t in trials)
-        )
+        raise _nothing_passed(trials)
     best = min(t.us for t in passed if t.us is not None)
     return next(t.name for t in passed if t.us is not None and t.us <= best * (1 + tie))
 
@@ -87,12 +101,13 @@ def run_trials(
     want: Sequence[torch.Tensor],
     tolerance: float,
     timed: Sequence[tuple[torch.Tensor, ...]] | None = None,
-    time_fn: Callable[[Sequence[Callable[[], object]]], float] = device_time_us,
+    time_fn: Callable[[Sequence[Callable[[], object]]], float] | None = device_time_us,
 ) -> list[Trial]:
     """Try each (name, run(*args, out=...), unsupported_reasons(*args)) on every input set, then time it.
 
     `inputs` are the parity cases (poisoned where a kernel must not read) and `want` their reference
-    outputs; `timed` are the input sets the timing cycles over (default: `inputs`).
+    outputs; `timed` are the input sets the timing cycles over (default: `inputs`). With `time_fn` None
+    nothing is timed and the trials stop at the first candidate that passes (the preference order).
     """
     trials = []
     for name, run, reasons_of in candidates:
@@ -116,6 +131,9 @@ def run_trials(
             if failure:
                 trials.append(Trial(name, rel_err=worst, error=f"parity: {failure}"))
                 continue
+            if time_fn is None:
+                trials.append(Trial(name, rel_err=worst))
+                break
             sets = timed or inputs
             outs = [torch.empty(want[0].shape, dtype=a[0].dtype, device=want[0].device) for a in sets]
             calls = [lambda a=a, o=o, f=run: f(*a, out=o) for a, o in zip(sets, outs, strict=True)]

@@ -44,6 +44,36 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
+TUNINGS = ("pinned", "measured")
+# Inductor's settings under which nothing in a compile is chosen by timing on the device: one Triton
+# config per kernel (no pointwise or reduction autotuning, no coordinate descent, no padding benchmark),
+# so that every process of the same code on the same GPU runs the same kernels. With Inductor's defaults
+# each fresh compile timed its candidate configs itself and kept its own draw, and with it its own decode
+# speed for its whole life (docs/benchmarks.md, #40).
+PINNED_INDUCTOR = {
+    "deterministic": True,
+    "triton.autotune_pointwise": False,
+    "coordinate_descent_tuning": False,
+    "max_autotune": False,
+    "max_autotune_pointwise": False,
+}
+
+
+def compile_options(tuning: str, known: Sequence[str] | None = None) -> dict[str, bool]:
+    """torch.compile's Inductor options for a tuning (TUNINGS): "pinned" sets PINNED_INDUCTOR, less any
+    setting this torch does not know (`known`: its config's names, read from Inductor when None);
+    "measured" keeps Inductor's defaults. ValueError for another tuning."""
+    if tuning not in TUNINGS:
+        raise ValueError(f"unknown tuning {tuning!r}; known: {', '.join(TUNINGS)}")
+    if tuning == "measured":
+        return {}
+    if known is None:
+        import torch._inductor.config as inductor_config
+
+        known = list(inductor_config.get_config_copy())
+    return {k: v for k, v in PINNED_INDUCTOR.items() if k in set(known)}
+
+
 class LayerWeights(NamedTuple):
     """One layer's tensors, by the names the math uses. None where the model has none (qwen2: no q/k
     norms; qwen3: no q/k/v bias). torch.compile flattens a NamedTuple into its tensors, so the compiled
@@ -170,7 +200,8 @@ class Block(nn.Module):
         self.decode_splits: int | None = (
             None  # None: the kernel's heuristic; an int pins it (A/B experiments)
         )
-        self.decode_kernel: str | None = None  # None: ops' measured choice; a name pins it (A/B experiments)
+        # None: ops' table; a name pins a kernel, ops.BY_TIMING times the candidates (A/B experiments)
+        self.decode_kernel: str | None = None
         # the two dense halves of a layer; Transformer.compile() swaps in compiled versions (same math)
         self.pre = qkv_projection
         self.pre_decode = qkv_projection_into_cache
@@ -292,19 +323,25 @@ class Transformer(nn.Module):
         self.rebind(new)
         return total
 
-    def compile(self) -> None:
+    def compile(self, tuning: str = "pinned") -> None:
         """Fuse each layer's elementwise work with torch.compile (CUDA decode: far fewer kernel launches).
 
         The two halves of a layer are compiled once and shared by all layers (weights are arguments, so
         every layer hits the same compiled code, the layer's cache views too: their offsets differ, not
-        their shapes); attention stays outside, and so do prefill's cache writes.
+        their shapes); attention stays outside, and so do prefill's cache writes. `tuning` (TUNINGS):
+        "pinned" chooses nothing by timing on the device, "measured" lets Inductor autotune and times the
+        decode-attention kernels at load (see `compile_options`).
         """
-        pre = torch.compile(qkv_projection, dynamic=False)
-        pre_decode = torch.compile(qkv_projection_into_cache, dynamic=False)
-        pre_block = torch.compile(qkv_block_into_cache, dynamic=False)
-        post = torch.compile(attention_output_and_ffn, dynamic=False)
+        options = compile_options(tuning)
+        self.compiled_with = {"tuning": tuning, "inductor": options}
+        pre = torch.compile(qkv_projection, dynamic=False, options=options)
+        pre_decode = torch.compile(qkv_projection_into_cache, dynamic=False, options=options)
+        pre_block = torch.compile(qkv_block_into_cache, dynamic=False, options=options)
+        post = torch.compile(attention_output_and_ffn, dynamic=False, options=options)
         for block in self.blocks:
             block.pre, block.pre_decode, block.pre_block, block.post = pre, pre_decode, pre_block, post
+            if tuning == "measured" and block.decode_kernel is None:
+                block.decode_kernel = ops.BY_TIMING
 
     def forward(self, ids: torch.Tensor, start: int, cache: KVCache, last_only: bool = False) -> torch.Tensor:
         """Run T new tokens at positions start..start+T-1; returns float32 logits [B, T or 1, V]."""

@@ -54,6 +54,7 @@ import torch
 from engine import generate as gen
 from engine import ops
 from engine import speculative as spec
+from engine.model import TUNINGS
 from engine.sampling import SamplingParams
 from engine.shapes import SHAPES
 
@@ -258,7 +259,7 @@ def serve(args: argparse.Namespace, stdin: IO[bytes] | None = None, out: IO[str]
         lm.transformer.pack()
     compiled = lm.device.type == "cuda" if args.compile is None else args.compile
     if compiled:
-        lm.transformer.compile()
+        lm.transformer.compile(args.tuning)
     server = Server(lm, args.max_seq, out, draft)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -280,12 +281,16 @@ def serve(args: argparse.Namespace, stdin: IO[bytes] | None = None, out: IO[str]
                 "threads": torch.get_num_threads(),
                 "max_seq": args.max_seq,
                 "compile": compiled,
+                "compiled_with": getattr(lm.transformer, "compiled_with", None),
                 "packed_weights": lm.device.type == "cuda" and args.pack,
                 "cuda_graph": server.session.graph is not None,
                 "random_weights": lm.random_weights,
                 "vocab_size": lm.cfg.vocab_size,
                 "decode_attention": ops.decode_config(
-                    lm.cfg.n_head, server.session.cache, lm.transformer.blocks[0].decode_splits
+                    lm.cfg.n_head,
+                    server.session.cache,
+                    lm.transformer.blocks[0].decode_splits,
+                    lm.transformer.blocks[0].decode_kernel,
                 ),
             },
             "timings": {"load_s": load_s, "warmup_s": warmup_s},
@@ -326,6 +331,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action=argparse.BooleanOptionalAction,
         default=None,
         help="torch.compile the dense halves (default: on for CUDA)",
+    )
+    p.add_argument(
+        "--tuning",
+        choices=TUNINGS,
+        default="pinned",
+        help="pinned: nothing chosen by timing at load (one Inductor config per kernel, the decode kernel "
+        "from a table); measured: Inductor autotunes and the decode kernels are timed (an experiment)",
     )
     p.add_argument(
         "--pack",
