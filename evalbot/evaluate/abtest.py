@@ -234,11 +234,13 @@ def measure(
     quiet: Quiet | None = None,
     progress: Progress | None = None,
     decided: Decided | None = None,
+    settled: Callable[[dict[Side, ServedProcess]], None] | None = None,
 ) -> tuple[Run, dict[Side, ServedProcess]]:
     """Run pairs of blocks (the crossover: each load order once) until every scored context's CI is narrow
     enough or `decided` says no further pair could change the verdict, or the pair cap, or the time budget.
-    The last block's processes are returned still running (frozen), for the audit and the spec runs:
-    the caller closes them."""
+    `settled` is called in every block once both processes are ready and warmed, frozen, before the first
+    timed request. The last block's processes are returned still running (frozen), for the audit and the
+    spec runs: the caller closes them."""
     m = profile.measurement
     quiet = quiet or profile.quiet
     cap = max_pairs or m.max_pairs
@@ -260,6 +262,8 @@ def measure(
         try:
             if m.warm_requests:
                 warm(procs, contexts, prompts, m.decode_tokens, request_timeout_s, m.stream, m.warm_requests)
+            if settled is not None:
+                settled(procs)
             for c in profile.contexts:
                 for i in range(counts[c.ctx]):
                     pair = _pair(

@@ -84,6 +84,8 @@ class RunContext:
     quiet: Quiet = field(default_factory=Quiet)
     model_paths: dict[str, Path] = field(default_factory=dict)
     serve_scratch: dict[Side, Path] = field(default_factory=dict)  # each side's latest serving process's
+    compiled: dict[Side, Path] = field(default_factory=dict)  # each side's kept first compile (compile_cache)
+    compile_notes: dict[Side, str] = field(default_factory=dict)  # why a side's compile was not kept
 
 
 def fresh_scratch(ctx: RunContext, label: str, under: Path | None = None) -> Path:
@@ -119,12 +121,11 @@ def sandbox_spec(
 ) -> sandbox.SandboxSpec:
     """The sandbox of one engine process: scratch is the only writable place, the env is scrubbed.
 
-    With `side_root` (a folder above scratch; the runner gives one to main's serving processes only, whose
-    code is trusted) the process may write there too, and its compile caches (TorchInductor, Triton, torch's
-    extension builds) live in side_root/caches: one path for all of them, so that only the first pays the
-    compile. The path must stay the same: an extension build copied to another folder is built again (its
-    ninja commands name the folder). The PR's processes get none: anything they could all write would
-    carry state from one process to the next."""
+    With `side_root` (a folder above scratch, emptied before each serving process of the side starts,
+    `serve_dirs`) the process may write all of it, and its compile caches (TorchInductor, Triton, torch's
+    extension builds) live in side_root/caches: one path for every process of the side, which the runner
+    fills with a copy of the side's first compile (`compile_cache`). The path must stay the same: an
+    extension build copied to another folder is built again (its ninja commands name the folder)."""
     scratch.mkdir(parents=True, exist_ok=True)
     if side_root is not None and not scratch.is_relative_to(side_root):
         raise ValueError(f"{scratch} is not inside the side's root {side_root}")

@@ -16,7 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from evalbot import verdict
-from evalbot.evaluate import abtest, audit, box, builds, checkout, cpumeter, prompts, sandbox, served
+from evalbot.evaluate import (
+    abtest,
+    audit,
+    box,
+    builds,
+    checkout,
+    compile_cache,
+    cpumeter,
+    prompts,
+    sandbox,
+    served,
+)
 from evalbot.evaluate.context import (
     SIDE_LABEL,
     EvalConfig,
@@ -25,7 +36,6 @@ from evalbot.evaluate.context import (
     SideBuild,
     SideFailed,
     confine_build,
-    fresh_scratch,
     ro_binds,
     sandbox_spec,
 )
@@ -281,18 +291,37 @@ class _Served:
     accuracy: AccuracyResult | None = None
 
 
-def serve_dirs(ctx: RunContext, side: Side) -> tuple[Path, Path | None]:
-    """A serving process's fresh scratch, and the root it may share with its side's other processes: main's
-    share their compile caches (one root, one path); the PR's share nothing, since a store they could all
-    write would carry state (a memo of timed prompts) from one process to the next, and the speculative
-    runs take prompts that earlier processes timed."""
-    root = ctx.scratch / "serve" / side.value if side is Side.BASE else None
-    return fresh_scratch(ctx, f"{side.value}-serve", under=root), root
+def serve_dirs(ctx: RunContext, side: Side) -> tuple[Path, Path]:
+    """A serving process's scratch and its side's root, emptied for it: the root holds only the side's
+    compile caches, a fresh copy of its first process's compile where one was kept (`compile_cache`), and
+    the scratch. Every process of a side sees the same paths and nothing an earlier one wrote."""
+    root = ctx.scratch / "serve" / side.value
+    if root.exists():
+        compile_cache.remove(root)
+    compile_cache.restore(ctx.compiled.get(side), root / "caches")
+    scratch = root / "work"
+    scratch.mkdir()
+    return scratch, root
+
+
+def keep_compiles(ctx: RunContext, procs: dict[Side, served.ServedProcess]) -> None:
+    """Once per side, while its first serving process is frozen after its warm-up and before any timed
+    request: keep a copy of that process's compile caches for the side's later processes."""
+    for side in procs:
+        if side in ctx.compiled or side in ctx.compile_notes:
+            continue
+        dest = ctx.scratch / "serve" / f"{side.value}.compiled"
+        why = compile_cache.snapshot(ctx.scratch / "serve" / side.value / "caches", dest)
+        if why is None:
+            ctx.compiled[side] = dest
+        else:
+            ctx.compile_notes[side] = why
+            ctx.log(f"{SIDE_LABEL[side]}'s compile is not kept ({why}): each of its processes compiles anew")
 
 
 def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int) -> abtest.Launch:
-    """Start one side's `engine serve`, sandboxed, in a fresh scratch dir (main's under its own root, whose
-    compile caches main's earlier processes filled), with the profile's device."""
+    """Start one side's `engine serve`, sandboxed, in its emptied side folder (with a copy of the side's
+    first compile, once kept), with the profile's device."""
 
     def launch(side: Side) -> served.ServedProcess:
         venv = ctx.sides[side].build.venv
@@ -386,6 +415,7 @@ def _measure_served(
             decided=lambda samples: verdict.no_pair_could_change(
                 abtest.throughput(samples, profile, name), ctx.cfg.rules
             ),
+            settled=lambda ready: keep_compiles(ctx, ready),
         )
         ctx.box_samples.extend(run.box_samples)
         gate = ctx.cfg.rules.gates.decode_audit
