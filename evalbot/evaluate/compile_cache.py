@@ -38,19 +38,28 @@ def tree_bytes(root: Path, limit: int) -> int | None:
     return total
 
 
-def snapshot(cache: Path, dest: Path, max_bytes: int = MAX_BYTES) -> str | None:
+def snapshot(cache: Path, dest: Path, max_bytes: int | None = None) -> str | None:
     """Copy a side's compile cache to dest (files, folders, links as links; nothing else). None when kept,
-    else why not (dest is then absent)."""
+    else why not (dest is then absent). `max_bytes`: MAX_BYTES unless given."""
     if dest.exists():
         raise ValueError(f"{dest} exists: a side's compile is kept once")
+    if cache.is_symlink():  # the side may have swapped its cache folder for a link to one of the bot's
+        return f"its compile cache {cache} is a link"
     if not cache.is_dir():
         return f"no compile cache at {cache}"
-    size = tree_bytes(cache, max_bytes)
+    cap = MAX_BYTES if max_bytes is None else max_bytes
+    size = tree_bytes(cache, cap)
     if size is None:
-        return f"its compile cache is over {max_bytes >> 20} MiB"
+        return f"its compile cache is over {cap >> 20} MiB"
     tmp = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    _copy(cache, tmp)
+    if tmp.exists() or tmp.is_symlink():
+        remove(tmp)
+    try:
+        _copy(cache, tmp)
+    except OSError as exc:  # an entry the side made unreadable: keep nothing rather than half
+        if tmp.exists() or tmp.is_symlink():
+            remove(tmp)
+        return f"its compile cache could not be copied: {type(exc).__name__}: {str(exc)[:200]}"
     tmp.rename(dest)
     return None
 
