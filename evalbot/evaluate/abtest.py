@@ -149,12 +149,16 @@ def pairs_at(
 
 def throughput(samples: list[Sample], profile: Profile, model: str) -> list[ThroughputPairs]:
     """Decode (wall and CPU clock) and prefill pairs per context, as the verdict reads them: blocks are
-    the clusters and their load orders the crossover; the verdict decides which decode clock scores."""
+    the clusters and their load orders the crossover; the verdict decides which decode clock scores. On a
+    GPU the CPU clock is shown and never scores: the engine's host CPU time measures its host thread
+    waiting on the device, not the device's speed (an A/A run on an H100, 2026-12-06: MDE 0.05-0.12% on
+    the wall clock, 0.17-0.36% on the CPU clock, docs/benchmarks.md #40)."""
     out = []
+    cpu_scores = profile.device != "cuda"
     for c in profile.contexts:
         for metric, name, scored in (
             ("decode", "decode_tps", c.scored),
-            ("decode_cpu", "decode_cpu_tps", c.scored),
+            ("decode_cpu", "decode_cpu_tps", c.scored and cpu_scores),
             ("utilization", UTILIZATION_METRIC, False),
             ("prefill", "prefill_tps", False),
         ):

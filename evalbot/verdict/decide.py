@@ -168,17 +168,24 @@ def score_clocks(estimates: tuple[ContextEstimate, ...], rules: Rules) -> tuple[
     wall time stays guarded (a head may not be slower on it) but scores nothing. Elsewhere, or without a
     CPU reading, wall time scores and the CPU estimate is shown only: a head that sleeps instead of
     spinning, adds threads, or works outside the metered tree moves its utilization, and is judged on wall
-    time, where none of that helps."""
+    time, where none of that helps. A CPU clock measured but not scored (a GPU profile's) never takes wall
+    time's place."""
     tol = rules.gates.timing.cpu_clock_tolerance
     by_key = {(e.model, e.context, e.metric): e for e in estimates}
     out = []
     for e in estimates:
         key = (e.model, e.context)
-        util = by_key.get((*key, UTILIZATION_METRIC))
-        cpu_ok = util is not None and 1 - tol <= util.ci_low and util.ci_high <= 1 + tol
+        util, cpu = by_key.get((*key, UTILIZATION_METRIC)), by_key.get((*key, "decode_cpu_tps"))
+        cpu_ok = (
+            util is not None
+            and cpu is not None
+            and cpu.scored
+            and 1 - tol <= util.ci_low
+            and util.ci_high <= 1 + tol
+        )
         if e.metric == UTILIZATION_METRIC or (e.metric == "decode_cpu_tps" and not cpu_ok):
             e = dataclasses.replace(e, scored=False, guarded=False, tier=None, regression=False)
-        elif e.metric == "decode_tps" and cpu_ok and (*key, "decode_cpu_tps") in by_key:
+        elif e.metric == "decode_tps" and cpu_ok:
             e = dataclasses.replace(e, scored=False, tier=None)
         out.append(e)
     return tuple(out)

@@ -8,6 +8,7 @@ spinning)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -380,3 +381,28 @@ def test_the_design_never_exceeds_the_cap_and_buys_a_crossover_where_it_can():
     assert abtest.design(2, 6, 32) == (2, 16, 6)  # the shipped cpu profile
     assert abtest.design(2, 6, 4) == (1, 4, 4)  # the demo's --max-pairs 4
     assert abtest.design(1, 12, 32) == (1, 32, 12)  # one pair a block where asked: many short blocks
+
+
+def test_on_a_gpu_the_cpu_clock_is_shown_but_wall_time_scores(rules):
+    # a GPU engine's host CPU time is its host thread waiting on the device: an A/A run on an H100 read
+    # MDEs of 0.17-0.36% on it against 0.05-0.12% on the wall (2026-12-06)
+    for profile, cpu_scored in ((rules.profile("gpu"), False), (rules.profile("cpu"), True)):
+        ctx = profile.contexts[0].ctx
+        samples = [
+            _sample(side, ctx, block, pair, 100.0, base_first=block % 2 == 0)
+            for block in range(4)
+            for pair in range(2)
+            for side in (Side.BASE, Side.HEAD)
+        ]
+        by_metric = {t.metric: t for t in abtest.throughput(samples, profile, "m") if t.context == ctx}
+        assert by_metric["decode_cpu_tps"].scored is cpu_scored and by_metric["decode_tps"].scored
+    # a head that looks 50% faster on an unscored CPU clock, with the utilization unchanged, earns nothing...
+    wall, cpu, util = _both(4096, 1.0, 1.5, 1.0, wall_noise=0.004)
+    unscored = dataclasses.replace(cpu, scored=False)
+    v = _verdict(rules, wall, unscored, util)
+    assert v.status is Status.PASS and v.tier is None
+    assert [e.metric for e in v.estimates if e.scored] == ["decode_tps"]
+    # ...and a real wall-clock gain is scored on the wall, however the CPU clock reads
+    wall, cpu, util = _both(4096, 1.05, 1.0, 1.0, wall_noise=0.004)
+    v = _verdict(rules, wall, dataclasses.replace(cpu, scored=False), util)
+    assert v.tier == "S" and [e.metric for e in v.estimates if e.scored] == ["decode_tps"]
