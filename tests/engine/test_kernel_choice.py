@@ -130,3 +130,62 @@ def test_cpu_decode_takes_the_reference_without_measuring():
     q, k, v, lengths = _decode_case(4)[0]
     assert ops.decode_backend(q, k, v, lengths) == "torch-reference"
     assert ops._decode_choices == {}  # nothing measured, nothing cached on the CPU
+
+
+def test_the_table_takes_the_first_that_passes_parity_and_times_nothing():
+    # the engine's default: no candidate is timed, so every process of the same code picks the same kernel
+    case, want = _decode_case(5)
+    scale = 64**-0.5
+
+    def honest(q, k, v, n, out):
+        return out.copy_(reference.decode_attention(q, k, v, n, scale))
+
+    def wrong(q, k, v, n, out):
+        return out.zero_()
+
+    ran = []
+
+    def later(q, k, v, n, out):
+        ran.append(1)
+        return honest(q, k, v, n, out)
+
+    def no_clock(calls):
+        raise AssertionError("the table must time nothing")
+
+    candidates = [
+        ("unsupported", honest, lambda *a: ["head dim 64 not in (128,)"]),
+        ("wrong", wrong, lambda *a: []),
+        ("first-right", honest, lambda *a: []),
+        ("later", later, lambda *a: []),
+    ]
+    trials = kc.run_trials(candidates, [case], [want], 5e-3, time_fn=None)
+    assert [t.name for t in trials] == ["unsupported", "wrong", "first-right"] and not ran
+    assert kc.first_passed(trials) == "first-right" and trials[-1].us is None
+    assert kc.run_trials(candidates, [case], [want], 5e-3, time_fn=_wall_time)[-1].name == "later"
+    with pytest.raises(ValueError, match="no kernel passed"):
+        kc.first_passed(trials[:2])
+    # a clock handed in is used (and a clock that fails fails the candidate, never the choice)
+    timed = kc.run_trials(candidates[2:3], [case], [want], 5e-3, time_fn=no_clock)
+    assert "the table must time nothing" in timed[0].error
+
+
+def test_the_decode_table_puts_the_measured_batch_one_winner_first():
+    # H200, 2026-12-04 (docs/benchmarks.md): at batch 1 Triton's split-KV kernel beat the cluster kernel at
+    # every shape timed; the torch reference is the fallback of last resort
+    assert ops.DECODE_KERNELS == ("triton-flash-decode", "cuda-cluster-decode", "torch-reference")
+    assert [name for name, _, _ in ops._decode_candidates(1.0)] == list(ops.DECODE_KERNELS)
+    assert ops.BY_TIMING not in ops.DECODE_KERNELS
+
+
+def test_the_pinned_compile_applies_every_setting_on_this_torch():
+    from engine.model import PINNED_INDUCTOR, compile_options
+
+    # a torch that renamed one of them would silently tune again: every one must be known here
+    assert compile_options("pinned") == PINNED_INDUCTOR
+    assert compile_options("measured") == {}
+    assert compile_options("pinned", known=["deterministic"]) == {"deterministic": True}
+    with pytest.raises(ValueError, match="unknown tuning 'fast'"):
+        compile_options("fast")
+    # torch.compile takes them as Inductor options (an unknown one would raise at compile)
+    f = torch.compile(lambda x: x.relu() + 1, dynamic=False, options=compile_options("pinned"))
+    assert torch.equal(f(torch.tensor([-1.0, 2.0])), torch.tensor([1.0, 3.0]))
