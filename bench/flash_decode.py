@@ -578,7 +578,7 @@ def main() -> None:
                 if args.ops_choice and cuda:
                     from engine import ops
 
-                    choice = ops.choose_decode_kernel(q, k, v, lengths, scale)
+                    choice = ops.choose_decode_kernel(q, k, v, lengths, scale, by_timing=True)
                     row["ops_choice"] = choice.record()
             if args.ceiling and cuda and tile == default:
                 row["ceiling"] = ceiling_us(torch, triton, sets, kv_bytes, record["num_sms"])

@@ -320,13 +320,16 @@ def test_gpu_ops_chooses_among_kernels_that_passed():
     from engine import ops
 
     q, _, _, k, v, n = _inputs(1, 32, 8, 128, 4096, [4096], torch.bfloat16, seed=11)
-    choice = ops.choose_decode_kernel(q, k, v, n, 128**-0.5)
+    choice = ops.choose_decode_kernel(q, k, v, n, 128**-0.5, by_timing=True)
     by = {t.name: t for t in choice.trials}
     assert set(by) == set(ops.DECODE_KERNELS)
     assert by[choice.backend].passed and choice.how == "measured"
     fastest = min(t.us for t in choice.trials if t.passed)
     assert by[choice.backend].us <= fastest * 1.01 + 1e-9
-    assert ops.decode_backend(q, k, v, n) == choice.backend  # cached per shape
+    assert ops.decode_backend(q, k, v, n, kernel=ops.BY_TIMING) == choice.backend  # cached per shape
+    table = ops.choose_decode_kernel(q, k, v, n, 128**-0.5)  # the default: the table, nothing timed
+    assert table.how == "table" and table.backend == ops.DECODE_KERNELS[0]
+    assert all(t.us is None for t in table.trials) and ops.decode_backend(q, k, v, n) == table.backend
 
 
 class _Binding:
