@@ -8,7 +8,7 @@ each at load time. Attention goes through ``engine.ops``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +50,7 @@ TUNINGS = ("pinned", "measured")
 # so that every process of the same code on the same GPU runs the same kernels. With Inductor's defaults
 # each fresh compile timed its candidate configs itself and kept its own draw, and with it its own decode
 # speed for its whole life (docs/benchmarks.md, #40).
-PINNED_INDUCTOR = {
+PINNED_INDUCTOR: dict[str, Any] = {
     "deterministic": True,
     "triton.autotune_pointwise": False,
     "coordinate_descent_tuning": False,
@@ -59,7 +59,7 @@ PINNED_INDUCTOR = {
 }
 
 
-def compile_options(tuning: str, known: Sequence[str] | None = None) -> dict[str, bool]:
+def compile_options(tuning: str, known: Sequence[str] | None = None) -> dict[str, Any]:
     """torch.compile's Inductor options for a tuning (TUNINGS): "pinned" sets PINNED_INDUCTOR, less any
     setting this torch does not know (`known`: its config's names, read from Inductor when None);
     "measured" keeps Inductor's defaults. ValueError for another tuning."""

@@ -130,8 +130,11 @@ def _trial_inputs(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, seed:
     kv_bytes = 2 * ks.numel() * ks.element_size()
     l2 = torch.cuda.get_device_properties(q.device).L2_cache_size
     copies = min(8, max(1, -(-3 * l2 // kv_bytes)))  # enough that the timing never finds K/V in the L2
-    timed = [(randn(b, hq, d), randn(b, hkv, s_max, d), randn(b, hkv, s_max, d), full) for _ in range(copies)]
-    return cases, clean, timed
+    return (
+        cases,
+        clean,
+        [(randn(b, hq, d), randn(b, hkv, s_max, d), randn(b, hkv, s_max, d), full) for _ in range(copies)],
+    )
 
 
 def choose_decode_kernel(
