@@ -9,6 +9,11 @@ request's decode rate and the between-process sd of the process means (less what
 explains).
 
     python bench/process_offsets.py --processes 8 --env base: --env thp:THP_MEM_ALLOC_ENABLE=1 --out offsets.json
+
+With `--anchor`, each fresh process is timed against one long-lived anchor process (the base environment),
+pair by pair, the idle one frozen (as the A/B does): the offsets are then log-ratios to the anchor, and
+the box's drift over the run cancels. Each process also reports how much of its memory the kernel backs
+with transparent huge pages (AnonHugePages of /proc/PID/smaps_rollup, with the tree's RSS).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +62,19 @@ def split(per_process: list[list[float]]) -> dict[str, float]:
     }
 
 
+def hugepages(pid: int) -> dict[str, int]:
+    """kB of the process's resident memory, and of it what transparent huge pages back."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "AnonHugePages"):
+                out[key] = int(rest.split()[0])
+    except OSError:
+        pass
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
@@ -67,6 +86,7 @@ def main() -> None:
         "--threads", type=int, default=1, help="the engine's OMP_NUM_THREADS (the cpu profile: 1)"
     )
     ap.add_argument("--env", action="append", default=[], help="name:K=V,K=V (repeatable); default base:")
+    ap.add_argument("--anchor", action="store_true", help="time each process against one long-lived anchor")
     ap.add_argument("--out")
     args = ap.parse_args()
     from engine.registry import resolve  # the bench may import the engine; the bot never does
@@ -77,68 +97,78 @@ def main() -> None:
     rates: dict[str, list[list[float]]] = {name: [] for name, _ in envs}
     cpu_rates: dict[str, list[list[float]]] = {name: [] for name, _ in envs}
     t0 = time.monotonic()
+
+    def start(name: str, extra: dict[str, str], scratch: Path) -> served.ServedProcess:
+        scratch.mkdir()
+        env = (
+            sandbox.scrub_env(os.environ)
+            | {
+                "HOME": str(scratch),
+                "TMPDIR": str(scratch),
+                "PYTHONHASHSEED": "0",
+                "OMP_NUM_THREADS": str(args.threads),
+            }
+            | extra
+        )
+        spec = sandbox.SandboxSpec(
+            ro_binds=tuple(dict.fromkeys([*sandbox.system_ro_binds(), ROOT, Path(sys.prefix), model.parent])),
+            scratch=scratch,
+            workdir=ROOT,
+            env=env,
+            limits=sandbox.Limits(timeout_s=3600, memory_bytes=48 << 30),
+        )
+        prefix = ["setarch", os.uname().machine, "-R"] if extra.get("NOASLR") == "1" else []
+        if extra.get("PIN"):
+            prefix = ["taskset", "-c", extra["PIN"], *prefix]
+        argv = [*prefix, sys.executable, "-m", "engine", "serve", "--model", str(model)]
+        argv += ["--max-seq", str(args.ctx + args.tokens + 16), "--warmup", "1"]
+        p = served.ServedProcess.start(name, spec, argv, no_sandbox=True, meter=cpumeter.make_meter(name))
+        p.wait_ready(900)
+        return p
+
+    anchor = start("anchor", {}, work / "anchor") if args.anchor else None
+    if anchor is not None:
+        anchor.freeze()
+    huge: dict[str, list[dict[str, int]]] = {name: [] for name, _ in envs}
     for i in range(args.processes):
         for name, extra in envs:
-            scratch = work / f"{name}-{i}"
-            scratch.mkdir()
-            env = (
-                sandbox.scrub_env(os.environ)
-                | {
-                    "HOME": str(scratch),
-                    "TMPDIR": str(scratch),
-                    "PYTHONHASHSEED": "0",
-                    "OMP_NUM_THREADS": str(args.threads),
-                }
-                | extra
-            )
-            spec = sandbox.SandboxSpec(
-                ro_binds=tuple(
-                    dict.fromkeys([*sandbox.system_ro_binds(), ROOT, Path(sys.prefix), model.parent])
-                ),
-                scratch=scratch,
-                workdir=ROOT,
-                env=env,
-                limits=sandbox.Limits(timeout_s=3600, memory_bytes=48 << 30),
-            )
-            prefix = ["setarch", os.uname().machine, "-R"] if extra.get("NOASLR") == "1" else []
-            if extra.get("PIN"):
-                prefix = ["taskset", "-c", extra["PIN"], *prefix]
-            argv = [
-                *prefix,
-                sys.executable,
-                "-m",
-                "engine",
-                "serve",
-                "--model",
-                str(model),
-                "--max-seq",
-                str(args.ctx + args.tokens + 16),
-                "--warmup",
-                "1",
-            ]
-            meter = cpumeter.make_meter(name)
-            p = served.ServedProcess.start(name, spec, argv, no_sandbox=True, meter=meter)
+            p = start(name, extra, work / f"{name}-{i}")
             try:
-                p.wait_ready(900)
+                huge[name].append(hugepages(p.proc.pid))
                 source = abtest.random_prompts(p.vocab, 11)
                 xs, cs = [], []
                 for r in range(args.requests):
-                    t = p.request(
-                        {
-                            "op": "generate",
-                            "prompt_ids": source(args.ctx, 1000 * i + r),
-                            "max_new": args.tokens,
-                        },
-                        600,
-                    )
-                    xs.append(t.decode_tps)
-                    if t.decode_cpu_s:
-                        cs.append((len(t.tokens) - 1) / t.decode_cpu_s)
+                    body = {
+                        "op": "generate",
+                        "prompt_ids": source(args.ctx, 1000 * i + r),
+                        "max_new": args.tokens,
+                    }
+                    if anchor is None:
+                        t = p.request(body, 600)
+                        xs.append(t.decode_tps)
+                        if t.decode_cpu_s:
+                            cs.append((len(t.tokens) - 1) / t.decode_cpu_s)
+                        continue
+                    order = (p, anchor) if r % 2 == 0 else (anchor, p)
+                    got = {
+                        q.label: served.run_alone(
+                            q, [x for x in order if x is not q], partial(q.request, body, 600)
+                        )
+                        for q in order
+                    }
+                    xs.append(got[name].decode_tps / got["anchor"].decode_tps)
+                    if got[name].decode_cpu_s and got["anchor"].decode_cpu_s:
+                        cs.append(got["anchor"].decode_cpu_s / got[name].decode_cpu_s)
             finally:
                 p.close()
             rates[name].append(xs)
             cpu_rates[name].append(cs)
-            print(f"{name} process {i + 1}: " + " ".join(f"{x:.2f}" for x in xs), file=sys.stderr)
+            print(
+                f"{name} process {i + 1}: " + " ".join(f"{x:.4f}" for x in xs) + f" {huge[name][-1]}",
+                file=sys.stderr,
+            )
+    if anchor is not None:
+        anchor.close()
     result = {
         "date": box.now(),
         "box": box.identity(),
@@ -150,6 +180,7 @@ def main() -> None:
                 "wall": split(rates[name]),
                 "cpu": split(cpu_rates[name]) if all(len(c) >= 2 for c in cpu_rates[name]) else None,
                 "rates": rates[name],
+                "hugepages": huge[name],
             }
             for name, extra in envs
         },
