@@ -50,16 +50,7 @@ export GIT_AUTHOR_NAME=x GIT_AUTHOR_EMAIL=x@x GIT_COMMITTER_NAME=x GIT_COMMITTER
 git init -q && git add -A && git commit -qm snapshot && git branch -M main && echo "repo $(git rev-parse --short HEAD)"
 if [ "$MODE" = synthetic ]; then
   git branch pr
-  python3 - "$SYNTH_K" <<'PY'
-import sys
-p = "engine/model.py"
-s = open(p).read()
-old = "        return self.logits(x)[:, 0]\n\n    def logits"
-assert s.count(old) == 1, "the decode step's return moved: update the synthetic change"
-new = ("        out = self.logits(x)[:, 0]\n        for _ in range(%d):  # synthetic: no-op kernels\n"
-       "            out.add_(0.0)\n        return out\n\n    def logits") % int(sys.argv[1])
-open(p, "w").write(s.replace(old, new))
-PY
+  python3 bench/synthetic_noop.py engine/model.py "$SYNTH_K" || exit 1
   git commit -qam "synthetic: $SYNTH_K no-op kernels per decode step on main" && echo "main: +$SYNTH_K no-op kernels; pr: without"
 fi
 mkdir -p /tmp/rules && cp rules/*.yaml /tmp/rules/
