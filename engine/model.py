@@ -281,6 +281,7 @@ class Transformer(nn.Module):
         # an nn.ModuleList (so the layers are submodules) of Blocks: not generic, so typed by what it holds
         self.blocks = cast("Sequence[Block]", nn.ModuleList(Block(cfg, w) for w in layers))
         self.cos, self.sin = rope_tables(cfg.head_dim, max_pos, cfg.rope_base, device)
+        self.compiled_with: dict[str, Any] | None = None  # compile()'s tuning and Inductor settings
 
     @property
     def dtype(self) -> torch.dtype:

@@ -281,7 +281,7 @@ def serve(args: argparse.Namespace, stdin: IO[bytes] | None = None, out: IO[str]
                 "threads": torch.get_num_threads(),
                 "max_seq": args.max_seq,
                 "compile": compiled,
-                "compiled_with": getattr(lm.transformer, "compiled_with", None),
+                "compiled_with": lm.transformer.compiled_with,
                 "packed_weights": lm.device.type == "cuda" and args.pack,
                 "cuda_graph": server.session.graph is not None,
                 "random_weights": lm.random_weights,
