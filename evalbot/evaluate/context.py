@@ -88,10 +88,10 @@ class RunContext:
     compile_notes: dict[Side, str] = field(default_factory=dict)  # why a side's compile was not kept
 
 
-def fresh_scratch(ctx: RunContext, label: str, under: Path | None = None) -> Path:
-    """A new, empty folder under the run's scratch (or under `under`) for one engine process."""
+def fresh_scratch(ctx: RunContext, label: str) -> Path:
+    """A new, empty folder under the run's scratch for one engine process."""
     ctx.runs += 1
-    path = (under or ctx.scratch) / "runs" / f"{ctx.runs:05d}-{label}"
+    path = ctx.scratch / "runs" / f"{ctx.runs:05d}-{label}"
     path.mkdir(parents=True)
     return path
 

@@ -550,3 +550,16 @@ def test_measure_settles_each_block_after_its_warm_up_and_before_its_first_timed
     assert {e.side for e in second} == {Side.BASE, Side.HEAD}
     for e in second:
         assert e.found == {"kernel.bin": b"compiled", **{f"memo-{s}": b"seen" for s in warm1}}
+
+
+def test_a_cache_of_too_many_entries_is_not_kept(tmp_path, monkeypatch):
+    # a million empty files would be copied again at every start of the side: refused like a large cache
+    cache = tmp_path / "caches"
+    cache.mkdir()
+    for i in range(30):
+        (cache / f"f{i}").touch()
+    assert compile_cache.tree_bytes(cache, 1 << 20, max_entries=30) == 0
+    assert compile_cache.tree_bytes(cache, 1 << 20, max_entries=29) is None
+    monkeypatch.setattr(compile_cache, "MAX_ENTRIES", 29)
+    why = compile_cache.snapshot(cache, tmp_path / "kept", max_bytes=1 << 20)
+    assert why is not None and "entries" in why and not (tmp_path / "kept").exists()
