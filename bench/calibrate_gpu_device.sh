@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The H200 calibration of the served, harness-timed gpu profile (docs/benchmarks.md), as run through the
 # device tool from the repo root. .whl/ carries the wheels the device image lacks (gguf, cryptography, cffi,
-# pycparser, unidiff) and .whl/debs/ bubblewrap's .deb (unpacked under /tmp, never into /).
+# pycparser, unidiff), .whl/build/ the build backend of `pip install -e` (setuptools, wheel) and .whl/debs/ bubblewrap's .deb (unpacked under /tmp, never into /).
 #
 #   MODE=smoke      one A/A `evaluate` on a small shape: does the served path run on CUDA, in the sandbox?
 #   MODE=calibrate  `evalbot calibrate --profile gpu`: RUNS A/A evaluations of SHAPE at CTXS
 #   MODE=synthetic  one `evaluate` of a known change: main decodes with SYNTH_K extra no-op kernels per step
 #                   (in-place adds of 0 to the logits, bit-identical tokens), the PR removes them
+#   MODE=workflow   the synthetic change evaluated as .github/workflows/evalbot-eval.yml runs it: the harness
+#                   installed into a venv, a runner key file, the repo's own (narrowed) rules, a neutral cwd,
+#                   the box lock, a signed receipt checked with `evalbot receipt verify`
 #
 # Knobs (env): SHAPE (qwen3-8b), CTXS ("4096 16384"), PAIRS_PER_BLOCK (8), MIN_BLOCKS (4), MAX_PAIRS (32),
-# RUNS (1), DECODE (128), STREAM (ends), SYNTH_K (16), WARM (1: untimed requests per context and side a block), BUDGET (seconds the command may take, default 540).
+# RUNS (1), DECODE (128), DEVICE (cuda; cpu for a dry run of the script), STREAM (ends), SYNTH_K (16), WARM (1: untimed requests per context and side a block), BUDGET (seconds the command may take, default 540).
 # Results go to $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -46,17 +49,10 @@ else
   echo "bubblewrap cannot make its namespaces here: --no-sandbox (A/A only)" | tee -a "$OUT/bwrap.txt"
 fi
 
-export GIT_AUTHOR_NAME=x GIT_AUTHOR_EMAIL=x@x GIT_COMMITTER_NAME=x GIT_COMMITTER_EMAIL=x@x
-git init -q && git add -A && git commit -qm snapshot && git branch -M main && echo "repo $(git rev-parse --short HEAD)"
-if [ "$MODE" = synthetic ]; then
-  git branch pr
-  python3 bench/synthetic_noop.py engine/model.py "$SYNTH_K" || exit 1
-  git commit -qam "synthetic: $SYNTH_K no-op kernels per decode step on main" && echo "main: +$SYNTH_K no-op kernels; pr: without"
-fi
 mkdir -p /tmp/rules && cp rules/*.yaml /tmp/rules/
 {
   echo "gpu:"
-  echo "  device: cuda"
+  echo "  device: ${DEVICE:-cuda}"
   echo "  contexts:"
   for c in $CTXS; do echo "    - {ctx: $c, guarded: true, scored: true}"; done
   cat <<YAML
@@ -89,6 +85,15 @@ s = re.sub(r"(  gpu:\n)(    - shape: .*\n)+", lambda m: m.group(1) + f"    - sha
 open(p, "w").write(s)
 PY
 python3 -m evalbot rules check /tmp/rules 2>&1 | tail -2
+export GIT_AUTHOR_NAME=x GIT_AUTHOR_EMAIL=x@x GIT_COMMITTER_NAME=x GIT_COMMITTER_EMAIL=x@x
+# workflow: the narrowed rules are main's own (the workflow reads the rules of base_sha's checkout)
+[ "$MODE" = workflow ] && cp /tmp/rules/profiles.yaml /tmp/rules/models.yaml rules/
+git init -q && git add -A && git commit -qm snapshot && git branch -M main && echo "repo $(git rev-parse --short HEAD)"
+if [ "$MODE" = synthetic ] || [ "$MODE" = workflow ]; then
+  git branch pr
+  python3 bench/synthetic_noop.py engine/model.py "$SYNTH_K" || exit 1
+  git commit -qam "synthetic: $SYNTH_K no-op kernels per decode step on main" && echo "main: +$SYNTH_K no-op kernels; pr: without"
+fi
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu \
@@ -102,6 +107,39 @@ if [ "$MODE" = smoke ] || [ "$MODE" = synthetic ]; then
   echo "evaluate exit $?" | tee -a "$OUT/smoke.log"
   cp /tmp/eval/*.json "$OUT/" 2>/dev/null; cp /tmp/eval/*.md "$OUT/" 2>/dev/null
   tail -40 "$OUT/smoke.log"
+elif [ "$MODE" = workflow ]; then
+  # the steps of .github/workflows/evalbot-eval.yml after the checkout, with the synthetic change as the PR:
+  # the harness in a venv layered on the box's interpreter (installed as the workflow does, -e; offline
+  # here, so --no-deps: the .whl packages went into that interpreter above), a per-box Ed25519 key file,
+  # `evalbot evaluate` from a neutral directory under the box lock with the repo's rules (no --rules),
+  # sandboxed unless bubblewrap cannot make its namespaces, spec and accuracy gates as the profile has them
+  WS=$PWD BASE_SHA=$(git rev-parse main) HEAD_SHA=$(git rev-parse pr)
+  "${EVALBOT_PYTHON:-python3}" -m venv --system-site-packages /tmp/evalbot-venv
+  # a dry run from a venv interpreter (DEVICE=cpu on a dev box): its packages reach the new venv by a .pth
+  "${EVALBOT_PYTHON:-python3}" -c 'import site,sys; sys.prefix != sys.base_prefix and print("\n".join(site.getsitepackages()))' \
+    > "$(/tmp/evalbot-venv/bin/python -c 'import site; print(site.getsitepackages()[0])')/_dry_run_bridge.pth"
+  # (and a Python <3.12 venv gets ensurepip's setuptools, too old to build a wheel without `wheel`)
+  [ "${DEVICE:-cuda}" = cpu ] && /tmp/evalbot-venv/bin/python -m pip install -q --no-index --find-links .whl/build setuptools wheel
+  /tmp/evalbot-venv/bin/python -m pip install --disable-pip-version-check -q --no-deps --no-index \
+    --find-links .whl/build -e '.[bot]' > "$OUT/install.log" 2>&1 && echo "harness installed (-e)" \
+    || { echo "pip -e failed (log in install.log)"; exit 1; }
+  python3 - /tmp/runner-key.pem /tmp/runner-key.pub <<'PY'
+import sys
+from cryptography.hazmat.primitives import serialization as s
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+k = Ed25519PrivateKey.generate()
+open(sys.argv[1], "wb").write(k.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption()))
+open(sys.argv[2], "wb").write(k.public_key().public_bytes(s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo))
+PY
+  out=/tmp/evalbot-out && rm -rf "$out" && mkdir -p "$out" /tmp/runner-temp
+  status=0
+  (cd /tmp/runner-temp && timeout "$LEFT" flock --wait 60 /tmp/evalbot-eval.lock \
+    /tmp/evalbot-venv/bin/evalbot evaluate --repo "$WS" --base "$BASE_SHA" --head "$HEAD_SHA" --profile gpu \
+      --out "$out" --pr 1 --key /tmp/runner-key.pem $SANDBOX) > "$OUT/workflow.log" 2>&1 || status=$?
+  echo "evaluate exit $status (the workflow passes 0 1 4 5, fails the job on anything else)" | tee -a "$OUT/workflow.log"
+  /tmp/evalbot-venv/bin/evalbot receipt verify "$out/receipt.json" --key /tmp/runner-key.pub 2>&1 | tee -a "$OUT/workflow.log"
+  cp "$out"/* "$OUT/" 2>/dev/null
+  grep -v " pair " "$OUT/workflow.log" | tail -30; cat "$out/report.md" 2>/dev/null | head -60
 else
   timeout "$LEFT" python3 -m evalbot calibrate --repo . --rev HEAD --runs "$RUNS" --profile gpu --rules /tmp/rules \
     --no-spec --no-accuracy $SANDBOX --state /tmp/state.db --work-dir /tmp/work --box h200 --json \
