@@ -114,11 +114,12 @@ elif [ "$MODE" = workflow ]; then
   # `evalbot evaluate` from a neutral directory under the box lock with the repo's rules (no --rules),
   # sandboxed unless bubblewrap cannot make its namespaces, spec and accuracy gates as the profile has them
   WS=$PWD BASE_SHA=$(git rev-parse main) HEAD_SHA=$(git rev-parse pr)
-  "${EVALBOT_PYTHON:-python3}" -m venv --system-site-packages /tmp/evalbot-venv
-  # a dry run from a venv interpreter (DEVICE=cpu on a dev box): its packages reach the new venv by a .pth
-  "${EVALBOT_PYTHON:-python3}" -c 'import site,sys; sys.prefix != sys.base_prefix and print("\n".join(site.getsitepackages()))' \
-    > "$(/tmp/evalbot-venv/bin/python -c 'import site; print(site.getsitepackages()[0])')/_dry_run_bridge.pth"
-  # (and a Python <3.12 venv gets ensurepip's setuptools, too old to build a wheel without `wheel`)
+  box_python="${EVALBOT_PYTHON:-python3}"
+  "$box_python" -m venv --system-site-packages /tmp/evalbot-venv
+  venv_site=$(/tmp/evalbot-venv/bin/python -I -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  "$box_python" -I -c 'import sys; sys.prefix != sys.base_prefix and print("\n".join(p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))))' \
+    > "$venv_site/_evalbot_box_python.pth"
+  # (a Python <3.12 venv gets ensurepip's setuptools, too old to build a wheel without `wheel`: a dry run)
   [ "${DEVICE:-cuda}" = cpu ] && /tmp/evalbot-venv/bin/python -m pip install -q --no-index --find-links .whl/build setuptools wheel
   /tmp/evalbot-venv/bin/python -m pip install --disable-pip-version-check -q --no-deps --no-index \
     --find-links .whl/build -e '.[bot]' > "$OUT/install.log" 2>&1 && echo "harness installed (-e)" \

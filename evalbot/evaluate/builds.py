@@ -8,9 +8,10 @@ Third-party packages (torch, gguf, tokenizers, setuptools) are shared from the b
 installed per revision, which would take minutes and gigabytes. What follows from that:
 
 - ``--system-site-packages`` exposes the *base* interpreter's site-packages, not a venv's. So when the
-  given interpreter is itself a venv, a ``.pth`` file adds that venv's site directories. They are added
-  as plain paths so that its own ``.pth`` hooks do not run: an editable install of the bot's checkout
-  must not put main's ``engine`` on the path.
+  given interpreter is itself a venv, a ``.pth`` file adds that venv's site directories, and any other
+  site directory on its path (a venv layered on a venv, as the eval workflow does on a box whose Python
+  is a venv). They are added as plain paths so that its own ``.pth`` hooks do not run: an editable
+  install of the bot's checkout must not put main's ``engine`` on the path.
 - A revision that needs a new third-party package fails to build: its build backend cannot import a new
   build requirement, or the smoke import (`import engine`) fails on a new runtime one. That is reported
   as the revision's 'build' failure, with the log. (A package imported only lazily fails later, at run
@@ -71,7 +72,12 @@ print(json.dumps({
     "executable": sys.executable,
     "prefix": sys.prefix,
     "base_prefix": sys.base_prefix,
-    "site_packages": site.getsitepackages(),
+    # every site directory on its path, in its order (a venv layered on another venv by a .pth, as on a
+    # box whose Python is itself a venv, shares both), then its own. Only directories named as site
+    # directories: a checkout an older editable install put on the path must not reach a build.
+    "site_packages": list(dict.fromkeys([
+        p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))
+    ] + site.getsitepackages())),
     "distributions": sorted({f"{d.metadata['Name']}=={d.version}" for d in md.distributions()}),
 }))
 """

@@ -31,6 +31,7 @@ SYSTEM_PATHS = tuple(
     "/usr /bin /sbin /lib /lib32 /lib64 /etc/ld.so.cache /etc/ld.so.conf /etc/ld.so.conf.d /etc/alternatives "
     "/etc/passwd /etc/group /etc/nsswitch.conf /etc/localtime".split()
 )
+SITE_DIR_NAMES = ("site-packages", "dist-packages")
 GPU_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*")
 
 _DRAIN_GRACE_S = 2.0  # after a kill, how long to wait for pipes held open by escaped processes
@@ -180,11 +181,15 @@ def bwrap_argv(
 
 
 def system_ro_binds() -> tuple[Path, ...]:
-    """The host paths a Python process needs: system dirs that exist here plus this interpreter's install."""
+    """The host paths a Python process needs: system dirs that exist here, this interpreter's install, and
+    every site directory on its path outside those (a venv layered on the box's venv by a .pth shares that
+    venv's packages, torch among them: the builds bridge to them, so the engines must be able to read them).
+    Only directories named as site directories: a checkout on the path is not shared."""
     paths = [Path(p) for p in SYSTEM_PATHS if os.path.lexists(p)]
-    base = Path(sys.base_prefix).resolve()
-    if not any(base.is_relative_to(p) for p in paths):
-        paths.append(base)
+    sites = [Path(p).resolve() for p in sys.path if p.rstrip("/").endswith(SITE_DIR_NAMES) and os.path.isdir(p)]
+    for extra in (Path(sys.base_prefix).resolve(), *sites):
+        if not any(extra.is_relative_to(p) for p in paths):
+            paths.append(extra)
     return tuple(paths)
 
 

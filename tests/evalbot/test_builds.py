@@ -402,3 +402,38 @@ def test_remove_worktree_removes_one_checkout_and_its_marker(repo, tmp_path):
     assert not remove_worktree(root, head.sha)  # already gone
     with pytest.raises(ValueError, match="sha"):
         remove_worktree(root, "../../etc")
+
+
+def test_a_toolchain_venv_layered_on_a_venv_shares_both(repo, cache, tmp_path):
+    """The eval workflow on a box whose Python is itself a venv: the harness venv reaches that venv's
+    packages through a .pth, and a build made from the harness venv must reach them too (a fresh H100's
+    torch lives in such a venv). A plain directory on the path is not shared: an old-style editable
+    install of the bot's checkout must not put main's code into a build."""
+    deep = tmp_path / "deep" / "lib" / "site-packages"
+    (deep / "chained_pkg").mkdir(parents=True)
+    (deep / "chained_pkg" / "__init__.py").write_text("WHERE = 'deep'\n")
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "shadow_of_main.py").write_text("")
+    outer = tmp_path / "harness-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(outer)], check=True)
+    outer_py = outer / "bin" / "python"
+    outer_site = subprocess.run(
+        [str(outer_py), "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    ours = subprocess.run(
+        [sys.executable, "-I", "-c", "import site; print('\\n'.join(site.getsitepackages()))"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # this interpreter's pip and setuptools, as the box's venv carries torch
+    Path(outer_site, "layered.pth").write_text(f"{ours}{deep}\n{checkout}\n")
+    wt = prepare_worktree(repo, "head", tmp_path / "wt")
+    result = build_env(wt, cache, python=str(outer_py), log_dir=tmp_path, timeout_s=300)
+    assert result.ok, result.log_tail
+
+    def imports(name: str) -> bool:
+        probe = subprocess.run([str(result.python), "-I", "-c", f"import {name}"], capture_output=True, cwd="/")
+        return probe.returncode == 0
+
+    assert imports("chained_pkg") and imports("engine")
+    assert not imports("shadow_of_main")

@@ -277,3 +277,17 @@ def test_memory_limit_stops_a_big_allocation(scratch):
 def test_cpu_limit_kills_a_spinner(scratch):
     res = sandbox.run(make_spec(scratch, cpu_seconds=1), [*PY, "while True: pass"])
     assert not res.timed_out and res.returncode != 0  # SIGKILL/SIGXCPU at the rlimit, long before the timeout
+
+
+def test_site_directories_on_the_path_are_readable_but_not_a_checkout(tmp_path, monkeypatch):
+    """A harness venv layered on the box's venv by a .pth (a GPU box whose torch lives in a venv): the
+    builds reach that venv's site directory, so the sandbox must bind it. A plain directory on the path
+    (a checkout an old editable install added) is not bound."""
+    layered = tmp_path / "box-venv" / "lib" / "python3" / "site-packages"
+    layered.mkdir(parents=True)
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    monkeypatch.setattr(sys, "path", [*sys.path, str(layered), str(checkout)])
+    binds = sandbox.system_ro_binds()
+    assert layered.resolve() in binds
+    assert not any(checkout.resolve().is_relative_to(b) for b in binds if b != Path("/"))
