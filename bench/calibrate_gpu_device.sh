@@ -90,9 +90,13 @@ export GIT_AUTHOR_NAME=x GIT_AUTHOR_EMAIL=x@x GIT_COMMITTER_NAME=x GIT_COMMITTER
 [ "$MODE" = workflow ] && cp /tmp/rules/profiles.yaml /tmp/rules/models.yaml rules/
 git init -q && git add -A && git commit -qm snapshot && git branch -M main && echo "repo $(git rev-parse --short HEAD)"
 if [ "$MODE" = synthetic ] || [ "$MODE" = workflow ]; then
-  git branch pr
+  # the PR must descend from main: the harness measures the PR merged into main, and a PR branch that
+  # main already contains merges to main itself (an A/A)
   python3 bench/synthetic_noop.py engine/model.py "$SYNTH_K" || exit 1
-  git commit -qam "synthetic: $SYNTH_K no-op kernels per decode step on main" && echo "main: +$SYNTH_K no-op kernels; pr: without"
+  git commit -qam "synthetic: $SYNTH_K no-op kernels per decode step on main"
+  git checkout -q -b pr && git revert --no-edit HEAD > /dev/null && git checkout -q main
+  git diff --quiet main pr -- engine/model.py && { echo "synthetic: pr does not differ from main"; exit 1; }
+  echo "main: +$SYNTH_K no-op kernels; pr: main less them ($(git diff --shortstat main pr))"
 fi
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
