@@ -4,6 +4,10 @@ A PR that touches no harness file can still change what its venv imports as the 
 (pyproject.toml, setup.py, package data, a .pth file) can put other bytes in place of a file the PR never
 touched. So each built venv is asked, without running any of its code, how it resolves every harness
 module and which start-up files it holds, and the head's answer must be main's.
+
+The question is asked by the trusted toolchain's interpreter, reading the venv's files as data: never by
+the venv's own `bin/python`, which the PR's build may have replaced with a program of its own (it would
+run on the host, outside the sandbox, as the bot's user).
 """
 
 from __future__ import annotations
@@ -18,19 +22,24 @@ from typing import Any
 from evalbot.evaluate.checkout import BuildError
 from evalbot.evaluate.exits import describe_exit
 
-# Runs under a built venv's interpreter with -I -S: no site, so no .pth file (the revision's code) runs.
-# It resolves each module the way the venv's site would set sys.path (its site directories, plus the
-# plain directories its .pth files add), without importing anything, and lists every file that runs at
-# start-up (.pth, sitecustomize, usercustomize) with its sha256.
+# Runs under the trusted toolchain's interpreter (the one that made the venv) with -I -S, the venv's path
+# as its first argument: nothing of the venv runs. It resolves each module the way the venv's site would
+# set sys.path (its site directories, plus the plain directories its .pth files add), without importing
+# anything, and lists every file that runs at start-up (.pth, sitecustomize, usercustomize) with its sha256.
 _HARNESS_PROBE = """\
 import hashlib, importlib.machinery as mach, json, os, sys, sysconfig
 def digest(path):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
-# without site, sys.prefix is the base interpreter's: the venv is the folder above bin/python
-venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
-if not os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
+venv = os.path.abspath(sys.argv[1])
+cfg = os.path.join(venv, "pyvenv.cfg")
+if not os.path.isfile(cfg):
     raise SystemExit("not a venv: " + venv)
+want = "%d.%d" % sys.version_info[:2]
+for line in open(cfg, encoding="utf-8", errors="replace"):
+    key, _, value = line.partition("=")
+    if key.strip() in ("version", "version_info") and not value.strip().startswith(want + "."):
+        raise SystemExit("the venv is Python " + value.strip() + ", the toolchain " + want)
 site = []
 for key in ("purelib", "platlib"):
     p = sysconfig.get_paths(vars={"base": venv, "platbase": venv})[key]
@@ -49,7 +58,7 @@ for d in site:
                 if line and not line.startswith(("#", "import ", "import\t")) and os.path.isdir(extra):
                     search.append(extra)
 found = {}
-for module in sys.argv[1:]:
+for module in sys.argv[2:]:
     name = module[: -len(".__init__")] if module.endswith(".__init__") else module
     parts, where, spec = name.split("."), search, None
     for i in range(len(parts)):
@@ -68,11 +77,14 @@ print(json.dumps({"modules": found, "startup": startup}, sort_keys=True))
 """
 
 
-def harness_fingerprint(venv: Path, modules: Iterable[str], timeout_s: float = 60) -> dict[str, Any]:
+def harness_fingerprint(
+    venv: Path, modules: Iterable[str], python: str | Path, timeout_s: float = 60
+) -> dict[str, Any]:
     """How a built venv resolves each harness module (loader, file, sha256) and which start-up files
-    (.pth, sitecustomize) it holds; BuildError if the probe cannot run."""
+    (.pth, sitecustomize) it holds, asked by the trusted interpreter `python` (the toolchain that made the
+    venv), never the venv's own; BuildError if the probe cannot run."""
     try:
-        proc = subprocess.run([str(venv / "bin" / "python"), "-I", "-S", "-c", _HARNESS_PROBE, *modules],
+        proc = subprocess.run([str(python), "-I", "-S", "-c", _HARNESS_PROBE, str(venv), *modules],
                               capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})  # fmt: skip
         if proc.returncode != 0:

@@ -202,7 +202,7 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
             try:
                 drift = harness_drift(
                     *(
-                        harness_fingerprint(ctx.sides[s].build.venv, modules)  # type: ignore[arg-type]
+                        harness_fingerprint(ctx.sides[s].build.venv, modules, cfg.python)  # type: ignore[arg-type]
                         for s in (Side.BASE, Side.HEAD)
                     )
                 )

@@ -186,7 +186,9 @@ def system_ro_binds() -> tuple[Path, ...]:
     venv's packages, torch among them: the builds bridge to them, so the engines must be able to read them).
     Only directories named as site directories: a checkout on the path is not shared."""
     paths = [Path(p) for p in SYSTEM_PATHS if os.path.lexists(p)]
-    sites = [Path(p).resolve() for p in sys.path if p.rstrip("/").endswith(SITE_DIR_NAMES) and os.path.isdir(p)]
+    sites = [
+        Path(p).resolve() for p in sys.path if p.rstrip("/").endswith(SITE_DIR_NAMES) and os.path.isdir(p)
+    ]
     for extra in (Path(sys.base_prefix).resolve(), *sites):
         if not any(extra.is_relative_to(p) for p in paths):
             paths.append(extra)

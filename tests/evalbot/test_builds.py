@@ -416,15 +416,21 @@ def test_a_toolchain_venv_layered_on_a_venv_shares_both(repo, cache, tmp_path):
     checkout.mkdir()
     (checkout / "shadow_of_main.py").write_text("")
     outer = tmp_path / "harness-venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(outer)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(outer)], check=True
+    )
     outer_py = outer / "bin" / "python"
     outer_site = subprocess.run(
         [str(outer_py), "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     ours = subprocess.run(
         [sys.executable, "-I", "-c", "import site; print('\\n'.join(site.getsitepackages()))"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout  # this interpreter's pip and setuptools, as the box's venv carries torch
     Path(outer_site, "layered.pth").write_text(f"{ours}{deep}\n{checkout}\n")
     wt = prepare_worktree(repo, "head", tmp_path / "wt")
@@ -432,7 +438,9 @@ def test_a_toolchain_venv_layered_on_a_venv_shares_both(repo, cache, tmp_path):
     assert result.ok, result.log_tail
 
     def imports(name: str) -> bool:
-        probe = subprocess.run([str(result.python), "-I", "-c", f"import {name}"], capture_output=True, cwd="/")
+        probe = subprocess.run(
+            [str(result.python), "-I", "-c", f"import {name}"], capture_output=True, cwd="/"
+        )
         return probe.returncode == 0
 
     assert imports("chained_pkg") and imports("engine")

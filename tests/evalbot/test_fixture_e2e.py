@@ -520,6 +520,37 @@ def test_secrets_in_the_bots_environment_never_reach_the_head(lab: Lab, monkeypa
     assert "leak:" not in run.stderr
 
 
+def test_the_runners_signing_key_and_token_are_unreadable_by_the_head(lab: Lab, tmp_path: Path):
+    """The runner signs with a key file (the workflow's EVALBOT_RUNNER_KEY_FILE, passed as --key) and has
+    a GitHub token in its environment. A head that looks for them where they are, in every process's
+    command line and environment, and at the key's path itself, gets none of them: it would stop its
+    engine naming what it read (the control shows it does, run on the host)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = tmp_path / "runner" / "signing.pem"
+    key.parent.mkdir()
+    key.write_bytes(
+        Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    key.chmod(0o600)
+    branch = fb.key_thief_branch([str(key)])
+    with pytest.raises(SystemExit, match="stole: .*signing.pem: -----BEGIN PRIVATE KEY"):
+        _hook_code(branch)["_probe"]()  # the control: on the host, the thief gets the key
+    fb.add_branch(lab.repo, branch)
+    env = {"GITHUB_TOKEN": SECRET, "EVALBOT_RUNNER_KEY_FILE": str(key)}
+    run = evaluate(
+        lab, "key-thief", "--no-spec", "--no-accuracy", "--max-pairs", "2", "--key", str(key), env=env
+    )
+    assert run.measurements["failures"] == [], run.measurements["failures"]  # the thief found nothing
+    assert "Receipt: signed by" in run.report  # the harness, outside, did read the key
+    assert "stole:" not in run.stderr and "stole:" not in run.report
+    for log in (lab.work / "logs").glob("*"):
+        assert "stole:" not in log.read_text(errors="replace"), log.name
+
+
 def _listener() -> socket.socket:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -710,6 +741,29 @@ def test_a_head_cannot_leave_a_process_behind_to_slow_main_down(lab: Lab):
     run = evaluate(lab, "burner", "--no-spec", "--no-accuracy", "--max-pairs", "2")
     assert not _survivors(marker), "a detached process of the head outlived its run"
     _assert_measured_honestly(run)
+
+
+def test_a_build_that_replaces_its_interpreter_never_runs_it_on_the_host(lab: Lab, tmp_path: Path):
+    """The head's build swaps its venv's bin/python for a launcher that leaves a process behind and then
+    behaves as Python. The harness never starts that interpreter on the host (the harness-module probe is
+    asked of the trusted toolchain), so nothing of the head survives the evaluation and the launcher
+    never touched the host's files; inside the sandbox it ran (it is the engine's interpreter there)."""
+    marker = f"fixture-launcher-{uuid.uuid4().hex}"
+    ran = tmp_path / "launcher-ran-on-the-host"
+    sha = fb.add_branch(lab.repo, fb.launcher_branch(marker, str(ran)))
+    run = evaluate(lab, "launcher", "--no-spec", "--no-accuracy", "--max-pairs", "2")
+    installed = [p for p in (lab.work / "venvs").glob("*/bin/python") if marker in _text_or_empty(p)]
+    assert installed, f"the head's build did not install its launcher: the test proves nothing ({run.why})"
+    assert not _survivors(marker), "a process the head's interpreter left behind outlived the evaluation"
+    assert not ran.exists(), "the head's launcher ran on the host"
+    assert sha and run.measurements["failures"] == [], run.measurements["failures"]
+
+
+def _text_or_empty(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace") if not path.is_symlink() else ""
+    except OSError:
+        return ""
 
 
 def _survivors(marker: str) -> list[int]:

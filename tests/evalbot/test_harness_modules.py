@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from evalbot.evaluate import harness
+from evalbot.evaluate.checkout import BuildError
 from evalbot.policy.sensitive_paths import harness_hits, shadows
 from evalbot.rules import default_rules_dir, load_rules
 
@@ -76,24 +77,26 @@ def test_the_built_harness_is_compared_byte_for_byte(tmp_path):
         "engine/cli.py": "print('bench')\n",
         "engine/protocol.py": "SCHEMA = 1\n",
     }
-    base = harness.harness_fingerprint(_venv(tmp_path / "base", main), modules)
+    base = harness.harness_fingerprint(_venv(tmp_path / "base", main), modules, sys.executable)
     assert (
         base["modules"]["engine.cli"]["file"] == "engine/cli.py" and base["modules"]["engine.cli"]["sha256"]
     )
-    same = harness.harness_fingerprint(_venv(tmp_path / "same", main), modules)
+    same = harness.harness_fingerprint(_venv(tmp_path / "same", main), modules, sys.executable)
     assert harness.harness_drift(base, same) == []
     rigged = harness.harness_fingerprint(
-        _venv(tmp_path / "rigged", {**main, "engine/cli.py": "print('3x')\n"}), modules
+        _venv(tmp_path / "rigged", {**main, "engine/cli.py": "print('3x')\n"}), modules, sys.executable
     )
     assert any("engine.cli" in d for d in harness.harness_drift(base, rigged))
     package = harness.harness_fingerprint(
-        _venv(tmp_path / "pkg", {**main, "engine/cli/__init__.py": "x = 1\n"}), modules
+        _venv(tmp_path / "pkg", {**main, "engine/cli/__init__.py": "x = 1\n"}), modules, sys.executable
     )
     assert any("engine/cli/__init__.py" in d for d in harness.harness_drift(base, package))
-    pth = harness.harness_fingerprint(_venv(tmp_path / "pth", {**main, "boot.pth": "import os\n"}), modules)
+    pth = harness.harness_fingerprint(
+        _venv(tmp_path / "pth", {**main, "boot.pth": "import os\n"}), modules, sys.executable
+    )
     assert harness.harness_drift(base, pth) == ["start-up file boot.pth is new"]
     custom = harness.harness_fingerprint(
-        _venv(tmp_path / "custom", {**main, "sitecustomize.py": "x = 1\n"}), modules
+        _venv(tmp_path / "custom", {**main, "sitecustomize.py": "x = 1\n"}), modules, sys.executable
     )
     assert "start-up file sitecustomize.py is new" in harness.harness_drift(base, custom)
 
@@ -137,3 +140,31 @@ YARDSTICK = (
     "engine.protocol",
     "engine.registry",
 )
+
+
+def test_the_probe_never_runs_the_venvs_own_interpreter(tmp_path):
+    """The PR's build may replace its venv's bin/python with a program that behaves like Python and
+    leaves something behind on the host. The probe is asked of the trusted interpreter, so that program
+    never runs, and the venv's files read the same."""
+    modules = ("engine.__init__", "engine.cli")
+    main = {"engine/__init__.py": "", "engine/cli.py": "print('bench')\n"}
+    base = harness.harness_fingerprint(_venv(tmp_path / "base", main), modules, sys.executable)
+    head = _venv(tmp_path / "head", main)
+    ran = tmp_path / "launcher-ran"
+    launcher = head / "bin" / "python"
+    launcher.unlink()
+    launcher.write_text(f'#!/bin/sh\ntouch {ran}\nexec {sys.executable} "$@"\n')
+    launcher.chmod(0o755)
+    got = harness.harness_fingerprint(head, modules, sys.executable)
+    assert harness.harness_drift(base, got) == []
+    assert not ran.exists(), "the head venv's bin/python ran on the host"
+
+
+def test_a_venv_of_another_python_is_a_clear_error(tmp_path):
+    venv = _venv(tmp_path / "v", {"engine/__init__.py": ""})
+    cfg = venv / "pyvenv.cfg"
+    cfg.write_text(
+        cfg.read_text().replace(f"version = {sys.version_info[0]}.{sys.version_info[1]}", "version = 2.7")
+    )
+    with pytest.raises(BuildError, match="the venv is Python 2.7"):
+        harness.harness_fingerprint(venv, ("engine.__init__",), sys.executable)
