@@ -21,6 +21,7 @@ from evalbot.evaluate import box
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _PREFIX = "evalbot-"
+FREEZE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,40 @@ class CgroupMeter:
         """CPU time and the tree's context switches (the switch counts come from /proc)."""
         return Reading(self.read_ns(), *_switches(self.root_pid))
 
+    @property
+    def freezer(self) -> bool:
+        """Whether this cgroup can be frozen by the kernel (cgroup v2's `cgroup.freeze`): every task in
+        it stops at once, and nothing inside can thaw it (the sandbox mounts no cgroup filesystem)."""
+        return self.version == 2 and (self.path / "cgroup.freeze").exists()
+
+    def freeze(self, timeout_s: float = FREEZE_TIMEOUT_S) -> None:
+        """Freeze every task in the cgroup and wait until `cgroup.events` says it is frozen; OSError if
+        the kernel does not confirm it within timeout_s."""
+        (self.path / "cgroup.freeze").write_text("1")
+        deadline = time.monotonic() + timeout_s
+        while "frozen 1" not in (self.path / "cgroup.events").read_text().splitlines():
+            if time.monotonic() > deadline:
+                raise OSError(f"the kernel did not report {self.path.name} frozen within {timeout_s:.0f} s")
+            time.sleep(0.0002)
+
+    def thaw(self) -> None:
+        (self.path / "cgroup.freeze").write_text("0")
+
+    def pids(self) -> list[int]:
+        """The processes in the cgroup now."""
+        return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
+
+    def kill(self) -> None:
+        """SIGKILL everything left in the cgroup (`cgroup.kill` where the kernel has it)."""
+        if self.version == 2 and (self.path / "cgroup.kill").exists():
+            (self.path / "cgroup.kill").write_text("1")
+            return
+        for pid in self.pids():
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+
     def close(self) -> None:
         """Remove the cgroup once its processes are gone (a few tries: exit is not instant)."""
         for _ in range(50):
@@ -91,6 +126,8 @@ class TreeMeter:
 
     def read(self) -> Reading:
         return Reading(self.read_ns(), *_switches(self.root_pid))
+
+    freezer = False
 
     def close(self) -> None:
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -431,7 +432,11 @@ def _measure_served(
             abtest.throughput(run.samples, profile, name),
             audits,
             spec,
-            [*_diagnostics(run.samples, ctx.cfg.rules.gates.timing.max_self_report_gap), *tau_notes],
+            [
+                *_diagnostics(run.samples, ctx.cfg.rules.gates.timing.max_self_report_gap),
+                *_freeze_notes(procs.values()),
+                *tau_notes,
+            ],
             accuracy,
         )
     except abtest.SideError as exc:
@@ -441,6 +446,17 @@ def _measure_served(
     finally:
         for p in procs.values():
             p.close()
+
+
+def _freeze_notes(procs: Iterable[served.ServedProcess]) -> list[str]:
+    """The weaker freeze, said where it was used: a box that gives no cgroup v2 freezer."""
+    if all(p.freeze_mode == served.FREEZER for p in procs):
+        return []
+    return [
+        "this box gives the harness no cgroup v2 freezer, so the idle side was frozen by SIGSTOP to each of "
+        "its processes, which a process can arrange to undo; the CPU each side used while frozen and any "
+        "line it wrote then were still checked, and neither was seen"
+    ]
 
 
 def _diagnostics(samples: list[abtest.Sample], max_gap: float) -> list[str]:

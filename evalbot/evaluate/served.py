@@ -4,8 +4,12 @@ Each side runs as a warm serving process (loaded and warmed once), sandboxed lik
 trusted process timestamps each protocol line as it arrives (a reader thread, `time.monotonic_ns`), so
 prefill is the time from sending a request to its first token and decode is first token to last:
 nothing the engine says about time decides anything. While one side is timed, the other side's whole
-process tree is stopped (SIGSTOP to every process in it, repeated until no new one appears), so a side
-cannot slow the other down between its own requests.
+process tree is frozen, so a side cannot slow the other down between its own requests, nor work off its
+own clock: by the kernel's cgroup v2 freezer on the engine's own cgroup, which nothing inside can undo,
+or where the box gives none, by SIGSTOP to every process in the tree (repeated until no new one appears;
+a process can arrange to be resumed, and the report says this mode was used). Either way the tree's CPU
+time is read at the freeze and at the thaw, and CPU used in between, or a protocol line written in
+between, is the side's failure (stage 'frozen').
 
 Every line is checked: an unknown id, a token outside the vocabulary, a line over the size cap, or
 output that is not the protocol is the side's failure, with the stderr tail.
@@ -22,11 +26,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 from evalbot.evaluate import box, cpumeter, sandbox
 
 PROTOCOL = "evalbot.serve/1"
+FREEZER = "cgroup v2 freezer"
+SIGSTOP_MODE = "SIGSTOP to each process"
+FROZEN_CPU_GRACE_NS = 1_000_000  # CPU a frozen tree may show on top of twice the meter's resolution
+# a line read this long after the freeze was confirmed was written while frozen (the reader thread drains
+# what was written before the freeze within microseconds)
+FROZEN_LINE_GRACE_NS = 100_000_000
 MAX_LINE_BYTES = 1 << 20
 STDERR_TAIL_BYTES = 64 << 10
 
@@ -122,6 +133,8 @@ class ServedProcess:
     max_output_bytes: int = 64 << 20
     meter: cpumeter.Meter | None = None
     _count: int = 0
+    _frozen_cpu_ns: int = -1
+    _frozen_since_ns: int = 0
 
     @classmethod
     def start(
@@ -173,6 +186,17 @@ class ServedProcess:
                     ServeError(
                         f"{self.label}: printed a line that is not the protocol: {raw[:120]!r}",
                         stage="protocol",
+                    )
+                )
+                return
+            since = self._frozen_since_ns
+            if self.frozen and since and at > since + FROZEN_LINE_GRACE_NS:
+                self.broken = True
+                self._stop(
+                    ServeError(
+                        f"{self.label}: printed a protocol line {(at - since) / 1e6:.0f} ms into a freeze "
+                        f"({self.freeze_mode}): a frozen engine cannot write, so it arranged to",
+                        stage="frozen",
                     )
                 )
                 return
@@ -324,36 +348,91 @@ class ServedProcess:
     def _pids(self) -> set[int]:
         return box.tree(box.cpu_snapshot().procs, self.proc.pid)
 
-    def freeze(self) -> int:
-        """SIGSTOP the whole process tree (again until no new process appears); returns when the first
-        signals went out (monotonic ns): the tree is found first, then signalled in one burst."""
-        stopped: set[int] = set()
-        at = 0
-        for _ in range(8):
-            fresh = self._pids() - stopped
-            if not fresh:
-                break
-            at = at or time.monotonic_ns()
-            for pid in fresh:
-                _signal(pid, signal.SIGSTOP)
-            stopped |= fresh
-        self.frozen = True
-        return at or time.monotonic_ns()
+    @property
+    def freeze_mode(self) -> str:
+        """How this process is frozen: the kernel's cgroup v2 freezer on its own cgroup, or (where the box
+        gives none) SIGSTOP to every process of its tree, which a process can arrange to undo."""
+        return FREEZER if self._freezer() is not None else SIGSTOP_MODE
 
-    def thaw(self) -> int:
-        """SIGCONT the whole process tree; returns when the signals went out (monotonic ns)."""
-        pids = self._pids()
-        at = time.monotonic_ns()
-        for pid in pids:
-            _signal(pid, signal.SIGCONT)
-        self.frozen = False
+    def freeze(self) -> int:
+        """Stop the whole process tree and return when it began (monotonic ns). With the cgroup freezer
+        every task stops at once and the kernel confirms it; otherwise SIGSTOP goes to the tree (again
+        until no new process appears) and the tree is waited on until every process shows stopped. The
+        tree's CPU time is read then, to be compared at thaw. ServeError (stage 'frozen') if the kernel
+        does not confirm the freeze."""
+        freezer = self._freezer()
+        if freezer is not None:
+            at = time.monotonic_ns()
+            try:
+                freezer.freeze()
+            except OSError as exc:
+                self.broken = True
+                raise ServeError(
+                    f"{self.label}: could not be frozen: {exc}", self.tail(), stage="frozen"
+                ) from exc
+        else:
+            stopped: set[int] = set()
+            at = 0
+            for _ in range(8):
+                fresh = self._pids() - stopped
+                if not fresh:
+                    break
+                at = at or time.monotonic_ns()
+                for pid in fresh:
+                    _signal(pid, signal.SIGSTOP)
+                stopped |= fresh
+            at = at or time.monotonic_ns()
+            _await_stopped(stopped)
+        self._frozen_cpu_ns = self._cpu_ns()
+        self._frozen_since_ns = time.monotonic_ns()
+        self.frozen = True
         return at
+
+    def thaw(self, check: bool = True) -> int:
+        """Let the tree run again; returns when it was let go (monotonic ns). With `check`, CPU the tree
+        used while frozen, past the meter's resolution, is the side's failure (ServeError, stage 'frozen'):
+        a frozen engine cannot run, so one that did arranged to (the tree is thawed either way)."""
+        used = -1
+        if check and self._frozen_cpu_ns >= 0:
+            now = self._cpu_ns()
+            used = now - self._frozen_cpu_ns if now >= 0 else -1
+        at = time.monotonic_ns()
+        freezer = self._freezer()
+        if freezer is not None:
+            try:
+                freezer.thaw()
+            except OSError:
+                pass
+        else:
+            for pid in self._pids():
+                _signal(pid, signal.SIGCONT)
+        self.frozen = False
+        self._frozen_since_ns = 0
+        if used > self._frozen_cpu_allowance_ns():
+            self.broken = True
+            raise ServeError(
+                f"{self.label}: its processes used {used / 1e6:.1f} ms of CPU while the harness held them "
+                f"frozen ({self.freeze_mode}; allowed: the meter's resolution, "
+                f"{self._frozen_cpu_allowance_ns() / 1e6:.1f} ms): a frozen engine cannot run, so it "
+                "arranged to",
+                self.tail(),
+                stage="frozen",
+            )
+        return at
+
+    def _freezer(self) -> cpumeter.CgroupMeter | None:
+        m = self.meter
+        return m if isinstance(m, cpumeter.CgroupMeter) and m.freezer else None
+
+    def _frozen_cpu_allowance_ns(self) -> int:
+        resolution = self.meter.resolution_ns if self.meter is not None else 0
+        return 2 * resolution + FROZEN_CPU_GRACE_NS
 
     def close(self) -> None:
         """Ask it to stop, then end the whole tree (a process that broke the protocol is not asked: it
         would only be waited on for 5 s)."""
         if self.frozen:
-            self.thaw()
+            self.thaw(check=False)
         if not self.broken:
             try:
                 self.proc.stdin.write(b'{"op":"shutdown"}\n')
@@ -367,7 +446,29 @@ class ServedProcess:
         except Exception:  # noqa: BLE001
             pass
         if self.meter is not None:
+            if isinstance(self.meter, cpumeter.CgroupMeter):
+                try:  # nothing of the engine outlives it: whatever its cgroup still holds is killed
+                    if self.meter.pids():
+                        self.meter.kill()
+                except OSError:
+                    pass
             self.meter.close()
+
+
+def _await_stopped(pids: set[int], timeout_s: float = 0.5) -> None:
+    """Wait (briefly) until every pid that still exists shows the stopped state in /proc."""
+    deadline = time.monotonic() + timeout_s
+    waiting = set(pids)
+    while waiting and time.monotonic() < deadline:
+        for pid in list(waiting):
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                state = "gone"
+            if state in ("T", "t", "gone", "Z", "X"):
+                waiting.discard(pid)
+        if waiting:
+            time.sleep(0.0005)
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -513,8 +614,8 @@ def run_sliced(
         if done[i] is not None:
             continue
         p = procs[i]
-        at = p.thaw()
         try:
+            at = p.thaw()
             if pending[i] is None:
                 pending[i] = p.begin(body, timeout_s)
             pend = pending[i]

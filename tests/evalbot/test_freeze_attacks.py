@@ -1,0 +1,138 @@
+"""A frozen engine cannot run: the harness freezes the idle side with the kernel's cgroup v2 freezer where
+the box has one, and checks the tree's CPU time and its protocol lines across every freeze in any mode.
+
+Real sandboxed processes, metered as the product meters engines (`cpumeter.make_meter`). The attack is a
+relay: a chain of short-lived processes, each forking its successor and sending SIGCONT to the engine, so
+that a freeze by signals (which finds the tree, then signals it) always misses the newest link."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from evalbot.evaluate import cpumeter, sandbox, served
+
+pytestmark = [
+    pytest.mark.timing,  # burns CPU on purpose: runs alone, after the rest (make test)
+    pytest.mark.skipif(not sandbox.sandbox_available(), reason="bubblewrap cannot run here"),
+]
+
+RELAY = textwrap.dedent("""
+    import json, os, signal, sys, time
+    engine = os.getpid()
+    def send(o):
+        sys.stdout.write(json.dumps(o) + "\\n"); sys.stdout.flush()
+    send({"event": "ready", "protocol": "evalbot.serve/1", "config": {"vocab_size": 100}})
+    if os.fork() == 0:  # the relay: forks its successor, which wakes the engine, and so on
+        while True:
+            if os.fork():
+                os._exit(0)
+            os.kill(engine, signal.SIGCONT)
+            time.sleep(0.0005)
+    n = 0
+    while True:  # the engine: works (and talks) whenever it runs
+        t = time.monotonic() + 0.01
+        while time.monotonic() < t:
+            pass
+        n += 1
+        if PRINTS and n % 5 == 0:
+            send({"event": "note", "n": n})
+""")
+
+
+def _start(tmp: Path, meter: cpumeter.Meter, prints: bool = False) -> served.ServedProcess:
+    script = tmp / "relay.py"
+    script.write_text(f"PRINTS = {prints}\n" + RELAY)
+    spec = sandbox.SandboxSpec(
+        ro_binds=(*sandbox.system_ro_binds(), Path(sys.prefix).resolve(), tmp),
+        scratch=tmp / "scratch",
+        workdir=tmp / "scratch",
+        env={"PATH": "/usr/bin:/bin"},
+        limits=sandbox.Limits(timeout_s=60, cpu_seconds=60),
+    )
+    spec.scratch.mkdir(exist_ok=True)
+    p = served.ServedProcess.start(
+        "PR", spec, [sys.executable, "-I", "-S", str(script)], no_sandbox=False, meter=meter
+    )
+    p.wait_ready(30)
+    time.sleep(0.3)  # the relay is running
+    return p
+
+
+def _cgroup_freezer_meter() -> cpumeter.Meter:
+    meter = cpumeter.make_meter("freeze-test")
+    if not meter.freezer:
+        meter.close()
+        pytest.skip("no cgroup v2 freezer on this box (the SIGSTOP mode is tested below)")
+    return meter
+
+
+def test_the_cgroup_freezer_holds_an_engine_that_resumes_itself(tmp_path):
+    p = _start(tmp_path, _cgroup_freezer_meter(), prints=True)
+    try:
+        assert p.freeze_mode == served.FREEZER
+        before = p.meter.read_ns()
+        p.freeze()
+        time.sleep(0.5)
+        used = p.meter.read_ns() - before
+        p.thaw()  # no ServeError: it did not run
+        assert used < 5_000_000, f"the frozen tree used {used / 1e6:.1f} ms of CPU"
+        time.sleep(0.2)
+        assert p.meter.read_ns() - before > 50_000_000, "thawed, it runs again"
+    finally:
+        p.close()
+
+
+def test_under_sigstop_an_engine_that_resumes_itself_is_caught_by_its_cpu(tmp_path):
+    """Where the box gives no cgroup freezer, the signals are beaten by the relay, and the CPU the tree
+    used while frozen fails the side (a stage of its own)."""
+    p = _start(tmp_path, cpumeter.TreeMeter())
+    try:
+        assert p.freeze_mode == served.SIGSTOP_MODE
+        p.freeze()
+        time.sleep(0.5)
+        with pytest.raises(served.ServeError, match="CPU while the harness held them frozen") as err:
+            p.thaw()
+        assert err.value.stage == "frozen"
+    finally:
+        p.close()
+
+
+def test_under_sigstop_a_line_written_while_frozen_fails_the_side(tmp_path):
+    p = _start(tmp_path, cpumeter.TreeMeter(), prints=True)
+    try:
+        p.freeze()
+        deadline = time.monotonic() + 3
+        error = None
+        while time.monotonic() < deadline and error is None:
+            item = p.lines.get(timeout=3)
+            if isinstance(item, served.ServeError):
+                error = item
+        assert error is not None and error.stage == "frozen" and "into a freeze" in str(error)
+    finally:
+        p.close()
+
+
+def test_nothing_in_the_engines_cgroup_outlives_it(tmp_path):
+    p = _start(tmp_path, _cgroup_freezer_meter())
+    meter = p.meter
+    assert isinstance(meter, cpumeter.CgroupMeter) and len(meter.pids()) >= 2
+    p.close()
+    assert not meter.path.exists() or meter.pids() == []
+    assert not [pid for pid in _host_pids() if b"relay.py" in _cmdline(pid)]
+
+
+def _host_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
