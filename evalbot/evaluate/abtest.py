@@ -286,6 +286,15 @@ def measure(
                         m.stream,
                         m.slice_s,
                     )
+                    for one in pair:
+                        why_cpu = request_overuse(one, m.threads)
+                        if why_cpu:
+                            who = "main's" if one.side is Side.BASE else "the PR's"
+                            raise SideError(
+                                one.side,
+                                "cpu",
+                                f"{who} serving engine used more cores than it may: {why_cpu}",
+                            )
                     run.samples += pair
                     b, h = sorted(pair, key=lambda x: x.side is Side.HEAD)
                     log(
@@ -352,6 +361,34 @@ def _done(run: Run, profile: Profile, half_width: float) -> bool:
 # spinners, at once or while it waits ready for main) would slow main's load past its ready timeout
 LOAD_CPU_SLACK = 1.5
 LOAD_CPU_GRACE_S = 2.0
+
+
+# While a timed request runs (its prefill, and its decode, each on its own), a side may use this many times
+# its threads' worth of CPU, plus the grace (two ticks of the coarsest meter, and a little): an engine told
+# to use one thread reads 1.000 CPU-seconds per wall second on the cpu profile (make demo, 2026-12-06); one
+# that takes the core the frozen side leaves free during its prefill reads 2
+REQUEST_CPU_SLACK = 1.25
+REQUEST_CPU_GRACE_S = 0.025
+
+
+def request_overuse(s: Sample, threads: int | None) -> str | None:
+    """Why a timed request's CPU use is past the cores the profile gives each engine (None: within them,
+    unmetered, or no per-engine thread count). Prefill and decode are each held to it: work moved into
+    the prefill on a core the profile never granted is caught there. Pure."""
+    if threads is None:
+        return None
+    prefill_s = s.context / s.prefill_tps if s.prefill_tps > 0 else 0.0
+    for phase, cpu, wall in (("prefill", s.prefill_cpu_s, prefill_s), ("decode", s.decode_cpu_s, s.decode_s)):
+        if cpu is None or wall <= 0:
+            continue
+        allowed = threads * REQUEST_CPU_SLACK * wall + REQUEST_CPU_GRACE_S
+        if cpu > allowed:
+            return (
+                f"its {phase} at ctx {s.context} took {cpu:.3f} CPU-seconds in {wall:.3f} s "
+                f"({cpu / wall:.2f} cores), where the profile gives each engine {threads} "
+                f"thread{'s' if threads != 1 else ''} (allowed: {allowed:.3f} CPU-seconds)"
+            )
+    return None
 
 
 def load_overuse(cpu_s: float | None, wall_s: float, threads: int | None) -> str | None:

@@ -288,3 +288,18 @@ def test_real_spinners_forked_by_the_pr_while_main_loads_make_main_s_timeout_the
     if blamed is Side.HEAD:
         assert info.value.stage == "cpu" and "CPU-seconds" in str(info.value)
     assert all(p.proc.poll() is not None for p in started)  # both ended
+
+
+def test_request_overuse_holds_prefill_and_decode_each_to_the_profiles_cores():
+    def s(prefill_cpu, prefill_wall, decode_cpu, decode_wall):
+        return abtest.Sample(
+            Side.HEAD, 128, 0, 0, (1,) * 128, (1,) * 9, 128 / prefill_wall, 8 / decode_wall, {},
+            decode_s=decode_wall, decode_cpu_s=decode_cpu, prefill_cpu_s=prefill_cpu,
+        )  # fmt: skip
+
+    assert abtest.request_overuse(s(0.30, 0.30, 1.0, 1.0), 1) is None
+    assert abtest.request_overuse(s(0.60, 0.30, 1.0, 1.0), None) is None  # every core is the engine's
+    assert abtest.request_overuse(s(None, 0.30, None, 1.0), 1) is None  # unmetered
+    assert "its prefill at ctx 128" in abtest.request_overuse(s(0.60, 0.30, 1.0, 1.0), 1)
+    assert "its decode" in abtest.request_overuse(s(0.30, 0.30, 2.0, 1.0), 1)
+    assert abtest.request_overuse(s(0.60, 0.30, 2.0, 1.0), 2) is None

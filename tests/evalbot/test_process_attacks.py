@@ -1,4 +1,7 @@
-"""A frozen engine cannot run: the harness freezes the idle side with the kernel's cgroup v2 freezer where
+"""What the harness assumes about the PR's processes, enforced: a frozen engine cannot run, and an engine
+gets the cores its profile gives it, prefill included.
+
+A frozen engine cannot run: the harness freezes the idle side with the kernel's cgroup v2 freezer where
 the box has one, and checks the tree's CPU time and its protocol lines across every freeze in any mode.
 
 Real sandboxed processes, metered as the product meters engines (`cpumeter.make_meter`). The attack is a
@@ -15,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import cpumeter, sandbox, served
+from evalbot.evaluate import abtest, cpumeter, sandbox, served
+from evalbot.model import Side
 
 pytestmark = [
     pytest.mark.timing,  # burns CPU on purpose: runs alone, after the rest (make test)
@@ -136,3 +140,71 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+# ------------------------------------------------------------------ cores
+
+
+SERVER = textwrap.dedent("""
+    import json, os, sys, time
+    def send(o):
+        sys.stdout.write(json.dumps(o) + "\\n"); sys.stdout.flush()
+    def burn(s):
+        t = time.monotonic() + s
+        while time.monotonic() < t:
+            pass
+    send({"event": "ready", "protocol": "evalbot.serve/1", "config": {"vocab_size": 100}})
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req.get("op") == "shutdown":
+            break
+        rid, n = req["id"], req["max_new"]
+        toks = [(7 * i + 1) % 100 for i in range(n)]
+        helper = os.fork() if SECOND_CORE else 0
+        if SECOND_CORE and helper == 0:  # decode steps done ahead, on the core the frozen side leaves free
+            burn(0.3)
+            os._exit(0)
+        burn(0.3)  # the prefill
+        if helper:
+            os.waitpid(helper, 0)
+        send({"id": rid, "tok": toks[0]})
+        burn(0.1)
+        send({"id": rid, "toks": toks[1:]})
+        send({"id": rid, "event": "done", "n": n})
+""")
+
+
+def _timed_sample(tmp: Path, second_core: bool) -> abtest.Sample:
+    script = tmp / "server.py"
+    script.write_text(f"SECOND_CORE = {second_core}\n" + SERVER)
+    spec = sandbox.SandboxSpec(
+        ro_binds=(*sandbox.system_ro_binds(), Path(sys.prefix).resolve(), tmp),
+        scratch=tmp / "scratch",
+        workdir=tmp / "scratch",
+        env={"PATH": "/usr/bin:/bin"},
+        limits=sandbox.Limits(timeout_s=60, cpu_seconds=60),
+    )
+    spec.scratch.mkdir(exist_ok=True)
+    meter = cpumeter.make_meter("cores-test")
+    p = served.ServedProcess.start(
+        "PR", spec, [sys.executable, "-I", "-S", str(script)], no_sandbox=False, meter=meter
+    )
+    try:
+        p.wait_ready(30)
+        body = {"op": "generate", "prompt_ids": [1, 2, 3], "max_new": 8, "stream": "ends"}
+        return abtest.sample(Side.HEAD, 3, 0, 0, [1, 2, 3], 8, p.request(body, 30), stream="ends")
+    finally:
+        p.close()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a second core to steal")
+def test_an_engine_that_takes_a_second_core_in_its_prefill_fails_a_one_thread_profile(tmp_path):
+    honest = _timed_sample(tmp_path, second_core=False)
+    assert abtest.request_overuse(honest, threads=1) is None
+    greedy = _timed_sample(tmp_path, second_core=True)
+    why = abtest.request_overuse(greedy, threads=1)
+    assert why is not None and "its prefill" in why, (
+        greedy.prefill_cpu_s,
+        greedy.context / greedy.prefill_tps,
+    )
+    assert abtest.request_overuse(greedy, threads=2) is None  # a two-thread profile gives it both
