@@ -42,11 +42,43 @@ class CgroupMeter:
     kind: str = "cgroup"
     resolution_ns: int = 1000
     root_pid: int = 0
+    joined: list[Path] = field(default_factory=list)  # further cgroups the process joins (a v1 cpu cap)
+    cap_cores: float | None = None  # the CPU bandwidth the kernel holds the tree to, once capped
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
-        """argv prefixed so that the process joins the cgroup before it execs (its children follow)."""
-        procs = self.path / "cgroup.procs"
-        return ["/bin/sh", "-c", f'echo $$ > "{procs}" && exec "$@"', "evalbot-cgroup", *argv]
+        """argv prefixed so that the process joins its cgroups before it execs (its children follow)."""
+        joins = " && ".join(f'echo $$ > "{p / "cgroup.procs"}"' for p in [self.path, *self.joined])
+        return ["/bin/sh", "-c", f'{joins} && exec "$@"', "evalbot-cgroup", *argv]
+
+    def cap(self, cores: float, root: Path = CGROUP_ROOT) -> bool:
+        """Hold the tree to `cores` CPUs' worth of time (CFS bandwidth over 100 ms periods): v2 `cpu.max` on
+        its own cgroup where the cpu controller reaches it, else a v1 `cpu` cgroup of its own that the
+        process joins as well. Call before the process starts; False where the box allows neither."""
+        period = 100_000
+        quota = max(1000, int(cores * period))
+        try:
+            if self.version == 2 and "cpu" in (self.path / "cgroup.controllers").read_text().split():
+                (self.path / "cpu.max").write_text(f"{quota} {period}")
+                self.cap_cores = cores
+                return True
+        except OSError:
+            pass
+        parent = _v1_cpu(root)
+        if parent is None:
+            return False
+        path = parent / self.path.name
+        try:
+            path.mkdir()
+            (path / "cpu.cfs_period_us").write_text(str(period))
+            (path / "cpu.cfs_quota_us").write_text(str(quota))
+            if not os.access(path / "cgroup.procs", os.W_OK):
+                raise OSError("cannot join it")
+        except OSError:
+            _rmdir(path)
+            return False
+        self.joined.append(path)
+        self.cap_cores = cores
+        return True
 
     def read_ns(self) -> int:
         """CPU nanoseconds used in the cgroup so far."""
@@ -97,15 +129,20 @@ class CgroupMeter:
                 pass
 
     def close(self) -> None:
-        """Remove the cgroup once its processes are gone (a few tries: exit is not instant)."""
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.02)
+        """Remove the cgroups once their processes are gone (a few tries: exit is not instant)."""
+        for path in [self.path, *self.joined]:
+            _rmdir(path)
+
+
+def _rmdir(path: Path) -> None:
+    for _ in range(50):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
 
 
 @dataclass
@@ -128,6 +165,11 @@ class TreeMeter:
         return Reading(self.read_ns(), *_switches(self.root_pid))
 
     freezer = False
+    cap_cores: float | None = None
+
+    def cap(self, cores: float, root: Path = CGROUP_ROOT) -> bool:
+        """No cgroup: nothing to cap with (the harness checks each request's CPU instead)."""
+        return False
 
     def close(self) -> None:
         return None
@@ -201,6 +243,13 @@ def _v1_cpuacct(root: Path) -> Path | None:
     return None
 
 
+def _v1_cpu(root: Path) -> Path | None:
+    for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        if (root / name / "cpu.cfs_quota_us").exists():
+            return root / name
+    return None
+
+
 def make_meter(label: str, *, root: Path = CGROUP_ROOT, prefer: str = "cgroup") -> Meter:
     """A cgroup meter where a cgroup can be made and entered here (v2, else v1 cpuacct), else /proc."""
     if prefer == "cgroup":
@@ -227,7 +276,7 @@ def make_meter(label: str, *, root: Path = CGROUP_ROOT, prefer: str = "cgroup") 
 def sweep_stale(root: Path = CGROUP_ROOT) -> int:
     """Remove empty evalbot cgroups that a crashed harness left behind; returns how many."""
     removed = 0
-    for parent in filter(None, (_own_v2_cgroup(root), _v1_cpuacct(root))):
+    for parent in filter(None, (_own_v2_cgroup(root), _v1_cpuacct(root), _v1_cpu(root))):
         try:
             entries = list(parent.glob(f"{_PREFIX}*"))
         except OSError:

@@ -350,8 +350,12 @@ def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int)
             "--warmup",
             str(max(1, warmup)),
         ]
+        meter = cpumeter.make_meter(side.value)
+        threads = ctx.cfg.rules.profile(ctx.cfg.profile).measurement.threads
+        if threads:  # the kernel holds the tree to its cores (with the checks' slack), where the box lets it
+            meter.cap(threads * abtest.REQUEST_CPU_SLACK)
         return served.ServedProcess.start(
-            SIDE_LABEL[side], spec, argv, no_sandbox=ctx.cfg.no_sandbox, meter=cpumeter.make_meter(side.value)
+            SIDE_LABEL[side], spec, argv, no_sandbox=ctx.cfg.no_sandbox, meter=meter
         )
 
     return launch
@@ -434,7 +438,7 @@ def _measure_served(
             spec,
             [
                 *_diagnostics(run.samples, ctx.cfg.rules.gates.timing.max_self_report_gap),
-                *_freeze_notes(procs.values()),
+                *_freeze_notes(procs.values(), profile.measurement.threads),
                 *tau_notes,
             ],
             accuracy,
@@ -448,15 +452,24 @@ def _measure_served(
             p.close()
 
 
-def _freeze_notes(procs: Iterable[served.ServedProcess]) -> list[str]:
-    """The weaker freeze, said where it was used: a box that gives no cgroup v2 freezer."""
-    if all(p.freeze_mode == served.FREEZER for p in procs):
-        return []
-    return [
-        "this box gives the harness no cgroup v2 freezer, so the idle side was frozen by SIGSTOP to each of "
-        "its processes, which a process can arrange to undo; the CPU each side used while frozen and any "
-        "line it wrote then were still checked, and neither was seen"
-    ]
+def _freeze_notes(procs: Iterable[served.ServedProcess], threads: int | None) -> list[str]:
+    """The weaker modes, said where they were used: a box that gives no cgroup v2 freezer, or none that
+    can cap an engine's CPU."""
+    procs = list(procs)
+    notes = []
+    if not all(p.freeze_mode == served.FREEZER for p in procs):
+        notes.append(
+            "this box gives the harness no cgroup v2 freezer, so the idle side was frozen by SIGSTOP to each "
+            "of its processes, which a process can arrange to undo; the CPU each side used while frozen and "
+            "any line it wrote then were still checked, and neither was seen"
+        )
+    if threads and not all(p.meter is not None and p.meter.cap_cores for p in procs):
+        notes.append(
+            f"this box lets the harness cap no cgroup's CPU, so the {threads} thread"
+            f"{'s' if threads != 1 else ''} the profile gives each engine were checked request by request "
+            "(prefill and decode), not enforced by the kernel"
+        )
+    return notes
 
 
 def _diagnostics(samples: list[abtest.Sample], max_gap: float) -> list[str]:

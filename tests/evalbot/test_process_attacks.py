@@ -174,7 +174,7 @@ SERVER = textwrap.dedent("""
 """)
 
 
-def _timed_sample(tmp: Path, second_core: bool) -> abtest.Sample:
+def _timed_sample(tmp: Path, second_core: bool, cap: float | None = None) -> abtest.Sample:
     script = tmp / "server.py"
     script.write_text(f"SECOND_CORE = {second_core}\n" + SERVER)
     spec = sandbox.SandboxSpec(
@@ -186,6 +186,9 @@ def _timed_sample(tmp: Path, second_core: bool) -> abtest.Sample:
     )
     spec.scratch.mkdir(exist_ok=True)
     meter = cpumeter.make_meter("cores-test")
+    if cap is not None and not meter.cap(cap):
+        meter.close()
+        pytest.skip("this box lets the harness cap no cgroup's CPU")
     p = served.ServedProcess.start(
         "PR", spec, [sys.executable, "-I", "-S", str(script)], no_sandbox=False, meter=meter
     )
@@ -208,3 +211,15 @@ def test_an_engine_that_takes_a_second_core_in_its_prefill_fails_a_one_thread_pr
         greedy.context / greedy.prefill_tps,
     )
     assert abtest.request_overuse(greedy, threads=2) is None  # a two-thread profile gives it both
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a second core to steal")
+def test_where_the_box_allows_the_kernel_caps_an_engine_at_its_cores(tmp_path):
+    """With the cap the harness sets for a one-thread profile (1.25 cores), the helper on the second core
+    gets at most a quarter of a core: the prefill's CPU per wall second stays at the cap."""
+    greedy = _timed_sample(tmp_path, second_core=True, cap=1.25)
+    wall = greedy.context / greedy.prefill_tps
+    assert greedy.prefill_cpu_s is not None and greedy.prefill_cpu_s / wall < 1.35, (
+        greedy.prefill_cpu_s,
+        wall,
+    )
