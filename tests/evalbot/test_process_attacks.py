@@ -49,9 +49,8 @@ RELAY = textwrap.dedent("""
 """)
 
 
-def _start(tmp: Path, meter: cpumeter.Meter, prints: bool = False) -> served.ServedProcess:
-    script = tmp / "relay.py"
-    script.write_text(f"PRINTS = {prints}\n" + RELAY)
+def _sandboxed(tmp: Path, script: Path, meter: cpumeter.Meter) -> served.ServedProcess:
+    """script as a serving engine in bubblewrap, metered (and frozen) as the product does it."""
     spec = sandbox.SandboxSpec(
         ro_binds=(*sandbox.system_ro_binds(), Path(sys.prefix).resolve(), tmp),
         scratch=tmp / "scratch",
@@ -60,9 +59,14 @@ def _start(tmp: Path, meter: cpumeter.Meter, prints: bool = False) -> served.Ser
         limits=sandbox.Limits(timeout_s=60, cpu_seconds=60),
     )
     spec.scratch.mkdir(exist_ok=True)
-    p = served.ServedProcess.start(
-        "PR", spec, [sys.executable, "-I", "-S", str(script)], no_sandbox=False, meter=meter
-    )
+    argv = [sys.executable, "-I", "-S", str(script)]
+    return served.ServedProcess.start("PR", spec, argv, no_sandbox=False, meter=meter)
+
+
+def _start(tmp: Path, meter: cpumeter.Meter, prints: bool = False) -> served.ServedProcess:
+    script = tmp / "relay.py"
+    script.write_text(f"PRINTS = {prints}\n" + RELAY)
+    p = _sandboxed(tmp, script, meter)
     p.wait_ready(30)
     time.sleep(0.3)  # the relay is running
     return p
@@ -179,21 +183,11 @@ def _timed_sample(
 ) -> abtest.Sample:
     script = tmp / "server.py"
     script.write_text(f"SECOND_CORE = {second_core}\nPREFILL_S = {prefill_s}\n" + SERVER)
-    spec = sandbox.SandboxSpec(
-        ro_binds=(*sandbox.system_ro_binds(), Path(sys.prefix).resolve(), tmp),
-        scratch=tmp / "scratch",
-        workdir=tmp / "scratch",
-        env={"PATH": "/usr/bin:/bin"},
-        limits=sandbox.Limits(timeout_s=60, cpu_seconds=60),
-    )
-    spec.scratch.mkdir(exist_ok=True)
     meter = cpumeter.make_meter("cores-test")
     if cap is not None and not meter.cap(cap):
         meter.close()
         pytest.skip("this box lets the harness cap no cgroup's CPU")
-    p = served.ServedProcess.start(
-        "PR", spec, [sys.executable, "-I", "-S", str(script)], no_sandbox=False, meter=meter
-    )
+    p = _sandboxed(tmp, script, meter)
     try:
         p.wait_ready(30)
         body = {"op": "generate", "prompt_ids": [1, 2, 3], "max_new": 8, "stream": "ends"}
