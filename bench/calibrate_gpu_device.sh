@@ -11,6 +11,10 @@
 #                   installed into a venv, a runner key file, the repo's own (narrowed) rules, a neutral cwd,
 #                   the box lock, a signed receipt checked with `evalbot receipt verify`
 #
+# PROFILE=cpu (with MODE=calibrate) times the shipped cpu profile on this box's CPU instead, the model swapped for
+# CPU_SHAPE (qwen2.5-0.5b: the real shape, random fp32 weights; the box has no GGUF), under `taskset -c CPUS`
+# (default 2,3: a 2-core box's worth of the machine's cores).
+#
 # Knobs (env): SHAPE (qwen3-8b), CTXS ("4096 16384"), PAIRS_PER_BLOCK (8), MIN_BLOCKS (4), MAX_PAIRS (32),
 # RUNS (1), DECODE (128), DEVICE (cuda; cpu for a dry run of the script), STREAM (ends), SYNTH_K (16), WARM (1: untimed requests per context and side a block), BUDGET (seconds the command may take, default 540).
 # Results go to $OUT.
@@ -28,6 +32,9 @@ BUDGET=${BUDGET:-540}
 STREAM=${STREAM:-ends}
 SYNTH_K=${SYNTH_K:-16}
 WARM=${WARM:-1}
+PROFILE=${PROFILE:-gpu}
+CPU_SHAPE=${CPU_SHAPE:-qwen2.5-0.5b}
+CPUS=${CPUS:-2,3}
 T0=$(date +%s)
 
 # into the interpreter's own environment: the builds' venvs see it through --system-site-packages (a
@@ -50,7 +57,7 @@ else
 fi
 
 mkdir -p /tmp/rules && cp rules/*.yaml /tmp/rules/
-{
+[ "$PROFILE" = gpu ] && {
   echo "gpu:"
   echo "  device: ${DEVICE:-cuda}"
   echo "  contexts:"
@@ -77,11 +84,12 @@ mkdir -p /tmp/rules && cp rules/*.yaml /tmp/rules/
 YAML
   sed -n '/^cpu:/,$p' rules/profiles.yaml
 } > /tmp/rules/profiles.yaml
-python3 - "$SHAPE" <<'PY'
+python3 - "$SHAPE" "$CPU_SHAPE" <<'PY'
 import re, sys
 p = "/tmp/rules/models.yaml"
 s = open(p).read()
 s = re.sub(r"(  gpu:\n)(    - shape: .*\n)+", lambda m: m.group(1) + f"    - shape: {sys.argv[1]}\n", s)
+s = re.sub(r"(  cpu:\n)(    - .*\n(      .*\n)*)+", lambda m: m.group(1) + f"    - shape: {sys.argv[2]}\n", s)
 open(p, "w").write(s)
 PY
 python3 -m evalbot rules check /tmp/rules 2>&1 | tail -2
@@ -99,10 +107,10 @@ if [ "$MODE" = synthetic ] || [ "$MODE" = workflow ]; then
   echo "main: +$SYNTH_K no-op kernels; pr: main less them ($(git diff --shortstat main pr))"
 fi
 
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu \
-  --format=csv,noheader -lms 1000 > "$OUT/gpu_trace.csv" 2>/dev/null &
-SAMPLER=$!
+[ "$PROFILE" = gpu ] && nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
+SAMPLER=
+[ "$PROFILE" = gpu ] && { nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu \
+  --format=csv,noheader -lms 1000 > "$OUT/gpu_trace.csv" 2>/dev/null & SAMPLER=$!; }
 LEFT=$((BUDGET - ($(date +%s) - T0) - 15))
 if [ "$MODE" = smoke ] || [ "$MODE" = synthetic ]; then
   [ "$MODE" = smoke ] && git branch pr && git checkout -q pr && git commit -q --allow-empty -m "A/A head" && git checkout -q main
@@ -146,11 +154,12 @@ PY
   cp "$out"/* "$OUT/" 2>/dev/null
   grep -v " pair " "$OUT/workflow.log" | tail -30; cat "$out/report.md" 2>/dev/null | head -60
 else
-  timeout "$LEFT" python3 -m evalbot calibrate --repo . --rev HEAD --runs "$RUNS" --profile gpu --rules /tmp/rules \
+  pin=() && [ "$PROFILE" = cpu ] && pin=(taskset -c "$CPUS")
+  timeout "$LEFT" "${pin[@]}" python3 -m evalbot calibrate --repo . --rev HEAD --runs "$RUNS" --profile "$PROFILE" --rules /tmp/rules \
     --no-spec --no-accuracy $SANDBOX --state /tmp/state.db --work-dir /tmp/work --box h200 --json \
     > "$OUT/calib.json" 2> "$OUT/calib.log"
   echo "calibrate exit $?"
   grep -v " pair " "$OUT/calib.log" | tail -30; head -c 4000 "$OUT/calib.json"
 fi
-kill $SAMPLER 2>/dev/null
+[ -n "$SAMPLER" ] && kill $SAMPLER 2>/dev/null
 echo "wall $(( $(date +%s) - T0 )) s"

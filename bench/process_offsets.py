@@ -78,6 +78,9 @@ def hugepages(pid: int) -> dict[str, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument(
+        "--shape", help="a real shape with random weights instead of --model (a box without the GGUF)"
+    )
     ap.add_argument("--processes", type=int, default=8, help="per environment")
     ap.add_argument("--requests", type=int, default=6, help="timed requests per process")
     ap.add_argument("--ctx", type=int, default=128)
@@ -91,7 +94,12 @@ def main() -> None:
     args = ap.parse_args()
     from engine.registry import resolve  # the bench may import the engine; the bot never does
 
-    model = resolve(args.model)
+    model = None if args.shape else resolve(args.model)
+    weights = (
+        ["--random-weights", "--shape", args.shape, "--seed", "7"]
+        if model is None
+        else ["--model", str(model)]
+    )
     envs = [parse_env(e) for e in (args.env or ["base:"])]
     work = Path(tempfile.mkdtemp(prefix="evalbot-offsets-"))
     rates: dict[str, list[list[float]]] = {name: [] for name, _ in envs}
@@ -111,7 +119,11 @@ def main() -> None:
             | extra
         )
         spec = sandbox.SandboxSpec(
-            ro_binds=tuple(dict.fromkeys([*sandbox.system_ro_binds(), ROOT, Path(sys.prefix), model.parent])),
+            ro_binds=tuple(
+                dict.fromkeys(
+                    [*sandbox.system_ro_binds(), ROOT, Path(sys.prefix), *([model.parent] if model else [])]
+                )
+            ),
             scratch=scratch,
             workdir=ROOT,
             env=env,
@@ -120,7 +132,7 @@ def main() -> None:
         prefix = ["setarch", os.uname().machine, "-R"] if extra.get("NOASLR") == "1" else []
         if extra.get("PIN"):
             prefix = ["taskset", "-c", extra["PIN"], *prefix]
-        argv = [*prefix, sys.executable, "-m", "engine", "serve", "--model", str(model)]
+        argv = [*prefix, sys.executable, "-m", "engine", "serve", *weights]
         argv += ["--max-seq", str(args.ctx + args.tokens + 16), "--warmup", "1"]
         p = served.ServedProcess.start(name, spec, argv, no_sandbox=True, meter=cpumeter.make_meter(name))
         p.wait_ready(900)
