@@ -8,8 +8,10 @@ process tree is frozen, so a side cannot slow the other down between its own req
 own clock: by the kernel's cgroup v2 freezer on the engine's own cgroup, which nothing inside can undo,
 or where the box gives none, by SIGSTOP to every process in the tree (repeated until no new one appears;
 a process can arrange to be resumed, and the report says this mode was used). Either way the tree's CPU
-time is read at the freeze and at the thaw, and CPU used in between, or a protocol line written in
-between, is the side's failure (stage 'frozen').
+time and the bytes it has written to its stdout (those the harness read and those still in the pipe) are
+counted at the freeze and at the thaw, and CPU used in between, or a byte written in between, is the
+side's failure (stage 'frozen'). Byte counts, not arrival times: a line written just before the freeze
+and read late by a busy harness is no failure.
 
 Every line is checked: an unknown id, a token outside the vocabulary, a line over the size cap, or
 output that is not the protocol is the side's failure, with the stderr tail.
@@ -17,17 +19,21 @@ output that is not the protocol is the side's failure, with the stderr tail.
 
 from __future__ import annotations
 
+import array
 import collections
+import fcntl
 import json
 import os
 import queue
+import select
 import signal
+import termios
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from evalbot.evaluate import box, cpumeter, sandbox
 
@@ -35,9 +41,6 @@ PROTOCOL = "evalbot.serve/1"
 FREEZER = "cgroup v2 freezer"
 SIGSTOP_MODE = "SIGSTOP to each process"
 FROZEN_CPU_GRACE_NS = 1_000_000  # CPU a frozen tree may show on top of twice the meter's resolution
-# a line read this long after the freeze was confirmed was written while frozen (the reader thread drains
-# what was written before the freeze within microseconds)
-FROZEN_LINE_GRACE_NS = 100_000_000
 MAX_LINE_BYTES = 1 << 20
 STDERR_TAIL_BYTES = 64 << 10
 
@@ -134,7 +137,9 @@ class ServedProcess:
     meter: cpumeter.Meter | None = None
     _count: int = 0
     _frozen_cpu_ns: int = -1
-    _frozen_since_ns: int = 0
+    _written_at_freeze: int = -1  # bytes written to stdout when the freeze was confirmed; -1: not frozen
+    _read_bytes: int = 0  # bytes the reader took from the stdout pipe
+    _read_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def start(
@@ -160,54 +165,94 @@ class ServedProcess:
     # -------------------------------------------------------------- reading (threads)
 
     def _read_stdout(self) -> None:
-        stream: IO[bytes] = self.proc.stdout
-        total = 0
+        """Read the raw pipe (no buffered reader: the bytes taken from the kernel are counted, under the
+        lock that freeze and thaw take to count what the engine has written) and split it into lines."""
+        fd = self.proc.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        pending = bytearray()
+        consumed = 0  # bytes of the stream up to the end of the last whole line
         while True:
-            raw = stream.readline(MAX_LINE_BYTES + 1)
+            poller.poll()
+            with self._read_lock:
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except OSError:
+                    chunk = b""
+                self._read_bytes += len(chunk)
             at = time.monotonic_ns()
             cpu = self._cpu_ns()
-            if not raw:
+            if not chunk:
+                if pending and not self._take_line(bytes(pending), consumed + len(pending), at, cpu):
+                    return
                 self.lines.put(None)
                 return
-            total += len(raw)
-            if len(raw) > MAX_LINE_BYTES or total > self.max_output_bytes:
-                self._stop(
-                    ServeError(
-                        f"{self.label}: printed more than the {MAX_LINE_BYTES >> 20} MiB a protocol "
-                        f"line or the {self.max_output_bytes >> 20} MiB a run may print, and was stopped",
-                        stage="output",
-                    )
-                )
+            pending += chunk
+            while (nl := pending.find(b"\n")) >= 0:
+                raw = bytes(pending[: nl + 1])
+                del pending[: nl + 1]
+                consumed += len(raw)
+                if not self._take_line(raw, consumed, at, cpu):
+                    return
+            if len(pending) > MAX_LINE_BYTES or consumed + len(pending) > self.max_output_bytes:
+                self._take_line(bytes(pending), consumed + len(pending), at, cpu)
                 return
+
+    def _take_line(self, raw: bytes, end: int, at: int, cpu: int) -> bool:
+        """Check one line (`end`: its last byte's offset in the stream) and queue it; False once the side
+        failed (the reader stops)."""
+        if len(raw) > MAX_LINE_BYTES or end > self.max_output_bytes:
+            self._stop(
+                ServeError(
+                    f"{self.label}: printed more than the {MAX_LINE_BYTES >> 20} MiB a protocol "
+                    f"line or the {self.max_output_bytes >> 20} MiB a run may print, and was stopped",
+                    stage="output",
+                )
+            )
+            return False
+        written = self._written_at_freeze
+        if self.frozen and 0 <= written < end:
+            self.broken = True
+            self._stop(self._wrote_while_frozen(end - written))
+            return False
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            self._stop(
+                ServeError(
+                    f"{self.label}: printed a line that is not the protocol: {raw[:120]!r}",
+                    stage="protocol",
+                )
+            )
+            return False
+        if not isinstance(obj, dict):
+            self._stop(
+                ServeError(
+                    f"{self.label}: printed a JSON {type(obj).__name__}, not an object", stage="protocol"
+                )
+            )
+            return False
+        self.lines.put(Line(at, obj, cpu))
+        return True
+
+    def _written_bytes(self) -> int:
+        """Bytes the engine has written to its stdout so far: those read, and those still in the pipe
+        (FIONREAD); -1 where the pipe cannot be asked."""
+        with self._read_lock:
             try:
-                obj = json.loads(raw)
-            except ValueError:
-                self._stop(
-                    ServeError(
-                        f"{self.label}: printed a line that is not the protocol: {raw[:120]!r}",
-                        stage="protocol",
-                    )
-                )
-                return
-            since = self._frozen_since_ns
-            if self.frozen and since and at > since + FROZEN_LINE_GRACE_NS:
-                self.broken = True
-                self._stop(
-                    ServeError(
-                        f"{self.label}: printed a protocol line {(at - since) / 1e6:.0f} ms into a freeze "
-                        f"({self.freeze_mode}): a frozen engine cannot write, so it arranged to",
-                        stage="frozen",
-                    )
-                )
-                return
-            if not isinstance(obj, dict):
-                self._stop(
-                    ServeError(
-                        f"{self.label}: printed a JSON {type(obj).__name__}, not an object", stage="protocol"
-                    )
-                )
-                return
-            self.lines.put(Line(at, obj, cpu))
+                unread = array.array("i", [0])
+                fcntl.ioctl(self.proc.stdout.fileno(), termios.FIONREAD, unread, True)
+            except (OSError, ValueError):
+                return -1
+            return self._read_bytes + unread[0]
+
+    def _wrote_while_frozen(self, extra: int) -> ServeError:
+        return ServeError(
+            f"{self.label}: wrote {extra} bytes of protocol output while the harness held it frozen "
+            f"({self.freeze_mode}): a frozen engine cannot write, so it arranged to",
+            self.tail(),
+            stage="frozen",
+        )
 
     def _cpu_ns(self) -> int:
         if self.meter is None:
@@ -384,18 +429,25 @@ class ServedProcess:
             at = at or time.monotonic_ns()
             _await_stopped(stopped)
         self._frozen_cpu_ns = self._cpu_ns()
-        self._frozen_since_ns = time.monotonic_ns()
+        self._written_at_freeze = self._written_bytes()
         self.frozen = True
         return at
 
     def thaw(self, check: bool = True) -> int:
         """Let the tree run again; returns when it was let go (monotonic ns). With `check`, CPU the tree
-        used while frozen, past the meter's resolution, is the side's failure (ServeError, stage 'frozen'):
-        a frozen engine cannot run, so one that did arranged to (the tree is thawed either way)."""
-        used = -1
+        used while frozen, past the meter's resolution, or bytes it wrote to its stdout, is the side's
+        failure (ServeError, stage 'frozen'): a frozen engine cannot run, so one that did arranged to (the
+        tree is thawed either way). Both are counted before the tree is let go, so nothing it does after
+        the thaw can count."""
+        used, wrote = -1, 0
         if check and self._frozen_cpu_ns >= 0:
             now = self._cpu_ns()
             used = now - self._frozen_cpu_ns if now >= 0 else -1
+        if check and self._written_at_freeze >= 0:
+            now = self._written_bytes()
+            wrote = now - self._written_at_freeze if now >= 0 else 0
+        self.frozen = False
+        self._written_at_freeze = -1
         at = time.monotonic_ns()
         freezer = self._freezer()
         if freezer is not None:
@@ -406,8 +458,9 @@ class ServedProcess:
         else:
             for pid in self._pids():
                 _signal(pid, signal.SIGCONT)
-        self.frozen = False
-        self._frozen_since_ns = 0
+        if wrote > 0:
+            self.broken = True
+            raise self._wrote_while_frozen(wrote)
         if used > self._frozen_cpu_allowance_ns():
             self.broken = True
             raise ServeError(
