@@ -427,9 +427,15 @@ PROV = Provenance("repo", "a" * 40, "b" * 40, "a" * 40, "0" * 64, "cuda")
 CTX = 32768  # a context whose prefill takes about as long as the 128-token decode (an estimate for the H200)
 
 
-def _verdict(head: tuple[float, float], base: tuple[float, float] = (0.60, 0.75), seed: int = 0):
+def _verdict(
+    head: tuple[float, float],
+    base: tuple[float, float] = (0.60, 0.75),
+    seed: int = 0,
+    prefill_noise: float = 5e-4,
+):
     """The verdict on A/B pairs whose harness clocks read (prefill_s, decode_s) per side, gpu profile's
-    ends stream and design (8 blocks of 8 pairs, 0.05% request noise, a 0.1% process offset per block)."""
+    ends stream and design (8 blocks of 8 pairs, 0.05% request noise, a 0.1% process offset per block);
+    `prefill_noise`, the prefill's own request noise (sd, a fraction)."""
     rules = load_rules(default_rules_dir())
     gpu = next(p for p in rules.profiles if p.name == "gpu")
     profile = dataclasses.replace(gpu, contexts=tuple(c for c in gpu.contexts if c.ctx == CTX))
@@ -439,7 +445,8 @@ def _verdict(head: tuple[float, float], base: tuple[float, float] = (0.60, 0.75)
         offset = {side: 1 + rng.gauss(0, 1e-3) for side in Side if side is not Side.HARNESS}
         for i in range(8):
             for side, (pre, dec) in ((Side.BASE, base), (Side.HEAD, head)):
-                pre, dec = (x * offset[side] * (1 + rng.gauss(0, 5e-4)) for x in (pre, dec))
+                pre *= offset[side] * (1 + rng.gauss(0, prefill_noise))
+                dec *= offset[side] * (1 + rng.gauss(0, 5e-4))
                 t = served.Timed(
                     {"op": "generate", "stream": "ends"},
                     0,
@@ -484,6 +491,25 @@ def test_a_shift_inside_the_prefill_guard_buys_no_tier():
     shifted = _verdict((0.60 * 1.018, real - 0.60 * 0.018))
     assert shifted.status is Status.PASS  # the prefill guard does not see 1.8%
     assert shifted.tier == honest.tier
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="HOLE, measured (#36 part 4): on the H100 the harness-timed prefill moves 13% (16k) to 22% (4k) "
+    "request to request, both sides alike (the A/A workflow call of 2026-12-06, "
+    "docs/results/gpu_workflow_h100_2026-12-06/call3_aa_by_merge/result.json), against 0.1-0.3% for "
+    "the decode. The prefill guard then cannot see a shift of 5-10% of the prefill: with the shipped "
+    "design (64 pairs) it reads +4% decode and earns S in 5 seeds of 5, 10% earns M. Open: a prefill "
+    "clock as quiet as the decode's (what moves it is not yet measured), or a protocol where the decode "
+    "depends on something the harness sends only once the prefill is done (a continuation token), so no "
+    "decode step can be computed before the decode clock starts.",
+)
+def test_with_the_gpus_measured_prefill_noise_a_shift_of_five_percent_of_the_prefill_buys_no_tier():
+    for seed in range(3):
+        honest = _verdict((0.60, 0.75), seed=seed, prefill_noise=0.13)
+        assert honest.status is Status.PASS and honest.tier is None
+        shifted = _verdict((0.60 * 1.05, 0.75 - 0.60 * 0.05), seed=seed, prefill_noise=0.13)
+        assert shifted.tier is None, f"seed {seed}: {shifted.status.name} {shifted.tier}"
 
 
 # ------------------------------------------------------------------ the audit: wrong tokens that pass
