@@ -247,19 +247,23 @@ class Session:
         stop_ids: frozenset[int] = frozenset(),
         on_token: Callable[[int], None] | None = None,
         stream: bool = True,
+        resume: bool = False,
     ) -> Generation:
-        """Prefill the prompt, then decode up to max_new tokens (stopping at a stop id).
+        """Prefill the prompt, then decode up to max_new tokens (stopping at a stop id). With `resume` the
+        prompt continues the sequence already in the cache (`prefill`) instead of starting a new one.
 
         With `stream` (the default) `on_token` sees every token as it is decoded, which costs a host sync
         per token. Without it, a greedy generation with no stop ids hands `on_token` the first token only
         and decodes the rest with the tokens kept on the device (one sync at the end; on CUDA the GPU then
         runs the steps back to back): the same tokens, no per-token margins."""
-        if len(prompt_ids) + max_new > self.max_seq:
+        held = self.length if resume else 0
+        if held + len(prompt_ids) + max_new > self.max_seq:
             raise ValueError(
-                f"prompt {len(prompt_ids)} + {max_new} new tokens exceed the cache ({self.max_seq})"
+                f"prompt {held} + {len(prompt_ids)} + {max_new} new tokens exceed the cache ({self.max_seq})"
             )
         params = params or SamplingParams()
-        self.reset()
+        if not resume:
+            self.reset()
         out = Generation(list(prompt_ids))
         gen = make_generator(params) if not params.greedy else None
         self._sync()
@@ -293,6 +297,19 @@ class Session:
         self._sync()
         out.decode_s = time.perf_counter() - t1
         return out
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: Sequence[int]) -> float:
+        """Start a new sequence with the prompt in the cache, and nothing decoded; returns the seconds it
+        took. `generate(..., resume=True)` continues it."""
+        if len(prompt_ids) >= self.max_seq:
+            raise ValueError(f"prompt {len(prompt_ids)} leaves no room in the cache ({self.max_seq})")
+        self.reset()
+        self._sync()
+        t0 = time.perf_counter()
+        self.forward(prompt_ids)
+        self._sync()
+        return time.perf_counter() - t0
 
     @torch.inference_mode()
     def score(self, ids: Sequence[int], start: int = 1) -> torch.Tensor:

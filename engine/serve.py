@@ -18,6 +18,15 @@ Protocol ``evalbot.serve/1`` (one JSON object per line, both ways):
     <- {"id": "r1", "toks": [..]}                       the remaining max_new - 1 tokens
     <- {"id": "r1", "event": "done", ...}
 
+    The prompt in two parts, so that no decode step can be computed before the harness's decode clock
+    starts: a prefill that answers no token, then a generate that continues it. Its first decoded token
+    depends on the continuation's ids, which the harness draws only once the prefill has answered.
+    -> {"id": "r5", "op": "prefill", "prompt_ids": [..]}
+    <- {"id": "r5", "event": "done", "n": 4096, "timings": {"prefill_s": ..}}
+    -> {"id": "r6", "op": "generate", "continue": true, "prompt_ids": [t], "max_new": 128, "stream": "ends"}
+    <- (as any generate: the prompt is the prefilled one followed by [t]; any other request in between
+       drops the prefilled prompt, and a continue with none held is an error)
+
     -> {"id": "r2", "op": "spec", "prompt_ids": [..], "max_new": 64, "drafter": "ngram", "ngram": 3, "block": 7}
     <- {"id": "r2", "toks": [..]}                       one line per verify step (the first: the prefill's token)
     <- {"id": "r2", "event": "done", "n": 64, "steps": 20, "timings": {...}}
@@ -33,7 +42,8 @@ Protocol ``evalbot.serve/1`` (one JSON object per line, both ways):
     -> {"op": "shutdown"}
 
 At start the engine loads, warms up (compile, caches), and prints ``{"event": "ready", ...}`` with its
-identity and config. A malformed request gets ``{"id": .., "event": "error", "message": ..}`` and the
+identity, its config and the ops it answers (``"ops"``: the harness times the prompt in two parts where
+main's engine lists ``prefill``). A malformed request gets ``{"id": .., "event": "error", "message": ..}`` and the
 engine goes on with the next one. Anything else the engine's code prints goes to stderr: stdout carries
 protocol lines only.
 """
@@ -62,7 +72,7 @@ PROTOCOL = "evalbot.serve/1"
 SAVE_NAME = re.compile(r"[a-z0-9_-]{1,40}\.npy")
 MAX_REQUEST_BYTES = 4 << 20
 MAX_ID_CHARS = 64
-OPS = ("generate", "spec", "score", "tokenize", "shutdown")
+OPS = ("generate", "prefill", "spec", "score", "tokenize", "shutdown")
 STREAMS = ("token", "ends")
 
 
@@ -118,6 +128,12 @@ class Server:
         self.lm, self.out, self.max_seq = lm, out, max_seq
         self.session = gen.Session(lm, max_seq=max_seq)
         self.draft = gen.Session(draft, max_seq=max_seq) if draft is not None else None
+        self.held = False  # a prefilled prompt waits for its continuation
+
+    def _held(self) -> bool:
+        """Whether a prefilled prompt waits, and from now on not: one continuation per prefill."""
+        held, self.held = self.held, False
+        return held
 
     def send(self, obj: dict[str, Any]) -> None:
         self.out.write(json.dumps(obj, allow_nan=False, separators=(",", ":")) + "\n")
@@ -126,9 +142,25 @@ class Server:
     def handle(self, req: dict[str, Any]) -> None:
         op, rid = req["op"], req["id"]
         vocab = self.lm.cfg.vocab_size
-        if op == "generate":
+        held = self._held()
+        if op == "prefill":
             prompt = _ints(req.get("prompt_ids"), "prompt_ids", vocab)
-            max_new = _int(req, "max_new", None, 1, self.max_seq - len(prompt))
+            if len(prompt) >= self.max_seq:
+                raise RequestError(
+                    f"prompt_ids: {len(prompt)} tokens leave no room in {self.max_seq} positions"
+                )
+            seconds = self.session.prefill(prompt)
+            self.held = True
+            self.send({"id": rid, "event": "done", "n": len(prompt), "timings": {"prefill_s": seconds}})
+        elif op == "generate":
+            resume = req.get("continue", False)
+            if resume not in (True, False):
+                raise RequestError(f"continue: expected true or false, got {resume!r}")
+            if resume and not held:
+                raise RequestError("continue: no prefilled prompt waits (a prefill, then one continuation)")
+            prompt = _ints(req.get("prompt_ids"), "prompt_ids", vocab)
+            start = self.session.length if resume else 0
+            max_new = _int(req, "max_new", None, 1, self.max_seq - start - len(prompt))
             params = SamplingParams(
                 _float(req, "temperature", 0.0, 0.0, 100.0),
                 _int(req, "top_k", 0, 0, vocab),
@@ -147,7 +179,10 @@ class Server:
                     self.send({"id": rid, "tok": t})
                     sent.append(t)
 
-            out = self.session.generate(prompt, max_new, params, on_token=on_token, stream=mode == "token")
+            more = {"resume": True} if resume else {}  # an engine's generate that predates it still serves
+            out = self.session.generate(
+                prompt, max_new, params, on_token=on_token, stream=mode == "token", **more
+            )
             if mode == "ends":
                 if out.token_ids[: len(sent)] != sent:
                     raise RequestError("the engine returned other tokens than it streamed")
@@ -293,6 +328,7 @@ def serve(args: argparse.Namespace, stdin: IO[bytes] | None = None, out: IO[str]
                     lm.transformer.blocks[0].decode_kernel,
                 ),
             },
+            "ops": [op for op in OPS if op != "shutdown"],
             "timings": {"load_s": load_s, "warmup_s": warmup_s},
         }
     )

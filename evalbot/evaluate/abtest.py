@@ -12,6 +12,13 @@ faster at every context; alternating the order and estimating with the order as 
 (`stats.crossover`) cancels it and keeps it out of the interval. Pairs go to the contexts whose pairs
 vary most (`allocate`), and the runs stop as soon as no further pair could change the decision.
 
+Where main's engine answers the `prefill` op (its ready line lists it), each request goes in two parts:
+the prompt as a prefill, which answers no token, then a continuation of one token the harness draws only
+once both sides' prefills have answered, with the tokens to decode. Decode is clocked from sending the
+continuation to the last token: every decode step depends on that token, so none can be done before the
+clock starts, where a one-part request lets an engine compute decode steps before its first token line
+and have them scored as prefill (#36). The PR's engine must then answer `prefill` too.
+
 Each request is clocked twice by the harness: wall time (timestamps of the streamed lines) and the CPU
 time of the engine's whole process tree (`cpumeter`), with the box's steal and the tree's context
 switches, for the verdict's choice of clock and the variance breakdown (bench/variance_breakdown.py).
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -70,13 +78,15 @@ class Sample:
     switches: tuple[int, int] = (0, 0)
     base_first: bool = True  # main's process of this block was loaded first
     went_first: bool = True  # this side was timed first in its pair
+    decode_steps: int | None = None  # steps in decode_s (tokens - 1 when clocked from the first token)
 
     @property
     def decode_cpu_tps(self) -> float | None:
         """Tokens per CPU-second of the tree, first token to last (None where not metered)."""
         if self.decode_cpu_s is None or self.decode_cpu_s <= 0:
             return None
-        return (len(self.tokens) - 1) / self.decode_cpu_s
+        steps = self.decode_steps if self.decode_steps is not None else len(self.tokens) - 1
+        return steps / self.decode_cpu_s
 
     @property
     def self_report_gap(self) -> float | None:
@@ -84,7 +94,7 @@ class Sample:
         d = self.reported.get("decode_s")
         if not isinstance(d, (int, float)) or d <= 0 or self.decode_tps <= 0:
             return None
-        harness_decode_s = (len(self.tokens) - 1) / self.decode_tps
+        harness_decode_s = self.decode_s or (len(self.tokens) - 1) / self.decode_tps
         return abs(d - harness_decode_s) / harness_decode_s if harness_decode_s > 0 else None
 
 
@@ -108,6 +118,7 @@ class Run:
     blocks: int = 0
     ready: dict[str, dict[str, Any]] = field(default_factory=dict)  # side -> the last ready line
     box_samples: list[dict[str, Any]] = field(default_factory=list)
+    two_part: bool | None = None  # requests timed as a prefill and a continuation (main answers 'prefill')
 
 
 def _estimates(samples: list[Sample], ctx: int, metric: str = "decode") -> stats.PairedEstimate | None:
@@ -264,8 +275,25 @@ def measure(
         run.ready = {s.value: p.ready for s, p in procs.items()}
         counts = allocate(run.samples, contexts, per_block, cap)
         try:
+            two = two_part(procs)
+            if run.two_part is None:
+                run.two_part = two
+                if not two:
+                    log(
+                        "main's engine answers no 'prefill' op: each request is timed in one part, and an "
+                        "engine could compute decode steps before its first token (the report says so)"
+                    )
             if m.warm_requests:
-                warm(procs, contexts, prompts, m.decode_tokens, request_timeout_s, m.stream, m.warm_requests)
+                warm(
+                    procs,
+                    contexts,
+                    prompts,
+                    m.decode_tokens,
+                    request_timeout_s,
+                    m.stream,
+                    m.warm_requests,
+                    two,
+                )
             if settled is not None:
                 settled(procs)
             for c in profile.contexts:
@@ -285,6 +313,7 @@ def measure(
                         base_first,
                         m.stream,
                         m.slice_s,
+                        two,
                     )
                     for one in pair:
                         why_cpu = request_overuse(one, m.threads)
@@ -504,6 +533,7 @@ def _pair(
     base_first: bool = True,
     stream: str = "token",
     slice_s: float | None = None,
+    two: bool = False,
 ) -> list[Sample]:
     """One interleaved pair, measured again if others used the box meanwhile: on a fresh prompt each time (a
     prompt an engine has seen could be answered from a cache), until one attempt is clean or the quiet
@@ -518,8 +548,16 @@ def _pair(
         prompt = prompts.next(ctx)
         snap = box.cpu_snapshot()
         out = []
-        answers = _answers(procs, order, _generate(prompt, gen, stream), timeout_s, slice_s)
-        for side, timed in zip(order, answers, strict=True):
+        prefills: list[Timed | None] = [None] * len(order)
+        if two:
+            prefills = list(
+                _answers(procs, order, {"op": "prefill", "prompt_ids": prompt}, timeout_s, slice_s)
+            )
+            prompt = [*prompt, continuation(procs)]  # drawn now: no engine could know it before
+            answers = _answers(procs, order, _continue(prompt[-1], gen, stream), timeout_s, slice_s)
+        else:
+            answers = _answers(procs, order, _generate(prompt, gen, stream), timeout_s, slice_s)
+        for side, timed, pre in zip(order, answers, prefills, strict=True):
             out.append(
                 sample(
                     side,
@@ -532,6 +570,7 @@ def _pair(
                     base_first=base_first,
                     went_first=side is order[0],
                     stream=stream,
+                    prefill=pre,
                 )
             )
         during = box.usage(snap, box.cpu_snapshot(), os.getpid())
@@ -587,6 +626,7 @@ def warm(
     timeout_s: float,
     stream: str,
     n: int,
+    two: bool = False,
 ) -> None:
     """`n` untimed requests per context and side, each side alone, each on a fresh prompt that no timed
     request will use: a fresh process compiles the shapes a timed request takes (the prefill's chunks at
@@ -599,7 +639,16 @@ def warm(
             for side, proc in procs.items():
                 others = [p for s, p in procs.items() if s is not side]
                 try:
-                    run_alone(proc, others, partial(proc.request, _generate(prompt, gen, stream), timeout_s))
+                    if two:
+                        run_alone(
+                            proc,
+                            others,
+                            partial(proc.request, {"op": "prefill", "prompt_ids": prompt}, timeout_s),
+                        )
+                        body = _continue(continuation(procs), gen, stream)
+                    else:
+                        body = _generate(prompt, gen, stream)
+                    run_alone(proc, others, partial(proc.request, body, timeout_s))
                 except ServeError as exc:
                     raise SideError(side, exc.stage, f"a warm-up request failed: {exc}", exc.tail) from exc
 
@@ -610,6 +659,39 @@ def _generate(prompt: list[int], gen: int, stream: str) -> dict[str, Any]:
     if stream != "token":
         body["stream"] = stream
     return body
+
+
+def _continue(token: int, gen: int, stream: str) -> dict[str, Any]:
+    """The timed part of a two-part request: the prefilled prompt continued by `token`, then decoded."""
+    return {**_generate([token], gen, stream), "continue": True}
+
+
+def continuation(procs: dict[Side, ServedProcess]) -> int:
+    """The continuation token: drawn by the harness once the prefills have answered, from a source no
+    engine can predict (not the seeded prompts), within every side's vocabulary."""
+    return secrets.randbelow(min(p.vocab for p in procs.values()))
+
+
+def two_part(procs: dict[Side, ServedProcess]) -> bool:
+    """Whether requests go in two parts: where main's engine lists the `prefill` op in its ready line. The
+    PR's must then list it too (SideError, stage 'protocol'): a PR cannot choose the one-part clock."""
+    if Side.BASE not in procs or "prefill" not in _ops(procs[Side.BASE]):
+        return False
+    for side, p in procs.items():
+        if "prefill" not in _ops(p):
+            raise SideError(
+                side,
+                "protocol",
+                "main's engine answers the 'prefill' op, and this one does not list it in its ready line: "
+                "each request is timed as a prefill and a continuation, so that no decode step can run "
+                "before the decode clock starts",
+            )
+    return True
+
+
+def _ops(p: ServedProcess) -> list[str]:
+    ops = p.ready.get("ops")
+    return [o for o in ops if isinstance(o, str)] if isinstance(ops, list) else []
 
 
 MAX_DECODE_TPS = 1e5  # faster than any engine: tokens that arrive this fast came in a burst
@@ -627,7 +709,14 @@ def sample(
     base_first: bool = True,
     went_first: bool = True,
     stream: str = "token",
+    prefill: Timed | None = None,
 ) -> Sample:
+    """One timed request as a Sample, its shape checked. With `prefill` (two parts), the prefill is that
+    request's whole time and the decode runs from sending the continuation `t` to its last token."""
+    if prefill is not None and prefill.tokens:
+        raise SideError(
+            side, "protocol", f"a prefill request answered {len(prefill.tokens)} tokens (none are asked)"
+        )
     if len(t.tokens) != gen:
         raise SideError(side, "serve", f"asked for {gen} tokens, the engine streamed {len(t.tokens)}")
     shape = (1,) * gen if stream == "token" else (1, gen - 1)[: min(gen, 2)]
@@ -640,18 +729,28 @@ def sample(
             f"({', '.join(str(len(x)) for x in t.steps[:8])}{', ...' if len(t.steps) > 8 else ''} tokens); "
             f"a generate request streams {how}",
         )
-    if t.prefill_s <= 0:
-        raise SideError(side, "protocol", "the first token arrived before the request was sent")
-    if t.decode_tps > MAX_DECODE_TPS:
+    if prefill is None:
+        prefill_s, prefill_cpu_s = t.prefill_s, t.prefill_cpu_s
+        decode_s, cpu, steps = t.decode_s, t.decode_cpu_s, gen - 1
+    else:
+        prefill_s, prefill_cpu_s = prefill.answer_s, prefill.answer_cpu_s
+        decode_s, cpu, steps = t.to_last_s, t.to_last_cpu_s, gen
+    if prefill_s <= 0:
+        raise SideError(side, "protocol", "the prefill's answer arrived before the request was sent")
+    decode_tps = steps / decode_s if decode_s > 0 else float("inf")
+    if decode_tps > MAX_DECODE_TPS:
         raise SideError(
             side,
             "serve",
-            f"{gen} tokens arrived within {t.decode_s * 1e6:.0f} µs: a burst, not a "
+            f"{gen} tokens arrived within {decode_s * 1e6:.0f} µs: a burst, not a "
             "decode (they were computed before the first was sent)",
         )
     timings = t.summary.get("timings")
     reported = timings if isinstance(timings, dict) else {}
-    cpu = t.decode_cpu_s
+    if prefill is not None:
+        pre = prefill.summary.get("timings")
+        if isinstance(pre, dict) and isinstance(pre.get("prefill_s"), (int, float)):
+            reported = {**reported, "prefill_s": pre["prefill_s"]}
     if cpu is not None and cpu <= 0:
         cpu = None  # a coarse meter (10 ms ticks) that did not move: no CPU reading for this request
     return Sample(
@@ -661,17 +760,18 @@ def sample(
         i,
         tuple(prompt),
         t.tokens,
-        ctx / t.prefill_s if t.prefill_s > 0 else 0.0,
-        t.decode_tps,
+        ctx / prefill_s,
+        decode_tps,
         {k: v for k, v in reported.items() if isinstance(v, (int, float))},
         t.summary.get("n"),
-        decode_s=t.decode_s,
+        decode_s=decode_s,
         decode_cpu_s=cpu,
-        prefill_cpu_s=t.prefill_cpu_s,
+        prefill_cpu_s=prefill_cpu_s,
         steal_ticks=t.steal_ticks,
         switches=t.switches,
         base_first=base_first,
         went_first=went_first,
+        decode_steps=steps,
     )
 
 

@@ -439,6 +439,7 @@ def _measure_served(
             [
                 *_diagnostics(run.samples, ctx.cfg.rules.gates.timing.max_self_report_gap),
                 *_freeze_notes(procs.values(), profile.measurement.threads),
+                *_clock_notes(run),
                 *tau_notes,
             ],
             accuracy,
@@ -470,6 +471,18 @@ def _freeze_notes(procs: Iterable[served.ServedProcess], threads: int | None) ->
             "(prefill and decode), not enforced by the kernel"
         )
     return notes
+
+
+def _clock_notes(run: abtest.Run) -> list[str]:
+    """The one-part clock, said where it was used: main's engine answers no 'prefill' op."""
+    if run.two_part is not False:
+        return []
+    return [
+        "main's engine answers no 'prefill' op, so each request was timed in one part: decode from the "
+        "first token line to the last, and an engine could have computed decode steps before its first "
+        "token, where only the prefill guard sees them (an engine that lists 'prefill' in its ready line "
+        "is timed from a continuation the harness draws after the prefill)"
+    ]
 
 
 def _diagnostics(samples: list[abtest.Sample], max_gap: float) -> list[str]:

@@ -83,6 +83,8 @@ class Timed:
     steal_ticks: int = 0  # the machine's steal (all CPUs, /proc/stat) during the request
     # where the harness froze the process while the request was open (sliced pairs): (from, to) ns
     paused_ns: tuple[tuple[int, int], ...] = ()
+    done_ns: int = 0  # when the summary line arrived
+    cpu_done_ns: int = -1  # the tree's CPU time then
 
     def _paused(self, start: int, end: int) -> int:
         """Nanoseconds of [start, end] that the process spent frozen by the harness."""
@@ -114,6 +116,34 @@ class Timed:
         """From the first token to the last, less the time the harness kept the process frozen."""
         first, last = self.arrivals_ns[0], self.arrivals_ns[-1]
         return (last - first - self._paused(first, last)) / 1e9
+
+    @property
+    def answer_s(self) -> float:
+        """From sending the request to its summary line, less the time the harness kept it frozen (a
+        prefill request's whole time)."""
+        return (self.done_ns - self.sent_ns - self._paused(self.sent_ns, self.done_ns)) / 1e9
+
+    @property
+    def answer_cpu_s(self) -> float | None:
+        """CPU seconds from sending the request to its summary line; None where not metered."""
+        if self.cpu_sent_ns < 0 or self.cpu_done_ns < 0:
+            return None
+        return (self.cpu_done_ns - self.cpu_sent_ns) / 1e9
+
+    @property
+    def to_last_s(self) -> float:
+        """From sending the request to its last token, less the time the harness kept it frozen: the
+        decode of a continuation, whose every step comes after the harness sent what it depends on."""
+        last = self.arrivals_ns[-1]
+        return (last - self.sent_ns - self._paused(self.sent_ns, last)) / 1e9
+
+    @property
+    def to_last_cpu_s(self) -> float | None:
+        """CPU seconds from sending the request to its last token; None where not metered."""
+        c = self.cpu_arrivals_ns
+        if not c or self.cpu_sent_ns < 0 or c[-1] < 0:
+            return None
+        return (c[-1] - self.cpu_sent_ns) / 1e9
 
     @property
     def decode_tps(self) -> float:
@@ -617,6 +647,8 @@ class Pending:
                     switches=switches,
                     steal_ticks=cpumeter.steal_ticks() - self.steal0,
                     paused_ns=tuple(self.paused),
+                    done_ns=line.at_ns,
+                    cpu_done_ns=line.cpu_ns,
                 )
             got = [obj["tok"]] if "tok" in obj else obj.get("toks")
             if (

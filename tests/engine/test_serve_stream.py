@@ -62,3 +62,60 @@ def test_ends_holds_back_the_tokens_of_an_engine_that_streams_each_one_anyway(se
 def test_a_bad_stream_request_is_refused_by_name(server, extra, words):
     with pytest.raises(serve.RequestError, match=words):
         server.handle({"id": "e", "op": "generate", "prompt_ids": PROMPT, "max_new": 4, **extra})
+
+
+# ------------------------------------------------------------------ the prompt in two parts (#36)
+
+
+@pytest.mark.parametrize("stream", ["token", "ends"])
+def test_a_prefill_then_its_continuation_decodes_what_the_whole_prompt_would(server, stream):
+    whole = _lines(server, {"id": "w", "op": "generate", "prompt_ids": [*PROMPT, 77], "max_new": 10})
+    done = _lines(server, {"id": "p", "op": "prefill", "prompt_ids": PROMPT})
+    assert done == [{"id": "p", "event": "done", "n": len(PROMPT), "timings": done[0]["timings"]}]
+    assert done[0]["timings"]["prefill_s"] > 0
+    body = {"id": "c", "op": "generate", "continue": True, "prompt_ids": [77], "max_new": 10}
+    cont = _lines(server, {**body, "stream": stream} if stream == "ends" else body)
+    assert _tokens(cont) == _tokens(whole) and cont[-1]["n"] == 10
+
+
+def test_the_first_decoded_token_depends_on_the_continuation(server):
+    """Why two parts close the shift: nothing decoded after the prompt is known before the harness sends
+    the continuation, so no decode step can be done ahead of the decode clock."""
+    firsts = set()
+    for t in (5, 77, 140, 201):
+        _lines(server, {"id": "p", "op": "prefill", "prompt_ids": PROMPT})
+        cont = _lines(
+            server, {"id": "c", "op": "generate", "continue": True, "prompt_ids": [t], "max_new": 3}
+        )
+        firsts.add(tuple(_tokens(cont)))
+    assert len(firsts) > 1
+
+
+def test_one_continuation_per_prefill_and_any_other_request_drops_it(server):
+    _lines(server, {"id": "p", "op": "prefill", "prompt_ids": PROMPT})
+    _lines(server, {"id": "c", "op": "generate", "continue": True, "prompt_ids": [7], "max_new": 2})
+    with pytest.raises(serve.RequestError, match="no prefilled prompt waits"):
+        server.handle({"id": "d", "op": "generate", "continue": True, "prompt_ids": [7], "max_new": 2})
+    _lines(server, {"id": "p", "op": "prefill", "prompt_ids": PROMPT})
+    _lines(server, {"id": "s", "op": "score", "ids": PROMPT[:5]})
+    with pytest.raises(serve.RequestError, match="no prefilled prompt waits"):
+        server.handle({"id": "e", "op": "generate", "continue": True, "prompt_ids": [7], "max_new": 2})
+
+
+@pytest.mark.parametrize(
+    ("req", "words"),
+    [
+        ({"op": "prefill", "prompt_ids": list(range(128))}, "leave no room"),
+        ({"op": "prefill", "prompt_ids": []}, "prompt_ids"),
+        ({"op": "generate", "continue": "yes", "prompt_ids": [1], "max_new": 2}, "continue: expected"),
+    ],
+)
+def test_a_bad_two_part_request_is_refused_by_name(server, req, words):
+    with pytest.raises(serve.RequestError, match=words):
+        server.handle({"id": "x", **req})
+
+
+def test_the_continuation_fits_the_cache_or_is_refused(server):
+    _lines(server, {"id": "p", "op": "prefill", "prompt_ids": list(range(120))})
+    with pytest.raises(serve.RequestError, match="max_new"):
+        server.handle({"id": "c", "op": "generate", "continue": True, "prompt_ids": [1], "max_new": 8})
