@@ -179,10 +179,13 @@ class Server:
                     self.send({"id": rid, "tok": t})
                     sent.append(t)
 
-            more = {"resume": True} if resume else {}  # an engine's generate that predates it still serves
-            out = self.session.generate(
-                prompt, max_new, params, on_token=on_token, stream=mode == "token", **more
-            )
+            stream = mode == "token"
+            if resume:
+                out = self.session.generate(
+                    prompt, max_new, params, on_token=on_token, stream=stream, resume=True
+                )
+            else:  # without the keyword: an engine whose generate predates `resume` still serves one part
+                out = self.session.generate(prompt, max_new, params, on_token=on_token, stream=stream)
             if mode == "ends":
                 if out.token_ids[: len(sent)] != sent:
                     raise RequestError("the engine returned other tokens than it streamed")
