@@ -51,6 +51,7 @@ protocol lines only.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -129,6 +130,17 @@ class Server:
         self.session = gen.Session(lm, max_seq=max_seq)
         self.draft = gen.Session(draft, max_seq=max_seq) if draft is not None else None
         self.held = False  # a prefilled prompt waits for its continuation
+        self._ops: list[str] | None = None
+
+    def ops(self) -> list[str]:
+        """The ops this engine answers, for its ready line: `prefill` only where the engine's Session can
+        prefill and continue (an engine package older than the two-part request serves one part, and the
+        harness sees that in the ready line instead of a crash at the first prefill)."""
+        if self._ops is None:
+            params = inspect.signature(self.session.generate).parameters
+            two = callable(getattr(self.session, "prefill", None)) and "resume" in params
+            self._ops = [op for op in OPS if op != "shutdown" and (two or op != "prefill")]
+        return self._ops
 
     def _held(self) -> bool:
         """Whether a prefilled prompt waits, and from now on not: one continuation per prefill."""
@@ -143,6 +155,10 @@ class Server:
         op, rid = req["op"], req["id"]
         vocab = self.lm.cfg.vocab_size
         held = self._held()
+        if op not in self.ops() and op != "shutdown":
+            raise RequestError(
+                f"op: {op!r} is not one this engine answers (its ready line lists {self.ops()})"
+            )
         if op == "prefill":
             prompt = _ints(req.get("prompt_ids"), "prompt_ids", vocab)
             if len(prompt) >= self.max_seq:
@@ -331,7 +347,7 @@ def serve(args: argparse.Namespace, stdin: IO[bytes] | None = None, out: IO[str]
                     lm.transformer.blocks[0].decode_kernel,
                 ),
             },
-            "ops": [op for op in OPS if op != "shutdown"],
+            "ops": server.ops(),
             "timings": {"load_s": load_s, "warmup_s": warmup_s},
         }
     )

@@ -119,3 +119,23 @@ def test_the_continuation_fits_the_cache_or_is_refused(server):
     _lines(server, {"id": "p", "op": "prefill", "prompt_ids": list(range(120))})
     with pytest.raises(serve.RequestError, match="max_new"):
         server.handle({"id": "c", "op": "generate", "continue": True, "prompt_ids": [1], "max_new": 8})
+
+
+def test_an_engine_whose_session_cannot_continue_lists_no_prefill_and_refuses_it(monkeypatch):
+    """An engine package older than the two-part request: its ready line says so (and the harness, where
+    main's engine answers prefill, fails that side by name) instead of a crash at the first prefill."""
+    lm = gen.load_random("qwen3-tiny", "cpu", seed=3, max_pos=64)
+    full = serve.Server(lm, 64, io.StringIO())
+    assert "prefill" in full.ops()
+
+    def old_generate(prompt_ids, max_new, params=None, stop_ids=frozenset(), on_token=None, stream=True):
+        raise AssertionError("not called")
+
+    old = serve.Server(lm, 64, io.StringIO())
+    monkeypatch.setattr(old.session, "generate", old_generate)
+    assert "prefill" not in old.ops() and "generate" in old.ops()
+    with pytest.raises(serve.RequestError, match="not one this engine answers"):
+        old.handle({"id": "p", "op": "prefill", "prompt_ids": PROMPT})
+    bare = serve.Server(lm, 64, io.StringIO())
+    monkeypatch.setattr(type(bare.session), "prefill", None)
+    assert "prefill" not in bare.ops()
