@@ -1,4 +1,9 @@
-import json, re, statistics, sys, glob
+"""Summarize the two-part clock A/A runs: ratio, CI and MDE per context, the verdict (#36 part 4)."""
+
+import json
+import re
+import statistics
+import sys
 
 d = sys.argv[1]
 mdes = {128: [], 512: []}
@@ -22,4 +27,4 @@ for i in range(1, 6):
         f"| {i} | {cells[0]} | {cells[1]} | {b[0][0]} blocks, {b[0][1]} s | {v[-1]}, fp {j['verdict_false_positive_rate']} |"
     )
 for c, xs in mdes.items():
-    print(c, "median %.2f%% max %.2f%%" % (100 * statistics.median(xs), 100 * max(xs)))
+    print(c, f"median {100 * statistics.median(xs):.2f}% max {100 * max(xs):.2f}%")
