@@ -35,12 +35,17 @@ REPO = Path(__file__).resolve().parents[2]
 
 # ------------------------------------------------------------------ the same hole, seen without a GPU
 
-STAND_IN = """
+READY = """
 import json, sys, time
 def send(o):
     sys.stdout.write(json.dumps(o) + "\\n"); sys.stdout.flush()
 send({"event": "ready", "protocol": "evalbot.serve/1", "config": {"vocab_size": 100},
       "ops": ["generate", "prefill"]})
+"""
+
+STAND_IN = (
+    READY
+    + """
 for line in sys.stdin:
     req = json.loads(line)
     if req.get("op") == "shutdown":
@@ -56,6 +61,7 @@ for line in sys.stdin:
     send({"id": rid, "toks": [2] * (n - 1)})
     send({"id": rid, "event": "done", "n": n})
 """
+)
 
 
 @pytest.mark.xfail(
@@ -106,12 +112,9 @@ def test_a_gpu_pair_accepts_a_frozen_side_that_keeps_the_device_busy(tmp_path, m
 
 # ------------------------------------------------------------------ work after the prefill's answer
 
-AFTER = """
-import json, sys, time
-def send(o):
-    sys.stdout.write(json.dumps(o) + "\\n"); sys.stdout.flush()
-send({"event": "ready", "protocol": "evalbot.serve/1", "config": {"vocab_size": 100},
-      "ops": ["generate", "prefill"]})
+AFTER = (
+    READY
+    + """
 after = 0.0
 for line in sys.stdin:
     req = json.loads(line)
@@ -132,6 +135,7 @@ for line in sys.stdin:
     send({"id": rid, "toks": [2] * (n - 1)})
     send({"id": rid, "event": "done", "n": n, "after_ms": after * 1e3})
 """
+)
 
 
 @pytest.mark.timing
