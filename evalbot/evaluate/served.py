@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import array
 import collections
+import dataclasses
 import fcntl
 import json
 import os
@@ -94,6 +95,9 @@ class Timed:
     paused_ns: tuple[tuple[int, int], ...] = ()
     done_ns: int = 0  # when the summary line arrived
     cpu_done_ns: int = -1  # the tree's CPU time then
+    # the tree's CPU time at the freeze that followed the request (run_alone, run_sliced): what it used after
+    # its summary line and before it stopped is then on the request's CPU clock, not on none
+    cpu_frozen_ns: int = -1
 
     def _paused(self, start: int, end: int) -> int:
         """Nanoseconds of [start, end] that the process spent frozen by the harness."""
@@ -134,10 +138,13 @@ class Timed:
 
     @property
     def answer_cpu_s(self) -> float | None:
-        """CPU seconds from sending the request to its summary line; None where not metered."""
-        if self.cpu_sent_ns < 0 or self.cpu_done_ns < 0:
+        """CPU seconds from sending the request to the freeze that followed it (to its summary line where it
+        was not frozen after); None where not metered. A prefill's work finished after its answer, before
+        the harness stopped the engine, is on this clock."""
+        end = self.cpu_frozen_ns if self.cpu_frozen_ns >= 0 else self.cpu_done_ns
+        if self.cpu_sent_ns < 0 or end < 0:
             return None
-        return (self.cpu_done_ns - self.cpu_sent_ns) / 1e9
+        return (end - self.cpu_sent_ns) / 1e9
 
     @property
     def to_last_s(self) -> float:
@@ -292,6 +299,11 @@ class ServedProcess:
             self.tail(),
             stage="frozen",
         )
+
+    @property
+    def frozen_cpu_ns(self) -> int:
+        """The tree's CPU time read at the last freeze (-1 where not metered)."""
+        return self._frozen_cpu_ns
 
     def _settled_cpu_ns(self) -> int:
         """The frozen tree's CPU time once the kernel has charged all of it: read again every
@@ -742,18 +754,20 @@ def run_sliced(
         if result is None:
             pend.pause(at)
         else:
-            done[i] = result
+            done[i] = dataclasses.replace(result, cpu_frozen_ns=p.frozen_cpu_ns)
     return [d for d in done if d is not None]
 
 
 def run_alone(timed: ServedProcess, others: list[ServedProcess], call: Callable[[], Timed]) -> Timed:
-    """Run one timed request with every other serving process frozen, and freeze it again after."""
+    """Run one timed request with every other serving process frozen, and freeze it again after (the
+    request's CPU clock then ends at that freeze: Timed.cpu_frozen_ns)."""
     for other in others:
         if not other.frozen:
             other.freeze()
     if timed.frozen:
         timed.thaw()
     try:
-        return call()
+        result = call()
     finally:
         timed.freeze()
+    return dataclasses.replace(result, cpu_frozen_ns=timed.frozen_cpu_ns)
