@@ -29,7 +29,16 @@ from typing import Any
 
 from evalbot import judge
 from evalbot.evaluate import checkout, prompts, runner
-from evalbot.model import DECODE_METRICS, ContextEstimate, Measurements, Status, Verdict
+from evalbot.model import (
+    DECODE_METRICS,
+    ContextEstimate,
+    EvalRequest,
+    Measurements,
+    RunOptions,
+    Status,
+    Verdict,
+)
+from evalbot.rules import Profile
 from evalbot.store import Calibration
 
 PRIMARY_METRIC = "decode_tps"  # the metric tiers are scored on; the row's MDE and noise are its
@@ -169,24 +178,25 @@ def summarize(runs: Sequence[AARun], *, box: str, at: str) -> CalibrationSummary
     return CalibrationSummary(tuple(rows), len(runs), len(done), false_verdicts, failures)
 
 
-Judge = Callable[[runner.EvalConfig, runner.Log, Any], judge.Judgement]
+Judge = Callable[[EvalRequest, runner.Workspace, runner.Log, Any], judge.Judgement]
 
 
-def run(cfg: runner.EvalConfig, runs: int, log: runner.Log, *, judge_fn: Judge = judge.judge) -> list[AARun]:
-    """Judge cfg.base against itself `runs` times, each with a fresh prompt seed (cfg.head is ignored).
+def run(ws: runner.Workspace, rev: str, profile: Profile, options: RunOptions, runs: int, log: runner.Log, *,
+        judge_fn: Judge = judge.judge) -> list[AARun]:  # fmt: skip
+    """Judge rev against itself `runs` times, each with a fresh prompt seed.
 
     The revision is resolved to a commit once, so every run measures the same code even if the branch
     moves meanwhile. Receipts are left unsigned: a calibration is never published as a verdict.
     """
     if runs < 1:
         raise ValueError(f"runs: expected at least 1, got {runs}")
-    sha, _ = checkout.resolve(cfg.repo, cfg.base)
+    sha, _ = checkout.resolve(ws.repo, rev)
     out = []
     for i in range(1, runs + 1):
-        log(f"calibration run {i}/{runs}: {cfg.base} ({sha[:12]}) against itself")
-        one = dataclasses.replace(cfg, base=sha, head=sha, seed=prompts.fresh_seed(), pr=None,
-                                  title=f"calibration {i}/{runs}")  # fmt: skip
-        judged = judge_fn(one, log, None)
+        log(f"calibration run {i}/{runs}: {rev} ({sha[:12]}) against itself")
+        fresh = dataclasses.replace(options, seed=prompts.fresh_seed())
+        one = runner.request(ws, sha, sha, profile, fresh, title=f"calibration {i}/{runs}")
+        judged = judge_fn(one, ws, log, None)
         out.append(AARun(judged.measurements, judged.verdict))
         v = judged.verdict
         log(f"calibration run {i}/{runs}: {v.status.value}{' ' + v.tier if v.tier else ''}")

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from evalbot import receipts, verdict
 from evalbot.codec import to_dict
 from evalbot.evaluate import checkout, runner
-from evalbot.model import Measurements, PullRequest, Verdict
+from evalbot.model import EvalRequest, Measurements, Verdict
 from evalbot.rules import Rules
 
 
@@ -33,10 +33,16 @@ class Judgement:
         return receipts.signature_status(self.receipt)
 
 
-def judge(cfg: runner.EvalConfig, log: runner.Log, key: Ed25519PrivateKey | None) -> Judgement:
-    """Evaluate cfg's pair, decide under cfg's rules, and sign the receipt with key (None: unsigned)."""
-    m = runner.evaluate(cfg, log)
-    v = verdict.decide(m, cfg.rules)
+def judge(
+    req: EvalRequest, ws: runner.Workspace, log: runner.Log, key: Ed25519PrivateKey | None
+) -> Judgement:
+    """Evaluate the request in ws, decide under ws's rules, and sign the receipt with key (None: unsigned)."""
+    return judged(runner.evaluate(req, ws, log), ws.rules, key)
+
+
+def judged(m: Measurements, rules: Rules, key: Ed25519PrivateKey | None) -> Judgement:
+    """The verdict on measurements under rules, and its receipt."""
+    v = verdict.decide(m, rules)
     return Judgement(m, v, receipt(m, v, key))
 
 
@@ -60,23 +66,18 @@ def receipt(m: Measurements, v: Verdict, key: Ed25519PrivateKey | None) -> dict[
     return receipts.sign(body, key) if key else receipts.unsigned(body)
 
 
-# (the PR's facts, the mirror holding both revisions, main's sha, the head's sha) -> the judgement
-Evaluator = Callable[[PullRequest, Path, str, str], Judgement]
+# (the request, the repository holding its revisions) -> the judgement
+Evaluator = Callable[[EvalRequest, Path], Judgement]
 
 
-def local_evaluator(rules: Rules, profile: str, work_root: Path, log: runner.Log, *,
-                    key: Ed25519PrivateKey | None = None, no_sandbox: bool = False, max_pairs: int | None = None,
-                    spec: bool = True, accuracy: bool = True) -> Evaluator:  # fmt: skip
+def local_evaluator(rules: Rules, work_root: Path, log: runner.Log, *,
+                    key: Ed25519PrivateKey | None = None) -> Evaluator:  # fmt: skip
     """The poller's Evaluator on this box, in-process, exactly as `evalbot evaluate` measures."""
 
-    def evaluate(pr: PullRequest, repo: Path, base_sha: str, head_sha: str) -> Judgement:
-        cfg = runner.EvalConfig(repo=repo, base=base_sha, head=head_sha, rules=rules, profile=profile,
-                                work_root=work_root, no_sandbox=no_sandbox, max_pairs=max_pairs, spec=spec,
-                                accuracy=accuracy, pr=pr.number, title=pr.title, author=pr.author,
-                                branch=pr.head_ref)  # fmt: skip
-        judged = judge(cfg, log, key)
+    def evaluate(req: EvalRequest, repo: Path) -> Judgement:
+        judged = judge(req, runner.Workspace(repo, work_root, rules), log, key)
         try:  # one poller per state (its lock): nothing else uses these checkouts; main's stays for the next PR
-            checkout.cleanup_worktrees(work_root / "worktrees", keep=(base_sha,))
+            checkout.cleanup_worktrees(work_root / "worktrees", keep=(req.base_sha,))
         except OSError as exc:  # disk housekeeping never costs a verdict
             log(f"could not clean the checkouts under {work_root / 'worktrees'}: {exc}")
         return judged

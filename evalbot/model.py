@@ -11,6 +11,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from evalbot.rules import Profile
+
 
 class Status(enum.StrEnum):
     """The outcome of one evaluation."""
@@ -165,6 +167,37 @@ class Provenance:
     corpus_sha256: str | None = None
     started_at: str = ""
     finished_at: str = ""
+    pr: int | None = None
+    title: str = ""
+    author: str = ""
+    branch: str = ""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How one run measures, beyond what the rules fix: what a maintainer may set for a manual run."""
+
+    seed: int | None = None  # the prompt draw (None: a fresh random one)
+    spec: bool = True  # run the speculative-decoding gates
+    spec_drafter: str = "ngram"  # "ngram" (the profile's model) or "draft" (the rules' target/draft pair)
+    accuracy: bool = True  # run the llama.cpp accuracy gates
+    max_pairs: int | None = None  # overrides the profile's, e.g. for a quick demo
+    positions: int = 128  # the accuracy gates' scored positions
+    no_sandbox: bool = False  # run engine code without bubblewrap (only for code the operator trusts)
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """One evaluation, carried whole from where it is made (the poller, `evalbot evaluate`, a dispatched
+    run) to the receipt: the PR, the revisions (main, the PR's head, and the merge of the two that is
+    built and timed, made once by whoever made the request), the rules it is judged under, and how."""
+
+    base_sha: str  # main, as measured against
+    head_sha: str  # the PR's head
+    measured_sha: str | None  # the head merged into main (the head where it holds main); None: conflicts
+    rules_hash: str
+    profile: Profile
+    options: RunOptions = RunOptions()
     pr: int | None = None
     title: str = ""
     author: str = ""

@@ -22,10 +22,12 @@ from evalbot.ledgers import LedgerBook
 from evalbot.mirror import Mirror
 from evalbot.model import (
     Decision,
+    EvalRequest,
     MergeOutcome,
     Notice,
     Prose,
     PullRequest,
+    RunOptions,
     Status,
     Verdict,
     WorkflowRun,
@@ -54,7 +56,7 @@ class BotSettings:
     merge_method: str = "squash"
     ledger_remote: str | None = None  # where FLAGGED.md and blocked-contributors.txt are committed
     force_listing_every: int = 12  # a full (unconditional) listing every this many polls
-    profile: str = "cpu"  # what dispatched evaluations measure (actions mode)
+    options: RunOptions = RunOptions()  # how each evaluation measures (the profile is the rules')
     work_dir: Path = Path("evalbot-work")  # where artifacts are unpacked (actions mode)
     lease_ttl_s: float = 120.0  # the store's poller lease lapses this long after the last heartbeat
 
@@ -319,9 +321,21 @@ class Bot:
             why = "superseded: the PR or main moved before it was measured"
             self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
             return
-        if actions:
-            self._dispatch(key, pr)
+        req = self._request(key, pr)
+        if req is None:
             return
+        if actions:
+            self._dispatch(key, pr, req)
+            return
+        self.log(
+            f"#{key.pr}: evaluating {key.head_sha[:12]} (as {req.measured_sha and req.measured_sha[:12]}) "
+            f"against main {key.base_sha[:12]}"
+        )
+        self._finish(key, self.evaluator(req, self.mirror.path))
+
+    def _request(self, key: EvalKey, pr: PullRequest) -> EvalRequest | None:
+        """The evaluation of the PR's head merged into main, on the profile the rules judge PRs on. The merge
+        is made here, once, for both modes: a PR that conflicts is skipped before anything is measured."""
         self.mirror.fetch_commit(key.head_sha, f"refs/pull/{key.pr}/head")
         target = self.mirror.merge_commit(key.base_sha, key.head_sha)
         if target is None:
@@ -329,13 +343,10 @@ class Bot:
             self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
             self._needs_rebase(pr, why)
             self._note(pr.number, why)
-            return
-        self.log(
-            f"#{key.pr}: evaluating {key.head_sha[:12]} (as {target[:12]}) against main {key.base_sha[:12]}"
-        )
-        # evaluate measures the same deterministic merge of the head into main
-        judged = self.evaluator(pr, self.mirror.path, key.base_sha, key.head_sha)
-        self._finish(key, judged)
+            return None
+        profile = self.rules.profile(self.rules.dispatch.profile)
+        return EvalRequest(key.base_sha, key.head_sha, target, key.rules_hash, profile, self.settings.options,
+                           pr=pr.number, title=pr.title, author=pr.author, branch=pr.head_ref)  # fmt: skip
 
     def _evaluation_crashed(self, key: EvalKey, pr: PullRequest | None, why: str) -> None:
         """An evaluation that raised (an unfetchable head, a git fault, an evaluator crash): the PR's
@@ -367,13 +378,13 @@ class Bot:
             self._dispatch_runs = dispatch.DispatchRuns(self.store.open_connection())
         return self._dispatch_runs
 
-    def _dispatch(self, key: EvalKey, pr: PullRequest) -> None:
+    def _dispatch(self, key: EvalKey, pr: PullRequest, ev: EvalRequest) -> None:
         """Send one claimed evaluation to the runner pool (the head as pushed: the runner checks it out)."""
         runs = self._runs()
         if any(r.state in ("dispatching", "in_flight") for r in runs.history(key.pr, key.head_sha, key.base_sha,
                                                                            key.rules_hash)):  # fmt: skip
             return
-        req = dispatch.new_request(key.pr, key.head_sha, key.base_sha, self.settings.profile, self.rules)
+        req = dispatch.new_request(ev)
         out = dispatch.start(self.gh, self.rules, runs, req, self.now())
         if isinstance(out, dispatch.Failed):
             self._infra(key, pr, out.reason, out.alert)

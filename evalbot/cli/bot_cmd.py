@@ -24,14 +24,13 @@ import click
 
 from evalbot import ledgers
 from evalbot.cli.options import (
-    check_profile,
     load_rules_or_exit,
-    profile_option,
     resolve_state,
     rules_option,
     state_option,
 )
 from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
+from evalbot.model import RunOptions
 from evalbot.rules import LabelFamily, Rules, automerge_allowed, is_login
 from evalbot.store import EvalKey, Store, StoreError
 
@@ -187,7 +186,6 @@ def owner_gone(owner: str) -> bool:
 @bot_options
 @click.option("--once", is_flag=True, help="one pass, then exit (cron); otherwise poll every --interval")
 @click.option("--interval", type=int, default=300, show_default=True, help="seconds between polls")
-@profile_option
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--max-pairs", type=int, default=None, help="cap A/B pairs per context")
 @click.option(
@@ -202,26 +200,24 @@ def poll(
     ctx: Ctx,
     once: bool,
     interval: int,
-    profile: str,
     work_dir: Path | None,
     max_pairs: int | None,
     wait_s: int,
 ) -> None:
     """Poll GitHub: intake every open PR, evaluate what is new, publish, rank the round, merge the winner.
-    One poller per store: the store holds a lease (owner, heartbeat, expiry) that a second one refuses on."""
-    _poll(ctx, once, interval, profile, work_dir, max_pairs, wait_s)
+    One poller per store: the store holds a lease (owner, heartbeat, expiry) that a second one refuses on.
+    Every PR is measured on the profile the rules name (dispatch.yaml's profile)."""
+    _poll(ctx, once, interval, work_dir, max_pairs, wait_s)
 
 
 def _poll(
     ctx: Ctx,
     once: bool,
     interval: int,
-    profile: str,
     work_dir: Path | None,
     max_pairs: int | None,
     wait_s: int = 0,
 ) -> None:
-    check_profile(ctx.rules, profile)
     from evalbot import receipts
     from evalbot.copycat import CopycatScreen
     from evalbot.github import GitHubError
@@ -242,14 +238,15 @@ def _poll(
         raise click.ClickException(f"GitHub: {exc}; nothing was done (or pass --bot-login)") from exc
     worker = worker_id()
     settings = BotSettings(bot_login=bot_login, automerge_env=automerge_allowed(ctx.rules, os.environ),
-                           ledger_remote=ctx.remote(), worker=worker)  # fmt: skip
+                           ledger_remote=ctx.remote(), worker=worker,
+                           options=RunOptions(max_pairs=max_pairs))  # fmt: skip
     with ctx.store() as store:
         # before anything is read from or written to the store: a second poller on it refuses or waits
         lease = None if ctx.dry_run else _wait_for_lease(store, worker, wait_s, log)
         try:
             mirror = Mirror(ctx.remote(), work / "mirror.git")
             bot = Bot(gh, store, ctx.rules, settings, mirror,
-                      local_evaluator(ctx.rules, profile, work, log, key=key, max_pairs=max_pairs), log,
+                      local_evaluator(ctx.rules, work, log, key=key), log,
                       screen=CopycatScreen(store, ctx.rules, mirror.path), dry_run=ctx.dry_run,
                       lease=lease)  # fmt: skip
             _poll_loop(bot, once, interval, log)

@@ -25,6 +25,7 @@ from evalbot.cli.options import (
 )
 from evalbot.codec import to_dict
 from evalbot.evaluate import checkout, runner
+from evalbot.model import RunOptions
 from evalbot.rules import Tier
 from evalbot.store import Store, StoreError, iso
 
@@ -77,20 +78,22 @@ def _log(message: str) -> None:
     is_flag=True,
     help="run without bubblewrap (a box without it; both sides are the same trusted revision)",
 )
-def calibrate(repo: Path, rev: str, runs: int, rules_dir: Path | None, profile: str, max_pairs: int | None,
+def calibrate(repo: Path, rev: str, runs: int, rules_dir: Path | None, profile: str | None,
+              max_pairs: int | None,
               spec: bool, accuracy: bool, box: str | None, state: Path | None, work_dir: Path | None,
               as_json: bool, no_sandbox: bool) -> None:  # fmt: skip
     """Judge REV against itself RUNS times on this box: how often equal code gets a tier or a regression
     call, and the smallest gain the box resolves. Run it before trusting a new runner."""
     rules = load_rules_or_exit(rules_dir)
-    check_profile(rules, profile)
+    measured_on = check_profile(rules, profile)
+    profile = measured_on.name
     box = box or platform.node() or "unknown"
     state = resolve_state(state)
     work = work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work"
-    cfg = runner.EvalConfig(repo=repo.resolve(), base=rev, head=rev, rules=rules, profile=profile, work_root=work,
-                            spec=spec, accuracy=accuracy, max_pairs=max_pairs, no_sandbox=no_sandbox)  # fmt: skip
+    ws = runner.Workspace(repo.resolve(), work.resolve(), rules)
+    options = RunOptions(spec=spec, accuracy=accuracy, max_pairs=max_pairs, no_sandbox=no_sandbox)
     try:
-        aa = calibrate_mod.run(cfg, runs, _log)
+        aa = calibrate_mod.run(ws, rev, measured_on, options, runs, _log)
     except checkout.BuildError as exc:
         raise click.ClickException(str(exc)) from exc
     summary = calibrate_mod.summarize(aa, box=box, at=iso())

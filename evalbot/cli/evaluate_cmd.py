@@ -18,8 +18,8 @@ from evalbot.cli.options import check_profile, load_rules_or_exit, profile_optio
 from evalbot.cli.progress import reporter
 from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
 from evalbot.codec import to_dict
-from evalbot.evaluate import runner
-from evalbot.model import Status
+from evalbot.evaluate import checkout, runner
+from evalbot.model import RunOptions, Status
 
 EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED: 4, Status.INCONCLUSIVE: 5}
 
@@ -75,7 +75,7 @@ def evaluate(
     base: str,
     head: str,
     rules_dir: Path | None,
-    profile: str,
+    profile: str | None,
     out: Path,
     as_json: bool,
     no_sandbox: bool,
@@ -90,7 +90,7 @@ def evaluate(
 ) -> None:
     """Build base and head, measure them interleaved on this box, gate against llama.cpp, and judge."""
     rules = load_rules_or_exit(rules_dir)
-    check_profile(rules, profile)
+    measured_on = check_profile(rules, profile)
     raw_key = key_path.read_bytes() if key_path else (os.environ.get(SIGNING_KEY_ENV) or "").encode() or None
     try:
         key = receipts.load_private_key(raw_key) if raw_key else None
@@ -99,24 +99,16 @@ def evaluate(
     work = (
         work_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evalbot" / "work"
     ).resolve()
+    options = RunOptions(seed=seed, spec=spec, spec_drafter=spec_drafter, accuracy=accuracy, max_pairs=max_pairs,
+                         no_sandbox=no_sandbox)  # fmt: skip
     with reporter() as (log, progress):
-        cfg = runner.EvalConfig(
-            repo=repo.resolve(),
-            base=base,
-            head=head,
-            rules=rules,
-            profile=profile,
-            work_root=work,
-            no_sandbox=no_sandbox,
-            seed=seed,
-            spec=spec,
-            spec_drafter=spec_drafter,
-            accuracy=accuracy,
-            max_pairs=max_pairs,
-            pr=pr,
-            progress=progress,
-        )
-        judged = judge.judge(cfg, log, key)
+        ws = runner.Workspace(repo.resolve(), work, rules, progress=progress)
+        try:  # the merge of head into main that is measured is made here, once
+            req = runner.request(ws, base, head, measured_on, options, pr=pr)
+        except checkout.BuildError as exc:
+            judged = judge.judged(runner.unresolved(ws, measured_on, str(exc), pr), rules, key)
+        else:
+            judged = judge.judge(req, ws, log, key)
     m, v, receipt = judged.measurements, judged.verdict, judged.receipt
     status = judged.signature_status
     out.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from evalbot.rules import Rules, RulesError, default_rules_dir, load_rules
+from evalbot.rules import Profile, Rules, RulesError, default_rules_dir, load_rules
 
 rules_option = click.option(
     "--rules",
@@ -50,16 +50,20 @@ def _shipped_profiles() -> list[str]:
 
 
 profile_option = click.option(
-    "--profile", default="cpu", show_default=True, metavar="PROFILE",
+    "--profile", default=None, metavar="PROFILE",
     shell_complete=lambda _ctx, _param, incomplete: [n for n in _shipped_profiles() if n.startswith(incomplete)],
-    help="a profile of the rules' profiles.yaml (shipped: cpu, gpu); checked against the rules in use",
+    help="a profile of the rules' profiles.yaml (shipped: cpu, gpu); default: the one the rules judge PRs on "
+         "(dispatch.yaml's profile)",
 )  # fmt: skip
 
 
-def check_profile(rules: Rules, name: str) -> str:
-    """The profile name, if the rules in use define it; else a usage error listing the ones they do."""
+def check_profile(rules: Rules, name: str | None) -> Profile:
+    """The profile to measure on: the one named (a manual override), if the rules in use define it, else
+    the one the rules judge PRs on; a usage error listing the defined ones for an unknown name."""
     names = [p.name for p in rules.profiles]
+    if name is None:
+        return rules.profile(rules.dispatch.profile)
     if name not in names:
         raise click.BadParameter(f"{name!r} is not a profile of {rules.source_dir / 'profiles.yaml'}; it defines "
                                  f"{', '.join(names) or 'none'}", param_hint="--profile")  # fmt: skip
-    return name
+    return rules.profile(name)

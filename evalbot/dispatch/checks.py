@@ -13,7 +13,7 @@ from typing import Any
 from evalbot import receipts, verdict
 from evalbot.codec import from_dict
 from evalbot.judge import Judgement
-from evalbot.model import Measurements, Status, Verdict, WorkflowRun
+from evalbot.model import EvalRequest, Measurements, Status, Verdict, WorkflowRun
 from evalbot.rules import LabelFamily, Rules
 
 ARTIFACT_PREFIX = "evalbot-result-"
@@ -68,20 +68,19 @@ class DispatchRequest:
         return ARTIFACT_PREFIX + self.request_id
 
 
-def new_request(
-    pr: int,
-    head_sha: str,
-    base_sha: str,
-    profile: str,
-    rules: Rules,
-    attempt: int = 1,
-    exclude_runners: tuple[str, ...] = (),
-) -> DispatchRequest:
+def new_request(ev: EvalRequest) -> DispatchRequest:
+    """The first attempt at an evaluation, serialised for the workflow's inputs (the profile by name: the
+    runner reads it from the rules at the trusted ref, whose hash the request pins)."""
+    if ev.pr is None:
+        raise ValueError("a dispatched evaluation is of a PR")
+    return _attempt(ev.pr, ev.head_sha, ev.base_sha, ev.profile.name, ev.rules_hash, 1, ())
+
+
+def _attempt(pr: int, head_sha: str, base_sha: str, profile: str, rules_hash: str, attempt: int,
+             exclude_runners: tuple[str, ...]) -> DispatchRequest:  # fmt: skip
     """A request with a fresh request id (unique per attempt, so a late run of an old attempt is ignored)."""
     request_id = f"evalbot-{pr}-{head_sha[:12]}-{attempt}-{secrets.token_hex(4)}"
-    return DispatchRequest(
-        pr, head_sha, base_sha, profile, rules.rules_hash, request_id, attempt, exclude_runners
-    )
+    return DispatchRequest(pr, head_sha, base_sha, profile, rules_hash, request_id, attempt, exclude_runners)
 
 
 @dataclass(frozen=True)
@@ -157,12 +156,12 @@ def names_request(run: WorkflowRun, request_id: str) -> bool:
     return run.event == "workflow_dispatch" and request_id in run.display_title.split()
 
 
-def retry_request(failed: Failed, rules: Rules) -> DispatchRequest:
+def retry_request(failed: Failed) -> DispatchRequest:
     """The next attempt after a failed one: a fresh id, and the failed run's runner excluded if known."""
     req = failed.handle.request
     runner = failed.handle.runner_name
     exclude = req.exclude_runners + ((runner,) if runner and runner not in req.exclude_runners else ())
-    return new_request(req.pr, req.head_sha, req.base_sha, req.profile, rules, req.attempt + 1, exclude)
+    return _attempt(req.pr, req.head_sha, req.base_sha, req.profile, req.rules_hash, req.attempt + 1, exclude)
 
 
 def infra_verdict(rules: Rules, reason: str) -> Verdict:

@@ -349,7 +349,7 @@ def advance(
     if not outcome.retry:
         runs.close(outcome.handle, "failed", outcome.reason)
         return outcome
-    nxt = start(gh, rules, runs, retry_request(outcome, rules), now)
+    nxt = start(gh, rules, runs, retry_request(outcome), now)
     if isinstance(nxt, Failed):  # the retry could not even be dispatched: this evaluation ends here
         runs.close(outcome.handle, "failed", outcome.reason)
         return Failed(outcome.handle, f"{outcome.reason}; retry not dispatched: {nxt.reason}", alert=True)

@@ -1,4 +1,4 @@
-"""What the steps of one evaluation share: its config, the run's context, and the sandbox.
+"""What the steps of one evaluation share: the workspace, the run's context, and the sandbox.
 
 The run's context (RunContext) holds what the steps learn as they go: each side's build, the models, the
 scratch folder, the profile's limits. Every engine process and every build step of a revision runs in the
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from evalbot.evaluate import builds, checkout, sandbox
-from evalbot.model import Failure, Side
-from evalbot.rules import Quiet, Rules
+from evalbot.model import EvalRequest, Failure, Side
+from evalbot.rules import Rules
 
 Log = Callable[[str], None]
 
@@ -30,30 +30,16 @@ class SideFailed(Exception):
 
 
 @dataclass(frozen=True)
-class EvalConfig:
-    """What to evaluate and how (everything the CLI parsed)."""
+class Workspace:
+    """Where, and with what, evaluations run on this box: the repository holding the revisions, the work
+    folder (worktrees, venvs, build logs), the trusted rules, the interpreter builds use, and a live
+    progress display (stage, pairs per context, running ratio and CI, ETA). What is evaluated is the
+    EvalRequest."""
 
     repo: Path
-    base: str
-    head: str
-    rules: Rules
-    profile: str
     work_root: Path
-    no_sandbox: bool = False
-    seed: int | None = None
-    spec: bool = True
-    spec_drafter: str = (
-        "ngram"  # "ngram" (fast, the profile's model) or "draft" (the rules' target/draft pair)
-    )
-    accuracy: bool = True
-    max_pairs: int | None = None  # overrides the profile's, e.g. for a quick demo
-    positions: int = 128
-    pr: int | None = None
-    title: str = ""
-    author: str = ""
-    branch: str = ""
+    rules: Rules
     python: str = sys.executable
-    # structured progress (stage, pairs per context, running ratio and CI, ETA) for a live display
     progress: Callable[[dict[str, Any]], None] | None = None
 
 
@@ -70,7 +56,8 @@ class SideBuild:
 class RunContext:
     """One evaluation's state, which its steps share: the builds, the models, the scratch, the limits."""
 
-    cfg: EvalConfig
+    req: EvalRequest
+    ws: Workspace
     log: Log
     scratch: Path
     ro_binds: list[Path] = field(default_factory=list)
@@ -81,7 +68,6 @@ class RunContext:
     max_output_bytes: int = 64 << 20
     box_samples: list[dict[str, Any]] = field(default_factory=list)
     runs: int = 0  # engine processes started, for fresh scratch names
-    quiet: Quiet = field(default_factory=Quiet)
     model_paths: dict[str, Path] = field(default_factory=dict)
     serve_scratch: dict[Side, Path] = field(default_factory=dict)  # each side's latest serving process's
     compiled: dict[Side, Path] = field(default_factory=dict)  # each side's kept first compile (compile_cache)
@@ -165,7 +151,9 @@ def sandboxed_python(
 ) -> sandbox.RunResult:
     """`python -m argv` from a venv under bubblewrap: scratch is the only writable place, the env is scrubbed."""
     spec = sandbox_spec(ctx, venv, scratch, extra_binds, timeout_s)
-    return sandbox.run(spec, [str(venv / "bin" / "python"), "-m", *argv], no_sandbox=ctx.cfg.no_sandbox)
+    return sandbox.run(
+        spec, [str(venv / "bin" / "python"), "-m", *argv], no_sandbox=ctx.req.options.no_sandbox
+    )
 
 
 def confine_build(argv: list[str], writable: Path) -> list[str]:

@@ -37,7 +37,7 @@ def llama_reference(ctx: RunContext, path: Path, text: Path) -> tuple[Path, dict
     evaluations. It runs before the PR is built or any pair is timed: a reference that cannot run ends
     the evaluation at once, saying how it died.
     """
-    p = ctx.cfg.positions
+    p = ctx.req.options.positions
     ref = ctx.scratch / "reference" / f"{path.stem}.npy"
     ref.parent.mkdir(exist_ok=True)
     ctx.log(f"{path.stem}: llama.cpp reference over {p} positions")
@@ -249,8 +249,8 @@ def audit_answers(
 def fetch_models(ctx: RunContext, profile: Profile) -> dict[str, Path]:
     """Registry models fetched and verified by main's fetcher (trusted, outside the sandbox: it needs the network)."""
     names = [m.name for m in profile.models if m.source == "registry"]
-    if ctx.cfg.spec and ctx.cfg.spec_drafter == "draft":
-        names += [ctx.cfg.rules.spec_pair.target.name, ctx.cfg.rules.spec_pair.draft.name]
+    if ctx.req.options.spec and ctx.req.options.spec_drafter == "draft":
+        names += [ctx.ws.rules.spec_pair.target.name, ctx.ws.rules.spec_pair.draft.name]
     venv = ctx.sides[Side.BASE].build.venv
     assert venv is not None
     out: dict[str, Path] = {}
@@ -283,7 +283,7 @@ def fetch_models(ctx: RunContext, profile: Profile) -> dict[str, Path]:
             )
         out[name] = Path(lines[-1])
     pinned = {m.name: m.sha256 for m in profile.models if m.sha256}
-    for ref in (ctx.cfg.rules.spec_pair.target, ctx.cfg.rules.spec_pair.draft):
+    for ref in (ctx.ws.rules.spec_pair.target, ctx.ws.rules.spec_pair.draft):
         if ref.sha256:
             pinned[ref.name] = ref.sha256
     for name, path in out.items():

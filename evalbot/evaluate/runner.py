@@ -11,44 +11,31 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalbot import verdict
-from evalbot.evaluate import (
-    abtest,
-    audit,
-    box,
-    builds,
-    checkout,
-    compile_cache,
-    cpumeter,
-    prompts,
-    sandbox,
-    served,
-)
+from evalbot.evaluate import box, builds, checkout, prompts, sandbox
 from evalbot.evaluate.context import (
-    SIDE_LABEL,
-    EvalConfig,
     Log,
     RunContext,
     SideBuild,
     SideFailed,
+    Workspace,
     confine_build,
     ro_binds,
-    sandbox_spec,
 )
 from evalbot.evaluate.harness import harness_drift, harness_fingerprint
-from evalbot.evaluate.reference import accuracy_served, audit_answers, fetch_models, llama_reference, sha_of
-from evalbot.evaluate.speculative import spec_served
+from evalbot.evaluate.reference import fetch_models, llama_reference, sha_of
+from evalbot.evaluate.served_model import measure_model
 from evalbot.model import (
     AccuracyResult,
     DecodeAudit,
+    EvalRequest,
     Failure,
     Measurements,
     Provenance,
+    RunOptions,
     Side,
     SpecResult,
     ThroughputPairs,
@@ -57,7 +44,27 @@ from evalbot.policy.sensitive_paths import harness_hits
 from evalbot.rules import Profile
 
 
-def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
+def request(
+    ws: Workspace, base: str, head: str, profile: Profile, options: RunOptions, **pr: Any
+) -> EvalRequest:
+    """The request for base and head as named in ws.repo (refs or shas), with the one merge of the head
+    into main that is measured (None where they conflict); checkout.BuildError for a name git does not
+    know. `pr`: the PR's number, title, author and branch, where there is one."""
+    base_sha, _ = checkout.resolve(ws.repo, base)
+    head_sha, _ = checkout.resolve(ws.repo, head)
+    measured = checkout.merge_commit(ws.repo, base_sha, head_sha)
+    return EvalRequest(base_sha, head_sha, measured, ws.rules.rules_hash, profile, options, **pr)
+
+
+def unresolved(ws: Workspace, profile: Profile, why: str, pr: int | None = None) -> Measurements:
+    """What an evaluation records when no request could be made (a revision git does not know)."""
+    now = box.now()
+    prov = Provenance(repo=str(ws.repo), base_sha="", head_sha="", harness_sha="", rules_hash=ws.rules.rules_hash,
+                      profile=profile.name, started_at=now, finished_at=now, pr=pr, box=box.identity())  # fmt: skip
+    return Measurements(provenance=prov, failures=(Failure(Side.HARNESS, "git", why),))
+
+
+def evaluate(req: EvalRequest, ws: Workspace, log: Log) -> Measurements:
     """Run the whole evaluation; every failure ends up in Measurements.failures, never as an exception.
 
     The harness's own steps come first and fail fast with their cause: main's build, the models, and
@@ -65,444 +72,259 @@ def evaluate(cfg: EvalConfig, log: Log) -> Measurements:
     a quiet box are the A/B pairs run. The PR's checkout is removed afterwards (main's is kept for the
     next evaluation; the builds' venvs are cached by tree, not by checkout).
     """
-    m = _evaluate(cfg, log)
-    p = m.provenance
-    if p.measured_sha and p.measured_sha != p.base_sha:
+    ws = dataclasses.replace(
+        ws, work_root=ws.work_root.resolve(), repo=ws.repo.resolve()
+    )  # run from anywhere
+    m = _evaluate(req, ws, log)
+    if req.measured_sha and req.measured_sha != req.base_sha:
         try:
-            checkout.remove_worktree(cfg.work_root.resolve() / "worktrees", p.measured_sha)
+            checkout.remove_worktree(ws.work_root / "worktrees", req.measured_sha)
         except (OSError, ValueError) as exc:  # disk housekeeping never costs a verdict
-            log(f"could not remove the PR's checkout {p.measured_sha[:12]}: {exc}")
+            log(f"could not remove the PR's checkout {req.measured_sha[:12]}: {exc}")
     return m
 
 
-def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
-    started = box.now()
-    cfg = dataclasses.replace(
-        cfg, work_root=cfg.work_root.resolve(), repo=cfg.repo.resolve()
-    )  # run from anywhere
-    profile = cfg.rules.profile(cfg.profile)
-    seed = cfg.seed if cfg.seed is not None else prompts.fresh_seed()
+class _Stop(Exception):
+    """A step that ends the evaluation early, with what to record: failures, or why it was skipped."""
+
+    def __init__(self, *failures: Failure, skipped: str | None = None):
+        super().__init__(skipped or "; ".join(f.message for f in failures))
+        self.failures, self.skipped = failures, skipped
+
+
+@dataclass
+class _Record:
+    """What the steps have found so far, and the Measurements it makes once they end."""
+
+    prov: Provenance
+    reproduce: str
+    samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def done(self, **kw: Any) -> Measurements:
+        p = dataclasses.replace(self.prov, finished_at=box.now())
+        return Measurements(provenance=p, reproduce=self.reproduce, box_samples=tuple(self.samples), **kw)
+
+
+def _evaluate(req: EvalRequest, ws: Workspace, log: Log) -> Measurements:
+    """The steps, in order; each returns its typed part of the Provenance, or ends the run (_Stop)."""
+    seed = req.options.seed if req.options.seed is not None else prompts.fresh_seed()
     corpus = prompts.default_corpus_dir()
-    prov = Provenance(
-        repo=str(cfg.repo),
-        base_sha="",
-        head_sha="",
-        harness_sha="",
-        rules_hash=cfg.rules.rules_hash,
-        profile=cfg.profile,
-        prompt_seed=seed,
-        corpus_sha256=prompts.corpus_sha256(corpus),
-        started_at=started,
-        pr=cfg.pr,
-        title=cfg.title,
-        author=cfg.author,
-        branch=cfg.branch,
-        box=box.identity(),
-    )
-    reproduce = (
-        f"evalbot evaluate --repo {cfg.repo} --base {cfg.base} --head {cfg.head} --profile {cfg.profile} "
-        f"--seed {seed}"
-        + ("" if cfg.spec else " --no-spec")
-        + (f" --max-pairs {cfg.max_pairs}" if cfg.max_pairs else "")
-    )
-    samples: list[dict[str, Any]] = []
-
-    def done(**kw: Any) -> Measurements:
-        p = dataclasses.replace(prov, finished_at=box.now(), **kw.pop("prov", {}))
-        return Measurements(provenance=p, reproduce=reproduce, box_samples=tuple(samples), **kw)
-
-    cfg.work_root.mkdir(parents=True, exist_ok=True)
-    # what is measured is what would merge: the head merged into main (the head itself when it holds main)
+    rec = _Record(_provenance(req, ws, seed, corpus), _reproduce(req, ws, seed))
     try:
-        base_sha, _ = checkout.resolve(cfg.repo, cfg.base)
-        head_sha, _ = checkout.resolve(cfg.repo, cfg.head)
-        measured = checkout.merge_commit(cfg.repo, base_sha, head_sha)
-        shas: dict[str, Any] = {
-            "base_sha": base_sha,
-            "head_sha": head_sha,
-            "measured_sha": measured or "",
-            "harness_sha": base_sha,
-        }
-        if measured is None:
-            return done(
-                prov=shas, skipped_reason=f"the PR conflicts with main {base_sha[:12]}: rebase it and push"
-            )
-        base_wt = checkout.prepare_worktree(cfg.repo, base_sha, cfg.work_root / "worktrees")
-        head_wt = checkout.prepare_worktree(cfg.repo, measured, cfg.work_root / "worktrees")
+        _admit(req, ws)
+        base_wt, head_wt = _checkouts(req, ws)
+        with tempfile.TemporaryDirectory(prefix="evalbot-run-") as tmp:
+            ctx = RunContext(req, ws, log, Path(tmp), profile_device=req.profile.device,
+                             engine_threads=req.profile.measurement.threads,
+                             run_timeout_s=req.profile.measurement.run_timeout_s,
+                             max_output_bytes=req.profile.measurement.max_output_mb << 20)  # fmt: skip
+            ctx.box_samples = rec.samples
+            _build(ctx, Side.BASE, base_wt)
+            harness = _harness(ctx, corpus, seed, rec)
+            try:
+                _build(ctx, Side.HEAD, head_wt)
+            finally:
+                rec.prov = _engine_builds(ctx).into(rec.prov)
+            _check_drift(ctx)
+            return rec.done(**_measure(ctx, harness, corpus, seed).fields())
+    except _Stop as stop:
+        return rec.done(failures=stop.failures, skipped_reason=stop.skipped)
+
+
+def _provenance(req: EvalRequest, ws: Workspace, seed: int, corpus: Path) -> Provenance:
+    """The provenance every run records from its start: the request, the prompts, the box."""
+    return Provenance(repo=str(ws.repo), base_sha=req.base_sha, head_sha=req.head_sha, harness_sha=req.base_sha,
+                      measured_sha=req.measured_sha or "", rules_hash=req.rules_hash, profile=req.profile.name,
+                      prompt_seed=seed, corpus_sha256=prompts.corpus_sha256(corpus), started_at=box.now(),
+                      pr=req.pr, title=req.title, author=req.author, branch=req.branch,
+                      box=box.identity())  # fmt: skip
+
+
+def _reproduce(req: EvalRequest, ws: Workspace, seed: int) -> str:
+    """The command that runs this evaluation again on a maintainer's box."""
+    o = req.options
+    return (
+        f"evalbot evaluate --repo {ws.repo} --base {req.base_sha} --head {req.head_sha} "
+        f"--profile {req.profile.name} --seed {seed}"
+        + ("" if o.spec else " --no-spec")
+        + (f" --max-pairs {o.max_pairs}" if o.max_pairs else "")
+    )
+
+
+def _admit(req: EvalRequest, ws: Workspace) -> None:
+    """What may be run at all: the rules the request names, a head that merges, no sensitive path, and
+    bubblewrap for the PR's code."""
+    if req.rules_hash != ws.rules.rules_hash:
+        raise _Stop(Failure(Side.HARNESS, "rules", f"the request names rules {req.rules_hash[:12]}, this box "
+                            f"has {ws.rules.rules_hash[:12]}: measured under other rules, it could not be judged"))  # fmt: skip
+    if req.measured_sha is None:
+        raise _Stop(skipped=f"the PR conflicts with main {req.base_sha[:12]}: rebase it and push")
+    try:
+        hits = harness_hits(checkout.changed_paths(ws.repo, req.base_sha, req.head_sha), ws.rules)
     except checkout.BuildError as exc:
-        return done(failures=(Failure(Side.HARNESS, "git", str(exc)),))
-    hits = harness_hits(checkout.changed_paths(cfg.repo, base_sha, head_sha), cfg.rules)
+        raise _Stop(Failure(Side.HARNESS, "git", str(exc))) from exc
     if hits:
         # names come from git with surrogateescape: show undecodable bytes as U+FFFD, never crash on them
         shown = ", ".join(h.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for h in hits[:8])
         shown += " …" if len(hits) > 8 else ""
-        return done(
-            prov=shas, skipped_reason=f"the PR changes sensitive paths, which the bot never runs: {shown}"
-        )
-    if not cfg.no_sandbox and not sandbox.sandbox_available():
-        return done(
-            prov=shas,
-            failures=(
-                Failure(
-                    Side.HARNESS,
-                    "sandbox",
-                    "bubblewrap is not available; refusing to run untrusted code (pass --no-sandbox to override)",
-                ),
-            ),
-        )
-
-    with tempfile.TemporaryDirectory(prefix="evalbot-run-") as tmp:
-        ctx = RunContext(
-            cfg,
-            log,
-            Path(tmp),
-            profile_device=profile.device,
-            engine_threads=profile.measurement.threads,
-            run_timeout_s=profile.measurement.run_timeout_s,
-            max_output_bytes=profile.measurement.max_output_mb << 20,
-            quiet=profile.quiet,
-        )
-        ctx.box_samples = samples
-        # 1. the harness: main's build, the models and the reference, each failing fast with its cause
-        failure = _build_side(ctx, Side.BASE, base_wt)
-        if failure:
-            return done(prov=shas, failures=(failure,))
-        try:
-            models = fetch_models(ctx, profile)
-        except SideFailed as exc:
-            return done(prov=shas, failures=(exc.failure,))
-        ctx.ro_binds = ro_binds([p.parent for p in models.values()])
-        ctx.model_paths = dict(models)
-        draws = prompts.draw(corpus, seed, n_chars=8 * max(c.ctx for c in profile.contexts) + 4000, k=2)
-        prompt_files = prompts.write_prompt_files(draws, ctx.scratch / "prompts")
-        model_shas = {name: sha_of(ctx, path) for name, path in models.items()}
-        shas |= {"model_sha256s": model_shas}
-        references: dict[str, Path] = {}
-        identities: dict[str, Any] = {}
-        if cfg.accuracy:
-            try:
-                for ref in profile.models:
-                    if ref.source == "registry":
-                        references[ref.name], identities[ref.name] = llama_reference(
-                            ctx, models[ref.name], prompt_files[1]
-                        )
-            except SideFailed as exc:
-                return done(prov=shas | {"reference": identities}, failures=(exc.failure,))
-        shas |= {"reference": identities}
-        # 2. the PR's build
-        failure = _build_side(ctx, Side.HEAD, head_wt)
-        engine_build = {s.value: builds.engine_identity(x.worktree, x.build) for s, x in ctx.sides.items()}
-        shas |= {"engine_build": engine_build}
-        if failure:
-            return done(prov=shas, failures=(failure,))
-        # the harness, as the head's venv will import it, must be main's byte for byte: packaging
-        # (pyproject.toml, setup.py, package data, a .pth file) can put other bytes in place of a file
-        # the PR never touched
-        modules = cfg.rules.policy.harness_modules
-        if modules:
-            try:
-                drift = harness_drift(
-                    *(
-                        harness_fingerprint(ctx.sides[s].build.venv, modules, cfg.python)  # type: ignore[arg-type]
-                        for s in (Side.BASE, Side.HEAD)
-                    )
-                )
-            except checkout.BuildError as exc:
-                return done(prov=shas, failures=(Failure(Side.HARNESS, "harness", str(exc)),))
-            if drift:
-                return done(
-                    prov=shas,
-                    skipped_reason="the built PR does not import main's harness, so the bot "
-                    "never runs it: " + "; ".join(drift[:5]),
-                )
-        # 3. the A/B pairs (warm serving processes, the harness's clock, a quiet box), the audit, the gates
-        throughput: list[ThroughputPairs] = []
-        accuracy: list[AccuracyResult] = []
-        spec_results: list[SpecResult] = []
-        audits: list[DecodeAudit] = []
-        notes: list[str] = []
-        failures: list[Failure] = []
-        try:
-            for ref in profile.models:
-                registry = ref.source == "registry"
-                model_args = (
-                    ["--model", str(models[ref.name])]
-                    if registry
-                    else ["--random-weights", "--shape", ref.name]
-                )
-                served_model = _measure_served(
-                    ctx,
-                    profile,
-                    ref.name,
-                    model_args,
-                    corpus,
-                    seed,
-                    registry,
-                    reference=references.get(ref.name) if registry and cfg.accuracy else None,
-                )
-                throughput += served_model.throughput
-                audits += served_model.audits
-                spec_results += served_model.spec
-                notes += served_model.notes
-                if served_model.accuracy is not None:
-                    accuracy.append(served_model.accuracy)
-        except SideFailed as exc:
-            failures.append(exc.failure)
-        except box.BoxBusy as exc:
-            failures.append(Failure(Side.HARNESS, "box", str(exc)))
-        return done(
-            prov=shas,
-            throughput=tuple(throughput),
-            accuracy=tuple(accuracy),
-            spec=tuple(spec_results),
-            audits=tuple(audits),
-            diagnostics=tuple(notes),
-            failures=tuple(failures),
-        )
+        raise _Stop(skipped=f"the PR changes sensitive paths, which the bot never runs: {shown}")
+    if not req.options.no_sandbox and not sandbox.sandbox_available():
+        why = "bubblewrap is not available; refusing to run untrusted code (pass --no-sandbox to override)"
+        raise _Stop(Failure(Side.HARNESS, "sandbox", why))
 
 
-def _build_side(ctx: RunContext, side: Side, wt: checkout.Worktree) -> Failure | None:
-    """Build one revision into its venv; the Failure to record when it does not build."""
+def _checkouts(req: EvalRequest, ws: Workspace) -> tuple[checkout.Worktree, checkout.Worktree]:
+    """Main's and the measured merge's trees, checked out (or reused where intact)."""
+    assert req.measured_sha is not None  # _admit
+    ws.work_root.mkdir(parents=True, exist_ok=True)
+    try:
+        base = checkout.prepare_worktree(ws.repo, req.base_sha, ws.work_root / "worktrees")
+        return base, checkout.prepare_worktree(ws.repo, req.measured_sha, ws.work_root / "worktrees")
+    except checkout.BuildError as exc:
+        raise _Stop(Failure(Side.HARNESS, "git", str(exc))) from exc
+
+
+def _build(ctx: RunContext, side: Side, wt: checkout.Worktree) -> None:
+    """Build one revision into its venv (main's first, as part of the harness); _Stop with the side's
+    failure when it does not build."""
     ctx.log(f"building {side.value} {wt.sha[:12]}")
     b = builds.build_env(
         wt,
-        ctx.cfg.work_root / "venvs",
-        python=ctx.cfg.python,
-        log_dir=ctx.cfg.work_root / "logs",
+        ctx.ws.work_root / "venvs",
+        python=ctx.ws.python,
+        log_dir=ctx.ws.work_root / "logs",
         timeout_s=1800,
-        confine=None if ctx.cfg.no_sandbox else confine_build,
+        confine=None if ctx.req.options.no_sandbox else confine_build,
     )
     ctx.sides[side] = SideBuild(side, wt, b)
-    if b.ok:
-        return None
-    return Failure(side, b.failure_stage or "build", b.message, b.log_tail)
+    if not b.ok:
+        raise _Stop(Failure(side, b.failure_stage or "build", b.message, b.log_tail))
 
 
-# --- engine runs ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Harness:
+    """The harness's step: the models on this box, and the llama.cpp reference's logits per model."""
+
+    models: dict[str, Path]
+    references: dict[str, Path]
+
+
+@dataclass(frozen=True)
+class HarnessProvenance:
+    """The harness's part of the Provenance: the models' sha256s, the reference's identity per model."""
+
+    model_sha256s: dict[str, str]
+    reference: dict[str, Any]
+
+    def into(self, p: Provenance) -> Provenance:
+        return dataclasses.replace(p, model_sha256s=self.model_sha256s, reference=self.reference)
+
+
+def _harness(ctx: RunContext, corpus: Path, seed: int, rec: _Record) -> _Harness:
+    """The models and the reference, each failing fast with its cause (recorded as far as it got)."""
+    profile = ctx.req.profile
+    try:
+        models = fetch_models(ctx, profile)
+    except SideFailed as exc:
+        raise _Stop(exc.failure) from exc
+    ctx.ro_binds = ro_binds([p.parent for p in models.values()])
+    ctx.model_paths = dict(models)
+    draws = prompts.draw(corpus, seed, n_chars=8 * max(c.ctx for c in profile.contexts) + 4000, k=2)
+    prompt_files = prompts.write_prompt_files(draws, ctx.scratch / "prompts")
+    shas = {name: sha_of(ctx, path) for name, path in models.items()}
+    references: dict[str, Path] = {}
+    identities: dict[str, Any] = {}
+    try:
+        for ref in profile.models if ctx.req.options.accuracy else ():
+            if ref.source == "registry":
+                references[ref.name], identities[ref.name] = llama_reference(
+                    ctx, models[ref.name], prompt_files[1]
+                )
+    except SideFailed as exc:
+        raise _Stop(exc.failure) from exc
+    finally:
+        rec.prov = HarnessProvenance(shas, identities).into(rec.prov)
+    return _Harness(dict(models), references)
+
+
+@dataclass(frozen=True)
+class BuildProvenance:
+    """The builds' part of the Provenance: each side's engine identity (tree, lock, interpreter)."""
+
+    engine_build: dict[str, Any]
+
+    def into(self, p: Provenance) -> Provenance:
+        return dataclasses.replace(p, engine_build=self.engine_build)
+
+
+def _engine_builds(ctx: RunContext) -> BuildProvenance:
+    return BuildProvenance(
+        {s.value: builds.engine_identity(x.worktree, x.build) for s, x in ctx.sides.items()}
+    )
+
+
+def _check_drift(ctx: RunContext) -> None:
+    """The harness, as the head's venv will import it, must be main's byte for byte: packaging
+    (pyproject.toml, setup.py, package data, a .pth file) can put other bytes in place of a file the PR
+    never touched; such a PR is never run."""
+    modules = ctx.ws.rules.policy.harness_modules
+    if not modules:
+        return
+    try:
+        venvs = [ctx.sides[s].build.venv for s in (Side.BASE, Side.HEAD)]
+        drift = harness_drift(
+            *(harness_fingerprint(v, modules, ctx.ws.python) for v in venvs if v is not None)
+        )
+    except checkout.BuildError as exc:
+        raise _Stop(Failure(Side.HARNESS, "harness", str(exc))) from exc
+    if drift:
+        raise _Stop(skipped="the built PR does not import main's harness, so the bot never runs it: "
+                    + "; ".join(drift[:5]))  # fmt: skip
 
 
 @dataclass
-class _Served:
-    """What the served measurement of one model produced."""
+class _Results:
+    """The A/B pairs, the audits and the gates of every model, and what stopped them (if anything)."""
 
-    throughput: list[ThroughputPairs]
-    audits: list[DecodeAudit]
-    spec: list[SpecResult]
-    notes: list[str]
-    accuracy: AccuracyResult | None = None
+    throughput: list[ThroughputPairs] = dataclasses.field(default_factory=list)
+    accuracy: list[AccuracyResult] = dataclasses.field(default_factory=list)
+    spec: list[SpecResult] = dataclasses.field(default_factory=list)
+    audits: list[DecodeAudit] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    failures: list[Failure] = dataclasses.field(default_factory=list)
 
-
-def serve_dirs(ctx: RunContext, side: Side) -> tuple[Path, Path]:
-    """A serving process's scratch and its side's root, emptied for it: the root holds only the side's
-    compile caches, a fresh copy of its first process's compile where one was kept (`compile_cache`), and
-    the scratch. Every process of a side sees the same paths and nothing an earlier one wrote."""
-    root = ctx.scratch / "serve" / side.value
-    if root.exists():
-        compile_cache.remove(root)
-    compile_cache.restore(ctx.compiled.get(side), root / "caches")
-    scratch = root / "work"
-    scratch.mkdir()
-    return scratch, root
+    def fields(self) -> dict[str, Any]:
+        return {"throughput": tuple(self.throughput), "accuracy": tuple(self.accuracy), "spec": tuple(self.spec),
+                "audits": tuple(self.audits), "diagnostics": tuple(self.notes),
+                "failures": tuple(self.failures)}  # fmt: skip
 
 
-def keep_compiles(ctx: RunContext, procs: dict[Side, served.ServedProcess]) -> None:
-    """Once per side, while its first serving process is frozen after its warm-up and before any timed
-    request: keep a copy of that process's compile caches for the side's later processes."""
-    for side in procs:
-        if side in ctx.compiled or side in ctx.compile_notes:
-            continue
-        dest = ctx.scratch / "serve" / f"{side.value}.compiled"
-        why = compile_cache.snapshot(ctx.scratch / "serve" / side.value / "caches", dest)
-        if why is None:
-            ctx.compiled[side] = dest
-        else:
-            ctx.compile_notes[side] = why
-            ctx.log(f"{SIDE_LABEL[side]}'s compile is not kept ({why}): each of its processes compiles anew")
-
-
-def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int) -> abtest.Launch:
-    """Start one side's `engine serve`, sandboxed, in its emptied side folder (with a copy of the side's
-    first compile, once kept), with the profile's device."""
-
-    def launch(side: Side) -> served.ServedProcess:
-        venv = ctx.sides[side].build.venv
-        assert venv is not None
-        scratch, root = serve_dirs(ctx, side)
-        ctx.serve_scratch[side] = scratch
-        spec = sandbox_spec(
-            ctx,
-            venv,
-            scratch,
-            [ctx.scratch / "prompts"],
-            ctx.cfg.rules.profile(ctx.cfg.profile).measurement.time_budget_s + ctx.run_timeout_s,
-            side_root=root,
-        )
-        argv = [
-            str(venv / "bin" / "python"),
-            "-m",
-            "engine",
-            "serve",
-            *model_args,
-            "--max-seq",
-            str(max_seq),
-            "--device",
-            ctx.profile_device,
-            "--warmup",
-            str(max(1, warmup)),
-        ]
-        meter = cpumeter.make_meter(side.value)
-        threads = ctx.cfg.rules.profile(ctx.cfg.profile).measurement.threads
-        if threads:  # the kernel holds the tree to its cores (with the checks' slack), where the box lets it
-            meter.cap(threads * abtest.REQUEST_CPU_SLACK)
-        return served.ServedProcess.start(
-            SIDE_LABEL[side], spec, argv, no_sandbox=ctx.cfg.no_sandbox, meter=meter
-        )
-
-    return launch
-
-
-def _measure_served(
-    ctx: RunContext,
-    profile: Profile,
-    name: str,
-    model_args: list[str],
-    corpus: Path,
-    seed: int,
-    registry: bool,
-    reference: Path | None = None,
-    accuracy_text: Path | None = None,
-) -> _Served:
-    """A/B pairs in blocks of warm serving processes, then the decode audit and speculative decoding, all on
-    the harness's clock; each side's failure is the side's (main's: an infra error)."""
-    m = profile.measurement
-    block = ctx.cfg.rules.spec_pair.block
-    max_seq = max(c.ctx for c in profile.contexts) + m.decode_tokens + block + 8
-    launch = _launcher(ctx, model_args, max_seq, m.warmup_runs)
-    texts = prompts.load_corpus(corpus)
-    procs: dict[Side, served.ServedProcess] = {}
-
-    def tokenized(ctx_len: int, serial: int) -> list[int]:
-        text = prompts.draw_from(texts, (seed * 1_000_003 + serial) % 2**53, 8 * ctx_len + 64, 1)[0].text
-        main = procs[Side.BASE]
-        got = served.run_alone(
-            main,
-            [p for s, p in procs.items() if s is not Side.BASE],
-            lambda: main.request({"op": "tokenize", "text": text, "max_tokens": ctx_len}, ctx.run_timeout_s),
-        )
-        ids = list(got.summary.get("ids") or [])
-        if len(ids) < ctx_len or not all(isinstance(t, int) and 0 <= t < main.vocab for t in ids):
-            raise SideFailed(
-                Failure(
-                    Side.BASE,
-                    "serve",
-                    f"main's tokenizer gave {len(ids)} valid ids for a prompt of {ctx_len} tokens",
-                )
-            )
-        return ids[:ctx_len]
-
-    def launch_tracked(side: Side) -> served.ServedProcess:
-        procs[side] = launch(side)
-        return procs[side]
-
-    source = tokenized if registry else None
-    pool = abtest.Prompts(source or (lambda c, i: abtest.random_prompts(procs[Side.BASE].vocab, seed)(c, i)))
+def _measure(ctx: RunContext, harness: _Harness, corpus: Path, seed: int) -> _Results:
+    """The A/B pairs per model (warm serving processes, the harness's clock, a quiet box), then the
+    audit and the gates; a side's failure or a busy box ends them, keeping what was measured."""
+    out = _Results()
     try:
-        cpumeter.sweep_stale()
-        run, procs = abtest.measure(
-            profile,
-            launch_tracked,
-            pool,
-            ctx.log,
-            max_pairs=ctx.cfg.max_pairs,
-            request_timeout_s=ctx.run_timeout_s,
-            ready_timeout_s=ctx.run_timeout_s,
-            progress=ctx.cfg.progress,
-            decided=lambda samples: verdict.no_pair_could_change(
-                abtest.throughput(samples, profile, name), ctx.cfg.rules
-            ),
-            settled=lambda ready: keep_compiles(ctx, ready),
-        )
-        ctx.box_samples.extend(run.box_samples)
-        gate = ctx.cfg.rules.gates.decode_audit
-        chosen = audit.choose(run.samples, share=gate.share, minimum=gate.min_requests)
-        answers, judge_name = audit_answers(ctx, chosen, procs, registry, name)
-        audits = audit.judge(name, judge_name, chosen, answers, gate.near_tie)
-        spec: list[SpecResult] = []
-        tau_notes: list[str] = []
-        if ctx.cfg.spec and ctx.cfg.rules.spec_pair.profile == ctx.cfg.profile:
-            spec, tau_notes = spec_served(ctx, profile, name, procs, run, block, pool)
-        accuracy = accuracy_served(ctx, name, procs, reference) if reference is not None else None
-        return _Served(
-            abtest.throughput(run.samples, profile, name),
-            audits,
-            spec,
-            [
-                *_diagnostics(run.samples, ctx.cfg.rules.gates.timing.max_self_report_gap),
-                *_freeze_notes(procs.values(), profile.measurement.threads),
-                *_clock_notes(run),
-                *tau_notes,
-            ],
-            accuracy,
-        )
-    except abtest.SideError as exc:
-        raise SideFailed(Failure(exc.side, exc.stage, str(exc), exc.tail)) from exc
-    except served.ServeError as exc:  # main's process, serving the harness (tokenizing, auditing)
-        raise SideFailed(Failure(Side.BASE, exc.stage, str(exc), exc.tail)) from exc
-    finally:
-        for p in procs.values():
-            p.close()
-
-
-def _freeze_notes(procs: Iterable[served.ServedProcess], threads: int | None) -> list[str]:
-    """The weaker modes, said where they were used: a box that gives no cgroup v2 freezer, or none that
-    can cap an engine's CPU."""
-    procs = list(procs)
-    notes = []
-    if not all(p.freeze_mode == served.FREEZER for p in procs):
-        notes.append(
-            "this box gives the harness no cgroup v2 freezer, so the idle side was frozen by SIGSTOP to each "
-            "of its processes, which a process can arrange to undo; the CPU each side used while frozen and "
-            "any line it wrote then were still checked, and neither was seen"
-        )
-    if threads and not all(p.meter is not None and p.meter.cap_cores for p in procs):
-        notes.append(
-            f"this box lets the harness cap no cgroup's CPU, so the {threads} thread"
-            f"{'s' if threads != 1 else ''} the profile gives each engine were checked request by request "
-            "(prefill and decode), not enforced by the kernel"
-        )
-    return notes
-
-
-def _clock_notes(run: abtest.Run) -> list[str]:
-    """The one-part clock, said where it was used: main's engine answers no 'prefill' op."""
-    if run.two_part is not False:
-        return []
-    return [
-        "main's engine answers no 'prefill' op, so each request was timed in one part: decode from the "
-        "first token line to the last, and an engine could have computed decode steps before its first "
-        "token, where only the prefill guard sees them (an engine that lists 'prefill' in its ready line "
-        "is timed from a continuation the harness draws after the prefill)"
-    ]
-
-
-def _diagnostics(samples: list[abtest.Sample], max_gap: float) -> list[str]:
-    """What the harness noticed that decides nothing: engines whose own clocks disagree with it."""
-    notes = []
-    for side in (Side.BASE, Side.HEAD):
-        gaps = sorted(g for s in samples if s.side is side and (g := s.self_report_gap) is not None)
-        if gaps and gaps[len(gaps) // 2] > max_gap:
-            notes.append(
-                f"{SIDE_LABEL[side]}'s engine reports decode times {gaps[len(gaps) // 2]:.0%} away from the "
-                f"harness's clock (median over {len(gaps)} requests); only the harness's times count"
+        for ref in ctx.req.profile.models:
+            registry = ref.source == "registry"
+            args = (
+                ["--model", str(harness.models[ref.name])]
+                if registry
+                else ["--random-weights", "--shape", ref.name]
             )
-        wrong_n = sum(1 for s in samples if s.side is side and s.reported_n not in (None, len(s.tokens)))
-        if wrong_n:
-            notes.append(
-                f"{SIDE_LABEL[side]}'s engine reported a token count other than it streamed in {wrong_n} "
-                "requests; only the streamed tokens count"
-            )
-    return notes
+            got = measure_model(ctx, ctx.req.profile, ref.name, args, corpus, seed, registry,
+                                reference=harness.references.get(ref.name))  # fmt: skip
+            out.throughput += got.throughput
+            out.audits += got.audits
+            out.spec += got.spec
+            out.notes += got.notes
+            if got.accuracy is not None:
+                out.accuracy.append(got.accuracy)
+    except SideFailed as exc:
+        out.failures.append(exc.failure)
+    except box.BoxBusy as exc:
+        out.failures.append(Failure(Side.HARNESS, "box", str(exc)))
+    return out
 
 
-# what other modules use from here (EvalConfig, Log and SideFailed live in context.py)
-__all__ = ["EvalConfig", "Log", "SideFailed", "evaluate"]
+# what other modules use from here (Workspace, Log and SideFailed live in context.py)
+__all__ = ["Log", "SideFailed", "Workspace", "evaluate", "request", "unresolved"]

@@ -49,7 +49,7 @@ def spec_served(
     earlier block timed (so these processes never saw it, and nothing can be replayed from a cache),
     and decodes it speculatively on both sides: lossless means the very tokens that side's plain decode
     produced; plain speed comes from those timed requests. Also the notes on tau (diagnostics)."""
-    g = ctx.cfg.rules.gates.spec
+    g = ctx.ws.rules.gates.spec
     gen = profile.measurement.decode_tokens
     last = run.blocks - 1
     out, notes = [], []

@@ -69,7 +69,7 @@ def load_rules(directory: str | Path) -> Rules:
     policy = _policy(*docs["policy"], _label_owners(tiers, labels))
     known = _label_owners(tiers, labels) | {a.label: f"policy.areas.{a.label}" for a in policy.areas}
     automerge = _automerge(*docs["automerge"], tiers, known)
-    dispatch = _dispatch(*docs["dispatch"])
+    dispatch = _dispatch(*docs["dispatch"], [p.name for p in profiles])
     rules = Rules(tiers, gates, profiles, spec_pair, copycat, policy, labels, automerge, dispatch, root, "")
     return replace(rules, rules_hash=rules_hash(rules))
 

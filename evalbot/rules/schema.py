@@ -326,6 +326,9 @@ class Automerge:
 class Dispatch:
     mode: str  # "local" | "actions"
     runner_public_keys: tuple[str, ...]  # Ed25519, base64 of the raw 32 bytes
+    # the profile every PR is judged on (policy: the poller and the workflows pass none; `evalbot evaluate
+    # --profile` overrides it for one manual run)
+    profile: str = "cpu"
     # actions mode: the workflow_dispatch workflow, the trusted ref it runs from, how long one run may take
     # (queued included) before it is abandoned, and how many runs one evaluation may use in all
     workflow: str = "evalbot-eval.yml"

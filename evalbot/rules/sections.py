@@ -9,6 +9,7 @@ import base64
 import binascii
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from evalbot.rules.reader import _MODULE, _did_you_mean, _File, _join, _Node
@@ -192,7 +193,7 @@ def _automerge(f: _File, root: _Node, tiers: tuple[Tier, ...], known_labels: dic
     )
 
 
-_OPTIONAL_DISPATCH = ("workflow", "ref", "timeout_minutes", "max_attempts")
+_OPTIONAL_DISPATCH = ("profile", "workflow", "ref", "timeout_minutes", "max_attempts")
 
 
 _WORKFLOW_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.ya?ml")
@@ -201,7 +202,7 @@ _WORKFLOW_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.ya?ml")
 _GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 
 
-def _dispatch(f: _File, root: _Node) -> Dispatch:
+def _dispatch(f: _File, root: _Node, profiles: Sequence[str]) -> Dispatch:
     allowed = ("mode", "runner_public_keys", *_OPTIONAL_DISPATCH)
     present: set[str] = set()
     for key, key_node, _ in f.items(root, "dispatch"):
@@ -213,6 +214,11 @@ def _dispatch(f: _File, root: _Node) -> Dispatch:
         present.add(key)
     m = f.mapping(root, "dispatch", [k for k in allowed if k not in _OPTIONAL_DISPATCH or k in present])
     extra: dict[str, Any] = {}
+    if "profile" in m:
+        extra["profile"] = f.choice(m["profile"], "dispatch.profile", profiles, "a profile of profiles.yaml")
+    elif Dispatch.profile not in profiles:
+        f.fail(root, "dispatch.profile", f"expected the profile PRs are judged on (one of: {', '.join(profiles)}); "
+               f"the default, {Dispatch.profile!r}, is not defined")  # fmt: skip
     if "workflow" in m:
         what = "a workflow file name in .github/workflows (e.g. evalbot-eval.yml)"
         extra["workflow"] = f.text(m["workflow"], "dispatch.workflow", _WORKFLOW_FILE, what)
