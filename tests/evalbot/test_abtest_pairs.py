@@ -29,6 +29,9 @@ class CachingEngine:
     seen: set[tuple[int, ...]] = field(default_factory=set)
     frozen: bool = False
     clock: itertools.count = field(default_factory=lambda: itertools.count(0, 1))
+    frozen_cpu_ns: int = (
+        -1
+    )  # the tree's CPU at its last freeze: unmetered, as a ServedProcess without a meter
 
     def freeze(self) -> None:
         self.frozen = True

@@ -31,6 +31,9 @@ class Proc:
     vocab: int = 100
     ready: dict = field(default_factory=dict)
     cpu: float | None = None  # CPU seconds its tree used: None, unmetered
+    frozen_cpu_ns: int = (
+        -1
+    )  # the tree's CPU at its last freeze: unmetered, as a ServedProcess without a meter
 
     def cpu_s(self) -> float | None:
         return self.cpu

@@ -55,16 +55,17 @@ def rules():
 def fake_evaluator(rules):
     """Numbers as evaluate would return them (12 ABBA pairs per context), decided by the real verdict."""
 
-    def evaluate(pr, repo, base_sha, head_sha) -> Judgement:
-        rng = random.Random(pr.number)
+    def evaluate(req, repo) -> Judgement:
+        rng = random.Random(req.pr)
         tps = tuple(
             ThroughputPairs("qwen2.5-coder-0.5b", ctx, "decode_tps",
-                            tuple((9.0 * (1 + rng.gauss(0, 0.003)), 9.0 * GAINS[pr.number] * (1 + rng.gauss(0, 0.003)))
+                            tuple((9.0 * (1 + rng.gauss(0, 0.003)), 9.0 * GAINS[req.pr] * (1 + rng.gauss(0, 0.003)))
                                   for _ in range(12)))
             for ctx in (128, 512)
         )  # fmt: skip
-        prov = Provenance(str(repo), base_sha, head_sha, base_sha, rules.rules_hash, "cpu", pr=pr.number,
-                          title=pr.title, author=pr.author, started_at="2026-11-30T10:00:00Z",
+        prov = Provenance(str(repo), req.base_sha, req.head_sha, req.base_sha, req.rules_hash, req.profile.name,
+                          measured_sha=req.measured_sha, pr=req.pr, title=req.title, author=req.author,
+                          started_at="2026-11-30T10:00:00Z",
                           finished_at="2026-11-30T10:05:00Z")  # fmt: skip
         m = Measurements(prov, throughput=tps)
         v = decide(m, rules)

@@ -27,6 +27,7 @@ from evalbot.github import PyGithubAdapter
 from evalbot.judge import local_evaluator
 from evalbot.ledgers import BLOCKED_PATH, FLAGGED_PATH, parse_blocked, parse_flagged, read_ledgers
 from evalbot.mirror import Mirror
+from evalbot.model import RunOptions
 from evalbot.poller import Bot, BotSettings
 from evalbot.render import MARKER
 from evalbot.rules import load_rules
@@ -205,10 +206,9 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
             gh.merge = merge_after_a_push  # type: ignore[method-assign]
             store = Store(tmp_path / "state.db")
             mirror = Mirror(repo.url, tmp_path / "work" / "mirror.git")
-            settings = BotSettings(bot_login=BOT, automerge_env=True, ledger_remote=repo.url)
-            evaluator = local_evaluator(
-                rules, "cpu", tmp_path / "work", log.append, spec=False, accuracy=False
-            )
+            settings = BotSettings(bot_login=BOT, automerge_env=True, ledger_remote=repo.url,
+                                   options=RunOptions(spec=False, accuracy=False))  # fmt: skip
+            evaluator = local_evaluator(rules, tmp_path / "work", log.append)
             bot = Bot(gh, store, rules, settings, mirror, evaluator, log.append,
                       screen=CopycatScreen(store, rules, mirror.path))  # fmt: skip
             return bot, store, gh

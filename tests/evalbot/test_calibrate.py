@@ -19,7 +19,16 @@ from evalbot import calibrate, stats
 from evalbot.codec import to_dict
 from evalbot.evaluate import runner
 from evalbot.judge import Judgement
-from evalbot.model import Failure, Measurements, Provenance, Side, Status, ThroughputPairs
+from evalbot.model import (
+    EvalRequest,
+    Failure,
+    Measurements,
+    Provenance,
+    RunOptions,
+    Side,
+    Status,
+    ThroughputPairs,
+)
 from evalbot.rules import default_rules_dir, load_rules
 from evalbot.store import Store, iso
 from evalbot.verdict.decide import decide
@@ -147,24 +156,25 @@ def test_run_judges_one_resolved_commit_against_itself_with_fresh_seeds(rules, t
     subprocess.run([*git, "add", "f.txt"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
     sha = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    seen: list[runner.EvalConfig] = []
+    seen: list[EvalRequest] = []
 
-    def fake_judge(cfg, log, key):
-        seen.append(cfg)
+    def fake_judge(req, ws, log, key):
+        seen.append(req)
         assert key is None  # a calibration is never published, so it is never signed
         m = aa_run(rules, len(seen), {128: 1.0}).measurements
         return Judgement(m, decide(m, rules), {})
 
-    cfg = runner.EvalConfig(repo=repo, base="main", head="some-pr", rules=rules, profile="cpu",
-                            work_root=tmp_path / "work", pr=12, seed=7)  # fmt: skip
+    ws = runner.Workspace(repo, tmp_path / "work", rules)
+    options = RunOptions(seed=7)
     logged: list[str] = []
-    out = calibrate.run(cfg, 3, logged.append, judge_fn=fake_judge)
+    out = calibrate.run(ws, "main", rules.profile("cpu"), options, 3, logged.append, judge_fn=fake_judge)
     assert len(out) == 3 and all(r.verdict.status == Status.PASS for r in out)
-    assert [(c.base, c.head, c.pr) for c in seen] == [(sha, sha, None)] * 3
-    assert len({c.seed for c in seen}) == 3 and 7 not in {c.seed for c in seen}
+    assert [(r.base_sha, r.head_sha, r.measured_sha, r.pr) for r in seen] == [(sha, sha, sha, None)] * 3
+    assert {r.profile.name for r in seen} == {"cpu"} and {r.rules_hash for r in seen} == {rules.rules_hash}
+    assert len({r.options.seed for r in seen}) == 3 and 7 not in {r.options.seed for r in seen}
     assert any("calibration run 3/3" in line for line in logged)
     with pytest.raises(ValueError, match="at least 1"):
-        calibrate.run(cfg, 0, logged.append, judge_fn=fake_judge)
+        calibrate.run(ws, "main", rules.profile("cpu"), options, 0, logged.append, judge_fn=fake_judge)
 
 
 # ---------------------------------------------------------------- end to end on the fixture engine

@@ -28,10 +28,10 @@ import pytest
 
 from evalbot.evaluate import abtest, box, compile_cache
 from evalbot.evaluate.compile_cache import remove, restore, snapshot
-from evalbot.evaluate.context import EvalConfig, RunContext, fresh_scratch, sandbox_spec
-from evalbot.evaluate.runner import keep_compiles, serve_dirs
+from evalbot.evaluate.context import RunContext, Workspace, fresh_scratch, sandbox_spec
 from evalbot.evaluate.served import Timed
-from evalbot.model import Side
+from evalbot.evaluate.served_model import keep_compiles, serve_dirs
+from evalbot.model import EvalRequest, Side
 from evalbot.rules import default_rules_dir, load_rules
 from evalbot.rules.schema import Context, Measurement, Profile, Quiet
 
@@ -42,8 +42,9 @@ NOBODY = 65534
 
 
 def _ctx(tmp_path: Path, scratch: Path | None = None, logged: list[str] | None = None) -> RunContext:
-    cfg = EvalConfig(tmp_path, "main", "head", RULES, "gpu", tmp_path)
-    return RunContext(cfg, (logged if logged is not None else []).append, scratch or tmp_path / "run")
+    req = EvalRequest("a" * 40, "b" * 40, "b" * 40, RULES.rules_hash, RULES.profile("gpu"))
+    ws = Workspace(tmp_path, tmp_path, RULES)
+    return RunContext(req, ws, (logged if logged is not None else []).append, scratch or tmp_path / "run")
 
 
 def _tree(root: Path) -> dict[str, object]:
@@ -462,6 +463,9 @@ class Engine:
     vocab: int = 100
     found: dict[str, object] = field(default_factory=dict)
     clock: itertools.count = field(default_factory=lambda: itertools.count(1))
+    frozen_cpu_ns: int = (
+        -1
+    )  # the tree's CPU at its last freeze: unmetered, as a ServedProcess without a meter
 
     def __post_init__(self) -> None:
         self.label = self.side.value
@@ -511,7 +515,7 @@ def test_measure_settles_each_block_after_its_warm_up_and_before_its_first_timed
     events: list[tuple] = []
     engines: list[Engine] = []
 
-    def launch(side: Side) -> Engine:  # as runner._launcher: the side folder, emptied, then the engine
+    def launch(side: Side) -> Engine:  # as served_model._launcher: the side folder, emptied, then the engine
         _, root = serve_dirs(ctx, side)
         events.append(("launch", side))
         engines.append(Engine(side, root, events))

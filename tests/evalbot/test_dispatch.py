@@ -37,6 +37,7 @@ from evalbot.github import PyGithubAdapter
 from evalbot.github_retry import RetryPolicy
 from evalbot.model import (
     AccuracyResult,
+    EvalRequest,
     Failure,
     Measurements,
     Provenance,
@@ -176,8 +177,15 @@ def play_runner(double: Double, run_id: int, files: dict[str, bytes] | None, *, 
     s.complete_run(run_id, conclusion, {f"evalbot-result-{request_id}": files} if files is not None else None)
 
 
-def begin(gh, rules, runs, **kw) -> dispatch.DispatchHandle:
-    outcome = start(gh, rules, runs, new_request(PR, HEAD, BASE, "cpu", rules, **kw), T0)
+def ask(
+    rules, profile: str = "cpu", pr: int = PR, head: str = HEAD, base: str = BASE
+) -> dispatch.DispatchRequest:
+    """The dispatch of one evaluation request, as the poller makes it."""
+    return new_request(EvalRequest(base, head, head, rules.rules_hash, rules.profile(profile), pr=pr))
+
+
+def begin(gh, rules, runs) -> dispatch.DispatchHandle:
+    outcome = start(gh, rules, runs, ask(rules), T0)
     assert isinstance(outcome, Pending)
     return outcome.handle
 
@@ -500,7 +508,7 @@ def test_github_down_while_polling_is_pending_not_failed(github_double, gh, rule
 
 def test_a_refused_dispatch_is_final_and_alerts(github_double, gh, rules, runs):
     bad = replace(rules, dispatch=replace(rules.dispatch, workflow="missing.yml"))
-    outcome = start(gh, bad, runs, new_request(PR, HEAD, BASE, "cpu", bad), T0)
+    outcome = start(gh, bad, runs, ask(bad), T0)
     assert isinstance(outcome, Failed) and outcome.alert and not outcome.retry
     assert "dispatch of missing.yml@main refused" in outcome.reason and "HTTP 404" in outcome.reason
     assert runs.in_flight() == [] and runs.record(outcome.handle.request.request_id).state == "failed"
@@ -530,7 +538,7 @@ def test_in_flight_handles_survive_a_restart(github_double, gh, rules, tmp_path,
 
 def test_a_crash_between_intent_and_dispatch_is_found_or_retried(github_double, gh, rules, tmp_path, workdir):
     path = tmp_path / "bot.sqlite"
-    req = new_request(PR, HEAD, BASE, "cpu", rules)
+    req = ask(rules)
     intent = dispatch.DispatchHandle(req, WORKFLOW, "main", T0, T0 + timedelta(hours=2))
     with Store(path) as store:
         conn = store.open_connection()
@@ -548,7 +556,7 @@ def test_a_crash_between_intent_and_dispatch_is_found_or_retried(github_double, 
 
 
 def test_a_closed_handle_is_never_reopened(runs, rules):
-    req = new_request(PR, HEAD, BASE, "cpu", rules)
+    req = ask(rules)
     handle = dispatch.DispatchHandle(req, WORKFLOW, "main", T0, T0 + timedelta(hours=2), run_id=5)
     runs.save(handle)
     runs.close(handle, "failed", "gave up")
@@ -569,13 +577,13 @@ def signed(rules, m: Measurements, key=RUNNER_KEY) -> tuple[dict[str, Any], dict
 
 def test_a_receipt_that_names_no_pr_is_bound_by_head_base_and_rules(rules):
     # `evalbot evaluate` without a PR number signs pr: null; head, base and rules still bind it
-    req = new_request(PR, HEAD, BASE, "cpu", rules)
+    req = ask(rules)
     receipt, result = signed(rules, measurements(rules, pr=None))
     assert check_artifact(receipt, result, req, rules).verdict.tier == "S"
 
 
 def test_a_receipt_under_other_rules_is_retried_not_alerted(rules):
-    req = replace(new_request(PR, HEAD, BASE, "cpu", rules), rules_hash="e" * 64)
+    req = replace(ask(rules), rules_hash="e" * 64)
     receipt, result = signed(rules, measurements(rules))
     with pytest.raises(ArtifactProblem) as info:
         check_artifact(receipt, result, req, rules)
@@ -584,7 +592,7 @@ def test_a_receipt_under_other_rules_is_retried_not_alerted(rules):
 
 
 def test_a_receipt_answering_another_request_id_is_rejected(rules):
-    req = new_request(PR, HEAD, BASE, "cpu", rules)
+    req = ask(rules)
     receipt, result = signed(rules, measurements(rules))
     body = {**receipt["body"], "extra": {"request_id": "evalbot-7-someone-else-1"}}
     forged = receipts.sign(body, RUNNER_KEY)
@@ -603,19 +611,21 @@ def test_no_runner_keys_means_nothing_remote_is_trusted(rules):
 
 
 def test_requests_are_validated_and_ids_are_fresh(rules):
-    a, b = new_request(PR, HEAD, BASE, "cpu", rules), new_request(PR, HEAD, BASE, "cpu", rules)
+    a, b = ask(rules), ask(rules)
     assert a.request_id != b.request_id and a.request_id.startswith(f"evalbot-7-{HEAD[:12]}-1-")
     assert a.artifact_name == f"evalbot-result-{a.request_id}"
     with pytest.raises(ValueError, match="head_sha must be a full 40-hex git sha"):
-        new_request(PR, "abc", BASE, "cpu", rules)
+        ask(rules, head="abc")
     with pytest.raises(ValueError, match="cannot go in a comma-separated list"):
-        new_request(PR, HEAD, BASE, "cpu", rules, exclude_runners=("a,b",))
+        replace(a, exclude_runners=("a,b",))
     with pytest.raises(ValueError, match="pr must be a positive int"):
-        new_request(0, HEAD, BASE, "cpu", rules)
+        ask(rules, pr=0)
+    with pytest.raises(ValueError, match="a dispatched evaluation is of a PR"):
+        new_request(EvalRequest(BASE, HEAD, HEAD, rules.rules_hash, rules.profile("cpu")))
 
 
 def test_measurements_of_another_profile_are_rejected(rules):
-    req = new_request(PR, HEAD, BASE, "gpu", rules)
+    req = ask(rules, "gpu")
     receipt, result = signed(rules, measurements(rules))  # measured with the cpu profile
     with pytest.raises(ArtifactProblem, match="with profile 'cpu', not what was requested") as info:
         check_artifact(receipt, result, req, rules)

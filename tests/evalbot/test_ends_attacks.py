@@ -252,7 +252,9 @@ def test_the_engine_s_own_count_and_timings_decide_nothing(fake):
     send({"id": rid, "event": "done", "n": 10**6, "timings": {"prefill_s": 1e-9, "decode_s": 1e-9}})
     """
     s = _sample(_ends(fake(_serving(plan))))
-    assert list(s.tokens) == TOKS and s.reported_n == 10**6  # a diagnostic (runner._diagnostics), no more
+    assert (
+        list(s.tokens) == TOKS and s.reported_n == 10**6
+    )  # a diagnostic (served_model._diagnostics), no more
     assert s.decode_s >= 0.05 and s.decode_tps <= (GEN - 1) / 0.05  # the harness's clock, not the claim
 
 

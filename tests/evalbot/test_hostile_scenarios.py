@@ -22,10 +22,10 @@ from evalbot.judge import Judgement
 from evalbot.mirror import Mirror, MirrorError
 from evalbot.model import (
     AccuracyResult,
+    EvalRequest,
     Failure,
     Measurements,
     Provenance,
-    PullRequest,
     Side,
     ThroughputPairs,
 )
@@ -115,7 +115,7 @@ class Contest:
         return set(self.state.pulls[number].labels)
 
 
-def make_judgement(rules: Rules, pr: PullRequest, base_sha: str, head_sha: str, what) -> Judgement:  # noqa: ANN001
+def make_judgement(rules: Rules, req: EvalRequest, what) -> Judgement:  # noqa: ANN001
     if isinstance(what, Exception):
         raise what
     if isinstance(what, Measurements):
@@ -123,15 +123,15 @@ def make_judgement(rules: Rules, pr: PullRequest, base_sha: str, head_sha: str, 
     else:
         prov = Provenance(
             repo="contest/engine",
-            base_sha=base_sha,
-            head_sha=head_sha,
-            measured_sha=head_sha,
-            harness_sha=base_sha,
-            rules_hash=rules.rules_hash,
-            profile="cpu",
-            pr=pr.number,
-            title=pr.title,
-            author=pr.author,
+            base_sha=req.base_sha,
+            head_sha=req.head_sha,
+            measured_sha=req.measured_sha or "",
+            harness_sha=req.base_sha,
+            rules_hash=req.rules_hash,
+            profile=req.profile.name,
+            pr=req.pr,
+            title=req.title,
+            author=req.author,
             model_sha256s={"m": "a" * 64},
             started_at="2026-12-01T00:00:00Z",
             finished_at="2026-12-01T00:10:00Z",
@@ -159,9 +159,9 @@ def contest(github_double, fake_clock, tmp_path) -> Contest:
     store = Store(tmp_path / "state.db")
     c = Contest(github_double, repo, rules, gh, store, None, tmp_path)  # type: ignore[arg-type]
 
-    def evaluator(pr: PullRequest, path: Path, base_sha: str, head_sha: str) -> Judgement:
-        c.calls.append((pr.number, base_sha, head_sha))
-        return make_judgement(rules, pr, base_sha, head_sha, c.gains[pr.number])
+    def evaluator(req: EvalRequest, path: Path) -> Judgement:
+        c.calls.append((req.pr, req.base_sha, req.head_sha))
+        return make_judgement(rules, req, c.gains[req.pr])
 
     c.bot = Bot(
         gh,

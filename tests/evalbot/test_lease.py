@@ -181,9 +181,9 @@ def test_two_bots_on_one_store_never_evaluate_or_comment_twice(tmp_path, rules):
 
         honest = fake_evaluator(rules)
 
-        def first_evaluates(pr, *a):
-            evaluated.append(("first", pr.number))
-            if pr.number == 1:  # mid-measurement: a careless operator starts a second bot
+        def first_evaluates(req, *a):
+            evaluated.append(("first", req.pr))
+            if req.pr == 1:  # mid-measurement: a careless operator starts a second bot
                 second, store2 = make_bot(linked, "host-b:2:bbbbbb", second_evaluates)
                 requests = len(st.requests)
                 with pytest.raises(LeaseHeldError) as err:
@@ -195,11 +195,11 @@ def test_two_bots_on_one_store_never_evaluate_or_comment_twice(tmp_path, rules):
                     "host-a:1:aaaaaa"
                 ]  # the live claim stays the first's
                 store2.close()
-            return honest(pr, *a)
+            return honest(req, *a)
 
-        def second_evaluates(pr, *a):
-            evaluated.append(("second", pr.number))
-            return honest(pr, *a)
+        def second_evaluates(req, *a):
+            evaluated.append(("second", req.pr))
+            return honest(req, *a)
 
         first, store1 = make_bot(real, "host-a:1:aaaaaa", first_evaluates)
         first.poll_once()

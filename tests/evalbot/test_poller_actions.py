@@ -93,3 +93,79 @@ def test_dispatched_evaluations_are_published_only_when_verified(github_double, 
         body_2 = next(c.body for c in st.comments_on(2) if c.author == BOT)
         assert "infra error" in body_2 and "PASS" not in body_2
         assert "infra-error" in gh.get_pull(2).labels and "verified" not in gh.get_pull(2).labels
+
+
+# --- which profile a PR is judged on is policy: the rules' dispatch.profile ------------------------------
+
+
+def _actions_rules_dir(tmp_path, profile: str):
+    """The shipped rules in actions mode, judging PRs on `profile`, as a maintainer would write them."""
+    import shutil
+
+    d = tmp_path / "rules"
+    shutil.copytree(default_rules_dir(), d)
+    text = (d / "dispatch.yaml").read_text()
+    for old, new in (("mode: local", "mode: actions"), ("profile: cpu", f"profile: {profile}"),
+                     ("runner_public_keys: []", f"runner_public_keys: ['{public_b64(RUNNER_KEY)}']")):  # fmt: skip
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    (d / "dispatch.yaml").write_text(text)
+    return d
+
+
+def _contest(github_double, tmp_path):
+    st = github_double.state
+    st.add_workflow(WORKFLOW, run_name=RUN_NAME)
+    repo = BareRepo.create(tmp_path / "remote.git", {"engine/model.py": "x = 1\n"}, when=st.now)
+    st.clone_url = repo.url
+    add_git_pull(st, repo, 1, {"engine/model.py": "x = 2  # faster\n"}, author_login="alice", body=BODY)
+    return st
+
+
+def test_a_bot_whose_rules_name_gpu_dispatches_gpu(github_double, fake_clock, tmp_path):
+    """The bug this pins: the profile lived in the bot's settings, which no command set, so a GPU contest's
+    PRs were all dispatched to be measured on the cpu profile."""
+    st = _contest(github_double, tmp_path)
+    rules = load_rules(_actions_rules_dir(tmp_path, "gpu"))
+    gh = PyGithubAdapter.from_token(github_double.repo, "ghp_test", base_url=github_double.base_url, pace=False,
+                                    timeout=2.0, rng=random.Random(0), sleep=fake_clock.sleep,
+                                    clock=fake_clock.time)  # fmt: skip
+    with Store(tmp_path / "state.db") as store:
+        bot = Bot(gh, store, rules, BotSettings(bot_login=BOT, work_dir=tmp_path / "work"),
+                  Mirror(st.clone_url, tmp_path / "mirror.git"), None, lambda _: None)  # type: ignore[arg-type]  # fmt: skip
+        bot.poll_once()
+    (run,) = st.runs.values()
+    assert run.inputs["profile"] == "gpu", run.inputs
+
+
+def test_the_poll_command_exactly_as_the_shipped_workflow_writes_it_dispatches_what_the_rules_say(
+    github_double, tmp_path, monkeypatch
+):
+    """The `evalbot poll` line of evalbot-poll.yml, expanded by bash as GitHub's runner does, run against
+    the GitHub double with rules that judge PRs on gpu: it passes no profile, and gpu is dispatched."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import yaml
+    from click.testing import CliRunner
+
+    from evalbot.cli import main
+    from evalbot.cli import options as cli_options
+
+    st = _contest(github_double, tmp_path)
+    monkeypatch.setattr(cli_options, "default_rules_dir", lambda: _actions_rules_dir(tmp_path, "gpu"))
+    wf = yaml.safe_load((Path(__file__).resolve().parents[2] / ".github/workflows/evalbot-poll.yml").read_text())
+    (step,) = [s for s in wf["jobs"]["poll"]["steps"] if s.get("id") == "poll"]
+    assert "--profile" not in step["run"]
+    env = {"PATH": os.environ["PATH"], "GITHUB_API_URL": github_double.base_url, "RUNNER_TEMP": str(tmp_path)}
+    argv = subprocess.run(["bash", "-c", "evalbot() { printf '%s\\0' \"$@\"; }\n" + step["run"]], env=env,
+                          capture_output=True, text=True, check=True).stdout.split("\0")[:-1]  # fmt: skip
+    assert argv[:2] == ["poll", "--once"], argv
+    here = ["--git-remote", st.clone_url]  # on GitHub, the repository's own remote (github.com here is unreachable)
+    result = CliRunner().invoke(main, [*argv, *here], catch_exceptions=False, env={
+        "GITHUB_TOKEN": "ghp_t", "EVALBOT_REPO": github_double.repo,
+        "EVALBOT_STATE": str(tmp_path / "state" / "state.db")})  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (run,) = st.runs.values()
+    assert run.inputs["profile"] == "gpu", run.inputs

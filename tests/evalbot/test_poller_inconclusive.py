@@ -33,16 +33,16 @@ def test_an_inconclusive_evaluation_is_measured_again_and_never_merged(github_do
                                     clock=fake_clock.time)  # fmt: skip
     calls: list[str] = []
 
-    def noisy_box(pr, path, base_sha, head_sha):  # noqa: ANN001, ANN202
-        calls.append(head_sha)
+    def noisy_box(req, path):  # noqa: ANN001, ANN202
+        calls.append(req.head_sha)
         prov = Provenance(
             repo=str(path),
-            base_sha=base_sha,
-            head_sha=head_sha,
-            harness_sha=base_sha,
-            rules_hash=rules.rules_hash,
-            profile="cpu",
-            pr=pr.number,
+            base_sha=req.base_sha,
+            head_sha=req.head_sha,
+            harness_sha=req.base_sha,
+            rules_hash=req.rules_hash,
+            profile=req.profile.name,
+            pr=req.pr,
         )
         m = Measurements(
             prov, throughput=tuple(ThroughputPairs("m", c, "decode_tps", NOISY) for c in (128, 512))

@@ -643,10 +643,12 @@ def test_a_profile_warms_each_block_off_the_clock_and_a_negative_count_names_its
 
 
 def test_the_engines_threads_follow_the_profile_else_this_process_cpus(tmp_path):
-    from evalbot.evaluate.context import EvalConfig, RunContext, sandbox_spec, usable_cores
+    from evalbot.evaluate.context import RunContext, Workspace, sandbox_spec, usable_cores
+    from evalbot.model import EvalRequest
 
-    cfg = EvalConfig(tmp_path, "main", "head", load_rules(default_rules_dir()), "cpu", tmp_path)
-    ctx = RunContext(cfg, lambda _m: None, tmp_path)
+    rules = load_rules(default_rules_dir())
+    req = EvalRequest("a" * 40, "b" * 40, "b" * 40, rules.rules_hash, rules.profile("cpu"))
+    ctx = RunContext(req, Workspace(tmp_path, tmp_path, rules), lambda _m: None, tmp_path)
     assert sandbox_spec(ctx, tmp_path, tmp_path / "s", [], 60).env["OMP_NUM_THREADS"] == str(usable_cores())
     ctx.engine_threads = 1
     assert sandbox_spec(ctx, tmp_path, tmp_path / "s", [], 60).env["OMP_NUM_THREADS"] == "1"
