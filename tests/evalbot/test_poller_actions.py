@@ -155,14 +155,19 @@ def test_the_poll_command_exactly_as_the_shipped_workflow_writes_it_dispatches_w
 
     st = _contest(github_double, tmp_path)
     monkeypatch.setattr(cli_options, "default_rules_dir", lambda: _actions_rules_dir(tmp_path, "gpu"))
-    wf = yaml.safe_load((Path(__file__).resolve().parents[2] / ".github/workflows/evalbot-poll.yml").read_text())
+    wf = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / ".github/workflows/evalbot-poll.yml").read_text()
+    )
     (step,) = [s for s in wf["jobs"]["poll"]["steps"] if s.get("id") == "poll"]
     assert "--profile" not in step["run"]
     env = {"PATH": os.environ["PATH"], "GITHUB_API_URL": github_double.base_url, "RUNNER_TEMP": str(tmp_path)}
     argv = subprocess.run(["bash", "-c", "evalbot() { printf '%s\\0' \"$@\"; }\n" + step["run"]], env=env,
                           capture_output=True, text=True, check=True).stdout.split("\0")[:-1]  # fmt: skip
     assert argv[:2] == ["poll", "--once"], argv
-    here = ["--git-remote", st.clone_url]  # on GitHub, the repository's own remote (github.com here is unreachable)
+    here = [
+        "--git-remote",
+        st.clone_url,
+    ]  # on GitHub, the repository's own remote (github.com here is unreachable)
     result = CliRunner().invoke(main, [*argv, *here], catch_exceptions=False, env={
         "GITHUB_TOKEN": "ghp_t", "EVALBOT_REPO": github_double.repo,
         "EVALBOT_STATE": str(tmp_path / "state" / "state.db")})  # fmt: skip
