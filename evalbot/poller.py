@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from evalbot import dispatch, rounds, times
+from evalbot.copycat import Screen
 from evalbot.github import GitHubPort
 from evalbot.judge import Evaluator, Judgement
 from evalbot.ledgers import LedgerBook
@@ -39,8 +40,6 @@ from evalbot.store import DEFAULT_MAX_ATTEMPTS as MAX_ATTEMPTS
 from evalbot.verdict import verdict_decision
 
 Log = Callable[[str], None]
-# (a PR's facts) -> labels, comment lines, close, or None; the copycat hook
-Screen = Callable[[PullRequest], "Decision | None"]
 
 
 @dataclass(frozen=True)
@@ -153,9 +152,8 @@ class Bot:
             self._listing = listing
         self.mirror.fetch()
         self._p.main_sha = self._p.report.main_sha = self.mirror.sha(self.settings.main_branch)
-        set_main = getattr(self.screen, "set_main", None)
-        if set_main is not None and not self.dry_run:
-            set_main(self._p.main_sha)
+        if self.screen is not None and not self.dry_run:
+            self.screen.set_main(self._p.main_sha)
         return sorted(
             (s for s in self._listing if s.base_ref == self.settings.main_branch), key=lambda s: s.number
         )
@@ -536,9 +534,8 @@ class Bot:
             gain = rec.verdict.lower_bound_gain
             self.store.record_ledger("merge", pr.number, rec.key.head_sha, pr.author, gain, gain)
             self.store.close_round(rec.key.base_sha, pr.number)
-            mark_merged = getattr(self.screen, "mark_merged", None)
-            if mark_merged is not None:
-                mark_merged(pr.number, times.stamp(self.now()))
+            if self.screen is not None:
+                self.screen.mark_merged(pr.number, times.stamp(self.now()))
             self._p.report.merged.append(pr.number)
             return "merged"
         if result.outcome is MergeOutcome.HEAD_MOVED:

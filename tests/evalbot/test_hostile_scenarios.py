@@ -431,16 +431,33 @@ def test_what_the_bot_owns_it_restores(contest):
     assert contest.bot_comment(1) is not None and "PASS" in contest.bot_comment(1)
 
 
-def test_a_maintainers_blocking_label_wins_over_the_screens(contest):
-    from evalbot.model import Decision
+class CleanScreen:
+    """A copycat screen (evalbot.copycat.Screen) that finds every PR clean: it removes the screen's labels."""
 
+    def __init__(self, rules):
+        self.rules, self.mains, self.merged = rules, [], []
+
+    def __call__(self, pr):
+        from evalbot.model import Decision
+
+        return Decision((), (self.rules.labels.copycat, self.rules.labels.copycat_warn))
+
+    def set_main(self, sha):
+        self.mains.append(sha)
+
+    def mark_merged(self, pr, at):
+        self.merged.append(pr)
+
+
+def test_a_maintainers_blocking_label_wins_over_the_screens(contest):
     lab = contest.rules.labels
-    contest.bot.screen = lambda pr: Decision((), (lab.copycat, lab.copycat_warn))  # "clean"
+    contest.bot.screen = screen = CleanScreen(contest.rules)
     contest.pull(1, 0.30)
     contest.state.pulls[1].labels.append(lab.copycat)  # a maintainer's judgement
     report = contest.bot.poll_once()
     assert lab.copycat in contest.labels(1) and not contest.state.pulls[1].merged
     assert any("blocking label" in n for n in report.notes), report.notes
+    assert screen.mains == [report.main_sha] and screen.merged == []  # told of main, and nothing merged
 
 
 def test_a_hold_label_keeps_the_bot_away(contest):
