@@ -395,10 +395,7 @@ class Bot:
                 self._infra(key, self._p.facts.get(r.pr) or self.gh.get_pull(r.pr), out.reason, out.alert)
 
     def _runner_of(self, run_id: int) -> str | None:
-        jobs = getattr(self.gh, "list_run_jobs", None)
-        if jobs is None:
-            return None
-        return next((j.get("runner_name") for j in jobs(run_id) if j.get("runner_name")), None)
+        return dispatch.runner_of(self.gh, run_id)
 
     def _infra(self, key: EvalKey, pr: PullRequest, reason: str, alert: bool) -> None:
         """An evaluation the pool could not deliver: INFRA_ERROR for the PR, an alert for maintainers."""

@@ -175,6 +175,11 @@ def _read_json(folder: Path, name: str) -> dict[str, Any]:
         raise ArtifactProblem(f"{name} is unreadable: {exc}", retry=True) from None
 
 
+def runner_of(gh: GitHubPort, run_id: int) -> str | None:
+    """The runner a run's job landed on (the poller's ``RunnerLookup``), or None before a runner took it."""
+    return next((j["runner_name"] for j in gh.list_run_jobs(run_id) if j.get("runner_name")), None)
+
+
 def _with_runner(handle: DispatchHandle, runner_of: RunnerLookup | None) -> DispatchHandle:
     if runner_of is None or handle.run_id is None or handle.runner_name:
         return handle
@@ -357,4 +362,14 @@ def advance(
     return replace(outcome, retried_as=nxt.handle)
 
 
-__all__ = ["DispatchRecord", "DispatchRuns", "advance", "collect", "dispatch", "find_run", "poll", "start"]
+__all__ = [
+    "DispatchRecord",
+    "DispatchRuns",
+    "advance",
+    "collect",
+    "dispatch",
+    "find_run",
+    "poll",
+    "runner_of",
+    "start",
+]
