@@ -13,7 +13,7 @@ import os
 import re
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
@@ -239,7 +239,8 @@ def _check_gain(value: Any, what: str) -> float | None:
 
 
 class Db:
-    """The connection, its migrations and its transactions. Store is this plus its parts' methods."""
+    """The store's file: one connection, its migrations and its transactions, shared by every part of the
+    store (each part owns its tables and runs its SQL through ``write``, ``read`` and ``one``)."""
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.path = Path(path)
@@ -292,7 +293,7 @@ class Db:
         # the bot's writes.
         if self._check_version(self._conn) == SCHEMA_VERSION:
             return
-        with self._write() as conn:
+        with self.write() as conn:
             version = self._check_version(conn)  # again, under the lock: another process may have migrated
             for v in range(version + 1, SCHEMA_VERSION + 1):
                 for statement in _MIGRATIONS[v]:
@@ -332,9 +333,9 @@ class Db:
         return self._version(self._conn)
 
     def open_connection(self) -> sqlite3.Connection:
-        """A second connection to the store's file, with its pragmas and Python's implicit transactions,
-        for modules that keep their own tables in it (evalbot.copycat.index): ``with conn:`` commits or rolls back."""
-        conn = sqlite3.connect(self.path, timeout=self._busy_timeout_ms / 1000)
+        """A second connection to the store's file with its pragmas, for a thread of its own (the lease's
+        heartbeat): autocommit, its writes one ``transaction(conn, path)`` each."""
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout_ms / 1000, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
         conn.execute("PRAGMA synchronous = FULL")
         conn.execute("PRAGMA foreign_keys = ON")
@@ -350,27 +351,20 @@ class Db:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        # IMMEDIATE takes the write lock up front: a deferred transaction that later needs it could fail
-        # with SQLITE_BUSY halfway, after reads that the busy timeout cannot retry.
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise StoreBusyError(
-                f"{self.path}: another process held the store's write lock past the busy timeout ({exc})"
-            ) from None
-        try:
-            yield self._conn
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
+    def write(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: committed when the block ends, rolled back if it raises."""
+        return transaction(self._conn, self.path)
 
-    def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+    def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        """The rows of one query, outside any write (each column by name or by place)."""
         cur = self._conn.execute(sql, params)
         cur.row_factory = sqlite3.Row
         return cur.fetchall()
+
+    def one(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
+        """The first row of one query, or None."""
+        rows = self.read(sql, params)
+        return rows[0] if rows else None
 
     def meta(self, key: str) -> str | None:
         """A value from the key-value meta table, or None."""
@@ -384,12 +378,32 @@ class Db:
             raise ValueError("meta key 'schema_version' is managed by the store's migrations")
         if not isinstance(value, str):
             raise ValueError(f"meta value: expected text, got {value!r}")
-        with self._write() as conn:
+        with self.write() as conn:
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES (?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (key, value),
             )
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection, path: Path) -> Iterator[sqlite3.Connection]:
+    """One ``BEGIN IMMEDIATE`` transaction on an autocommit connection (the store's, or a second one from
+    ``Db.open_connection``): committed when the block ends, rolled back if it raises."""
+    # IMMEDIATE takes the write lock up front: a deferred transaction that later needs it could fail
+    # with SQLITE_BUSY halfway, after reads that the busy timeout cannot retry.
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        raise StoreBusyError(
+            f"{path}: another process held the store's write lock past the busy timeout ({exc})"
+        ) from None
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def _check_file(path: Path) -> None:

@@ -84,11 +84,11 @@ def test_dispatched_evaluations_are_published_only_when_verified(github_double, 
         second = bot.poll_once()
         assert second.evaluated == [1], second
         assert any(n.startswith("ALERT #2") for n in second.notes), second.notes
-        verdict_1 = store.evaluations(pr=1, state="done")[-1].verdict
+        verdict_1 = store.queue.evaluations(pr=1, state="done")[-1].verdict
         assert verdict_1.status.value == "PASS" and verdict_1.tier is not None
         body_1 = next(c.body for c in st.comments_on(1) if c.author == BOT)
         assert MARKER in body_1 and "PASS" in body_1
-        verdict_2 = store.evaluations(pr=2, state="done")[-1].verdict
+        verdict_2 = store.queue.evaluations(pr=2, state="done")[-1].verdict
         assert verdict_2.status.value == "INFRA_ERROR" and verdict_2.tier is None
         body_2 = next(c.body for c in st.comments_on(2) if c.author == BOT)
         assert "infra error" in body_2 and "PASS" not in body_2
