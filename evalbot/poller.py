@@ -364,7 +364,7 @@ class Bot:
 
     def _runs(self) -> dispatch.DispatchRuns:
         if self._dispatch_runs is None:
-            self._dispatch_runs = dispatch.DispatchRuns(self.store.open_connection())
+            self._dispatch_runs = dispatch.DispatchRuns(self.store.dispatches)
         return self._dispatch_runs
 
     def _dispatch(self, key: EvalKey, pr: PullRequest) -> None:

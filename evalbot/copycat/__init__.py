@@ -3,7 +3,7 @@
 - ``fingerprint`` (pure): unidiff -> pygments tokens -> normalized stream -> winnowed k-gram hashes;
 - ``containment`` (pure): who could have been copied, how much of a PR they hold, the band from the rules;
 - ``strikes`` (pure): when copycat strikes blocklist an author and freeze their evaluations;
-- ``index``: the same evidence from an inverted index in the store's SQLite file;
+- ``index``: the same evidence from an inverted index in the store's copycat tables (``store.copycat``);
 - ``port``: the ``Screen`` protocol, what the poller asks of a screen;
 - ``screen``: what the poller runs before queueing an evaluation (index, check, band, strikes);
 - ``scan``: the check over a folder of diffs, offline (`evalbot copycat scan`).

@@ -55,7 +55,7 @@ class CopycatScreen:
     ):
         self.store, self.rules, self.mirror = store, rules, mirror
         self.now = now or times.now
-        self.index = CopycatIndex(store.open_connection())
+        self.index = CopycatIndex(store.copycat)
         self._main_sha: str | None = store.meta("copycat_main_sha")
 
     def set_main(self, sha: str) -> None:

@@ -8,9 +8,12 @@ tables and runs their SQL through the one connection and transaction helper of `
 - ``store.moderation``: strikes, the blocklist (its one source; the ledger file is an export), holds, clears;
 - ``store.rounds``: rounds against one main, and the ledger of merges and credits;
 - ``store.calibrations``: runner A/A calibrations;
-- ``store.leases``: named leases in the file itself (one poller per store, whatever path it was opened by).
+- ``store.leases``: named leases in the file itself (one poller per store, whatever path it was opened by);
+- ``store.dispatches``: evaluations dispatched to the runner pool, one row per attempt;
+- ``store.copycat``: the copycat index (fingerprint and line postings, main's k-grams, PR times).
 
 No module outside this package runs SQL or imports sqlite3 (an import contract holds it).
+``Store.in_memory()`` is a private store with every table, for work that keeps nothing (an offline scan).
 
 Durability. Every write is one ``BEGIN IMMEDIATE`` transaction, so a crash leaves each change whole or
 absent. ``synchronous=FULL``: in WAL mode NORMAL may lose the last commits on power loss; a lost
@@ -26,14 +29,15 @@ program's database, or has a newer schema than this code knows is refused with `
 from __future__ import annotations
 
 import os
-import sqlite3
 from pathlib import Path
 from typing import Self
 
 from evalbot.store.actions import ActionRecord, Actions, action_key
 from evalbot.store.calibrations import Calibration, Calibrations
+from evalbot.store.copycat import CopycatPr, CopycatTables
 from evalbot.store.db import (
     BUSY_TIMEOUT_MS,
+    MEMORY,
     SCHEMA_VERSION,
     ActionPendingError,
     CorruptStoreError,
@@ -41,10 +45,9 @@ from evalbot.store.db import (
     SchemaError,
     StoreBusyError,
     StoreError,
-    create_copycat_tables,
     iso,
-    require_tables,
 )
+from evalbot.store.dispatches import Dispatches, DispatchRow
 from evalbot.store.lease import POLLER, LeaseHeldError, LeaseKeeper, LeaseLostError, LeaseRecord, Leases
 from evalbot.store.moderation import BlockEvent, Clear, Hold, Moderation, Strike
 from evalbot.store.queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, EvalKey, EvaluationRecord, Queue
@@ -64,6 +67,13 @@ class Store:
         self.rounds = Rounds(self.db)
         self.calibrations = Calibrations(self.db)
         self.leases = Leases(self.db)
+        self.dispatches = Dispatches(self.db)
+        self.copycat = CopycatTables(self.db)
+
+    @classmethod
+    def in_memory(cls) -> Store:
+        """A private store in memory with every table, gone when it is closed or dropped."""
+        return cls(MEMORY)
 
     @property
     def schema_version(self) -> int:
@@ -77,14 +87,6 @@ class Store:
     def set_meta(self, key: str, value: str) -> None:
         """Set a meta value; the schema version is the migrations' alone."""
         self.db.set_meta(key, value)
-
-    def open_connection(self) -> sqlite3.Connection:
-        """A second connection to the store's file with Python's implicit transactions (``with conn:``
-        commits or rolls back), for the modules that keep their own tables in it (the copycat index, the
-        dispatch handles)."""
-        conn = self.db.open_connection()
-        conn.isolation_level = "DEFERRED"
-        return conn
 
     def close(self) -> None:
         """Close the connection; the WAL is checkpointed by SQLite when the last connection closes."""
@@ -109,7 +111,11 @@ __all__ = [
     "Calibration",
     "Calibrations",
     "Clear",
+    "CopycatPr",
+    "CopycatTables",
     "CorruptStoreError",
+    "DispatchRow",
+    "Dispatches",
     "EvalKey",
     "EvaluationRecord",
     "Hold",
@@ -131,7 +137,5 @@ __all__ = [
     "StoreError",
     "Strike",
     "action_key",
-    "create_copycat_tables",
     "iso",
-    "require_tables",
 ]

@@ -23,6 +23,7 @@ from evalbot.codec import to_dict
 
 SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 10_000
+MEMORY = ":memory:"  # as a path: a private store in memory, every table made, gone when it closes
 
 
 _HEADER = b"SQLite format 3\x00"
@@ -30,8 +31,8 @@ _HEADER = b"SQLite format 3\x00"
 _KIND = re.compile(r"[a-z][a-z0-9_-]*")
 
 
-# The copycat index (evalbot.copycat.index). Also run on their own by an index held in memory
-# (``create_copycat_tables``), hence IF NOT EXISTS.
+# The copycat index's tables (evalbot.store.copycat), in migration 4. IF NOT EXISTS: before version 4 the
+# copycat index made them itself.
 COPYCAT_TABLES: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS copycat_prs (
         number INTEGER PRIMARY KEY, author TEXT NOT NULL, created_at TEXT NOT NULL, merged_at TEXT,
@@ -180,23 +181,6 @@ def iso(moment: datetime | None = None) -> str:
     return times.stamp(moment)
 
 
-def create_copycat_tables(conn: sqlite3.Connection) -> None:
-    """The copycat index's tables in a connection of its own (an index held in memory for one scan)."""
-    for statement in COPYCAT_TABLES:
-        conn.execute(statement)
-
-
-def require_tables(conn: sqlite3.Connection, names: tuple[str, ...], owner: str) -> None:
-    """StoreError unless the connection's database holds these tables (the store's migrations make them)."""
-    have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    missing = [n for n in names if n not in have]
-    if missing:
-        raise StoreError(
-            f"{owner}: the database has no {', '.join(missing)} table; open it with evalbot.store.Store "
-            "(its migrations create every table), or create_copycat_tables for an index in memory"
-        )
-
-
 def _dumps(value: Any, what: str) -> str:
     try:
         return json.dumps(to_dict(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
@@ -244,11 +228,16 @@ class Db:
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.path = Path(path)
+        self.in_memory = os.fspath(path) == MEMORY
         self._busy_timeout_ms = int(busy_timeout_ms)
-        _check_file(self.path)
+        if not self.in_memory:
+            _check_file(self.path)
         try:
             self._conn = sqlite3.connect(
-                self.path, timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=True
+                MEMORY if self.in_memory else self.path,
+                timeout=busy_timeout_ms / 1000,
+                isolation_level=None,
+                check_same_thread=True,
             )
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open the store: {exc}") from None
@@ -261,6 +250,12 @@ class Db:
     def _setup(self, busy_timeout_ms: int) -> None:
         conn = self._conn
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        if (
+            self.in_memory
+        ):  # nothing to check or make durable: a private database that ends with its connection
+            conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+            return
         try:
             rows = conn.execute("PRAGMA quick_check").fetchall()
         except sqlite3.DatabaseError as exc:
@@ -335,6 +330,8 @@ class Db:
     def open_connection(self) -> sqlite3.Connection:
         """A second connection to the store's file with its pragmas, for a thread of its own (the lease's
         heartbeat): autocommit, its writes one ``transaction(conn, path)`` each."""
+        if self.in_memory:
+            raise StoreError("a store in memory has one connection; open a file for a second one")
         conn = sqlite3.connect(self.path, timeout=self._busy_timeout_ms / 1000, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
         conn.execute("PRAGMA synchronous = FULL")

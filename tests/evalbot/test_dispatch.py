@@ -100,9 +100,7 @@ def store(tmp_path):
 
 @pytest.fixture
 def runs(store):
-    conn = store.open_connection()
-    yield DispatchRuns(conn)
-    conn.close()
+    return DispatchRuns(store.dispatches)
 
 
 @pytest.fixture
@@ -504,20 +502,16 @@ def test_a_refused_dispatch_is_final_and_alerts(github_double, gh, rules, runs):
 def test_in_flight_handles_survive_a_restart(github_double, gh, rules, tmp_path, workdir):
     path = tmp_path / "bot.sqlite"
     with Store(path) as store:
-        conn = store.open_connection()
-        handle = begin(gh, rules, DispatchRuns(conn))
-        conn.close()
+        handle = begin(gh, rules, DispatchRuns(store.dispatches))
     play_runner(github_double, handle.run_id, artifact_files(rules))
 
     with Store(path) as store:  # the poller starts again
-        conn = store.open_connection()
-        runs = DispatchRuns(conn)
+        runs = DispatchRuns(store.dispatches)
         (resumed,) = runs.in_flight()
         assert resumed == handle
         done = advance(gh, rules, runs, resumed, T0 + timedelta(minutes=45), workdir)
         assert isinstance(done, Finished) and done.judgement.verdict.tier == "S"
         assert runs.in_flight() == []
-        conn.close()
 
 
 def test_a_crash_between_intent_and_dispatch_is_found_or_retried(github_double, gh, rules, tmp_path, workdir):
@@ -525,18 +519,14 @@ def test_a_crash_between_intent_and_dispatch_is_found_or_retried(github_double, 
     req = new_request(PR, HEAD, BASE, "cpu", rules)
     intent = dispatch.DispatchHandle(req, WORKFLOW, "main", T0, T0 + timedelta(hours=2))
     with Store(path) as store:
-        conn = store.open_connection()
-        DispatchRuns(conn).save(intent, "dispatching")  # the crash comes before the GitHub call
-        conn.close()
+        DispatchRuns(store.dispatches).save(intent, "dispatching")  # the crash comes before the GitHub call
     with Store(path) as store:
-        conn = store.open_connection()
-        runs = DispatchRuns(conn)
+        runs = DispatchRuns(store.dispatches)
         (resumed,) = runs.in_flight()
         assert resumed == intent and resumed.run_id is None
         lost = advance(gh, rules, runs, resumed, T0 + timedelta(minutes=20), workdir)
         assert isinstance(lost, Failed) and lost.retried_as is not None
         assert [h.request.attempt for h in runs.in_flight()] == [2]
-        conn.close()
 
 
 def test_a_closed_handle_is_never_reopened(runs, rules):

@@ -205,22 +205,47 @@ def test_missing_folder_and_directory_are_clear_errors(tmp_path):
         Store(tmp_path)
 
 
-def test_other_modules_tables_share_the_file_atomically(store, db):
-    conn = store.open_connection()
-    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
-    conn.executescript("CREATE TABLE IF NOT EXISTS copycat_demo (fp INTEGER, pr INTEGER)")
-    with conn:
-        conn.executemany("INSERT INTO copycat_demo VALUES (?, ?)", [(1, 7), (2, 7)])
-    with pytest.raises(sqlite3.IntegrityError), conn:  # a failure halfway through: none of it stays
-        conn.execute("CREATE TABLE IF NOT EXISTS copycat_unique (fp INTEGER UNIQUE)")
-        conn.execute("INSERT INTO copycat_demo VALUES (3, 8)")
-        conn.executemany("INSERT INTO copycat_unique VALUES (?)", [(1,), (1,)])
-    conn.close()
+def test_the_copycat_and_dispatch_parts_write_whole_or_not_at_all(store, db):
+    """The parts that once ran their own SQL on a second connection now write through the store's one
+    transaction helper: a failure halfway through a write leaves what was there before."""
+    from evalbot.store import CopycatPr, DispatchRow
+
+    pr = CopycatPr(7, "alice", "2026-11-30T10:00:00.000000Z", None, None)
+    store.copycat.add(pr, [1, 2], [10])
+
+    def broken():
+        yield 3
+        raise RuntimeError("the disk filled up")
+
+    with pytest.raises(RuntimeError):
+        store.copycat.add(pr, broken(), [11])  # a new push of #7, cut short
+    assert store.copycat.postings([1, 2, 3]) == [(1, 7), (2, 7)]
+    assert store.copycat.lines_shared([10, 11], 7) == 1
+    row = DispatchRow("r1", 7, HEAD, BASE, RULES, "cpu", 1, ("box-a",), "eval.yml", "main", T0, T0)
+    store.dispatches.save(row)
+    with pytest.raises(ValueError, match="close\\(\\) state"):
+        store.dispatches.close("r1", "dispatching")
+    store.dispatches.close("r1", "failed", "gave up", run_id=5)
     store.close()
-    with Store(db) as again:  # extra tables beside the store's own are fine
-        assert again.schema_version == SCHEMA_VERSION
-        rows = again.open_connection().execute("SELECT fp, pr FROM copycat_demo ORDER BY fp").fetchall()
-        assert rows == [(1, 7), (2, 7)]
+    with Store(db) as again:
+        assert again.copycat.prs([7]) == {7: pr}
+        (kept,) = again.dispatches.history(7, HEAD, BASE, RULES)
+        assert (kept.state, kept.run_id, kept.exclude_runners, kept.dispatched_at) == (
+            "failed",
+            5,
+            ("box-a",),
+            T0,
+        )
+        assert again.dispatches.open() == []
+
+
+def test_a_store_in_memory_has_every_table_and_one_connection():
+    with Store.in_memory() as store:
+        assert store.schema_version == SCHEMA_VERSION
+        store.copycat.set_main([1, 2], "2026-11-30T10:00:00.000000Z")
+        assert store.copycat.in_main([1, 3], "2026-11-30T11:00:00.000000Z") == {1}
+        with pytest.raises(StoreError, match="in memory has one connection"):
+            store.db.open_connection()
 
 
 # ---------------------------------------------------------------- evaluations
@@ -563,10 +588,7 @@ def test_a_version_3_store_moves_every_table_into_the_migrations_and_keeps_its_d
     conn.close()
     with Store(db) as store:
         assert store.schema_version == SCHEMA_VERSION == 5
-        tables = {
-            r[0]
-            for r in store.open_connection().execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
+        tables = {r[0] for r in store.db.read("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert {
             "dispatch_runs",
             "copycat_prs",
@@ -577,7 +599,7 @@ def test_a_version_3_store_moves_every_table_into_the_migrations_and_keeps_its_d
         } <= tables
         assert not {"penalties", "poll_state"} & tables
         assert [s.pr for s in store.moderation.strikes("m")] == [4]
-        assert store.open_connection().execute("SELECT author FROM copycat_prs").fetchall() == [("alice",)]
+        assert store.copycat.prs([5])[5].author == "alice"
 
 
 def test_times_compare_as_times_whatever_their_text(store):
