@@ -5,7 +5,9 @@ repository's Python (engine/, kernels/, evalbot/), with one normalized token cha
 of the lines so that PRs differ the way separate contributions do. They are indexed from their
 normalized token streams with the detector's own hashing and winnowing (lexing 2 M lines with
 pygments would take minutes and is not what is timed). One of them, #5000, is real patch text,
-indexed through the whole pipeline. Main holds the k-grams of engine/ and kernels/.
+indexed through the whole pipeline. Main holds the k-grams of engine/ and kernels/. The index is built
+through the bot's own store (one durable transaction per PR, as the bot writes it), so ``build_s`` includes
+an fsync per PR.
 
 Timed (median of --repeats, after one warm-up, on a fresh connection; the OS cache is warm): the whole
 check of a PR from its patch text (unidiff, pygments, winnowing, index lookups, decision), for a copy
@@ -45,7 +47,7 @@ from evalbot.copycat.fingerprint import (  # noqa: E402
 )
 from evalbot.model import FileChange, PullRequest  # noqa: E402
 from evalbot.rules import default_rules_dir, load_rules  # noqa: E402
-from evalbot.store import create_copycat_tables  # noqa: E402
+from evalbot.store import Store  # noqa: E402
 
 MUTATIONS = ["+", "-", "*", "/", "<", ">", "==", "(", ")", ",", ".", "I", "L", "if", "return", "not", "in"]
 
@@ -141,11 +143,8 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "copycat.sqlite"
-        conn = sqlite3.connect(db)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=OFF")  # the build only; checks are read-only
-        create_copycat_tables(conn)
-        index = CopycatIndex(conn)
+        store = Store(db)  # the bot's own store: WAL, synchronous=FULL, one transaction per indexed PR
+        index = CopycatIndex(store.copycat)
         t0 = time.perf_counter()
         index.set_main(main_kgrams, "2026-01-01T00:00:00Z")
         postings = 0
@@ -158,10 +157,10 @@ def main() -> None:
             postings += len(prints.hashes)
             index.add(PrMeta(n, f"dev{n}", created), prints)
         build_s = time.perf_counter() - t0
-        conn.close()
+        store.close()
 
-        conn = sqlite3.connect(db)
-        index = CopycatIndex(conn)
+        store = Store(db)
+        index = CopycatIndex(store.copycat)
         later = "2026-12-01T00:00:00Z"
         prs = {"copy": patch_pr(args.prs + 1, "copier", later, real)}
         for i, (n, text) in enumerate(fresh.items()):
@@ -178,7 +177,7 @@ def main() -> None:
             index.evidence(copy_prints, PrMeta.of(prs["copy"]), rules.copycat.boilerplate_max_prs, 15)
             timings["lookups"].append(time.perf_counter() - t)
         size_mb = sum(f.stat().st_size for f in Path(tmp).iterdir()) / 1e6
-        conn.close()
+        store.close()
     out = {
         "prs": args.prs,
         "postings": postings,

@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from evalbot import dispatch, rounds, times
+from evalbot.copycat import Screen
 from evalbot.github import GitHubPort
 from evalbot.judge import Evaluator, Judgement
 from evalbot.ledgers import LedgerBook
@@ -41,8 +42,6 @@ from evalbot.store import DEFAULT_MAX_ATTEMPTS as MAX_ATTEMPTS
 from evalbot.verdict import verdict_decision
 
 Log = Callable[[str], None]
-# (a PR's facts) -> labels, comment lines, close, or None; the copycat hook
-Screen = Callable[[PullRequest], "Decision | None"]
 
 
 @dataclass(frozen=True)
@@ -109,7 +108,7 @@ class Bot:
         self._lease = (
             lease
             if lease is not None or dry_run
-            else LeaseKeeper(store, settings.worker, settings.lease_ttl_s, gone=owner_gone)
+            else LeaseKeeper(store.leases, settings.worker, settings.lease_ttl_s, gone=owner_gone)
         )
         self._leased = lease is not None
 
@@ -145,19 +144,18 @@ class Bot:
             if self._polls == 0:
                 # one poller per store (this one holds the store's poller lease), so a claim another worker
                 # id holds when this one starts belongs to a process that is gone; a live one is never taken
-                self.store.requeue_claims(except_worker=self.settings.worker)
+                self.store.queue.requeue_claims(except_worker=self.settings.worker)
                 self._requeue_own_claims()
         listing = self.gh.list_open_pulls(force=self._polls % self.settings.force_listing_every == 0)
         self._polls += 1
-        if listing is None and not self.store.evaluations(state="queued"):
+        if listing is None and not self.store.queue.evaluations(state="queued"):
             return None
         if listing is not None:
             self._listing = listing
         self.mirror.fetch()
         self._p.main_sha = self._p.report.main_sha = self.mirror.sha(self.settings.main_branch)
-        set_main = getattr(self.screen, "set_main", None)
-        if set_main is not None and not self.dry_run:
-            set_main(self._p.main_sha)
+        if self.screen is not None and not self.dry_run:
+            self.screen.set_main(self._p.main_sha)
         return sorted(
             (s for s in self._listing if s.base_ref == self.settings.main_branch), key=lambda s: s.number
         )
@@ -199,19 +197,21 @@ class Bot:
         if self.rules.dispatch.mode == "actions":
             inflight = {(h.request.pr, h.request.head_sha, h.request.base_sha, h.request.rules_hash)
                         for h in self._runs().in_flight()}  # fmt: skip
-        for rec in self.store.evaluations(state="claimed"):
+        for rec in self.store.queue.evaluations(state="claimed"):
             k = rec.key
             if (
                 rec.claimed_by == self.settings.worker
                 and (k.pr, k.head_sha, k.base_sha, k.rules_hash) not in inflight
             ):
-                self.store.release_evaluation(k, self.settings.worker, "the bot restarted while measuring it")
+                self.store.queue.release_evaluation(
+                    k, self.settings.worker, "the bot restarted while measuring it"
+                )
 
     # ------------------------------------------------------------------ intake
 
     def _since_clear(self, pr: int) -> tuple[Verdict, ...]:
-        last = max((times.parse(c.at) for c in self.store.clears(pr)), default=None)
-        return tuple(r.verdict for r in self.store.evaluations(pr=pr, state="done")
+        last = max((times.parse(c.at) for c in self.store.moderation.clears(pr)), default=None)
+        return tuple(r.verdict for r in self.store.queue.evaluations(pr=pr, state="done")
                      if r.verdict is not None and r.finished_at is not None
                      and (last is None or times.parse(r.finished_at) > last))  # fmt: skip
 
@@ -237,10 +237,10 @@ class Bot:
         # a maintainer's blocking labels, as GitHub shows them at the start of the poll: no screen of this
         # poll removes them (only `evalbot clear` does), and they block the merge
         p.protected[pr.number] = set(pr.labels) & self.rules.owned(LabelFamily.PROTECTED)
-        if self.store.hold_for(pr.number) is not None or lab.hold in pr.labels:
+        if self.store.moderation.hold_for(pr.number) is not None or lab.hold in pr.labels:
             p.report.notes.append(f"#{pr.number}: on hold")
             return
-        if self.store.cleared(pr.number, pr.head_sha):
+        if self.store.moderation.cleared(pr.number, pr.head_sha):
             blocked = frozenset()  # a maintainer looked at this head's people and cleared it
         ctx = IntakeContext(now=self.now(), blocked=blocked, open_prs=self._listing,
                             verdicts=self._since_clear(pr.number), last_push_at=self._last_push(pr))  # fmt: skip
@@ -262,9 +262,9 @@ class Bot:
                 return
         main_sha = p.main_sha
         key = EvalKey(pr.number, pr.head_sha, main_sha, self.rules.rules_hash)
-        rec = self.store.evaluation(key)
+        rec = self.store.queue.evaluation(key)
         if rec is None and not self.dry_run:
-            self.store.enqueue_evaluation(key)
+            self.store.queue.enqueue_evaluation(key)
             self.log(f"#{pr.number}: queued {pr.head_sha[:12]} against main {main_sha[:12]}")
 
     def _apply(self, pr: PullRequest, decision: Decision) -> bool:
@@ -303,7 +303,7 @@ class Bot:
         # in actions mode a claim is held while its run is in flight, through every retry
         lease = d.timeout_minutes * 60 * d.max_attempts + 3600 if actions else None
         while (
-            rec := self.store.claim_next(self.settings.worker, lease_s=lease or DEFAULT_LEASE_S)
+            rec := self.store.queue.claim_next(self.settings.worker, lease_s=lease or DEFAULT_LEASE_S)
         ) is not None:
             key, pr = rec.key, facts.get(rec.key.pr)
             failed = self._contained(
@@ -319,7 +319,7 @@ class Bot:
         if pr is None or pr.head_sha != key.head_sha or key.base_sha != main_sha or pr.state != "open":
             # superseded while queued (a push, a merge to main, a close): record it, measure nothing
             why = "superseded: the PR or main moved before it was measured"
-            self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
+            self.store.queue.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
             return
         req = self._request(key, pr)
         if req is None:
@@ -340,7 +340,7 @@ class Bot:
         target = self.mirror.merge_commit(key.base_sha, key.head_sha)
         if target is None:
             why = f"conflicts with main {key.base_sha[:12]}: rebase it and push"
-            self.store.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
+            self.store.queue.finish_evaluation(key, self.settings.worker, _skipped(self.rules, why))
             self._needs_rebase(pr, why)
             self._note(pr.number, why)
             return None
@@ -351,7 +351,7 @@ class Bot:
     def _evaluation_crashed(self, key: EvalKey, pr: PullRequest | None, why: str) -> None:
         """An evaluation that raised (an unfetchable head, a git fault, an evaluator crash): the PR's
         INFRA_ERROR, never its fault, with the cause in the note."""
-        rec = self.store.evaluation(key)
+        rec = self.store.queue.evaluation(key)
         if rec is None or rec.state != "claimed" or rec.claimed_by != self.settings.worker:
             return
         self._infra(key, pr or self.gh.get_pull(key.pr), why, False)
@@ -359,13 +359,13 @@ class Bot:
     def _finish(self, key: EvalKey, judged: Judgement) -> None:
         """Record a measured evaluation (the round publishes it); an INCONCLUSIVE one is queued again,
         within the store's attempt limit, since the box, not the PR, failed to resolve it."""
-        self.store.finish_evaluation(
+        self.store.queue.finish_evaluation(
             key, self.settings.worker, judged.verdict, judged.measurements, judged.receipt
         )
         self._p.report.evaluated.append(key.pr)
-        rec = self.store.evaluation(key)
+        rec = self.store.queue.evaluation(key)
         if judged.verdict.status is Status.INCONCLUSIVE and rec is not None and rec.attempts < MAX_ATTEMPTS:
-            self.store.requeue_evaluation(key, keep_attempts=True)
+            self.store.queue.requeue_evaluation(key, keep_attempts=True)
             self._note(key.pr, f"inconclusive (attempt {rec.attempts}); queued again")
 
     def _note(self, pr: int | None, text: str) -> None:
@@ -375,7 +375,7 @@ class Bot:
 
     def _runs(self) -> dispatch.DispatchRuns:
         if self._dispatch_runs is None:
-            self._dispatch_runs = dispatch.DispatchRuns(self.store.open_connection())
+            self._dispatch_runs = dispatch.DispatchRuns(self.store.dispatches)
         return self._dispatch_runs
 
     def _dispatch(self, key: EvalKey, pr: PullRequest, ev: EvalRequest) -> None:
@@ -399,7 +399,7 @@ class Bot:
             key = EvalKey(r.pr, r.head_sha, r.base_sha, r.rules_hash)
             out = dispatch.advance(self.gh, self.rules, runs, handle, self.now(), self.settings.work_dir / "artifacts",
                                    self._runner_of)  # fmt: skip
-            rec = self.store.evaluation(key)
+            rec = self.store.queue.evaluation(key)
             if isinstance(out, dispatch.Pending) or rec is None or rec.state != "claimed":
                 continue
             if isinstance(out, dispatch.Finished):  # verified; the round publishes it
@@ -408,15 +408,12 @@ class Bot:
                 self._infra(key, self._p.facts.get(r.pr) or self.gh.get_pull(r.pr), out.reason, out.alert)
 
     def _runner_of(self, run_id: int) -> str | None:
-        jobs = getattr(self.gh, "list_run_jobs", None)
-        if jobs is None:
-            return None
-        return next((j.get("runner_name") for j in jobs(run_id) if j.get("runner_name")), None)
+        return dispatch.runner_of(self.gh, run_id)
 
     def _infra(self, key: EvalKey, pr: PullRequest, reason: str, alert: bool) -> None:
         """An evaluation the pool could not deliver: INFRA_ERROR for the PR, an alert for maintainers."""
         v = dispatch.infra_verdict(self.rules, reason)
-        self.store.finish_evaluation(key, self.settings.worker, v)
+        self.store.queue.finish_evaluation(key, self.settings.worker, v)
         if alert:
             self.log(f"ALERT #{key.pr}: {reason}")
             self._note(None, f"ALERT #{key.pr}: {reason}")
@@ -433,7 +430,7 @@ class Bot:
     def _verdicts_at_head(self, pr: PullRequest) -> list[EvaluationRecord]:
         """The finished, judged evaluations of the PR's current head under the current rules: what a
         round ranks and publishes."""
-        return [r for r in self.store.evaluations(pr=pr.number, state="done")
+        return [r for r in self.store.queue.evaluations(pr=pr.number, state="done")
                 if r.key.head_sha == pr.head_sha and r.verdict is not None
                 and r.verdict.status != Status.SKIPPED and r.key.rules_hash == self.rules.rules_hash]  # fmt: skip
 
@@ -451,7 +448,7 @@ class Bot:
             records[pr.number] = latest
             assert latest.verdict is not None  # _verdicts_at_head keeps judged evaluations only
             contenders.append(rounds.Contender(pr.number, pr.head_sha, latest.key.base_sha, latest.verdict))
-        held = {h.pr for h in self.store.holds()}
+        held = {h.pr for h in self.store.moderation.holds()}
         ranking = rounds.rank_round(contenders, main_sha, self.rules, held)
         self._record_round(ranking, facts)
         owned = self.rules.owned(LabelFamily.ROUND)
@@ -469,7 +466,7 @@ class Bot:
                     records[d.pr],
                     self.rules,
                     claim,
-                    cleared=self.store.cleared(pr.number, pr.head_sha),
+                    cleared=self.store.moderation.cleared(pr.number, pr.head_sha),
                     round_note=d.comment or "",
                     stopped=p.stopped.get(pr.number, ""),
                 )
@@ -499,10 +496,10 @@ class Bot:
         if self.dry_run or not ranking.order:
             return
         round_id = ranking.main_sha
-        self.store.open_round(round_id, ranking.main_sha)
+        self.store.rounds.open_round(round_id, ranking.main_sha)
         for d in ranking.decisions:
             if d.pr in ranking.order:
-                self.store.set_round_member(round_id, d.pr, facts[d.pr].head_sha, d.lower_bound_gain)
+                self.store.rounds.set_round_member(round_id, d.pr, facts[d.pr].head_sha, d.lower_bound_gain)
 
     def _ci_runs(self, head_sha: str) -> tuple[WorkflowRun, ...]:
         workflow = self.rules.automerge.required_ci_workflow
@@ -525,7 +522,7 @@ class Bot:
             main_now = self.mirror.sha(self.settings.main_branch)
         blocker = rounds.merge_blocker(rec.verdict, rec.key.head_sha, rec.key.base_sha, fresh, main_now, self.rules,
                                        main_branch=self.settings.main_branch, automerge_env=self.settings.automerge_env,
-                                       held=self.store.hold_for(pr.number) is not None)  # fmt: skip
+                                       held=self.store.moderation.hold_for(pr.number) is not None)  # fmt: skip
         if (
             blocker is None
         ):  # a speed verdict is no licence to weaken the tests: CI must pass on the measured head
@@ -534,7 +531,7 @@ class Bot:
         if blocker is not None:
             self._note(pr.number, f"not merged: {blocker.why}")
             if blocker.measure_again and not self.dry_run:
-                self.store.enqueue_evaluation(
+                self.store.queue.enqueue_evaluation(
                     EvalKey(pr.number, fresh.head_sha, main_now, self.rules.rules_hash)
                 )
             return "no"
@@ -545,11 +542,10 @@ class Bot:
             return "no"
         if result.outcome is MergeOutcome.MERGED:
             gain = rec.verdict.lower_bound_gain
-            self.store.record_ledger("merge", pr.number, rec.key.head_sha, pr.author, gain, gain)
-            self.store.close_round(rec.key.base_sha, pr.number)
-            mark_merged = getattr(self.screen, "mark_merged", None)
-            if mark_merged is not None:
-                mark_merged(pr.number, times.stamp(self.now()))
+            self.store.rounds.record_ledger("merge", pr.number, rec.key.head_sha, pr.author, gain, gain)
+            self.store.rounds.close_round(rec.key.base_sha, pr.number)
+            if self.screen is not None:
+                self.screen.mark_merged(pr.number, times.stamp(self.now()))
             self._p.report.merged.append(pr.number)
             return "merged"
         if result.outcome is MergeOutcome.HEAD_MOVED:

@@ -104,15 +104,15 @@ class Publisher:
             return True
         # planned from the live comment: a deleted or edited bot comment is put back, even if this very
         # transition was done before
-        if not self.store.begin_action(key, {"pr": pr, "body_digest": _digest(body)}, redo=True):
+        if not self.store.actions.begin_action(key, {"pr": pr, "body_digest": _digest(body)}, redo=True):
             return False
         if existing is None:
             made = self.gh.create_comment(pr, body)
-            self.store.finish_action(key, {"comment_id": made.id})
+            self.store.actions.finish_action(key, {"comment_id": made.id})
             self.log(f"#{pr}: posted the bot comment")
         else:
             self.gh.edit_comment(existing.id, body)
-            self.store.finish_action(key, {"comment_id": existing.id})
+            self.store.actions.finish_action(key, {"comment_id": existing.id})
             self.log(f"#{pr}: edited the bot comment in place")
         return True
 
@@ -129,7 +129,7 @@ class Publisher:
             "labels", pr, head_sha, {"now": sorted(set(current)), "add": change.add, "remove": change.remove}
         )
         # planned from the live labels: one the bot set and a human removed is restored, key or no key
-        if not self.store.begin_action(
+        if not self.store.actions.begin_action(
             key, {"pr": pr, "add": change.add, "remove": change.remove}, redo=True
         ):
             return LabelChange((), ())
@@ -137,7 +137,7 @@ class Publisher:
             self.gh.add_labels(pr, change.add)
         for label in change.remove:
             self.gh.remove_label(pr, label)
-        self.store.finish_action(key, {"add": change.add, "remove": change.remove})
+        self.store.actions.finish_action(key, {"add": change.add, "remove": change.remove})
         self.log(f"#{pr}: labels +{list(change.add)} -{list(change.remove)}")
         return change
 
@@ -156,10 +156,10 @@ class Publisher:
             self.log(f"#{pr}: would {kind} ({reason})")
             return True
         key = action_key(kind, pr, head_sha, reason)
-        if not self.store.begin_action(key, {"pr": pr, "reason": reason}, redo=True):
+        if not self.store.actions.begin_action(key, {"pr": pr, "reason": reason}, redo=True):
             return False
         call(pr)
-        self.store.finish_action(key, {"reason": reason})
+        self.store.actions.finish_action(key, {"reason": reason})
         self.log(f"#{pr}: {kind}d ({reason})")
         return True
 
@@ -168,10 +168,10 @@ class Publisher:
         if self.dry_run:
             return True
         key = action_key("status", pr, head_sha, {"state": state, "description": description})
-        if not self.store.begin_action(key, {"state": state}):
+        if not self.store.actions.begin_action(key, {"state": state}):
             return False
         self.gh.create_status(head_sha, state, "evalbot", description[:140])
-        self.store.finish_action(key, {"state": state})
+        self.store.actions.finish_action(key, {"state": state})
         return True
 
     def merge(self, pr: int, measured_sha: str, method: str, title: str, message: str) -> MergeResult | None:
@@ -180,15 +180,15 @@ class Publisher:
             self.log(f"#{pr}: would merge at {measured_sha[:12]}")
             return None
         key = action_key("merge", pr, measured_sha, method)
-        if not self.store.begin_action(key, {"pr": pr, "sha": measured_sha, "method": method}):
+        if not self.store.actions.begin_action(key, {"pr": pr, "sha": measured_sha, "method": method}):
             return None
         result = self.gh.merge(pr, measured_sha, method, title, message)
         if result.outcome is MergeOutcome.MERGED:
-            self.store.finish_action(key, {"merged_sha": result.sha})
+            self.store.actions.finish_action(key, {"merged_sha": result.sha})
             self.log(f"#{pr}: merged at {measured_sha[:12]} -> {result.sha}")
         else:
             # not merged: nothing happened on GitHub, so the action may be tried again for this sha later
-            self.store.cancel_action(key, f"{result.outcome.value}: {result.message}")
+            self.store.actions.cancel_action(key, f"{result.outcome.value}: {result.message}")
             self.log(f"#{pr}: not merged ({result.outcome.value}: {result.message})")
         return result
 
@@ -197,12 +197,12 @@ class Publisher:
     def reconcile(self) -> list[str]:
         """Settle every action left pending by a crash by looking at GitHub; returns what was decided."""
         notes = []
-        for rec in self.store.pending_actions():
+        for rec in self.store.actions.pending_actions():
             happened = self._happened(rec)
             if happened:
-                self.store.finish_action(rec.key, {"reconciled": True})
+                self.store.actions.finish_action(rec.key, {"reconciled": True})
             else:
-                self.store.cancel_action(rec.key, "not found on GitHub after a restart")
+                self.store.actions.cancel_action(rec.key, "not found on GitHub after a restart")
             notes.append(f"{rec.kind} #{rec.pr}: {'done' if happened else 'not done, will redo'}")
         for note in notes:
             self.log(f"reconciled {note}")

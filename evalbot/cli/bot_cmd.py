@@ -261,7 +261,7 @@ def _wait_for_lease(store: Store, worker: str, wait_s: int, log: Callable[[str],
     from evalbot.poller import BotSettings
     from evalbot.store import LeaseHeldError, LeaseKeeper
 
-    keeper = LeaseKeeper(store, worker, BotSettings.lease_ttl_s, gone=owner_gone)
+    keeper = LeaseKeeper(store.leases, worker, BotSettings.lease_ttl_s, gone=owner_gone)
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -312,7 +312,7 @@ def _poll_loop(bot: Any, once: bool, interval: int, log: Callable[[str], None]) 
 def status(ctx: Ctx, pr: int | None) -> None:
     """What the bot knows: every PR's evaluations, or one PR's in detail (read-only)."""
     with ctx.store() as store:
-        records = store.evaluations(pr=pr)
+        records = store.queue.evaluations(pr=pr)
         if not records:
             click.echo("no evaluations" + (f" for #{pr}" if pr else ""))
         for r in records:
@@ -321,7 +321,7 @@ def status(ctx: Ctx, pr: int | None) -> None:
             click.echo(f"#{r.key.pr} head {r.key.head_sha[:12]} main {r.key.base_sha[:12]} {r.state:8} {verdict}"
                        + (f" ({'; '.join(v.reasons)[:160]})" if v and pr else "")
                        + (f" error: {r.error}" if r.error else ""))  # fmt: skip
-        for h in store.holds():
+        for h in store.moderation.holds():
             if pr in (None, h.pr):
                 click.echo(f"#{h.pr} on hold by {h.by}: {h.reason}")
 
@@ -339,11 +339,11 @@ def rerun(ctx: Ctx, pr: int) -> None:
         mirror.fetch()
         main = mirror.sha("main")
         key = EvalKey(pr, facts.head_sha, main, ctx.rules.rules_hash)
-        existing = store.evaluation(key)
+        existing = store.queue.evaluation(key)
         _say(ctx, f"queue #{pr} at {facts.head_sha[:12]} against main {main[:12]}"
              + (f" (replacing a {existing.state} evaluation)" if existing else ""))  # fmt: skip
         if not ctx.dry_run:
-            store.requeue_evaluation(key) if existing else store.enqueue_evaluation(key)
+            store.queue.requeue_evaluation(key) if existing else store.queue.enqueue_evaluation(key)
 
 
 @click.command()
@@ -358,11 +358,11 @@ def hold(ctx: Ctx, pr: int, reason: str, release: bool) -> None:
     if not release:
         _existing_pull(ctx, pr)  # a hold of a PR that does not exist would wait forever
     with ctx.store() as store:
-        current = store.hold_for(pr)
+        current = store.moderation.hold_for(pr)
         if release:
             _say(ctx, f"release the hold on #{pr}" if current else f"nothing: #{pr} is not on hold")
             if current and not ctx.dry_run:
-                store.release_hold(pr, by)
+                store.moderation.release_hold(pr, by)
             return
         _say(
             ctx,
@@ -371,7 +371,7 @@ def hold(ctx: Ctx, pr: int, reason: str, release: bool) -> None:
             else f"nothing: #{pr} is already on hold ({current.reason})",
         )
         if not current and not ctx.dry_run:
-            store.hold(pr, by, reason)
+            store.moderation.hold(pr, by, reason)
 
 
 # ---------------------------------------------------------------- clear, block, unblock, ledger
@@ -402,7 +402,7 @@ def clear(ctx: Ctx, pr: int, reason: str) -> None:
     from evalbot.publish import Publisher
 
     with ctx.store() as store:  # the publisher's two-phase actions: a crash here is reconciled, not redone
-        store.add_clear(pr, by, reason, head_sha=facts.head_sha)
+        store.moderation.add_clear(pr, by, reason, head_sha=facts.head_sha)
         publisher = Publisher(gh, store, bot_login=ctx.bot_login, log=lambda line: _say(ctx, line))
         publisher.labels(pr, facts.head_sha, facts.labels, set(facts.labels) - flags, flags)
         if facts.state == "closed" and not facts.merged:
@@ -439,7 +439,7 @@ def _block(ctx: Ctx, user: str, reason: str, *, add: bool) -> None:
         blocked: set[str] = set()
         if ctx.state.exists():
             with Store(ctx.state) as store:
-                blocked = {e.login.lower() for e in store.blocklist()}
+                blocked = {e.login.lower() for e in store.moderation.blocklist()}
         _say(
             ctx,
             f"{verb} {user} ({reason})"
@@ -451,7 +451,7 @@ def _block(ctx: Ctx, user: str, reason: str, *, add: bool) -> None:
     from evalbot.ledgers import LedgerBook
 
     with ctx.store() as store:
-        changed = (store.block if add else store.unblock)(user, reason, by)
+        changed = (store.moderation.block if add else store.moderation.unblock)(user, reason, by)
         _say(ctx, f"{verb} {user} ({reason})" if changed else f"nothing: {user} is already {verb}ed")
         LedgerBook(store, ctx.remote(), lambda line: click.echo(line, err=True), times.now).sync_blocked()
 
@@ -461,8 +461,8 @@ def _block(ctx: Ctx, user: str, reason: str, *, add: bool) -> None:
 def ledger(ctx: Ctx) -> None:
     """Print the merges and credits, the flagged PRs and the blocked logins."""
     with ctx.store() as store:
-        entries = store.ledger()
-        blocked = store.blocklist()  # the blocklist's one source; the ledger file is its export
+        entries = store.rounds.ledger()
+        blocked = store.moderation.blocklist()  # the blocklist's one source; the ledger file is its export
     click.echo("merges and credits:" if entries else "merges and credits: none")
     for e in entries:
         click.echo(

@@ -102,7 +102,7 @@ def calibrate(repo: Path, rev: str, runs: int, rules_dir: Path | None, profile: 
         try:
             with Store(state) as store:
                 for row in summary.rows:
-                    store.record_calibration(row)
+                    store.calibrations.record(row)
         except StoreError as exc:
             raise click.ClickException(f"state {state}: {exc}") from exc
     if as_json:

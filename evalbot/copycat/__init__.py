@@ -3,7 +3,8 @@
 - ``fingerprint`` (pure): unidiff -> pygments tokens -> normalized stream -> winnowed k-gram hashes;
 - ``containment`` (pure): who could have been copied, how much of a PR they hold, the band from the rules;
 - ``strikes`` (pure): when copycat strikes blocklist an author and freeze their evaluations;
-- ``index``: the same evidence from an inverted index in the store's SQLite file;
+- ``index``: the same evidence from an inverted index in the store's copycat tables (``store.copycat``);
+- ``port``: the ``Screen`` protocol, what the poller asks of a screen;
 - ``screen``: what the poller runs before queueing an evaluation (index, check, band, strikes);
 - ``scan``: the check over a folder of diffs, offline (`evalbot copycat scan`).
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 from evalbot.copycat.containment import Band, CopycatFinding, Evidence, PrMeta, assess, gather
 from evalbot.copycat.fingerprint import PrPrint, fingerprint_pr, fingerprint_source
 from evalbot.copycat.index import CopycatIndex, check
+from evalbot.copycat.port import Screen
 from evalbot.copycat.scan import ScanError, ScanRow, scan
 from evalbot.copycat.screen import CopycatScreen
 from evalbot.copycat.strikes import Standing, prior_warnings, standing
@@ -29,6 +31,7 @@ __all__ = [
     "PrPrint",
     "ScanError",
     "ScanRow",
+    "Screen",
     "Standing",
     "assess",
     "check",

@@ -55,7 +55,7 @@ class CopycatScreen:
     ):
         self.store, self.rules, self.mirror = store, rules, mirror
         self.now = now or times.now
-        self.index = CopycatIndex(store.open_connection())
+        self.index = CopycatIndex(store.copycat)
         self._main_sha: str | None = store.meta("copycat_main_sha")
 
     def set_main(self, sha: str) -> None:
@@ -72,13 +72,13 @@ class CopycatScreen:
         self.index.mark_merged(pr, at)
 
     def _times(self, author: str, prefix: str) -> list[datetime]:
-        return [times.parse(s.at) for s in self.store.strikes(author)
+        return [times.parse(s.at) for s in self.store.moderation.strikes(author)
                 if s.reason.startswith(prefix)]  # fmt: skip
 
     def __call__(self, pr: PullRequest) -> Decision | None:
         lab, now = self.rules.labels, self.now()
         owned = tuple(sorted(self.rules.owned(LabelFamily.SCREEN)))
-        if self.store.cleared(pr.number, pr.head_sha):
+        if self.store.moderation.cleared(pr.number, pr.head_sha):
             return Decision((), owned)  # a maintainer looked at this head and cleared it
         frozen = copycat_strikes.standing(self._times(pr.author, _STRIKE), now, self.rules.copycat)
         if frozen.frozen(now):
@@ -122,7 +122,7 @@ class CopycatScreen:
     def _strike(self, pr: PullRequest, reason: str, record: bool) -> None:
         if not record:
             return
-        self.store.add_strike(pr.author, pr.number, reason)
+        self.store.moderation.add_strike(pr.author, pr.number, reason)
         standing = copycat_strikes.standing(self._times(pr.author, _STRIKE), self.now(), self.rules.copycat)
         if standing.blocklisted:
-            self.store.block(pr.author, f"{standing.strikes_in_window} copycat strikes", "evalbot")
+            self.store.moderation.block(pr.author, f"{standing.strikes_in_window} copycat strikes", "evalbot")

@@ -376,7 +376,7 @@ class NoiseSeries:
 
 
 def noise(calibrations: Iterable[Calibration]) -> list[NoiseSeries]:
-    """Calibrations (``Store.calibrations()``) as one series per (profile, box).
+    """Calibrations (``store.calibrations.recorded()``) as one series per (profile, box).
 
     A calibration writes one row per (model, context) at one time; a point is their median, so a box that
     turned noisy stands out from the rest of the pool.

@@ -22,8 +22,9 @@ The workflow's contract (what this module relies on):
   conclusion is ``failure`` may still hold a verdict, and its signed receipt decides.
 
 GitHub picks the runner; this module records the one a failed run used (through ``RunnerLookup``, the
-run's jobs) and passes it in ``exclude_runner`` on the retry. Handles live in the store's file
-(``DispatchRuns``), written before each dispatch, so a restarted poller picks up its in-flight runs.
+run's jobs) and passes it in ``exclude_runner`` on the retry. Handles live in the store
+(``store.dispatches``, through ``DispatchRuns``), written before each dispatch, so a restarted poller
+picks up its in-flight runs.
 
 Two modules: ``checks`` (pure: the request, the handle, and every check of what a runner sent back) and
 ``client`` (the GitHub calls, the handles kept in the store, and the poller's entry points).

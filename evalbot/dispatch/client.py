@@ -1,18 +1,16 @@
 """Dispatch's I/O half: dispatch a run over the GitHub port, follow it, collect and check its artifact
-(through ``evalbot.dispatch.checks``), keep each handle in the store's file, and the poller's two entry
-points ``start`` and ``advance``."""
+(through ``evalbot.dispatch.checks``), keep each handle in the store (``store.dispatches``), and the
+poller's two entry points ``start`` and ``advance``."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import sqlite3
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from evalbot import receipts, times
+from evalbot import receipts
 from evalbot.dispatch.checks import (
     DISCOVERY_S,
     READABLE_CONCLUSIONS,
@@ -38,7 +36,7 @@ from evalbot.github import ArtifactRejected, GitHubError, GitHubPort, GitHubUnav
 from evalbot.judge import Judgement
 from evalbot.model import Status, WorkflowRun
 from evalbot.rules import Rules
-from evalbot.store import require_tables
+from evalbot.store import Dispatches, DispatchRow
 
 # ---------------------------------------------------------------- I/O over the port
 
@@ -175,6 +173,11 @@ def _read_json(folder: Path, name: str) -> dict[str, Any]:
         raise ArtifactProblem(f"{name} is unreadable: {exc}", retry=True) from None
 
 
+def runner_of(gh: GitHubPort, run_id: int) -> str | None:
+    """The runner a run's job landed on (the poller's ``RunnerLookup``), or None before a runner took it."""
+    return next((j["runner_name"] for j in gh.list_run_jobs(run_id) if j.get("runner_name")), None)
+
+
 def _with_runner(handle: DispatchHandle, runner_of: RunnerLookup | None) -> DispatchHandle:
     if runner_of is None or handle.run_id is None or handle.runner_name:
         return handle
@@ -197,12 +200,10 @@ def _failed(
 
 # ---------------------------------------------------------------- persistence
 
-_OPEN_STATES = ("dispatching", "in_flight")
-
 
 @dataclass(frozen=True)
 class DispatchRecord:
-    """One row of dispatch_runs: a handle, its state and what became of it."""
+    """One attempt as the store keeps it: a handle, its state and what became of it."""
 
     handle: DispatchHandle
     state: str  # dispatching, in_flight, finished, failed, retried
@@ -211,89 +212,51 @@ class DispatchRecord:
 
 
 class DispatchRuns:
-    """Dispatch handles in the store's file (``Store.open_connection()``), so a restart resumes them."""
+    """Dispatch handles kept in the store (``store.dispatches``), so a restart resumes them."""
 
-    def __init__(self, conn: sqlite3.Connection):
-        require_tables(conn, ("dispatch_runs",), "dispatch handles")  # the store's migrations make it
-        self.conn = conn
+    def __init__(self, rows: Dispatches):
+        self.rows = rows
 
     def save(self, handle: DispatchHandle, state: str = "in_flight", note: str = "") -> None:
         """Insert or update an open handle; 'dispatching' is written before the GitHub call."""
-        if state not in _OPEN_STATES:
-            raise ValueError(f"save() keeps open handles ({', '.join(_OPEN_STATES)}); close() ends {state!r}")
-        values = {**_row(handle), "state": state, "note": note, "updated_at": times.stamp()}
-        names = ", ".join(values)
-        marks = ", ".join("?" for _ in values)
-        learnt = ", ".join(f"{c} = excluded.{c}" for c in _LEARNT)
-        with self.conn:
-            # a closed row is never reopened: a late save of a stale handle changes nothing
-            self.conn.execute(
-                f"INSERT INTO dispatch_runs ({names}) VALUES ({marks}) ON CONFLICT (request_id) DO UPDATE "
-                f"SET {learnt} WHERE dispatch_runs.state IN ('dispatching', 'in_flight')",
-                tuple(values.values()),
-            )
+        self.rows.save(replace(_row(handle), state=state, note=note))
 
     def close(
         self, handle: DispatchHandle, state: str, note: str = "", retried_as: str | None = None
     ) -> None:
         """Mark a handle finished, failed or retried (as request ``retried_as``), keeping what was learnt."""
-        if state not in ("finished", "failed", "retried"):
-            raise ValueError(f"close() state must be finished, failed or retried, got {state!r}")
-        run_id, runner, at = handle.run_id, handle.runner_name, times.stamp()
-        with self.conn:
-            self.conn.execute(
-                "UPDATE dispatch_runs SET state = ?, note = ?, retried_as = ?, run_id = coalesce(?, run_id), "
-                "runner_name = coalesce(?, runner_name), updated_at = ? WHERE request_id = ?",
-                (state, note, retried_as, run_id, runner, at, handle.request.request_id),
-            )
+        self.rows.close(handle.request.request_id, state, note, retried_as=retried_as, run_id=handle.run_id,
+                        runner_name=handle.runner_name)  # fmt: skip
 
     def in_flight(self) -> list[DispatchHandle]:
         """Handles not yet finished, failed or retried, oldest dispatch first."""
-        return [r.handle for r in self._select("state IN ('dispatching', 'in_flight')", ())]
+        return [_record(r).handle for r in self.rows.open()]
 
     def history(self, pr: int, head_sha: str, base_sha: str, rules_hash: str) -> list[DispatchRecord]:
         """Every attempt at one evaluation, first attempt first."""
-        where = "pr = ? AND head_sha = ? AND base_sha = ? AND rules_hash = ?"
-        return self._select(where, (pr, head_sha, base_sha, rules_hash))
+        return [_record(r) for r in self.rows.history(pr, head_sha, base_sha, rules_hash)]
 
     def record(self, request_id: str) -> DispatchRecord | None:
         """One attempt by its request id."""
-        found = self._select("request_id = ?", (request_id,))
-        return found[0] if found else None
-
-    def _select(self, where: str, args: tuple[Any, ...]) -> list[DispatchRecord]:
-        cur = self.conn.execute(
-            f"SELECT * FROM dispatch_runs WHERE {where} ORDER BY dispatched_at, attempt, request_id", args
-        )
-        names = [c[0] for c in cur.description]
-        return [_record(dict(zip(names, row, strict=True))) for row in cur.fetchall()]
+        found = self.rows.get(request_id)
+        return None if found is None else _record(found)
 
 
-# columns that poll() may learn about an open handle
-_LEARNT = ("run_id", "runner_name", "html_url", "state", "note", "updated_at")
-
-
-def _row(handle: DispatchHandle) -> dict[str, Any]:
+def _row(handle: DispatchHandle) -> DispatchRow:
     r = handle.request
-    return {
-        "request_id": r.request_id, "pr": r.pr, "head_sha": r.head_sha, "base_sha": r.base_sha,
-        "rules_hash": r.rules_hash, "profile": r.profile, "attempt": r.attempt,
-        "exclude_runners": json.dumps(list(r.exclude_runners)), "workflow": handle.workflow,
-        "ref": handle.ref, "dispatched_at": times.stamp(handle.dispatched_at), "deadline": times.stamp(handle.deadline),
-        "run_id": handle.run_id, "runner_name": handle.runner_name, "html_url": handle.html_url,
-    }  # fmt: skip
+    return DispatchRow(
+        r.request_id, r.pr, r.head_sha, r.base_sha, r.rules_hash, r.profile, r.attempt, r.exclude_runners,
+        handle.workflow, handle.ref, handle.dispatched_at, handle.deadline, handle.run_id, handle.runner_name,
+        handle.html_url,
+    )  # fmt: skip
 
 
-def _record(d: dict[str, Any]) -> DispatchRecord:
-    req = DispatchRequest(
-        d["pr"], d["head_sha"], d["base_sha"], d["profile"], d["rules_hash"], d["request_id"], d["attempt"],
-        tuple(json.loads(d["exclude_runners"])),
-    )  # fmt: skip
-    handle = DispatchHandle(
-        req, d["workflow"], d["ref"], times.parse(d["dispatched_at"]),
-        times.parse(d["deadline"]), d["run_id"], d["runner_name"], d["html_url"],
-    )  # fmt: skip
-    return DispatchRecord(handle, d["state"], d["note"], d["retried_as"])
+def _record(row: DispatchRow) -> DispatchRecord:
+    req = DispatchRequest(row.pr, row.head_sha, row.base_sha, row.profile, row.rules_hash, row.request_id,
+                          row.attempt, row.exclude_runners)  # fmt: skip
+    handle = DispatchHandle(req, row.workflow, row.ref, row.dispatched_at, row.deadline, row.run_id,
+                            row.runner_name, row.html_url)  # fmt: skip
+    return DispatchRecord(handle, row.state, row.note, row.retried_as)
 
 
 # ---------------------------------------------------------------- the poller's two entry points
@@ -357,4 +320,14 @@ def advance(
     return replace(outcome, retried_as=nxt.handle)
 
 
-__all__ = ["DispatchRecord", "DispatchRuns", "advance", "collect", "dispatch", "find_run", "poll", "start"]
+__all__ = [
+    "DispatchRecord",
+    "DispatchRuns",
+    "advance",
+    "collect",
+    "dispatch",
+    "find_run",
+    "poll",
+    "runner_of",
+    "start",
+]

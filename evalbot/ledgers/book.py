@@ -47,7 +47,7 @@ class LedgerBook:
         """The store's blocked logins; a malformed one (written before logins were checked) is reported
         and skipped, never fatal."""
         out = []
-        for e in self.store.blocklist():
+        for e in self.store.moderation.blocklist():
             if is_login(e.login):
                 out.append(e)
             else:
@@ -67,7 +67,7 @@ class LedgerBook:
         listed = ledgers.parse_blocked(self.texts()[ledgers.BLOCKED_PATH], self.log)
         raw = self.store.meta(EXPORTED_KEY)
         exported = _logins(raw)
-        known = {e.login for e in self.store.blocklist_history()}
+        known = {e.login for e in self.store.moderation.blocklist_history()}
         plan = ledgers.reconcile_blocked(listed, exported, [ledgers.BlockedEntry(e.login, e.reason)
                                                             for e in self.stored()], known)  # fmt: skip
         if self.dry_run:
@@ -75,10 +75,10 @@ class LedgerBook:
             return plan
         for e in plan.block:
             reason = cap_text(e.reason, 300) if e.reason.strip() else f"listed in {BY_FILE}"
-            self.store.block(e.login, reason, BY_FILE, self.now())
+            self.store.moderation.block(e.login, reason, BY_FILE, self.now())
             self.log(f"blocklist: {e.login} added to {BY_FILE} by hand; blocked")
         for login in plan.lift:
-            self.store.unblock(login, f"removed from {BY_FILE}", BY_FILE, self.now())
+            self.store.moderation.unblock(login, f"removed from {BY_FILE}", BY_FILE, self.now())
             self.log(f"blocklist: {login} removed from {BY_FILE} by hand; unblocked")
         text = ledgers.render_blocked(plan.blocked)
         if text != self.texts()[ledgers.BLOCKED_PATH]:

@@ -1,13 +1,19 @@
-"""The bot's state in one SQLite file (WAL), in parts that each own their tables:
+"""The bot's state in one SQLite file (WAL). ``Store`` opens it and holds its parts, each of which owns its
+tables and runs their SQL through the one connection and transaction helper of ``db``:
 
 - ``db``: opening the file safely, the one migrations list (every table in the file, the copycat index
-  and dispatch handles included), transactions;
-- ``queue``: evaluations, queued -> claimed (leased) -> done or gave_up;
-- ``actions``: GitHub side effects in two phases, so a restart never repeats one;
-- ``moderation``: strikes, the blocklist (its one source; the ledger file is an export), holds, clears;
-- ``rounds``: rounds against one main, and the ledger of merges and credits;
-- ``calibrations``: runner A/A calibrations;
-- ``lease``: named leases in the file itself (one poller per store, whatever path it was opened by).
+  and dispatch handles included), transactions, the key-value meta table;
+- ``store.queue``: evaluations, queued -> claimed (leased) -> done or gave_up;
+- ``store.actions``: GitHub side effects in two phases, so a restart never repeats one;
+- ``store.moderation``: strikes, the blocklist (its one source; the ledger file is an export), holds, clears;
+- ``store.rounds``: rounds against one main, and the ledger of merges and credits;
+- ``store.calibrations``: runner A/A calibrations;
+- ``store.leases``: named leases in the file itself (one poller per store, whatever path it was opened by);
+- ``store.dispatches``: evaluations dispatched to the runner pool, one row per attempt;
+- ``store.copycat``: the copycat index (fingerprint and line postings, main's k-grams, PR times).
+
+No module outside this package runs SQL or imports sqlite3 (an import contract holds it).
+``Store.in_memory()`` is a private store with every table, for work that keeps nothing (an offline scan).
 
 Durability. Every write is one ``BEGIN IMMEDIATE`` transaction, so a crash leaves each change whole or
 absent. ``synchronous=FULL``: in WAL mode NORMAL may lose the last commits on power loss; a lost
@@ -22,28 +28,75 @@ program's database, or has a newer schema than this code knows is refused with `
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Self
+
 from evalbot.store.actions import ActionRecord, Actions, action_key
 from evalbot.store.calibrations import Calibration, Calibrations
+from evalbot.store.copycat import CopycatPr, CopycatTables
 from evalbot.store.db import (
     BUSY_TIMEOUT_MS,
+    MEMORY,
     SCHEMA_VERSION,
     ActionPendingError,
     CorruptStoreError,
+    Db,
     SchemaError,
     StoreBusyError,
     StoreError,
-    create_copycat_tables,
     iso,
-    require_tables,
 )
+from evalbot.store.dispatches import Dispatches, DispatchRow
 from evalbot.store.lease import POLLER, LeaseHeldError, LeaseKeeper, LeaseLostError, LeaseRecord, Leases
 from evalbot.store.moderation import BlockEvent, Clear, Hold, Moderation, Strike
 from evalbot.store.queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, EvalKey, EvaluationRecord, Queue
 from evalbot.store.rounds import LedgerEntry, Round, RoundMember, Rounds
 
 
-class Store(Queue, Actions, Moderation, Rounds, Calibrations, Leases):
-    """The bot's SQLite state. Open with ``Store(path)``; use as a context manager or call ``close()``."""
+class Store:
+    """The bot's SQLite state. Open with ``Store(path)``; use as a context manager or call ``close()``.
+    Its parts share one connection: use the store from the thread that opened it."""
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+        self.db = Db(path, busy_timeout_ms=busy_timeout_ms)
+        self.path: Path = self.db.path
+        self.queue = Queue(self.db)
+        self.actions = Actions(self.db)
+        self.moderation = Moderation(self.db)
+        self.rounds = Rounds(self.db)
+        self.calibrations = Calibrations(self.db)
+        self.leases = Leases(self.db)
+        self.dispatches = Dispatches(self.db)
+        self.copycat = CopycatTables(self.db)
+
+    @classmethod
+    def in_memory(cls) -> Store:
+        """A private store in memory with every table, gone when it is closed or dropped."""
+        return cls(MEMORY)
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version recorded in the store."""
+        return self.db.schema_version
+
+    def meta(self, key: str) -> str | None:
+        """A value from the key-value meta table, or None."""
+        return self.db.meta(key)
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Set a meta value; the schema version is the migrations' alone."""
+        self.db.set_meta(key, value)
+
+    def close(self) -> None:
+        """Close the connection; the WAL is checkpointed by SQLite when the last connection closes."""
+        self.db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 __all__ = [
@@ -53,10 +106,16 @@ __all__ = [
     "SCHEMA_VERSION",
     "ActionPendingError",
     "ActionRecord",
+    "Actions",
     "BlockEvent",
     "Calibration",
+    "Calibrations",
     "Clear",
+    "CopycatPr",
+    "CopycatTables",
     "CorruptStoreError",
+    "DispatchRow",
+    "Dispatches",
     "EvalKey",
     "EvaluationRecord",
     "Hold",
@@ -64,17 +123,19 @@ __all__ = [
     "LeaseKeeper",
     "LeaseLostError",
     "LeaseRecord",
+    "Leases",
     "LedgerEntry",
+    "Moderation",
     "POLLER",
+    "Queue",
     "Round",
     "RoundMember",
+    "Rounds",
     "SchemaError",
     "Store",
     "StoreBusyError",
     "StoreError",
     "Strike",
     "action_key",
-    "create_copycat_tables",
     "iso",
-    "require_tables",
 ]

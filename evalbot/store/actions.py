@@ -59,8 +59,11 @@ def action_key(kind: str, pr: int | None, head_sha: str, intent: Any) -> str:
     return f"{kind}:{'-' if pr is None else pr}:{head_sha}:{digest}"
 
 
-class Actions(Db):
+class Actions:
     """The two-phase actions' part of the store."""
+
+    def __init__(self, db: Db) -> None:
+        self._db = db
 
     def begin_action(
         self, key: str, payload: Any, now: datetime | None = None, *, redo: bool = False
@@ -72,7 +75,7 @@ class Actions(Db):
         """
         kind, pr = _parse_action_key(key)
         blob = _dumps(payload, "action payload")
-        with self._write() as conn:
+        with self._db.write() as conn:
             row = conn.execute("SELECT state, begun_at FROM actions WHERE key = ?", (key,)).fetchone()
             if row is None:
                 conn.execute(
@@ -98,7 +101,7 @@ class Actions(Db):
     def finish_action(self, key: str, result: Any = None, now: datetime | None = None) -> None:
         """Record that the action happened (after the GitHub call, or when reconciliation found it done)."""
         blob = _dumps(result, "action result")
-        with self._write() as conn:
+        with self._db.write() as conn:
             row = conn.execute("SELECT state FROM actions WHERE key = ?", (key,)).fetchone()
             if row is None:
                 raise StoreError(f"action {key} has no recorded intent; call begin_action before acting")
@@ -114,7 +117,7 @@ class Actions(Db):
     def cancel_action(self, key: str, note: str, now: datetime | None = None) -> None:
         """Record that a pending intent never reached GitHub, so that begin_action may start it again."""
         _check_text(note, "note")
-        with self._write() as conn:
+        with self._db.write() as conn:
             row = conn.execute("SELECT state FROM actions WHERE key = ?", (key,)).fetchone()
             if row is None or row[0] != "intent":
                 state = "unknown" if row is None else row[0]
@@ -126,17 +129,17 @@ class Actions(Db):
 
     def action_done(self, key: str) -> bool:
         """Whether the action's completion is recorded."""
-        row = self._conn.execute("SELECT state FROM actions WHERE key = ?", (key,)).fetchone()
+        row = self._db.one("SELECT state FROM actions WHERE key = ?", (key,))
         return row is not None and row[0] == "done"
 
     def action(self, key: str) -> ActionRecord | None:
         """One action's record, or None."""
-        rows = self._read("SELECT * FROM actions WHERE key = ?", (key,))
+        rows = self._db.read("SELECT * FROM actions WHERE key = ?", (key,))
         return _action_record(rows[0]) if rows else None
 
     def pending_actions(self, kind: str | None = None, pr: int | None = None) -> list[ActionRecord]:
         """Intents without a recorded outcome, oldest first: each needs reconciling with GitHub."""
-        rows = self._read(
+        rows = self._db.read(
             "SELECT * FROM actions WHERE state = 'intent' "
             "AND (? IS NULL OR kind = ?) AND (? IS NULL OR pr = ?) "
             "ORDER BY julianday(begun_at), key",

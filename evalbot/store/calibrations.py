@@ -26,10 +26,13 @@ class Calibration:
     details: dict[str, Any]
 
 
-class Calibrations(Db):
+class Calibrations:
     """Runner calibrations."""
 
-    def record_calibration(self, c: Calibration) -> bool:
+    def __init__(self, db: Db) -> None:
+        self._db = db
+
+    def record(self, c: Calibration) -> bool:
         """Store one calibration row; False if this (at, box, profile, model, context) is already stored."""
         if not isinstance(c, Calibration):
             raise TypeError(f"expected a Calibration, got {type(c).__name__}")
@@ -48,7 +51,7 @@ class Calibrations(Db):
         if not isinstance(c.details, dict):
             raise ValueError(f"details: expected a dict, got {type(c.details).__name__}")
         blob = _dumps(c.details, "calibration details")
-        with self._write() as conn:
+        with self._db.write() as conn:
             cur = conn.execute(
                 "INSERT INTO calibrations (at, box, profile, model, context, runs, false_positive_rate, mde, "
                 "noise_cv, details) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -56,9 +59,9 @@ class Calibrations(Db):
             )
             return cur.rowcount == 1
 
-    def calibrations(self, profile: str | None = None) -> list[Calibration]:
+    def recorded(self, profile: str | None = None) -> list[Calibration]:
         """Calibration rows, oldest first, optionally of one profile."""
-        rows = self._read(
+        rows = self._db.read(
             "SELECT at, box, profile, model, context, runs, false_positive_rate, mde, noise_cv, details "
             "FROM calibrations WHERE (? IS NULL OR profile = ?) ORDER BY julianday(at), id",
             (profile, profile),

@@ -13,7 +13,7 @@ import os
 import re
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
@@ -23,6 +23,7 @@ from evalbot.codec import to_dict
 
 SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 10_000
+MEMORY = ":memory:"  # as a path: a private store in memory, every table made, gone when it closes
 
 
 _HEADER = b"SQLite format 3\x00"
@@ -30,8 +31,8 @@ _HEADER = b"SQLite format 3\x00"
 _KIND = re.compile(r"[a-z][a-z0-9_-]*")
 
 
-# The copycat index (evalbot.copycat.index). Also run on their own by an index held in memory
-# (``create_copycat_tables``), hence IF NOT EXISTS.
+# The copycat index's tables (evalbot.store.copycat), in migration 4. IF NOT EXISTS: before version 4 the
+# copycat index made them itself.
 COPYCAT_TABLES: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS copycat_prs (
         number INTEGER PRIMARY KEY, author TEXT NOT NULL, created_at TEXT NOT NULL, merged_at TEXT,
@@ -180,23 +181,6 @@ def iso(moment: datetime | None = None) -> str:
     return times.stamp(moment)
 
 
-def create_copycat_tables(conn: sqlite3.Connection) -> None:
-    """The copycat index's tables in a connection of its own (an index held in memory for one scan)."""
-    for statement in COPYCAT_TABLES:
-        conn.execute(statement)
-
-
-def require_tables(conn: sqlite3.Connection, names: tuple[str, ...], owner: str) -> None:
-    """StoreError unless the connection's database holds these tables (the store's migrations make them)."""
-    have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    missing = [n for n in names if n not in have]
-    if missing:
-        raise StoreError(
-            f"{owner}: the database has no {', '.join(missing)} table; open it with evalbot.store.Store "
-            "(its migrations create every table), or create_copycat_tables for an index in memory"
-        )
-
-
 def _dumps(value: Any, what: str) -> str:
     try:
         return json.dumps(to_dict(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
@@ -239,15 +223,21 @@ def _check_gain(value: Any, what: str) -> float | None:
 
 
 class Db:
-    """The connection, its migrations and its transactions. Store is this plus its parts' methods."""
+    """The store's file: one connection, its migrations and its transactions, shared by every part of the
+    store (each part owns its tables and runs its SQL through ``write``, ``read`` and ``one``)."""
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.path = Path(path)
+        self.in_memory = os.fspath(path) == MEMORY
         self._busy_timeout_ms = int(busy_timeout_ms)
-        _check_file(self.path)
+        if not self.in_memory:
+            _check_file(self.path)
         try:
             self._conn = sqlite3.connect(
-                self.path, timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=True
+                MEMORY if self.in_memory else self.path,
+                timeout=busy_timeout_ms / 1000,
+                isolation_level=None,
+                check_same_thread=True,
             )
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open the store: {exc}") from None
@@ -260,6 +250,12 @@ class Db:
     def _setup(self, busy_timeout_ms: int) -> None:
         conn = self._conn
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        if (
+            self.in_memory
+        ):  # nothing to check or make durable: a private database that ends with its connection
+            conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+            return
         try:
             rows = conn.execute("PRAGMA quick_check").fetchall()
         except sqlite3.DatabaseError as exc:
@@ -292,7 +288,7 @@ class Db:
         # the bot's writes.
         if self._check_version(self._conn) == SCHEMA_VERSION:
             return
-        with self._write() as conn:
+        with self.write() as conn:
             version = self._check_version(conn)  # again, under the lock: another process may have migrated
             for v in range(version + 1, SCHEMA_VERSION + 1):
                 for statement in _MIGRATIONS[v]:
@@ -332,9 +328,11 @@ class Db:
         return self._version(self._conn)
 
     def open_connection(self) -> sqlite3.Connection:
-        """A second connection to the store's file, with its pragmas and Python's implicit transactions,
-        for modules that keep their own tables in it (evalbot.copycat.index): ``with conn:`` commits or rolls back."""
-        conn = sqlite3.connect(self.path, timeout=self._busy_timeout_ms / 1000)
+        """A second connection to the store's file with its pragmas, for a thread of its own (the lease's
+        heartbeat): autocommit, its writes one ``transaction(conn, path)`` each."""
+        if self.in_memory:
+            raise StoreError("a store in memory has one connection; open a file for a second one")
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout_ms / 1000, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
         conn.execute("PRAGMA synchronous = FULL")
         conn.execute("PRAGMA foreign_keys = ON")
@@ -350,27 +348,20 @@ class Db:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        # IMMEDIATE takes the write lock up front: a deferred transaction that later needs it could fail
-        # with SQLITE_BUSY halfway, after reads that the busy timeout cannot retry.
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise StoreBusyError(
-                f"{self.path}: another process held the store's write lock past the busy timeout ({exc})"
-            ) from None
-        try:
-            yield self._conn
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
+    def write(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: committed when the block ends, rolled back if it raises."""
+        return transaction(self._conn, self.path)
 
-    def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+    def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        """The rows of one query, outside any write (each column by name or by place)."""
         cur = self._conn.execute(sql, params)
         cur.row_factory = sqlite3.Row
         return cur.fetchall()
+
+    def one(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
+        """The first row of one query, or None."""
+        rows = self.read(sql, params)
+        return rows[0] if rows else None
 
     def meta(self, key: str) -> str | None:
         """A value from the key-value meta table, or None."""
@@ -384,12 +375,32 @@ class Db:
             raise ValueError("meta key 'schema_version' is managed by the store's migrations")
         if not isinstance(value, str):
             raise ValueError(f"meta value: expected text, got {value!r}")
-        with self._write() as conn:
+        with self.write() as conn:
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES (?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (key, value),
             )
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection, path: Path) -> Iterator[sqlite3.Connection]:
+    """One ``BEGIN IMMEDIATE`` transaction on an autocommit connection (the store's, or a second one from
+    ``Db.open_connection``): committed when the block ends, rolled back if it raises."""
+    # IMMEDIATE takes the write lock up front: a deferred transaction that later needs it could fail
+    # with SQLITE_BUSY halfway, after reads that the busy timeout cannot retry.
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        raise StoreBusyError(
+            f"{path}: another process held the store's write lock past the busy timeout ({exc})"
+        ) from None
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def _check_file(path: Path) -> None:

@@ -16,9 +16,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from evalbot import times
-from evalbot.store.db import Db, StoreError, _check_text
+from evalbot.store.db import Db, StoreError, _check_text, transaction
 
 POLLER = "poller"
 
@@ -60,15 +61,23 @@ def _row(r: sqlite3.Row | tuple) -> LeaseRecord:
 _SELECT = "SELECT name, owner, acquired_at, heartbeat_at, expires_at FROM leases WHERE name = ?"
 
 
-class Leases(Db):
+class Leases:
     """Named leases in the store's file."""
 
-    def lease(self, name: str = POLLER) -> LeaseRecord | None:
+    def __init__(self, db: Db) -> None:
+        self._db = db
+
+    @property
+    def path(self) -> Path:
+        """The store's file, which holds the leases."""
+        return self._db.path
+
+    def current(self, name: str = POLLER) -> LeaseRecord | None:
         """The lease's current row (expired or not), or None."""
-        row = self._conn.execute(_SELECT, (name,)).fetchone()
+        row = self._db.one(_SELECT, (name,))
         return None if row is None else _row(row)
 
-    def acquire_lease(
+    def acquire(
         self,
         owner: str,
         ttl_s: float,
@@ -84,11 +93,13 @@ class Leases(Db):
         if not ttl_s > 0:
             raise ValueError(f"lease ttl must be positive, got {ttl_s!r}")
         at = now or times.now()
-        with self._write() as conn:
+        with self._db.write() as conn:
             row = conn.execute(_SELECT, (name,)).fetchone()
             held = None if row is None else _row(row)
             if held is not None and held.owner != owner and held.expires_at > at and not gone(held.owner):
-                raise LeaseHeldError(f"the {name} lease of {self.path} is held by {held.describe(at)}", held)
+                raise LeaseHeldError(
+                    f"the {name} lease of {self._db.path} is held by {held.describe(at)}", held
+                )
             acquired = held.acquired_at if held is not None and held.owner == owner else at
             conn.execute(
                 "INSERT INTO leases (name, owner, acquired_at, heartbeat_at, expires_at) VALUES (?, ?, ?, ?, ?) "
@@ -104,22 +115,36 @@ class Leases(Db):
             )
         return LeaseRecord(name, owner, acquired, at, at + timedelta(seconds=ttl_s))
 
-    def release_lease(self, owner: str, *, name: str = POLLER) -> bool:
+    def release(self, owner: str, *, name: str = POLLER) -> bool:
         """Give the lease up if `owner` holds it; True if it did."""
-        with self._write() as conn:
+        with self._db.write() as conn:
             return conn.execute("DELETE FROM leases WHERE name = ? AND owner = ?", (name, owner)).rowcount > 0
 
+    def heartbeat(self) -> Heartbeat:
+        """A connection of its own to renew leases from another thread (LeaseKeeper's); close it after."""
+        return Heartbeat(self._db.open_connection(), self._db.path)
 
-def renew(conn: sqlite3.Connection, name: str, owner: str, ttl_s: float, now: datetime | None = None) -> bool:
-    """Move `owner`'s heartbeat and expiry on, on a connection of the keeper's own; False if `owner` no
-    longer holds the lease (it lapsed and another took it)."""
-    at = now or times.now()
-    with conn:
-        cur = conn.execute(
-            "UPDATE leases SET heartbeat_at = ?, expires_at = ? WHERE name = ? AND owner = ?",
-            (times.stamp(at), times.stamp(at + timedelta(seconds=ttl_s)), name, owner),
-        )
-        return cur.rowcount > 0
+
+class Heartbeat:
+    """Renews leases on a connection of its own, so a thread can keep a lease while the store's connection
+    belongs to the thread that opened it."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self._conn, self._path = conn, path
+
+    def renew(self, name: str, owner: str, ttl_s: float, now: datetime | None = None) -> bool:
+        """Move `owner`'s heartbeat and expiry on; False if `owner` no longer holds the lease (it lapsed and
+        another took it)."""
+        at = now or times.now()
+        with transaction(self._conn, self._path) as conn:
+            cur = conn.execute(
+                "UPDATE leases SET heartbeat_at = ?, expires_at = ? WHERE name = ? AND owner = ?",
+                (times.stamp(at), times.stamp(at + timedelta(seconds=ttl_s)), name, owner),
+            )
+            return cur.rowcount > 0
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 class LeaseKeeper:
@@ -129,46 +154,46 @@ class LeaseKeeper:
 
     def __init__(
         self,
-        store: Leases,
+        leases: Leases,
         owner: str,
         ttl_s: float,
         *,
         name: str = POLLER,
         gone: Callable[[str], bool] = lambda _owner: False,
     ):
-        self.store, self.owner, self.ttl_s, self.name, self.gone = store, owner, ttl_s, name, gone
+        self.leases, self.owner, self.ttl_s, self.name, self.gone = leases, owner, ttl_s, name, gone
         self._stop = threading.Event()
         self._lost: str | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> LeaseRecord:
         """Acquire (LeaseHeldError if another live owner holds it) and start the heartbeat."""
-        record = self.store.acquire_lease(self.owner, self.ttl_s, name=self.name, gone=self.gone)
+        record = self.leases.acquire(self.owner, self.ttl_s, name=self.name, gone=self.gone)
         if self._thread is None:
             self._thread = threading.Thread(target=self._beat, name=f"lease-{self.name}", daemon=True)
             self._thread.start()
         return record
 
     def _beat(self) -> None:
-        conn = self.store.open_connection()
+        beat = self.leases.heartbeat()
         last_ok = times.now()
         try:
             while not self._stop.wait(self.ttl_s / 4):
                 try:
-                    if not renew(conn, self.name, self.owner, self.ttl_s):
+                    if not beat.renew(self.name, self.owner, self.ttl_s):
                         self._lost = (
-                            f"the {self.name} lease of {self.store.path} was taken over by another owner"
+                            f"the {self.name} lease of {self.leases.path} was taken over by another owner"
                         )
                         return
                     last_ok = times.now()
-                except sqlite3.Error as exc:
+                except (sqlite3.Error, StoreError) as exc:
                     if (times.now() - last_ok).total_seconds() > self.ttl_s:
                         self._lost = (
                             f"the {self.name} lease could not be renewed for {self.ttl_s:.0f} s: {exc}"
                         )
                         return
         finally:
-            conn.close()
+            beat.close()
 
     def check(self) -> None:
         """Raise LeaseLostError if the lease is no longer this owner's."""
@@ -182,6 +207,6 @@ class LeaseKeeper:
             self._thread.join(timeout=10)
         if self._lost is None:
             try:
-                self.store.release_lease(self.owner, name=self.name)
+                self.leases.release(self.owner, name=self.name)
             except StoreError:
                 pass  # it lapses on its own

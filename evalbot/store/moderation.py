@@ -49,15 +49,18 @@ class Clear:
     head_sha: str | None = None  # the head the maintainer looked at; None: recorded before heads were
 
 
-class Moderation(Db):
+class Moderation:
     """Strikes, the blocklist, holds and clears."""
+
+    def __init__(self, db: Db) -> None:
+        self._db = db
 
     def add_strike(self, author: str, pr: int, reason: str, now: datetime | None = None) -> bool:
         """Record a strike; False if this author already has one for this PR and reason."""
         _check_text(author, "author")
         _check_pr(pr)
         _check_text(reason, "reason")
-        with self._write() as conn:
+        with self._db.write() as conn:
             cur = conn.execute(
                 "INSERT INTO strikes (author, pr, reason, at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (author, pr, reason, iso(now)),
@@ -66,7 +69,7 @@ class Moderation(Db):
 
     def strikes(self, author: str | None = None, since: datetime | None = None) -> list[Strike]:
         """Strikes, oldest first, optionally of one author (any case) and from a moment on."""
-        rows = self._read(
+        rows = self._db.read(
             "SELECT author, pr, reason, at FROM strikes "
             "WHERE (? IS NULL OR author = ?) AND (? IS NULL OR julianday(at) >= julianday(?)) ORDER BY julianday(at), id",
             (author, author, *[None if since is None else iso(since)] * 2),
@@ -88,7 +91,7 @@ class Moderation(Db):
             )
         _check_text(reason, "reason")
         _check_text(by, "by")
-        with self._write() as conn:
+        with self._db.write() as conn:
             row = conn.execute(
                 "SELECT event FROM blocklist_events WHERE login = ? ORDER BY id DESC LIMIT 1", (login,)
             ).fetchone()
@@ -103,7 +106,7 @@ class Moderation(Db):
 
     def blocklist(self) -> list[BlockEvent]:
         """The logins blocked now, each with the event that blocked it."""
-        rows = self._read(
+        rows = self._db.read(
             "SELECT login, event, reason, by, at FROM blocklist_events e WHERE id = "
             "(SELECT max(id) FROM blocklist_events WHERE login = e.login) AND event = 'block' ORDER BY login"
         )
@@ -111,7 +114,7 @@ class Moderation(Db):
 
     def blocklist_history(self, login: str | None = None) -> list[BlockEvent]:
         """Every block and unblock, oldest first."""
-        rows = self._read(
+        rows = self._db.read(
             "SELECT login, event, reason, by, at FROM blocklist_events "
             "WHERE (? IS NULL OR login = ?) ORDER BY id",
             (login, login),
@@ -123,7 +126,7 @@ class Moderation(Db):
         _check_pr(pr)
         _check_text(by, "by")
         _check_text(reason, "reason")
-        with self._write() as conn:
+        with self._db.write() as conn:
             if conn.execute("SELECT 1 FROM holds WHERE pr = ? AND released_at IS NULL", (pr,)).fetchone():
                 return False
             conn.execute(
@@ -135,7 +138,7 @@ class Moderation(Db):
         """Release a PR's hold; False if it was not held."""
         _check_pr(pr)
         _check_text(by, "by")
-        with self._write() as conn:
+        with self._db.write() as conn:
             cur = conn.execute(
                 "UPDATE holds SET released_by = ?, released_at = ? WHERE pr = ? AND released_at IS NULL",
                 (by, iso(now), pr),
@@ -144,12 +147,12 @@ class Moderation(Db):
 
     def hold_for(self, pr: int) -> Hold | None:
         """The PR's hold in force, or None."""
-        rows = self._read("SELECT * FROM holds WHERE pr = ? AND released_at IS NULL", (pr,))
+        rows = self._db.read("SELECT * FROM holds WHERE pr = ? AND released_at IS NULL", (pr,))
         return _hold(rows[0]) if rows else None
 
     def holds(self, active_only: bool = True) -> list[Hold]:
         """Holds (those in force, or all of them), oldest first."""
-        rows = self._read(
+        rows = self._db.read(
             "SELECT * FROM holds WHERE NOT ? OR released_at IS NULL ORDER BY id", (active_only,)
         )
         return [_hold(r) for r in rows]
@@ -164,7 +167,7 @@ class Moderation(Db):
         if head_sha is not None and not re.fullmatch(r"[0-9a-f]{40}", head_sha):
             raise ValueError(f"head_sha: expected a 40-hex commit sha, got {head_sha!r}")
         at = iso(now)
-        with self._write() as conn:
+        with self._db.write() as conn:
             conn.execute(
                 "INSERT INTO clears (pr, by, reason, at, head_sha) VALUES (?, ?, ?, ?, ?)",
                 (pr, by, reason, at, head_sha),
@@ -173,7 +176,7 @@ class Moderation(Db):
 
     def clears(self, pr: int | None = None) -> list[Clear]:
         """Clears, oldest first, optionally of one PR."""
-        rows = self._read(
+        rows = self._db.read(
             "SELECT pr, by, reason, at, head_sha FROM clears WHERE (? IS NULL OR pr = ?) ORDER BY id",
             (pr, pr),
         )

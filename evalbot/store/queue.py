@@ -55,13 +55,16 @@ class EvaluationRecord:
     error: str | None
 
 
-class Queue(Db):
+class Queue:
     """The evaluation queue's part of the store."""
+
+    def __init__(self, db: Db) -> None:
+        self._db = db
 
     def enqueue_evaluation(self, key: EvalKey, now: datetime | None = None) -> bool:
         """Queue an evaluation; False if this key is already known in any state."""
         _check_key(key)
-        with self._write() as conn:
+        with self._db.write() as conn:
             cur = conn.execute(
                 "INSERT INTO evaluations (pr, head_sha, base_sha, rules_hash, state, queued_at) "
                 "VALUES (?, ?, ?, ?, 'queued', ?) ON CONFLICT DO NOTHING",
@@ -83,7 +86,7 @@ class Queue(Db):
         _check_text(worker, "worker")
         moment = now or times.now()
         stamp, lease = iso(moment), iso(moment + timedelta(seconds=lease_s))
-        with self._write() as conn:
+        with self._db.write() as conn:
             while True:
                 row = conn.execute(
                     "SELECT pr, head_sha, base_sha, rules_hash, attempts FROM evaluations "
@@ -112,7 +115,7 @@ class Queue(Db):
 
     def requeue_claims(self, except_worker: str | None = None) -> list[EvalKey]:
         """Put every claimed evaluation not held by except_worker back in the queue (call on restart)."""
-        with self._write() as conn:
+        with self._db.write() as conn:
             rows = conn.execute(
                 "SELECT pr, head_sha, base_sha, rules_hash FROM evaluations "
                 "WHERE state = 'claimed' AND claimed_by IS NOT ?",
@@ -134,7 +137,7 @@ class Queue(Db):
         attempt count over; the bot's own retry (an INCONCLUSIVE run) keeps it, so retries stay bounded.
         """
         _check_key(key)
-        with self._write() as conn:
+        with self._db.write() as conn:
             cur = conn.execute(
                 "UPDATE evaluations SET state = 'queued', claimed_by = NULL, lease_until = NULL, "
                 "attempts = CASE WHEN ? THEN attempts ELSE 0 END, "
@@ -182,7 +185,7 @@ class Queue(Db):
 
     def _update_claimed(self, key: EvalKey, worker: str, assignments: str, values: tuple[Any, ...]) -> None:
         _check_key(key)
-        with self._write() as conn:
+        with self._db.write() as conn:
             row = conn.execute(
                 "SELECT state, claimed_by FROM evaluations "
                 "WHERE pr = ? AND head_sha = ? AND base_sha = ? AND rules_hash = ?",
@@ -205,7 +208,7 @@ class Queue(Db):
         return self._evaluation(key)
 
     def _evaluation(self, key: EvalKey) -> EvaluationRecord | None:
-        rows = self._read(
+        rows = self._db.read(
             "SELECT * FROM evaluations WHERE pr = ? AND head_sha = ? AND base_sha = ? AND rules_hash = ?",
             (key.pr, key.head_sha, key.base_sha, key.rules_hash),
         )
@@ -215,7 +218,7 @@ class Queue(Db):
         """Evaluations, oldest first, optionally of one PR and/or in one state."""
         if state is not None and state not in _EVAL_STATES:
             raise ValueError(f"state: expected one of {', '.join(_EVAL_STATES)}, got {state!r}")
-        rows = self._read(
+        rows = self._db.read(
             "SELECT * FROM evaluations WHERE (? IS NULL OR pr = ?) AND (? IS NULL OR state = ?) "
             "ORDER BY julianday(queued_at), pr, head_sha",
             (pr, pr, state, state),

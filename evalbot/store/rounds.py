@@ -41,14 +41,17 @@ class LedgerEntry:
     at: str
 
 
-class Rounds(Db):
+class Rounds:
     """Rounds and the ledger."""
+
+    def __init__(self, db: Db) -> None:
+        self._db = db
 
     def open_round(self, round_id: str, base_sha: str, now: datetime | None = None) -> bool:
         """Open a round against a main sha; False if a round of this id exists."""
         _check_text(round_id, "round id")
         _check_text(base_sha, "base_sha")
-        with self._write() as conn:
+        with self._db.write() as conn:
             cur = conn.execute(
                 "INSERT INTO rounds (id, base_sha, opened_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                 (round_id, base_sha, iso(now)),
@@ -60,7 +63,7 @@ class Rounds(Db):
         _check_pr(pr)
         _check_text(head_sha, "head_sha")
         gain = _check_gain(lower_bound_gain, "lower_bound_gain")
-        with self._write() as conn:
+        with self._db.write() as conn:
             self._open_round_row(conn, round_id)
             conn.execute(
                 "INSERT INTO round_members (round_id, pr, head_sha, lower_bound_gain) VALUES (?, ?, ?, ?) "
@@ -71,7 +74,7 @@ class Rounds(Db):
 
     def close_round(self, round_id: str, winner: int | None, now: datetime | None = None) -> None:
         """Close an open round, naming the PR that merged (None if none did)."""
-        with self._write() as conn:
+        with self._db.write() as conn:
             self._open_round_row(conn, round_id)
             if winner is not None:
                 _check_pr(winner)
@@ -94,12 +97,12 @@ class Rounds(Db):
 
     def round(self, round_id: str) -> Round | None:
         """A round with its members (by PR number), or None."""
-        rows = self._read(
+        rows = self._db.read(
             "SELECT id, base_sha, opened_at, closed_at, winner FROM rounds WHERE id = ?", (round_id,)
         )
         if not rows:
             return None
-        members = self._read(
+        members = self._db.read(
             "SELECT pr, head_sha, lower_bound_gain FROM round_members WHERE round_id = ? ORDER BY pr",
             (round_id,),
         )
@@ -107,9 +110,7 @@ class Rounds(Db):
 
     def open_rounds(self) -> list[Round]:
         """Rounds not yet closed, oldest first."""
-        ids = self._conn.execute(
-            "SELECT id FROM rounds WHERE closed_at IS NULL ORDER BY julianday(opened_at), id"
-        ).fetchall()
+        ids = self._db.read("SELECT id FROM rounds WHERE closed_at IS NULL ORDER BY julianday(opened_at), id")
         return [r for (i,) in ids if (r := self.round(i)) is not None]
 
     def record_ledger(
@@ -129,7 +130,7 @@ class Rounds(Db):
         _check_text(sha, "sha")
         _check_text(author, "author")
         values = (_check_gain(gain, "gain"), _check_gain(marginal_gain, "marginal_gain"))
-        with self._write() as conn:
+        with self._db.write() as conn:
             cur = conn.execute(
                 "INSERT INTO ledger (kind, pr, sha, author, gain, marginal_gain, at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?) "
@@ -140,7 +141,7 @@ class Rounds(Db):
 
     def ledger(self, author: str | None = None) -> list[LedgerEntry]:
         """Ledger entries, oldest first, optionally of one author."""
-        rows = self._read(
+        rows = self._db.read(
             "SELECT kind, pr, sha, author, gain, marginal_gain, at FROM ledger "
             "WHERE (? IS NULL OR author = ? COLLATE NOCASE) ORDER BY id",
             (author, author),

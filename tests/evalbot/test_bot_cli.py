@@ -55,11 +55,11 @@ def test_hold_rerun_and_status(bot, github_double):
     head = github_double.state.pulls[7].head_sha
     assert "[dry run] would: queue #7" in run("rerun", "7", "--dry-run")
     with Store(state) as store:
-        assert store.evaluations(pr=7) == []
+        assert store.queue.evaluations(pr=7) == []
     out = run("rerun", "7")
     assert out.startswith(f"queue #7 at {head[:12]} against main {repo.rev('main')[:12]}")
     with Store(state) as store:
-        (rec,) = store.evaluations(pr=7)
+        (rec,) = store.queue.evaluations(pr=7)
         assert rec.key == EvalKey(7, head, repo.rev("main"), rec.key.rules_hash) and rec.state == "queued"
     assert "replacing a queued evaluation" in run("rerun", "7")
 

@@ -219,7 +219,7 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
         assert set(first.evaluated) == {1, 2, 3}, (first, log[-20:])
         winner = measured_then_moved and next(iter(measured_then_moved))
         assert winner in (1, 2) and not first.merged, "\n".join(
-            [repr((e.key.pr, e.status, e.verdict and (e.verdict.tier, e.verdict.reasons))) for e in store.evaluations()]
+            [repr((e.key.pr, e.status, e.verdict and (e.verdict.tier, e.verdict.reasons))) for e in store.queue.evaluations()]
             + [repr(first)])  # fmt: skip
         assert not st.pulls[winner].merged and "re-evaluate" in gh.get_pull(winner).labels
         other = 3 - winner
@@ -234,7 +234,9 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
         gh.edit_comment = edit_then_die  # type: ignore[method-assign]
         with pytest.raises(Killed):
             bot.poll_once()
-        assert [a.kind for a in store.pending_actions()] == ["comment"]  # the edit's outcome is unknown
+        assert [a.kind for a in store.actions.pending_actions()] == [
+            "comment"
+        ]  # the edit's outcome is unknown
         store.close()
         bot, store, gh = make_bot()
         second = bot.poll_once()
@@ -251,7 +253,7 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
                     e.verdict and (e.verdict.tier, e.verdict.lower_bound_gain, e.verdict.reasons),
                     e.error,
                 )
-                for e in store.evaluations(pr=n)
+                for e in store.queue.evaluations(pr=n)
             ]
 
         assert len(second.merged) == 1 and second.merged[0] in (1, 2), (
@@ -268,7 +270,7 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
         else:  # two comparable speedups: measured again, its lower bound fell below the other's, which
             # merges first; the moved PR was never merged, at its old head or its new one
             assert moved_merges == [measured_then_moved[moved]] and not st.pulls[moved].merged
-            assert any(e.key.head_sha == st.pulls[moved].head_sha for e in store.evaluations(pr=moved))
+            assert any(e.key.head_sha == st.pulls[moved].head_sha for e in store.queue.evaluations(pr=moved))
         other = 3 - winner
         assert "needs-rebase" in gh.get_pull(other).labels, (
             f"#{other} labels {gh.get_pull(other).labels}; #1={why(1)} #2={why(2)}; log={log[-30:]}"
@@ -295,10 +297,10 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
 
         assert pulls[winner].merged, (winner, why(winner), log[-30:])
         assert pulls[other].merged, (other, why(other), gh.get_pull(other).labels, log[-30:])
-        credits = {e.pr: e for e in store.ledger()}
+        credits = {e.pr: e for e in store.rounds.ledger()}
         assert credits[winner].gain and credits[winner].gain > 0.18  # XL: a vectorized loop
         assert credits[other].marginal_gain is not None and credits[other].marginal_gain > 0  # over new main
-        first_round = store.round(first.main_sha)
+        first_round = store.rounds.round(first.main_sha)
         assert first_round is not None and first_round.winner == winner and first_round.closed_at
         assert {m.pr for m in first_round.members} == {1, 2}  # the PASSes measured against that main
 
@@ -306,9 +308,9 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
         assert "regression" in labels[3] and pulls[3].state == "open"
         assert pulls[4].state == "closed" and "flagged:gaming" in labels[4]
         assert pulls[5].state == "open" and "flagged:gaming" not in labels[5]
-        assert "skipped:sensitive" in labels[6] and not store.evaluations(pr=6)
-        assert "needs-benchmark" in labels[7] and not store.evaluations(pr=7)
-        assert "copycat-warn" in labels[8] and not store.evaluations(pr=8)
+        assert "skipped:sensitive" in labels[6] and not store.queue.evaluations(pr=6)
+        assert "needs-benchmark" in labels[7] and not store.queue.evaluations(pr=7)
+        assert "copycat-warn" in labels[8] and not store.queue.evaluations(pr=8)
         assert labels[9] == set() and not st.comments_on(9)
 
         for n in pulls:  # one bot comment per PR, edited in place, across the kill and restart

@@ -139,9 +139,9 @@ def test_no_completed_run_gives_no_rows(rules):
 def test_summary_rows_round_trip_through_the_store(rules, tmp_path):
     s = calibrate.summarize([aa_run(rules, i, {128: 1.0, 512: 1.0}) for i in range(1, 4)], box="b", at=AT)
     with Store(tmp_path / "state.db") as store:
-        assert all(store.record_calibration(c) for c in s.rows)
+        assert all(store.calibrations.record(c) for c in s.rows)
     with Store(tmp_path / "state.db") as store:
-        assert store.calibrations("cpu") == list(s.rows) and store.calibrations("gpu") == []
+        assert store.calibrations.recorded("cpu") == list(s.rows) and store.calibrations.recorded("gpu") == []
 
 
 # ---------------------------------------------------------------- the driver
@@ -207,7 +207,7 @@ def test_calibrate_cli_on_the_fixture_engine_stores_one_row_per_context(tmp_path
     assert (summary["runs"], summary["completed"], summary["failures"]) == (2, 2, [])
 
     with Store(state) as store:
-        rows = store.calibrations("cpu")
+        rows = store.calibrations.recorded("cpu")
     assert [(c.box, c.profile, c.model, c.context, c.runs) for c in rows] == [
         ("fixture-box", "cpu", fb.MODEL_NAME, 128, 2),
         ("fixture-box", "cpu", fb.MODEL_NAME, 512, 2),

@@ -459,18 +459,25 @@ def test_main_kgrams_count_from_the_time_they_appeared(rules):
 
 
 def test_index_lookups_never_scan_all_postings(rules):
-    index = index_with([make_pr(1, "alice", 0, {"a.py": SPLIT_SOFTMAX})], rules)
-    plans = [
-        "SELECT p.fp, p.pr FROM json_each(?) q JOIN copycat_postings p ON p.fp = q.value WHERE p.pr IS NOT ?",
-        "SELECT 1 FROM copycat_postings p WHERE p.fp = ? AND p.pr IS NOT ? LIMIT ?",
-        "SELECT q.value FROM json_each(?) q JOIN copycat_main m ON m.fp = q.value WHERE m.since <= ?",
-    ]
-    for sql in plans:
-        plan = " ".join(
-            row[-1]
-            for row in index.conn.execute("EXPLAIN QUERY PLAN " + sql, ("[1]", 1, 1)[: sql.count("?")])
-        )
-        assert "SCAN p" not in plan and "SCAN m" not in plan and "SCAN copycat" not in plan, plan
+    """Every query a check runs (the store's own SQL, traced) reads postings, lines, main and PRs by key."""
+    from evalbot.store import Store
+
+    store = Store.in_memory()
+    index = CopycatIndex(store.copycat)
+    fix = "    out = torch.zeros(n, dtype=torch.long, device=self.model.device)\n    out.fill_(pad_id)\n"
+    index.set_main({1, 2}, "2026-01-01T00:00:00Z")
+    for pr in (make_pr(1, "alice", 0, {"a.py": SPLIT_SOFTMAX}), make_pr(2, "alice", 0, {"g.py": fix})):
+        index.add(PrMeta.of(pr), fingerprint_pr(pr, rules.copycat.winnowing.k, rules.copycat.winnowing.w))
+    traced: list[str] = []
+    store.db._conn.set_trace_callback(traced.append)
+    for pr in (make_pr(3, "bob", 1, {"b.py": SPLIT_SOFTMAX}), make_pr(4, "bob", 1, {"h.py": fix})):
+        index_check(index, pr, rules)  # a normal PR and a tiny one: both literal paths
+    store.db._conn.set_trace_callback(None)
+    selects = sorted({sql for sql in traced if sql.lstrip().upper().startswith("SELECT")})
+    assert len(selects) >= 6, selects  # main, frequencies, postings, PRs, rarest line, its PRs, shared lines
+    for sql in selects:
+        plan = " ".join(row[-1] for row in store.db.read("EXPLAIN QUERY PLAN " + sql))
+        assert not any(f"SCAN {t}" in plan for t in ("p", "m", "l", "copycat")), (sql, plan)
 
 
 def test_a_tiny_identical_fix_is_found_by_its_rarest_line(rules):

@@ -100,10 +100,10 @@ def populate(
         t += timedelta(minutes=rng.randint(3, 40))
         head = _sha("head", pr, i)
         key = EvalKey(pr, head, base_sha, "r" * 16)
-        store.enqueue_evaluation(key, now=t)
+        store.queue.enqueue_evaluation(key, now=t)
         if i >= evaluations - 3:
             continue  # the newest stay queued
-        claimed = store.claim_next("box-1", now=t)
+        claimed = store.queue.claim_next("box-1", now=t)
         assert claimed is not None and claimed.key == key
         status = rng.choices(_DRAWN, weights=(30, 50, 12, 8))[0]
         if status is Status.REJECT and i % 9 == 4:
@@ -119,10 +119,10 @@ def populate(
                           "r" * 16, 0.012 if ests else None)  # fmt: skip
         prov = Provenance("o/r", base_sha, head, base_sha, "r" * 16, "cuda", pr=pr, title=title, author=author,
                           branch=f"perf/{pr}")  # fmt: skip
-        store.finish_evaluation(key, "box-1", verdict, Measurements(prov), now=t + timedelta(minutes=2))
+        store.queue.finish_evaluation(key, "box-1", verdict, Measurements(prov), now=t + timedelta(minutes=2))
         if status is Status.PASS and rng.random() < min(0.35, 150 / evaluations):  # ~150 merges at most
             t += timedelta(minutes=5)
-            store.record_ledger("merge", pr, head, author, gain - 1.0, gain - 1.0, now=t)
+            store.rounds.record_ledger("merge", pr, head, author, gain - 1.0, gain - 1.0, now=t)
             merged += 1
             for k in main:
                 main[k] *= 1 + (gain - 1) * rng.uniform(0.1, 0.6)  # a merge's gain shrinks on the next main
@@ -130,12 +130,14 @@ def populate(
     if extras:
         for j in range(min(prs, 40)):
             author = HOSTILE_AUTHOR if hostile and j == 0 else authors[j % len(authors)]
-            store.add_strike(
+            store.moderation.add_strike(
                 author, j + 1, "copycat: 91% of #3 without credit", now=START + timedelta(days=j)
             )
-        store.block("dev1", "three copycat strikes", "evalbot", now=START + timedelta(days=3))
-        store.add_clear(2, "maintainer", HOSTILE_REASON if hostile else "false positive", now=START)
-        store.record_ledger(
+        store.moderation.block("dev1", "three copycat strikes", "evalbot", now=START + timedelta(days=3))
+        store.moderation.add_clear(
+            2, "maintainer", HOSTILE_REASON if hostile else "false positive", now=START
+        )
+        store.rounds.record_ledger(
             "credit", 3, _sha("head", 3, 2), "dev3", 0.01, 0.004, now=START + timedelta(days=1)
         )
     return {"merges": merged, "last": t}
@@ -193,7 +195,7 @@ def small_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with Store(root / "state.db") as store:
         populate(store, 60, 200, hostile=True)
         for c in calibrations():
-            store.record_calibration(c)
+            store.calibrations.record(c)
         files = dashboard.read_ledger_dir(_ledger_dir(root / "checkout"))
         dashboard.build_site(store, root / "site", ledger_files=files, per_page=25, now=START)
     return root / "site"
@@ -215,7 +217,7 @@ def large_site(
     out = tmp_path_factory.mktemp("large-site") / "site"
     with Store(large_store) as store:
         for c in calibrations(days=400, boxes=4):
-            store.record_calibration(c)
+            store.calibrations.record(c)
         report = dashboard.build_site(store, out, now=START)
     return out, report
 
@@ -243,8 +245,8 @@ def _links(page: Path) -> set[str]:
 def test_frontier_pools_evaluations_per_main_commit(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db") as store:
         info = populate(store, 10, 40, extras=False)
-        series = dashboard.frontier(store.evaluations())
-        marks = dashboard.merges(store.ledger())
+        series = dashboard.frontier(store.queue.evaluations())
+        marks = dashboard.merges(store.rounds.ledger())
     assert {(s.model, s.context) for s in series} == {(m, c) for m in MODELS for c in CONTEXTS}
     assert len(marks) == info["merges"] > 0
     for s in series:
@@ -266,7 +268,7 @@ def test_downsample_keeps_the_shape_and_the_count() -> None:
 def test_verdict_history_picks_a_period_that_keeps_bars_few(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db") as store:
         populate(store, 30, 120, extras=False)
-        recs = store.evaluations()
+        recs = store.queue.evaluations()
     hist = dashboard.verdict_history(recs, max_bars=80)
     assert hist.total == sum(1 for r in recs if dashboard.outcome(r))
     assert len(hist.starts) <= 80

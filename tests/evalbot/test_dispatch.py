@@ -13,11 +13,11 @@ import json
 import random
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 from cryptography.hazmat.primitives import serialization
 
 from evalbot import dispatch, judge, receipts
@@ -101,9 +101,7 @@ def store(tmp_path):
 
 @pytest.fixture
 def runs(store):
-    conn = store.open_connection()
-    yield DispatchRuns(conn)
-    conn.close()
+    return DispatchRuns(store.dispatches)
 
 
 @pytest.fixture
@@ -113,15 +111,9 @@ def workdir(tmp_path) -> Path:
     return path
 
 
-def jobs_runner(double: Double):
-    """A RunnerLookup over the double's jobs endpoint (what a list_run_jobs port method would read)."""
-
-    def runner_of(run_id: int) -> str | None:
-        url = f"{double.base_url}/repos/{double.repo}/actions/runs/{run_id}/jobs"
-        jobs = requests.get(url, timeout=5).json()["jobs"]
-        return next((j["runner_name"] for j in jobs if j["runner_name"]), None)
-
-    return runner_of
+def jobs_runner(gh: PyGithubAdapter):
+    """The poller's RunnerLookup: the runner a run's job landed on, read through the port's list_run_jobs."""
+    return partial(dispatch.runner_of, gh)
 
 
 # --- the runner's side -----------------------------------------------------------------------------------
@@ -270,7 +262,7 @@ def test_a_failed_run_is_infra_and_retried_without_its_runner(github_double, gh,
     handle = begin(gh, rules, runs)
     play_runner(github_double, handle.run_id, None, box="box-bad", conclusion="failure")
 
-    failed = advance(gh, rules, runs, handle, T0 + timedelta(minutes=20), workdir, jobs_runner(github_double))
+    failed = advance(gh, rules, runs, handle, T0 + timedelta(minutes=20), workdir, jobs_runner(gh))
 
     assert isinstance(failed, Failed) and failed.infra and failed.retry and not failed.alert
     assert failed.reason == (
@@ -292,7 +284,7 @@ def test_a_failed_run_is_infra_and_retried_without_its_runner(github_double, gh,
     assert runs.in_flight() == [retry]
 
     play_runner(github_double, retry.run_id, artifact_files(rules), box="box-2")
-    done = advance(gh, rules, runs, retry, T0 + timedelta(minutes=60), workdir, jobs_runner(github_double))
+    done = advance(gh, rules, runs, retry, T0 + timedelta(minutes=60), workdir, jobs_runner(gh))
     assert isinstance(done, Finished) and done.judgement.verdict.tier == "S"
     history = runs.history(PR, HEAD, BASE, rules.rules_hash)
     assert [(r.handle.request.attempt, r.state) for r in history] == [(1, "retried"), (2, "finished")]
@@ -304,7 +296,7 @@ def test_a_cancelled_or_timed_out_run_is_retried_even_with_an_artifact(
 ):
     handle = begin(gh, rules, runs)
     play_runner(github_double, handle.run_id, artifact_files(rules), conclusion=conclusion)
-    failed = advance(gh, rules, runs, handle, T0 + timedelta(minutes=20), workdir, jobs_runner(github_double))
+    failed = advance(gh, rules, runs, handle, T0 + timedelta(minutes=20), workdir, jobs_runner(gh))
     assert isinstance(failed, Failed) and failed.retry and failed.retried_as is not None
     assert failed.reason == f"run {handle.run_id} ended {conclusion} on runner box-1 (attempt 1 of 3)"
     assert github_double.state.calls("artifacts.zip") == []  # nothing from such a run is read
@@ -326,7 +318,7 @@ def test_a_run_that_never_finishes_times_out_then_attempts_run_out(github_double
     limit = rules.dispatch.timeout_minutes
     handle = begin(gh, rules, runs)
     s.pick_up_run(handle.run_id, "box-stuck")
-    runner_of = jobs_runner(github_double)
+    runner_of = jobs_runner(gh)
 
     assert isinstance(advance(gh, rules, runs, handle, T0 + timedelta(minutes=limit - 1), workdir), Pending)
     late = T0 + timedelta(minutes=limit)
@@ -370,9 +362,7 @@ def test_a_signed_infra_error_is_the_boxs_fault_and_retried_elsewhere(
     gpu = Failure(Side.HEAD, "gpu", "CUDA error: an illegal memory access")
     files = artifact_files(rules, m=measurements(rules, failures=[gpu]))
     play_runner(github_double, handle.run_id, files, box="box-gpu")
-    outcome = advance(
-        gh, rules, runs, handle, T0 + timedelta(minutes=20), workdir, jobs_runner(github_double)
-    )
+    outcome = advance(gh, rules, runs, handle, T0 + timedelta(minutes=20), workdir, jobs_runner(gh))
     assert isinstance(outcome, Failed) and outcome.retry and "CUDA error" in outcome.reason
     assert outcome.retried_as is not None and outcome.retried_as.request.exclude_runners == ("box-gpu",)
 
@@ -520,20 +510,16 @@ def test_a_refused_dispatch_is_final_and_alerts(github_double, gh, rules, runs):
 def test_in_flight_handles_survive_a_restart(github_double, gh, rules, tmp_path, workdir):
     path = tmp_path / "bot.sqlite"
     with Store(path) as store:
-        conn = store.open_connection()
-        handle = begin(gh, rules, DispatchRuns(conn))
-        conn.close()
+        handle = begin(gh, rules, DispatchRuns(store.dispatches))
     play_runner(github_double, handle.run_id, artifact_files(rules))
 
     with Store(path) as store:  # the poller starts again
-        conn = store.open_connection()
-        runs = DispatchRuns(conn)
+        runs = DispatchRuns(store.dispatches)
         (resumed,) = runs.in_flight()
         assert resumed == handle
         done = advance(gh, rules, runs, resumed, T0 + timedelta(minutes=45), workdir)
         assert isinstance(done, Finished) and done.judgement.verdict.tier == "S"
         assert runs.in_flight() == []
-        conn.close()
 
 
 def test_a_crash_between_intent_and_dispatch_is_found_or_retried(github_double, gh, rules, tmp_path, workdir):
@@ -541,18 +527,14 @@ def test_a_crash_between_intent_and_dispatch_is_found_or_retried(github_double, 
     req = ask(rules)
     intent = dispatch.DispatchHandle(req, WORKFLOW, "main", T0, T0 + timedelta(hours=2))
     with Store(path) as store:
-        conn = store.open_connection()
-        DispatchRuns(conn).save(intent, "dispatching")  # the crash comes before the GitHub call
-        conn.close()
+        DispatchRuns(store.dispatches).save(intent, "dispatching")  # the crash comes before the GitHub call
     with Store(path) as store:
-        conn = store.open_connection()
-        runs = DispatchRuns(conn)
+        runs = DispatchRuns(store.dispatches)
         (resumed,) = runs.in_flight()
         assert resumed == intent and resumed.run_id is None
         lost = advance(gh, rules, runs, resumed, T0 + timedelta(minutes=20), workdir)
         assert isinstance(lost, Failed) and lost.retried_as is not None
         assert [h.request.attempt for h in runs.in_flight()] == [2]
-        conn.close()
 
 
 def test_a_closed_handle_is_never_reopened(runs, rules):

@@ -254,7 +254,7 @@ def test_an_evaluator_crash_is_that_prs_infra_error(contest):
     contest.pull(2, 0.05)
     report = contest.bot.poll_once()
     assert any("RuntimeError: the evaluator blew up" in n for n in report.notes)
-    [rec] = contest.store.evaluations(pr=1)
+    [rec] = contest.store.queue.evaluations(pr=1)
     assert rec.state == "done" and rec.verdict.status.value == "INFRA_ERROR"
     assert "PASS" in contest.bot_comment(2)
 
@@ -357,7 +357,7 @@ def test_main_moving_between_measurement_and_merge_means_measure_again(contest, 
     report = contest.bot.poll_once()
     assert not contest.state.pulls[1].merged and report.merged == []
     assert any("main moved since it was measured" in n for n in report.notes), report.notes
-    queued = contest.store.evaluations(pr=1, state="queued")
+    queued = contest.store.queue.evaluations(pr=1, state="queued")
     assert [q.key.base_sha for q in queued] == [contest.repo.rev("main")]
 
 
@@ -386,7 +386,7 @@ def test_the_measured_sha_is_named_in_the_receipt_and_report(contest):
     contest.pull(1, 0.05)
     contest.bot.settings = BotSettings(bot_login=BOT, automerge_env=False)
     contest.bot.poll_once()
-    [rec] = contest.store.evaluations(pr=1, state="done")
+    [rec] = contest.store.queue.evaluations(pr=1, state="done")
     assert rec.receipt["body"]["measured_sha"] == rec.measurements.provenance.measured_sha
     assert rec.receipt["body"]["head_sha"] == contest.state.pulls[1].head_sha
     assert "measured `" in contest.bot_comment(1)
@@ -431,16 +431,33 @@ def test_what_the_bot_owns_it_restores(contest):
     assert contest.bot_comment(1) is not None and "PASS" in contest.bot_comment(1)
 
 
-def test_a_maintainers_blocking_label_wins_over_the_screens(contest):
-    from evalbot.model import Decision
+class CleanScreen:
+    """A copycat screen (evalbot.copycat.Screen) that finds every PR clean: it removes the screen's labels."""
 
+    def __init__(self, rules):
+        self.rules, self.mains, self.merged = rules, [], []
+
+    def __call__(self, pr):
+        from evalbot.model import Decision
+
+        return Decision((), (self.rules.labels.copycat, self.rules.labels.copycat_warn))
+
+    def set_main(self, sha):
+        self.mains.append(sha)
+
+    def mark_merged(self, pr, at):
+        self.merged.append(pr)
+
+
+def test_a_maintainers_blocking_label_wins_over_the_screens(contest):
     lab = contest.rules.labels
-    contest.bot.screen = lambda pr: Decision((), (lab.copycat, lab.copycat_warn))  # "clean"
+    contest.bot.screen = screen = CleanScreen(contest.rules)
     contest.pull(1, 0.30)
     contest.state.pulls[1].labels.append(lab.copycat)  # a maintainer's judgement
     report = contest.bot.poll_once()
     assert lab.copycat in contest.labels(1) and not contest.state.pulls[1].merged
     assert any("blocking label" in n for n in report.notes), report.notes
+    assert screen.mains == [report.main_sha] and screen.merged == []  # told of main, and nothing merged
 
 
 def test_a_hold_label_keeps_the_bot_away(contest):
@@ -458,7 +475,7 @@ def test_claim_gap_is_applied_and_blocks_the_merge(contest):
 
 
 def test_a_closed_blocked_pr_stays_closed(contest):
-    contest.store.block("mallory", "copied three PRs", "maintainer")
+    contest.store.moderation.block("mallory", "copied three PRs", "maintainer")
     contest.pull(1, 0.30, author="mallory")
     contest.bot.poll_once()
     assert contest.state.pulls[1].state == "closed"
@@ -468,9 +485,11 @@ def test_a_closed_blocked_pr_stays_closed(contest):
 
 
 def test_a_clear_exempts_one_head_only(contest):
-    contest.store.block("mallory", "copied three PRs", "maintainer")
+    contest.store.moderation.block("mallory", "copied three PRs", "maintainer")
     contest.pull(1, 0.05, author="mallory")
-    contest.store.add_clear(1, "maintainer", "mallory's own work", head_sha=contest.state.pulls[1].head_sha)
+    contest.store.moderation.add_clear(
+        1, "maintainer", "mallory's own work", head_sha=contest.state.pulls[1].head_sha
+    )
     contest.bot.settings = BotSettings(bot_login=BOT, automerge_env=False)
     contest.bot.poll_once()
     assert contest.state.pulls[1].state == "open" and [c[0] for c in contest.calls] == [1]
@@ -482,7 +501,7 @@ def test_a_clear_exempts_one_head_only(contest):
 
 
 def test_co_authored_by_trailers_count_for_the_blocklist(contest):
-    contest.store.block("mallory", "copied three PRs", "maintainer")
+    contest.store.moderation.block("mallory", "copied three PRs", "maintainer")
     contest.pull(
         1, 0.30, message="Faster decode\n\nCo-authored-by: M <12345+mallory@users.noreply.github.com>"
     )

@@ -48,49 +48,49 @@ def aliases(tmp_path: Path) -> tuple[Path, Path, Path]:
 def test_a_second_owner_is_refused_by_any_name_of_the_file(tmp_path):
     real, linked, dotted = aliases(tmp_path)
     with Store(real) as a, Store(linked) as b, Store(dotted) as c:
-        a.acquire_lease("host-a:1:aaaaaa", 60)
+        a.leases.acquire("host-a:1:aaaaaa", 60)
         for other in (b, c):
             with pytest.raises(
                 LeaseHeldError,
                 match=r"held by host-a:1:aaaaaa \(since .*heartbeat 0 s ago, "
                 r"lapses in 60 s\)",
             ) as err:
-                other.acquire_lease("host-b:2:bbbbbb", 60)
+                other.leases.acquire("host-b:2:bbbbbb", 60)
             assert err.value.holder.owner == "host-a:1:aaaaaa"
-        assert a.acquire_lease("host-a:1:aaaaaa", 60).owner == "host-a:1:aaaaaa"  # its own: a renewal
-        assert b.lease().owner == "host-a:1:aaaaaa"
+        assert a.leases.acquire("host-a:1:aaaaaa", 60).owner == "host-a:1:aaaaaa"  # its own: a renewal
+        assert b.leases.current().owner == "host-a:1:aaaaaa"
 
 
 def test_a_lapsed_lease_or_a_gone_holder_is_taken_over(tmp_path):
     with Store(tmp_path / "s.db") as store:
         t0 = times.now()
-        store.acquire_lease("a", 30, now=t0)
+        store.leases.acquire("a", 30, now=t0)
         with pytest.raises(LeaseHeldError):
-            store.acquire_lease("b", 30, now=t0 + timedelta(seconds=29))
-        assert store.acquire_lease("b", 30, now=t0 + timedelta(seconds=31)).owner == "b"
-        assert store.acquire_lease("c", 30, gone=lambda owner: owner == "b").owner == "c"
-        assert not store.release_lease("b") and store.release_lease("c") and store.lease() is None
+            store.leases.acquire("b", 30, now=t0 + timedelta(seconds=29))
+        assert store.leases.acquire("b", 30, now=t0 + timedelta(seconds=31)).owner == "b"
+        assert store.leases.acquire("c", 30, gone=lambda owner: owner == "b").owner == "c"
+        assert not store.leases.release("b") and store.leases.release("c") and store.leases.current() is None
 
 
 def test_the_heartbeat_keeps_the_lease_past_its_ttl_and_stop_releases_it(tmp_path):
     path = tmp_path / "s.db"
     with Store(path) as a, Store(path) as b:
-        keeper = LeaseKeeper(a, "a", 2.0)  # a beat every 0.5 s: a loaded box may delay one, not four
+        keeper = LeaseKeeper(a.leases, "a", 2.0)  # a beat every 0.5 s: a loaded box may delay one, not four
         keeper.start()
         time.sleep(5.0)  # 2.5 ttls: only the heartbeat keeps it
         with pytest.raises(LeaseHeldError):
-            b.acquire_lease("b", 2.0)
+            b.leases.acquire("b", 2.0)
         keeper.check()
         keeper.stop()
-        assert b.lease() is None and b.acquire_lease("b", 2.0).owner == "b"
+        assert b.leases.current() is None and b.leases.acquire("b", 2.0).owner == "b"
 
 
 def test_a_holder_whose_lease_was_taken_over_learns_it_and_stops(tmp_path):
     path = tmp_path / "s.db"
     with Store(path) as a, Store(path) as b:
-        keeper = LeaseKeeper(a, "a", 0.8)
+        keeper = LeaseKeeper(a.leases, "a", 0.8)
         keeper.start()
-        b.acquire_lease("b", 60, gone=lambda owner: True)  # as after a long suspension of "a"
+        b.leases.acquire("b", 60, gone=lambda owner: True)  # as after a long suspension of "a"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -102,7 +102,7 @@ def test_a_holder_whose_lease_was_taken_over_learns_it_and_stops(tmp_path):
         else:
             raise AssertionError("the keeper never noticed that its lease was taken over")
         keeper.stop()
-        assert b.lease().owner == "b"  # stop() never releases a lease that is no longer its own
+        assert b.leases.current().owner == "b"  # stop() never releases a lease that is no longer its own
 
 
 def test_owner_gone_only_for_a_dead_process_of_this_host():
@@ -135,7 +135,7 @@ def test_the_cli_refuses_a_second_poller_naming_the_holder_before_any_poll(tmp_p
         str(linked),
     ]  # the login given: no request before the lease
     with Store(real) as store:
-        store.acquire_lease(worker_id(), 60)  # this (live) process holds it
+        store.leases.acquire(worker_id(), 60)  # this (live) process holds it
         t0 = time.monotonic()
         proc = subprocess.run(
             [*argv, "--wait", "2"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
@@ -150,10 +150,10 @@ def test_the_cli_refuses_a_second_poller_naming_the_holder_before_any_poll(tmp_p
         dead = subprocess.run(
             [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
         ).stdout.strip()
-        store.acquire_lease(f"{worker_id().split(':')[0]}:{dead}:dead00", 60, gone=lambda _o: True)
+        store.leases.acquire(f"{worker_id().split(':')[0]}:{dead}:dead00", 60, gone=lambda _o: True)
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
         assert "held by" not in proc.stderr, proc.stderr
-        assert store.lease() is None  # taken, then given up when the poll ended
+        assert store.leases.current() is None  # taken, then given up when the poll ended
 
 
 def test_two_bots_on_one_store_never_evaluate_or_comment_twice(tmp_path, rules):  # noqa: F811
@@ -190,7 +190,7 @@ def test_two_bots_on_one_store_never_evaluate_or_comment_twice(tmp_path, rules):
                     second.poll_once()
                 refused.append(str(err.value))
                 assert len(st.requests) == requests  # it asked GitHub nothing
-                claimed = store2.evaluations(pr=1, state="claimed")
+                claimed = store2.queue.evaluations(pr=1, state="claimed")
                 assert [r.claimed_by for r in claimed] == [
                     "host-a:1:aaaaaa"
                 ]  # the live claim stays the first's

@@ -58,7 +58,7 @@ def test_the_store_is_the_source_and_the_file_its_export(tmp_path: Path, remote:
     log: list[str] = []
     with Store(tmp_path / "s.db") as store:
         book = LedgerBook(store, remote, log.append, lambda: T0)
-        store.block("mallory", "copycat strikes", "evalbot", T0)
+        store.moderation.block("mallory", "copycat strikes", "evalbot", T0)
         book.sync_blocked()
         assert logins(parse_blocked(read_ledgers(remote)[BLOCKED_PATH])) == ["mallory"]
 
@@ -69,17 +69,20 @@ def test_the_store_is_the_source_and_the_file_its_export(tmp_path: Path, remote:
         book.begin_poll()
         book.sync_blocked()
         assert book.blocked() == {"eve", "mallory"}
-        assert [(e.login, e.by) for e in store.blocklist()] == [("eve", BY_FILE), ("mallory", "evalbot")]
+        assert [(e.login, e.by) for e in store.moderation.blocklist()] == [
+            ("eve", BY_FILE),
+            ("mallory", "evalbot"),
+        ]
 
         # and removes mallory's: the store lifts the block, and the history keeps both
         commit_ledgers(remote, {BLOCKED_PATH: "eve\n"}, "hand")
         book.begin_poll()
         book.sync_blocked()
         assert book.blocked() == {"eve"}
-        assert [e.event for e in store.blocklist_history("mallory")] == ["block", "unblock"]
+        assert [e.event for e in store.moderation.blocklist_history("mallory")] == ["block", "unblock"]
 
         # an unblock in the store removes the line from the file
-        store.unblock("eve", "a mistake", "maint", T0)
+        store.moderation.unblock("eve", "a mistake", "maint", T0)
         book.begin_poll()
         book.sync_blocked()
         assert parse_blocked(read_ledgers(remote)[BLOCKED_PATH]) == [] and book.blocked() == frozenset()
@@ -88,7 +91,7 @@ def test_the_store_is_the_source_and_the_file_its_export(tmp_path: Path, remote:
 
 def test_an_unreadable_ledger_costs_the_export_never_a_block(tmp_path: Path):
     with Store(tmp_path / "s.db") as store:
-        store.block("mallory", "copycat strikes", "evalbot", T0)
+        store.moderation.block("mallory", "copycat strikes", "evalbot", T0)
         book = LedgerBook(store, (tmp_path / "missing.git").as_uri(), lambda _: None, lambda: T0)
         with pytest.raises(Exception):  # noqa: B017 - the poller contains it and notes it
             book.sync_blocked()
@@ -100,5 +103,5 @@ def test_a_dry_run_reads_hand_edits_but_writes_nothing(tmp_path: Path, remote: s
     with Store(tmp_path / "s.db") as store:
         book = LedgerBook(store, remote, lambda _: None, lambda: T0, dry_run=True)
         book.sync_blocked()
-        assert book.blocked() == {"eve"} and store.blocklist() == []
+        assert book.blocked() == {"eve"} and store.moderation.blocklist() == []
     assert read_ledgers(remote)[BLOCKED_PATH] == "eve\n"

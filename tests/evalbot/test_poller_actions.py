@@ -45,6 +45,34 @@ def rules():
     return replace(actions, rules_hash=rules_hash(actions))
 
 
+def test_a_run_that_failed_on_a_box_is_dispatched_again_away_from_that_box(
+    github_double, fake_clock, rules, tmp_path
+):
+    """The poller asks the port for the failed run's jobs (list_run_jobs) and excludes their runner."""
+    st = github_double.state
+    st.add_workflow(WORKFLOW, run_name=RUN_NAME)
+    repo = BareRepo.create(tmp_path / "remote.git", {"engine/model.py": "x = 1\n"}, when=st.now)
+    st.clone_url = repo.url
+    add_git_pull(st, repo, 1, {"engine/model.py": "x = 2  # faster\n"}, author_login="alice", body=BODY)
+    gh = PyGithubAdapter.from_token(github_double.repo, "ghp_test", base_url=github_double.base_url, pace=False,
+                                    timeout=2.0, rng=random.Random(0), sleep=fake_clock.sleep,
+                                    clock=fake_clock.time)  # fmt: skip
+    with Store(tmp_path / "state.db") as store:
+        settings = BotSettings(bot_login=BOT, work_dir=tmp_path / "work")
+        mirror = Mirror(repo.url, tmp_path / "mirror.git")
+        bot = Bot(gh, store, rules, settings, mirror, lambda *_: None, lambda _line: None)
+        bot.poll_once()
+        (first,) = st.runs.values()
+        play_runner(github_double, first.id, None, box="box-bad", conclusion="failure")  # no artifact
+        bot.poll_once()
+        retry = next(r for r in st.runs.values() if r.id != first.id)
+        assert retry.inputs["exclude_runner"] == "box-bad"
+        assert [c.path for c in st.calls("runs.jobs")] == [
+            f"/repos/{github_double.repo}/actions/runs/{first.id}/jobs"
+        ]
+        bot.close()
+
+
 def test_dispatched_evaluations_are_published_only_when_verified(github_double, fake_clock, rules, tmp_path):
     st = github_double.state
     st.add_workflow(WORKFLOW, run_name=RUN_NAME)
@@ -84,11 +112,11 @@ def test_dispatched_evaluations_are_published_only_when_verified(github_double, 
         second = bot.poll_once()
         assert second.evaluated == [1], second
         assert any(n.startswith("ALERT #2") for n in second.notes), second.notes
-        verdict_1 = store.evaluations(pr=1, state="done")[-1].verdict
+        verdict_1 = store.queue.evaluations(pr=1, state="done")[-1].verdict
         assert verdict_1.status.value == "PASS" and verdict_1.tier is not None
         body_1 = next(c.body for c in st.comments_on(1) if c.author == BOT)
         assert MARKER in body_1 and "PASS" in body_1
-        verdict_2 = store.evaluations(pr=2, state="done")[-1].verdict
+        verdict_2 = store.queue.evaluations(pr=2, state="done")[-1].verdict
         assert verdict_2.status.value == "INFRA_ERROR" and verdict_2.tier is None
         body_2 = next(c.body for c in st.comments_on(2) if c.author == BOT)
         assert "infra error" in body_2 and "PASS" not in body_2

@@ -59,7 +59,7 @@ def test_an_inconclusive_evaluation_is_measured_again_and_never_merged(github_do
         report = bot.poll_once()
         assert len(calls) == DEFAULT_MAX_ATTEMPTS  # measured again, within the attempt limit
         assert sum("queued again" in n for n in report.notes) == DEFAULT_MAX_ATTEMPTS - 1
-        [rec] = store.evaluations(pr=1)
+        [rec] = store.queue.evaluations(pr=1)
         assert rec.state == "done" and rec.verdict.status is Status.INCONCLUSIVE
         assert report.merged == [] and not st.pulls[1].merged
         labels = set(gh.get_pull(1).labels)

@@ -80,7 +80,7 @@ def test_labels_are_a_set_difference_and_merge_uses_the_measured_sha(github_doub
     github_double.state.push(2, fake_sha("moved", 2))
     result = pub.merge(2, measured, "squash", "t", "m")
     assert result is not None and result.outcome is MergeOutcome.HEAD_MOVED and not gh.get_pull(2).merged
-    assert not store.pending_actions()  # nothing happened: the merge may be tried again later
+    assert not store.actions.pending_actions()  # nothing happened: the merge may be tried again later
 
 
 def test_a_crash_between_intent_and_completion_is_reconciled_not_repeated(github_double, gh, store):
@@ -89,16 +89,18 @@ def test_a_crash_between_intent_and_completion_is_reconciled_not_repeated(github
     body = f"{MARKER}\nverdict"
     # what a bot killed right after GitHub answered leaves behind: the intent, and the comment on GitHub
     digest = hashlib.sha256(body.encode()).hexdigest()[:16]
-    store.begin_action(
+    store.actions.begin_action(
         action_key("comment", 3, head, {"from": None, "to": digest}), {"pr": 3, "body_digest": digest}
     )
     made = gh.create_comment(3, body)
     # and a label change whose call never reached GitHub
-    store.begin_action(action_key("labels", 3, head, "x"), {"pr": 3, "add": ["verified"], "remove": []})
+    store.actions.begin_action(
+        action_key("labels", 3, head, "x"), {"pr": 3, "add": ["verified"], "remove": []}
+    )
     log: list[str] = []
     notes = publisher(gh, store, log).reconcile()
     assert sorted(notes) == ["comment #3: done", "labels #3: not done, will redo"]
-    assert not store.pending_actions()
+    assert not store.actions.pending_actions()
     assert not publisher(gh, store).comment(3, head, body)  # already there: no second comment
     assert [c.id for c in github_double.state.comments_on(3)] == [made.id]
     assert bot_comment(gh.list_comments(3), None).body == body

@@ -66,11 +66,15 @@ def test_copies_are_closed_with_strikes_until_the_author_is_blocked(tmp_path):
             got = screen(copy)
             assert got is not None and not got.evaluate and got.close and got.labels == ("copycat",), got
             assert got.notice is not None and "#1" in got.notice.lines[0] and got.flag == "copycat"
-        assert [s.pr for s in store.strikes("eve")] == [3, 4, 5]
-        assert "eve" in {e.login for e in store.blocklist()}  # strikes.limit (3) reached
-        store.add_clear(6, "maint", "eve's own earlier work, checked by hand")  # no head: clears nothing
+        assert [s.pr for s in store.moderation.strikes("eve")] == [3, 4, 5]
+        assert "eve" in {e.login for e in store.moderation.blocklist()}  # strikes.limit (3) reached
+        store.moderation.add_clear(
+            6, "maint", "eve's own earlier work, checked by hand"
+        )  # no head: clears nothing
         again = pr(6, "eve", "2026-11-09T10:00:00Z", added("engine/again.py", disguise(original, "z")))
         assert not screen(again).evaluate
-        store.add_clear(6, "maint", "eve's own earlier work, checked by hand", head_sha=again.head_sha)
+        store.moderation.add_clear(
+            6, "maint", "eve's own earlier work, checked by hand", head_sha=again.head_sha
+        )
         cleared = screen(again)
         assert cleared is not None and cleared.evaluate  # a maintainer's clear of this head exempts it

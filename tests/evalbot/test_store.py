@@ -122,8 +122,8 @@ def test_new_store_is_wal_full_sync_and_versioned(store, db):
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # WAL is a property of the file
     conn.close()
-    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-    assert store._conn.execute("PRAGMA busy_timeout").fetchone()[0] > 0
+    assert store.db._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert store.db._conn.execute("PRAGMA busy_timeout").fetchone()[0] > 0
 
 
 def test_meta_round_trip_and_schema_version_is_protected(store, db):
@@ -205,22 +205,47 @@ def test_missing_folder_and_directory_are_clear_errors(tmp_path):
         Store(tmp_path)
 
 
-def test_other_modules_tables_share_the_file_atomically(store, db):
-    conn = store.open_connection()
-    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
-    conn.executescript("CREATE TABLE IF NOT EXISTS copycat_demo (fp INTEGER, pr INTEGER)")
-    with conn:
-        conn.executemany("INSERT INTO copycat_demo VALUES (?, ?)", [(1, 7), (2, 7)])
-    with pytest.raises(sqlite3.IntegrityError), conn:  # a failure halfway through: none of it stays
-        conn.execute("CREATE TABLE IF NOT EXISTS copycat_unique (fp INTEGER UNIQUE)")
-        conn.execute("INSERT INTO copycat_demo VALUES (3, 8)")
-        conn.executemany("INSERT INTO copycat_unique VALUES (?)", [(1,), (1,)])
-    conn.close()
+def test_the_copycat_and_dispatch_parts_write_whole_or_not_at_all(store, db):
+    """The parts that once ran their own SQL on a second connection now write through the store's one
+    transaction helper: a failure halfway through a write leaves what was there before."""
+    from evalbot.store import CopycatPr, DispatchRow
+
+    pr = CopycatPr(7, "alice", "2026-11-30T10:00:00.000000Z", None, None)
+    store.copycat.add(pr, [1, 2], [10])
+
+    def broken():
+        yield 3
+        raise RuntimeError("the disk filled up")
+
+    with pytest.raises(RuntimeError):
+        store.copycat.add(pr, broken(), [11])  # a new push of #7, cut short
+    assert store.copycat.postings([1, 2, 3]) == [(1, 7), (2, 7)]
+    assert store.copycat.lines_shared([10, 11], 7) == 1
+    row = DispatchRow("r1", 7, HEAD, BASE, RULES, "cpu", 1, ("box-a",), "eval.yml", "main", T0, T0)
+    store.dispatches.save(row)
+    with pytest.raises(ValueError, match="close\\(\\) state"):
+        store.dispatches.close("r1", "dispatching")
+    store.dispatches.close("r1", "failed", "gave up", run_id=5)
     store.close()
-    with Store(db) as again:  # extra tables beside the store's own are fine
-        assert again.schema_version == SCHEMA_VERSION
-        rows = again.open_connection().execute("SELECT fp, pr FROM copycat_demo ORDER BY fp").fetchall()
-        assert rows == [(1, 7), (2, 7)]
+    with Store(db) as again:
+        assert again.copycat.prs([7]) == {7: pr}
+        (kept,) = again.dispatches.history(7, HEAD, BASE, RULES)
+        assert (kept.state, kept.run_id, kept.exclude_runners, kept.dispatched_at) == (
+            "failed",
+            5,
+            ("box-a",),
+            T0,
+        )
+        assert again.dispatches.open() == []
+
+
+def test_a_store_in_memory_has_every_table_and_one_connection():
+    with Store.in_memory() as store:
+        assert store.schema_version == SCHEMA_VERSION
+        store.copycat.set_main([1, 2], "2026-11-30T10:00:00.000000Z")
+        assert store.copycat.in_main([1, 3], "2026-11-30T11:00:00.000000Z") == {1}
+        with pytest.raises(StoreError, match="in memory has one connection"):
+            store.db.open_connection()
 
 
 # ---------------------------------------------------------------- evaluations
@@ -228,24 +253,24 @@ def test_other_modules_tables_share_the_file_atomically(store, db):
 
 def test_evaluation_round_trip_survives_reopen(store, db):
     k = key()
-    assert store.enqueue_evaluation(k, now=T0) is True
-    assert store.enqueue_evaluation(k, now=T0) is False  # already known: nothing changes
-    rec = store.claim_next("w1", now=T0 + timedelta(seconds=5))
+    assert store.queue.enqueue_evaluation(k, now=T0) is True
+    assert store.queue.enqueue_evaluation(k, now=T0) is False  # already known: nothing changes
+    rec = store.queue.claim_next("w1", now=T0 + timedelta(seconds=5))
     assert (rec.key, rec.state, rec.attempts, rec.claimed_by) == (k, "claimed", 1, "w1")
     assert rec.started_at == iso(T0 + timedelta(seconds=5)) and rec.verdict is None
     receipt = {"schema": 1, "signature": "AAAA", "body": {"verdict": "PASS"}}
-    store.finish_evaluation(k, "w1", verdict(), measurements(), receipt, now=T0 + timedelta(minutes=20))
+    store.queue.finish_evaluation(k, "w1", verdict(), measurements(), receipt, now=T0 + timedelta(minutes=20))
     store.close()
 
     with Store(db) as again:
-        done = again.evaluation(k)
+        done = again.queue.evaluation(k)
         assert done.state == "done" and done.status is Status.PASS
         assert done.verdict == verdict() and done.measurements == measurements() and done.receipt == receipt
         assert (done.queued_at, done.finished_at) == (iso(T0), iso(T0 + timedelta(minutes=20)))
         assert done.claimed_by is None and done.lease_until is None
-        assert [r.key for r in again.evaluations(pr=7, state="done")] == [k]
-        assert again.evaluations(state="queued") == []
-        assert again.claim_next("w2") is None
+        assert [r.key for r in again.queue.evaluations(pr=7, state="done")] == [k]
+        assert again.queue.evaluations(state="queued") == []
+        assert again.queue.claim_next("w2") is None
 
 
 def test_evaluation_keys_differ_by_every_part(store):
@@ -256,71 +281,73 @@ def test_evaluation_keys_differ_by_every_part(store):
         EvalKey(7, HEAD, "f" * 40, RULES),
         EvalKey(7, HEAD, BASE, "9" * 64),
     ]
-    assert all(store.enqueue_evaluation(k, now=T0) for k in keys)
-    assert len(store.evaluations()) == 5
+    assert all(store.queue.enqueue_evaluation(k, now=T0) for k in keys)
+    assert len(store.queue.evaluations()) == 5
 
 
 def test_claims_are_exclusive_and_finishing_needs_the_claim(store):
-    store.enqueue_evaluation(key(1), now=T0)
-    store.enqueue_evaluation(key(2), now=T0 + timedelta(seconds=1))
-    a = store.claim_next("w1", now=T0)
-    b = store.claim_next("w2", now=T0)
+    store.queue.enqueue_evaluation(key(1), now=T0)
+    store.queue.enqueue_evaluation(key(2), now=T0 + timedelta(seconds=1))
+    a = store.queue.claim_next("w1", now=T0)
+    b = store.queue.claim_next("w2", now=T0)
     assert (a.key.pr, b.key.pr) == (1, 2)  # oldest first, and never the same one twice
-    assert store.claim_next("w3", now=T0) is None
+    assert store.queue.claim_next("w3", now=T0) is None
     with pytest.raises(StoreError, match="not claimed by 'w1' \\(it is claimed by 'w2'\\)"):
-        store.finish_evaluation(b.key, "w1", verdict())
-    store.finish_evaluation(b.key, "w2", verdict(Status.REJECT))
+        store.queue.finish_evaluation(b.key, "w1", verdict())
+    store.queue.finish_evaluation(b.key, "w2", verdict(Status.REJECT))
     with pytest.raises(StoreError, match="it is done"):
-        store.finish_evaluation(b.key, "w2", verdict())  # a finished verdict is never overwritten
-    assert store.evaluation(b.key).status is Status.REJECT
+        store.queue.finish_evaluation(b.key, "w2", verdict())  # a finished verdict is never overwritten
+    assert store.queue.evaluation(b.key).status is Status.REJECT
     with pytest.raises(StoreError, match="is not in the store"):
-        store.finish_evaluation(key(99), "w1", verdict())
+        store.queue.finish_evaluation(key(99), "w1", verdict())
 
 
 def test_a_crashed_claim_is_retried_after_its_lease_then_given_up(store):
-    store.enqueue_evaluation(key(), now=T0)
-    first = store.claim_next("w1", now=T0, lease_s=60)
+    store.queue.enqueue_evaluation(key(), now=T0)
+    first = store.queue.claim_next("w1", now=T0, lease_s=60)
     assert first.attempts == 1
-    assert store.claim_next("w2", now=T0 + timedelta(seconds=59), lease_s=60) is None  # lease still held
-    second = store.claim_next("w2", now=T0 + timedelta(seconds=61), lease_s=60, max_attempts=2)
+    assert (
+        store.queue.claim_next("w2", now=T0 + timedelta(seconds=59), lease_s=60) is None
+    )  # lease still held
+    second = store.queue.claim_next("w2", now=T0 + timedelta(seconds=61), lease_s=60, max_attempts=2)
     assert (second.claimed_by, second.attempts) == ("w2", 2)
     # w1 woke up late: its claim is gone, so it cannot overwrite w2's work.
     with pytest.raises(StoreError, match="not claimed by 'w1'"):
-        store.finish_evaluation(key(), "w1", verdict())
-    assert store.claim_next("w3", now=T0 + timedelta(seconds=200), lease_s=60, max_attempts=2) is None
-    gave_up = store.evaluation(key())
+        store.queue.finish_evaluation(key(), "w1", verdict())
+    assert store.queue.claim_next("w3", now=T0 + timedelta(seconds=200), lease_s=60, max_attempts=2) is None
+    gave_up = store.queue.evaluation(key())
     assert gave_up.state == "gave_up" and "gave up after 2 attempts" in gave_up.error  # kept, not lost
 
 
 def test_requeue_claims_on_restart_and_release(store):
     for pr in (1, 2, 3):
-        store.enqueue_evaluation(key(pr), now=T0 + timedelta(seconds=pr))
-    store.claim_next("old-run", now=T0)
-    store.claim_next("new-run", now=T0)
-    assert store.requeue_claims(except_worker="new-run") == [key(1)]
-    assert {r.key.pr: r.state for r in store.evaluations()} == {1: "queued", 2: "claimed", 3: "queued"}
-    store.release_evaluation(key(2), "new-run", error="box went away")
-    rec = store.evaluation(key(2))
+        store.queue.enqueue_evaluation(key(pr), now=T0 + timedelta(seconds=pr))
+    store.queue.claim_next("old-run", now=T0)
+    store.queue.claim_next("new-run", now=T0)
+    assert store.queue.requeue_claims(except_worker="new-run") == [key(1)]
+    assert {r.key.pr: r.state for r in store.queue.evaluations()} == {1: "queued", 2: "claimed", 3: "queued"}
+    store.queue.release_evaluation(key(2), "new-run", error="box went away")
+    rec = store.queue.evaluation(key(2))
     assert (rec.state, rec.error, rec.attempts) == ("queued", "box went away", 1)
     with pytest.raises(StoreError, match="not claimed"):
-        store.release_evaluation(key(2), "new-run")
+        store.queue.release_evaluation(key(2), "new-run")
 
 
 def test_bad_evaluation_input_is_refused_before_writing(store):
     with pytest.raises(ValueError, match="pr: expected a positive integer, got 0"):
-        store.enqueue_evaluation(EvalKey(0, HEAD, BASE, RULES))
+        store.queue.enqueue_evaluation(EvalKey(0, HEAD, BASE, RULES))
     with pytest.raises(ValueError, match="head_sha: expected non-empty text"):
-        store.enqueue_evaluation(EvalKey(1, "", BASE, RULES))
+        store.queue.enqueue_evaluation(EvalKey(1, "", BASE, RULES))
     with pytest.raises(ValueError, match="state: expected one of"):
-        store.evaluations(state="running")
+        store.queue.evaluations(state="running")
     with pytest.raises(ValueError, match="timezone-aware"):
-        store.enqueue_evaluation(key(), now=datetime(2026, 1, 1))
-    store.enqueue_evaluation(key(), now=T0)
-    store.claim_next("w", now=T0)
+        store.queue.enqueue_evaluation(key(), now=datetime(2026, 1, 1))
+    store.queue.enqueue_evaluation(key(), now=T0)
+    store.queue.claim_next("w", now=T0)
     bad = Measurements(provenance=measurements().provenance, reproduce=float("nan"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="measurements is not JSON data"):
-        store.finish_evaluation(key(), "w", verdict(), bad)
-    assert store.evaluation(key()).state == "claimed"  # nothing was half-written
+        store.queue.finish_evaluation(key(), "w", verdict(), bad)
+    assert store.queue.evaluation(key()).state == "claimed"  # nothing was half-written
 
 
 # ---------------------------------------------------------------- actions
@@ -339,16 +366,16 @@ def test_action_key_digests_the_intent():
 
 def test_actions_are_idempotent(store, db):
     k = action_key("merge", 7, HEAD, {"sha": HEAD})
-    assert store.action_done(k) is False and store.action(k) is None
-    assert store.begin_action(k, {"sha": HEAD}, now=T0) is True
-    assert [a.key for a in store.pending_actions()] == [k]
-    store.finish_action(k, {"merged": True, "sha": HEAD}, now=T0)
-    store.finish_action(k, {"merged": True, "sha": HEAD})  # a second completion changes nothing
-    assert store.begin_action(k, {"sha": HEAD}) is False
+    assert store.actions.action_done(k) is False and store.actions.action(k) is None
+    assert store.actions.begin_action(k, {"sha": HEAD}, now=T0) is True
+    assert [a.key for a in store.actions.pending_actions()] == [k]
+    store.actions.finish_action(k, {"merged": True, "sha": HEAD}, now=T0)
+    store.actions.finish_action(k, {"merged": True, "sha": HEAD})  # a second completion changes nothing
+    assert store.actions.begin_action(k, {"sha": HEAD}) is False
     store.close()
     with Store(db) as again:
-        assert again.begin_action(k, {"sha": HEAD}) is False  # and after a restart
-        rec = again.action(k)
+        assert again.actions.begin_action(k, {"sha": HEAD}) is False  # and after a restart
+        rec = again.actions.action(k)
         assert (rec.kind, rec.pr, rec.state, rec.attempts, rec.result) == (
             "merge",
             7,
@@ -356,122 +383,130 @@ def test_actions_are_idempotent(store, db):
             1,
             {"merged": True, "sha": HEAD},
         )
-        assert again.pending_actions() == []
+        assert again.actions.pending_actions() == []
 
 
 def test_unreconciled_intent_is_never_redone_blindly(store):
     k = action_key("comment", 7, HEAD, {"marker": "<!-- evalbot:result -->"})
-    store.begin_action(k, {"marker": "<!-- evalbot:result -->"}, now=T0)
+    store.actions.begin_action(k, {"marker": "<!-- evalbot:result -->"}, now=T0)
     # the process died here: did the comment reach GitHub?
     with pytest.raises(ActionPendingError, match="outcome is unknown: check GitHub"):
-        store.begin_action(k, {"marker": "<!-- evalbot:result -->"})
-    (pending,) = store.pending_actions(kind="comment", pr=7)
+        store.actions.begin_action(k, {"marker": "<!-- evalbot:result -->"})
+    (pending,) = store.actions.pending_actions(kind="comment", pr=7)
     assert pending.payload == {"marker": "<!-- evalbot:result -->"} and pending.begun_at == iso(T0)
     # GitHub has no comment with the marker: cancel, then the action may start again.
-    store.cancel_action(k, "no comment with the marker on the PR")
-    assert store.pending_actions() == [] and store.action(k).state == "cancelled"
+    store.actions.cancel_action(k, "no comment with the marker on the PR")
+    assert store.actions.pending_actions() == [] and store.actions.action(k).state == "cancelled"
     with pytest.raises(StoreError, match="was cancelled"):
-        store.finish_action(k, {})
-    assert store.begin_action(k, {"marker": "<!-- evalbot:result -->"}) is True
-    assert store.action(k).attempts == 2
-    store.finish_action(k, {"comment_id": 123})
-    assert store.action_done(k)
+        store.actions.finish_action(k, {})
+    assert store.actions.begin_action(k, {"marker": "<!-- evalbot:result -->"}) is True
+    assert store.actions.action(k).attempts == 2
+    store.actions.finish_action(k, {"comment_id": 123})
+    assert store.actions.action_done(k)
 
 
 def test_reconciled_intent_is_finished_without_acting_again(store):
     k = action_key("labels", 7, HEAD, {"add": ["verified"]})
-    store.begin_action(k, {"add": ["verified"]})
+    store.actions.begin_action(k, {"add": ["verified"]})
     # GitHub already shows the label: record the completion found there.
-    store.finish_action(k, {"reconciled": True})
-    assert store.begin_action(k, {"add": ["verified"]}) is False
+    store.actions.finish_action(k, {"reconciled": True})
+    assert store.actions.begin_action(k, {"add": ["verified"]}) is False
 
 
 def test_action_errors_are_specific(store):
     with pytest.raises(StoreError, match="no recorded intent"):
-        store.finish_action(action_key("close", 7, HEAD, {}), {})
+        store.actions.finish_action(action_key("close", 7, HEAD, {}), {})
     with pytest.raises(StoreError, match="not a pending intent"):
-        store.cancel_action(action_key("close", 7, HEAD, {}), "why")
+        store.actions.cancel_action(action_key("close", 7, HEAD, {}), "why")
     with pytest.raises(ValueError, match="expected 'kind:pr:head_sha:digest'"):
-        store.begin_action("just-a-name", {})
+        store.actions.begin_action("just-a-name", {})
     with pytest.raises(ValueError, match="action payload is not JSON data"):
-        store.begin_action(action_key("close", 7, HEAD, {}), {"when": object()})
-    assert store.pending_actions() == []
+        store.actions.begin_action(action_key("close", 7, HEAD, {}), {"when": object()})
+    assert store.actions.pending_actions() == []
 
 
 # ---------------------------------------------------------------- the rest of the state
 
 
 def test_strikes_and_blocklist(store, db):
-    assert store.add_strike("Mallory", 7, "copycat of #3", now=T0) is True
-    assert store.add_strike("mallory", 7, "copycat of #3", now=T0) is False  # logins are case-insensitive
-    assert store.add_strike("mallory", 9, "copycat of #3", now=T0 + timedelta(days=40))
-    assert [s.pr for s in store.strikes("MALLORY")] == [7, 9]
-    assert [s.pr for s in store.strikes("mallory", since=T0 + timedelta(days=1))] == [9]
-    assert store.strikes("alice") == []
+    assert store.moderation.add_strike("Mallory", 7, "copycat of #3", now=T0) is True
+    assert (
+        store.moderation.add_strike("mallory", 7, "copycat of #3", now=T0) is False
+    )  # logins are case-insensitive
+    assert store.moderation.add_strike("mallory", 9, "copycat of #3", now=T0 + timedelta(days=40))
+    assert [s.pr for s in store.moderation.strikes("MALLORY")] == [7, 9]
+    assert [s.pr for s in store.moderation.strikes("mallory", since=T0 + timedelta(days=1))] == [9]
+    assert store.moderation.strikes("alice") == []
 
-    assert store.block("Spammer", "gaming the benchmark", "maintainer1", now=T0)
-    assert not store.block("spammer", "again", "maintainer2")
-    assert store.unblock("spammer", "appeal accepted", "maintainer1", now=T0 + timedelta(days=1))
-    assert not store.unblock("spammer", "again", "maintainer1")
-    assert store.block("spammer", "relapse", "maintainer2", now=T0 + timedelta(days=2))
+    assert store.moderation.block("Spammer", "gaming the benchmark", "maintainer1", now=T0)
+    assert not store.moderation.block("spammer", "again", "maintainer2")
+    assert store.moderation.unblock("spammer", "appeal accepted", "maintainer1", now=T0 + timedelta(days=1))
+    assert not store.moderation.unblock("spammer", "again", "maintainer1")
+    assert store.moderation.block("spammer", "relapse", "maintainer2", now=T0 + timedelta(days=2))
     store.close()
     with Store(db) as again:
-        (entry,) = again.blocklist()
+        (entry,) = again.moderation.blocklist()
         assert (entry.login, entry.reason, entry.by) == ("spammer", "relapse", "maintainer2")
-        assert [e.event for e in again.blocklist_history("SPAMMER")] == ["block", "unblock", "block"]
+        assert [e.event for e in again.moderation.blocklist_history("SPAMMER")] == [
+            "block",
+            "unblock",
+            "block",
+        ]
 
 
 def test_rounds_ledger_holds_clears(store, db):
-    assert store.open_round("r1", BASE, now=T0) and not store.open_round("r1", BASE)
-    store.set_round_member("r1", 12, "1" * 40, 0.031)
-    store.set_round_member("r1", 10, "2" * 40, 0.02)
-    store.set_round_member("r1", 12, "3" * 40, 0.035)  # re-evaluated: updated, not duplicated
+    assert store.rounds.open_round("r1", BASE, now=T0) and not store.rounds.open_round("r1", BASE)
+    store.rounds.set_round_member("r1", 12, "1" * 40, 0.031)
+    store.rounds.set_round_member("r1", 10, "2" * 40, 0.02)
+    store.rounds.set_round_member("r1", 12, "3" * 40, 0.035)  # re-evaluated: updated, not duplicated
     with pytest.raises(StoreError, match="PR 11 is not a member"):
-        store.close_round("r1", 11)
+        store.rounds.close_round("r1", 11)
     with pytest.raises(ValueError, match="lower_bound_gain: expected a finite number"):
-        store.set_round_member("r1", 13, "4" * 40, float("inf"))
-    assert [r.id for r in store.open_rounds()] == ["r1"]
-    store.close_round("r1", 12, now=T0 + timedelta(hours=1))
+        store.rounds.set_round_member("r1", 13, "4" * 40, float("inf"))
+    assert [r.id for r in store.rounds.open_rounds()] == ["r1"]
+    store.rounds.close_round("r1", 12, now=T0 + timedelta(hours=1))
     with pytest.raises(StoreError, match="closed at"):
-        store.set_round_member("r1", 14, "5" * 40, 0.1)
+        store.rounds.set_round_member("r1", 14, "5" * 40, 0.1)
     with pytest.raises(StoreError, match="does not exist"):
-        store.set_round_member("r2", 14, "5" * 40, 0.1)
+        store.rounds.set_round_member("r2", 14, "5" * 40, 0.1)
 
-    assert store.record_ledger("merge", 12, "3" * 40, "alice", 0.035, 0.035, now=T0)
-    assert not store.record_ledger("merge", 12, "3" * 40, "alice", 0.035, 0.035)
-    assert store.record_ledger("credit", 10, "6" * 40, "bob", 0.02, 0.004, now=T0)
+    assert store.rounds.record_ledger("merge", 12, "3" * 40, "alice", 0.035, 0.035, now=T0)
+    assert not store.rounds.record_ledger("merge", 12, "3" * 40, "alice", 0.035, 0.035)
+    assert store.rounds.record_ledger("credit", 10, "6" * 40, "bob", 0.02, 0.004, now=T0)
     with pytest.raises(ValueError, match="ledger kind"):
-        store.record_ledger("bonus", 10, "6" * 40, "bob", 0.02, 0.004)
+        store.rounds.record_ledger("bonus", 10, "6" * 40, "bob", 0.02, 0.004)
 
-    assert store.hold(10, "maintainer1", "waiting for the design review", now=T0)
-    assert not store.hold(10, "maintainer2", "again")
-    assert store.release_hold(10, "maintainer1") and not store.release_hold(10, "maintainer1")
-    assert store.hold(10, "maintainer2", "second look")
+    assert store.moderation.hold(10, "maintainer1", "waiting for the design review", now=T0)
+    assert not store.moderation.hold(10, "maintainer2", "again")
+    assert store.moderation.release_hold(10, "maintainer1") and not store.moderation.release_hold(
+        10, "maintainer1"
+    )
+    assert store.moderation.hold(10, "maintainer2", "second look")
     with pytest.raises(ValueError, match="reason: expected non-empty text"):
-        store.add_clear(10, "maintainer1", "  ")
-    store.add_clear(10, "maintainer1", "copycat warning was a false positive", now=T0)
+        store.moderation.add_clear(10, "maintainer1", "  ")
+    store.moderation.add_clear(10, "maintainer1", "copycat warning was a false positive", now=T0)
 
     store.close()
 
     with Store(db) as again:
-        r1 = again.round("r1")
+        r1 = again.rounds.round("r1")
         assert (r1.base_sha, r1.winner, r1.closed_at) == (BASE, 12, iso(T0 + timedelta(hours=1)))
         assert [(m.pr, m.head_sha[0], m.lower_bound_gain) for m in r1.members] == [
             (10, "2", 0.02),
             (12, "3", 0.035),
         ]
-        assert again.open_rounds() == [] and again.round("nope") is None
-        assert [(e.kind, e.pr, e.marginal_gain) for e in again.ledger()] == [
+        assert again.rounds.open_rounds() == [] and again.rounds.round("nope") is None
+        assert [(e.kind, e.pr, e.marginal_gain) for e in again.rounds.ledger()] == [
             ("merge", 12, 0.035),
             ("credit", 10, 0.004),
         ]
-        assert [e.pr for e in again.ledger("BOB")] == [10]
-        assert again.hold_for(10).reason == "second look" and again.hold_for(12) is None
-        assert [(h.reason, h.released_by) for h in again.holds(active_only=False)] == [
+        assert [e.pr for e in again.rounds.ledger("BOB")] == [10]
+        assert again.moderation.hold_for(10).reason == "second look" and again.moderation.hold_for(12) is None
+        assert [(h.reason, h.released_by) for h in again.moderation.holds(active_only=False)] == [
             ("waiting for the design review", "maintainer1"),
             ("second look", None),
         ]
-        assert [c.reason for c in again.clears(10)] == ["copycat warning was a false positive"]
+        assert [c.reason for c in again.moderation.clears(10)] == ["copycat warning was a false positive"]
 
 
 def calibration(context: int = 512, at: datetime = T0, profile: str = "gpu", **kw) -> Calibration:
@@ -483,20 +518,20 @@ def calibration(context: int = 512, at: datetime = T0, profile: str = "gpu", **k
 
 def test_calibrations_round_trip_in_order_and_by_profile(store, db):
     later = calibration(128, at=T0 + timedelta(days=1))
-    assert store.record_calibration(later)
-    assert store.record_calibration(calibration(512))
-    assert store.record_calibration(calibration(128, profile="cpu", model="qwen2.5-coder-0.5b"))
-    assert not store.record_calibration(calibration(512, runs=3))  # same (at, box, profile, model, context)
+    assert store.calibrations.record(later)
+    assert store.calibrations.record(calibration(512))
+    assert store.calibrations.record(calibration(128, profile="cpu", model="qwen2.5-coder-0.5b"))
+    assert not store.calibrations.record(calibration(512, runs=3))  # same (at, box, profile, model, context)
     store.close()
     with Store(db) as again:
-        assert again.calibrations() == [
+        assert again.calibrations.recorded() == [
             calibration(512),
             calibration(128, profile="cpu", model="qwen2.5-coder-0.5b"),
             later,
         ]
-        assert [c.context for c in again.calibrations("gpu")] == [512, 128]
-        assert again.calibrations("nope") == []
-        assert again.calibrations("gpu")[0].details["box"] == {"gpu": {"name": "H200"}}
+        assert [c.context for c in again.calibrations.recorded("gpu")] == [512, 128]
+        assert again.calibrations.recorded("nope") == []
+        assert again.calibrations.recorded("gpu")[0].details["box"] == {"gpu": {"name": "H200"}}
 
 
 @pytest.mark.parametrize(
@@ -514,8 +549,8 @@ def test_calibrations_round_trip_in_order_and_by_profile(store, db):
 )
 def test_bad_calibrations_are_refused_before_writing(store, bad, message):
     with pytest.raises(ValueError, match=message):
-        store.record_calibration(calibration(**bad))
-    assert store.calibrations() == []
+        store.calibrations.record(calibration(**bad))
+    assert store.calibrations.recorded() == []
 
 
 def test_a_version_1_store_gains_the_calibrations_table_and_keeps_its_data(db):
@@ -528,11 +563,11 @@ def test_a_version_1_store_gains_the_calibrations_table_and_keeps_its_data(db):
     conn.close()
     with Store(db) as store:
         assert store.schema_version == SCHEMA_VERSION >= 2
-        assert [c.reason for c in store.clears()] == ["kept"]
-        assert store.calibrations() == []
-        assert store.record_calibration(calibration())
+        assert [c.reason for c in store.moderation.clears()] == ["kept"]
+        assert store.calibrations.recorded() == []
+        assert store.calibrations.record(calibration())
     with Store(db) as again:  # reopening a migrated store migrates nothing twice
-        assert again.schema_version == SCHEMA_VERSION and len(again.calibrations()) == 1
+        assert again.schema_version == SCHEMA_VERSION and len(again.calibrations.recorded()) == 1
 
 
 def test_a_version_3_store_moves_every_table_into_the_migrations_and_keeps_its_data(db):
@@ -553,10 +588,7 @@ def test_a_version_3_store_moves_every_table_into_the_migrations_and_keeps_its_d
     conn.close()
     with Store(db) as store:
         assert store.schema_version == SCHEMA_VERSION == 5
-        tables = {
-            r[0]
-            for r in store.open_connection().execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
+        tables = {r[0] for r in store.db.read("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert {
             "dispatch_runs",
             "copycat_prs",
@@ -566,21 +598,21 @@ def test_a_version_3_store_moves_every_table_into_the_migrations_and_keeps_its_d
             "leases",
         } <= tables
         assert not {"penalties", "poll_state"} & tables
-        assert [s.pr for s in store.strikes("m")] == [4]
-        assert store.open_connection().execute("SELECT author FROM copycat_prs").fetchall() == [("alice",)]
+        assert [s.pr for s in store.moderation.strikes("m")] == [4]
+        assert store.copycat.prs([5])[5].author == "alice"
 
 
 def test_times_compare_as_times_whatever_their_text(store):
     """A strike written with an offset (by an older writer, or by hand) counts from the right moment."""
-    with store._write() as conn:  # 10:30+01:00 is 09:30Z: earlier than 10:15Z, though its text sorts later
+    with store.db.write() as conn:  # 10:30+01:00 is 09:30Z: earlier than 10:15Z, though its text sorts later
         conn.execute(
             "INSERT INTO strikes (author, pr, reason, at) VALUES ('m', 1, 'a', '2026-11-30T10:30:00+01:00')"
         )
         conn.execute(
             "INSERT INTO strikes (author, pr, reason, at) VALUES ('m', 2, 'b', '2026-11-30T10:15:00.000000Z')"
         )
-    assert [s.pr for s in store.strikes("m")] == [1, 2]
-    assert [s.pr for s in store.strikes("m", since=T0)] == [2]
+    assert [s.pr for s in store.moderation.strikes("m")] == [1, 2]
+    assert [s.pr for s in store.moderation.strikes("m", since=T0)] == [2]
 
 
 # ---------------------------------------------------------------- crashes and concurrency
@@ -616,14 +648,14 @@ WRITER = textwrap.dedent(
 
     store = Store(db)
     worker = f"w{os.getpid()}"
-    for a in store.pending_actions():
+    for a in store.actions.pending_actions():
         if a.payload["marker"] in on_github():
-            store.finish_action(a.key, {"reconciled": True})
+            store.actions.finish_action(a.key, {"reconciled": True})
         else:
-            store.cancel_action(a.key, "marker not on GitHub")
-    store.requeue_claims(except_worker=worker)
+            store.actions.cancel_action(a.key, "marker not on GitHub")
+    store.queue.requeue_claims(except_worker=worker)
     for pr in range(1, n + 1):
-        store.enqueue_evaluation(EvalKey(pr, f"{pr:040x}", "b" * 40, "r" * 64))
+        store.queue.enqueue_evaluation(EvalKey(pr, f"{pr:040x}", "b" * 40, "r" * 64))
     print("ready", flush=True)
 
     target = f"{int(kill_at.split(':')[1]):040x}" if kill_at.startswith("commit:") else None
@@ -633,18 +665,18 @@ WRITER = textwrap.dedent(
             armed.append("fire")
         if sql == "COMMIT" and "fire" in armed:
             os.kill(os.getpid(), signal.SIGKILL)
-    store._conn.set_trace_callback(trace)
+    store.db._conn.set_trace_callback(trace)
 
-    while (rec := store.claim_next(worker)) is not None:
+    while (rec := store.queue.claim_next(worker)) is not None:
         armed[:] = [rec.key.head_sha]
         die("claimed", rec.key.pr)
-        store.finish_evaluation(rec.key, worker, verdict(rec.key.pr))
+        store.queue.finish_evaluation(rec.key, worker, verdict(rec.key.pr))
         die("finished", rec.key.pr)
     armed[:] = []
-    for rec in store.evaluations(state="done"):
+    for rec in store.queue.evaluations(state="done"):
         marker = f"<!--evalbot:{rec.key.pr}-->"
         k = action_key("comment", rec.key.pr, rec.key.head_sha, {"marker": marker})
-        if not store.begin_action(k, {"marker": marker}):
+        if not store.actions.begin_action(k, {"marker": marker}):
             continue
         die("intent", rec.key.pr)
         fd = os.open(github, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
@@ -652,7 +684,7 @@ WRITER = textwrap.dedent(
         os.fsync(fd)
         os.close(fd)
         die("posted", rec.key.pr)
-        store.finish_action(k, {"posted": marker})
+        store.actions.finish_action(k, {"posted": marker})
     print("complete", flush=True)
     """
 )
@@ -686,15 +718,15 @@ def run_writer(tmp_path: Path, n: int, kill_at: str = "") -> int:
 def assert_consistent(tmp_path: Path, n: int) -> None:
     """Every evaluation done once with a whole verdict; every comment on GitHub exactly once."""
     with Store(tmp_path / "state.db") as s:
-        recs = s.evaluations()
+        recs = s.queue.evaluations()
         assert [r.key.pr for r in recs] == list(range(1, n + 1))
         assert all(r.state == "done" and r.verdict.reasons == (f"pr {r.key.pr}",) for r in recs)
         assert all(len(r.verdict.gates) == 40 for r in recs)
-        assert s.pending_actions() == []
+        assert s.actions.pending_actions() == []
         markers = (tmp_path / "github.log").read_text().split()
         assert sorted(markers) == sorted(f"<!--evalbot:{pr}-->" for pr in range(1, n + 1))  # none twice
         assert all(
-            s.action_done(action_key("comment", pr, f"{pr:040x}", {"marker": f"<!--evalbot:{pr}-->"}))
+            s.actions.action_done(action_key("comment", pr, f"{pr:040x}", {"marker": f"<!--evalbot:{pr}-->"}))
             for pr in range(1, n + 1)
         )
 
@@ -704,17 +736,17 @@ def test_kill_at_each_step_loses_and_duplicates_nothing(tmp_path, stage):
     n = 6
     assert run_writer(tmp_path, n, kill_at=f"{stage}:3") == -signal.SIGKILL
     with Store(tmp_path / "state.db") as s:
-        third = s.evaluation(EvalKey(3, f"{3:040x}", "b" * 40, "r" * 64))
+        third = s.queue.evaluation(EvalKey(3, f"{3:040x}", "b" * 40, "r" * 64))
         if stage in ("claimed", "commit"):
             assert third.state == "claimed" and third.verdict is None  # the UPDATE before COMMIT is gone
         else:
             assert third.state == "done"
         if stage in ("intent", "posted"):
-            assert [a.pr for a in s.pending_actions()] == [3]
+            assert [a.pr for a in s.actions.pending_actions()] == [3]
     assert run_writer(tmp_path, n) == 0
     assert_consistent(tmp_path, n)
     with Store(tmp_path / "state.db") as s:
-        third = s.evaluation(EvalKey(3, f"{3:040x}", "b" * 40, "r" * 64))
+        third = s.queue.evaluation(EvalKey(3, f"{3:040x}", "b" * 40, "r" * 64))
         assert third.attempts == (2 if stage in ("claimed", "commit") else 1)
 
 
@@ -732,9 +764,9 @@ def test_random_sigkills_lose_and_duplicate_nothing(tmp_path):
         assert proc.returncode == -signal.SIGKILL, err
         kills += 1
         with Store(tmp_path / "state.db") as s:
-            if s.evaluations(state="claimed"):
+            if s.queue.evaluations(state="claimed"):
                 interrupted.add("evaluation")
-            if s.pending_actions():
+            if s.actions.pending_actions():
                 interrupted.add("action")
     else:
         pytest.fail("the writer never completed")
@@ -745,7 +777,7 @@ def test_random_sigkills_lose_and_duplicate_nothing(tmp_path):
 
 def test_readers_are_not_blocked_by_a_writer_in_wal(db, tmp_path):
     with Store(db) as s:
-        s.enqueue_evaluation(key(1), now=T0)
+        s.queue.enqueue_evaluation(key(1), now=T0)
     # A writer in another process holds the write lock with an uncommitted row for a whole second.
     holder = textwrap.dedent(
         f"""
@@ -763,15 +795,15 @@ def test_readers_are_not_blocked_by_a_writer_in_wal(db, tmp_path):
         assert proc.stdout.readline().strip() == "locked"
         started = time.monotonic()
         with Store(db, busy_timeout_ms=0) as reader:  # would raise "database is locked" if it had to wait
-            assert [r.key for r in reader.evaluations()] == [key(1)]
-            assert reader.strikes() == []  # the uncommitted row is invisible
+            assert [r.key for r in reader.queue.evaluations()] == [key(1)]
+            assert reader.moderation.strikes() == []  # the uncommitted row is invisible
             assert time.monotonic() - started < 0.9
             with pytest.raises(StoreBusyError, match="held the store's write lock"):
-                reader.add_strike("y", 2, "writers still take turns")
+                reader.moderation.add_strike("y", 2, "writers still take turns")
     finally:
         proc.wait(timeout=10)
     with Store(db) as after:
-        assert [s.reason for s in after.strikes()] == ["uncommitted"]
+        assert [s.reason for s in after.moderation.strikes()] == ["uncommitted"]
 
 
 def test_reader_sees_whole_transactions_while_another_process_writes(tmp_path):
@@ -782,7 +814,7 @@ def test_reader_sees_whole_transactions_while_another_process_writes(tmp_path):
         seen = 0
         with Store(tmp_path / "state.db") as reader:
             while proc.poll() is None:
-                recs = reader.evaluations()
+                recs = reader.queue.evaluations()
                 done = [r for r in recs if r.state == "done"]
                 assert all(r.verdict is not None and len(r.verdict.gates) == 40 for r in done)
                 assert len(done) >= seen
