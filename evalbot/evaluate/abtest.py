@@ -39,8 +39,11 @@ from functools import partial
 from typing import Any
 
 from evalbot import stats
-from evalbot.evaluate import box, served
-from evalbot.evaluate.served import ServedProcess, ServeError, Timed, run_alone
+from evalbot.evaluate import box, schedule
+from evalbot.evaluate.schedule import run_alone
+from evalbot.evaluate.serve_error import ServeError
+from evalbot.evaluate.served import ServedProcess
+from evalbot.evaluate.timed import Timed
 from evalbot.model import UTILIZATION_METRIC, Side, ThroughputPairs
 from evalbot.rules import Profile, Quiet
 
@@ -601,12 +604,12 @@ def _answers(
     slice_s: float | None,
 ) -> list[Timed]:
     """Both sides' answers to one request: one after the other, each alone, or (`slice_s`) in alternating
-    slices of the harness's time (`served.run_sliced`); a failure is its side's."""
+    slices of the harness's time (`schedule.run_sliced`); a failure is its side's."""
     if slice_s:
         others = [p for s, p in procs.items() if s not in order]
         try:
-            return served.run_sliced([procs[s] for s in order], others, body, slice_s, timeout_s)
-        except served.SliceError as exc:
+            return schedule.run_sliced([procs[s] for s in order], others, body, slice_s, timeout_s)
+        except schedule.SliceError as exc:
             raise SideError(order[exc.which], exc.stage, str(exc), exc.tail) from exc
     out = []
     for side in order:

@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from evalbot.evaluate import abtest, audit, sandbox, served
+from evalbot.evaluate import abtest, audit, sandbox, schedule, serve_error, served
 from evalbot.evaluate.context import RunContext, SideFailed, fresh_scratch, sandboxed_python
 from evalbot.evaluate.exits import describe_exit
 from evalbot.model import AccuracyResult, Failure, Side
@@ -112,14 +112,14 @@ def accuracy_served(
         others = [q for s, q in procs.items() if s is not side]
         name_npy = f"{side.value}-score.npy"
         try:
-            served.run_alone(
+            schedule.run_alone(
                 p,
                 others,
                 partial(
                     p.request, {"op": "score", "ids": ids, "from": 1, "save": name_npy}, ctx.run_timeout_s
                 ),
             )
-        except served.ServeError as exc:
+        except serve_error.ServeError as exc:
             raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
         made = ctx.serve_scratch[side] / name_npy
         if not made.is_file() or made.is_symlink():
@@ -238,7 +238,7 @@ def audit_answers(
     out = {}
     for s in chosen:
         req = {"op": "score", "ids": [*s.prompt, *s.tokens], "from": len(s.prompt)}
-        got = served.run_alone(main, head, partial(main.request, req, ctx.run_timeout_s))
+        got = schedule.run_alone(main, head, partial(main.request, req, ctx.run_timeout_s))
         out[audit.key(s)] = got.summary
     return out, "main"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from evalbot.evaluate import abtest, served
+from evalbot.evaluate import abtest, schedule, serve_error, served
 from evalbot.evaluate.context import RunContext
 from evalbot.model import Side, SpecResult
 from evalbot.rules import Profile
@@ -23,14 +23,14 @@ def _plain_pair(
     for side, p in procs.items():
         others = [q for s, q in procs.items() if s is not side]
         try:
-            t = served.run_alone(
+            t = schedule.run_alone(
                 p,
                 others,
                 partial(
                     p.request, {"op": "generate", "prompt_ids": prompt, "max_new": gen}, ctx.run_timeout_s
                 ),
             )
-        except served.ServeError as exc:
+        except serve_error.ServeError as exc:
             raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
         out[side] = abtest.sample(side, length, -1, 0, prompt, gen, t)
     return out
@@ -81,8 +81,8 @@ def spec_served(
                     "ngram": 3,
                 }
                 try:
-                    t = served.run_alone(p, others, partial(p.request, req, ctx.run_timeout_s))
-                except served.ServeError as exc:
+                    t = schedule.run_alone(p, others, partial(p.request, req, ctx.run_timeout_s))
+                except serve_error.ServeError as exc:
                     raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
                 sp[side].append(t.decode_tps)
                 taus[side].append((len(t.tokens) - 1) / max(len(t.steps) - 1, 1))

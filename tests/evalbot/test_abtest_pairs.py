@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from evalbot.evaluate import abtest, box
-from evalbot.evaluate.served import Timed
+from evalbot.evaluate.timed import Timed
 from evalbot.model import Side
 from evalbot.rules import Quiet
 
@@ -28,6 +28,8 @@ class CachingEngine:
     label: str
     seen: set[tuple[int, ...]] = field(default_factory=set)
     frozen: bool = False
+    # the CPU time read at the last freeze: -1, unmetered, as a real process without a meter reads
+    frozen_cpu_ns: int = -1
     clock: itertools.count = field(default_factory=lambda: itertools.count(0, 1))
 
     def freeze(self) -> None:
@@ -136,7 +138,7 @@ def test_a_blocks_warm_up_requests_are_untimed_each_side_alone_on_prompts_no_pai
 
 
 def test_a_failing_warm_up_is_that_sides_failure(monkeypatch):
-    from evalbot.evaluate.served import ServeError
+    from evalbot.evaluate.serve_error import ServeError
 
     _fake_box(monkeypatch, busy_attempts=0, clock=[0.0])
     procs = {Side.BASE: CachingEngine("main"), Side.HEAD: CachingEngine("the PR")}

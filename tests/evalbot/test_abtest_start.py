@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from evalbot.evaluate import abtest, cpumeter, sandbox, served
-from evalbot.evaluate.served import ServeError
+from evalbot.evaluate.serve_error import ServeError
 from evalbot.model import Side
 
 

@@ -30,7 +30,7 @@ from evalbot.evaluate import abtest, box, compile_cache
 from evalbot.evaluate.compile_cache import remove, restore, snapshot
 from evalbot.evaluate.context import EvalConfig, RunContext, fresh_scratch, sandbox_spec
 from evalbot.evaluate.runner import keep_compiles, serve_dirs
-from evalbot.evaluate.served import Timed
+from evalbot.evaluate.timed import Timed
 from evalbot.model import Side
 from evalbot.rules import default_rules_dir, load_rules
 from evalbot.rules.schema import Context, Measurement, Profile, Quiet
@@ -458,6 +458,8 @@ class Engine:
     events: list[tuple]
     label: str = ""
     frozen: bool = False
+    # the CPU time read at the last freeze: -1, unmetered, as a real process without a meter reads
+    frozen_cpu_ns: int = -1
     ready: dict = field(default_factory=dict)
     vocab: int = 100
     found: dict[str, object] = field(default_factory=dict)

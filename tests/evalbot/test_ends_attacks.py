@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, audit, sandbox, served
+from evalbot.evaluate import abtest, audit, sandbox, serve_error, served, timed
 from evalbot.model import Measurements, Provenance, Side, Status
 from evalbot.rules import Quiet, default_rules_dir, load_rules
 from evalbot.verdict.decide import decide
@@ -82,11 +82,11 @@ send({"id": rid, "event": "done", "n": n})
 """
 
 
-def _ends(p: served.ServedProcess, gen: int = GEN) -> served.Timed:
+def _ends(p: served.ServedProcess, gen: int = GEN) -> timed.Timed:
     return p.request({"op": "generate", "prompt_ids": [1, 2, 3], "max_new": gen, "stream": "ends"}, 10)
 
 
-def _sample(t: served.Timed, gen: int = GEN) -> abtest.Sample:
+def _sample(t: timed.Timed, gen: int = GEN) -> abtest.Sample:
     return abtest.sample(Side.HEAD, 3, 0, 0, [1, 2, 3], gen, t, stream="ends")
 
 
@@ -202,7 +202,7 @@ def test_an_ends_stream_of_another_shape_is_refused_by_the_sample(fake, plan, wo
     ids=["rest-twice", "other-id", "no-id", "other-event"],
 )
 def test_an_ends_stream_with_a_stray_line_is_stopped_while_it_streams(fake, plan, words):
-    with pytest.raises(served.ServeError, match=words):
+    with pytest.raises(serve_error.ServeError, match=words):
         _ends(fake(_serving(plan)))
 
 
@@ -216,14 +216,14 @@ def test_a_token_outside_the_vocabulary_or_of_another_type_is_refused(fake, bad)
     send({{"id": rid, "tok": toks[0]}}); time.sleep(0.01)
     send({{"id": rid, "toks": [*toks[1:-1], {bad!r}]}}); send({{"id": rid, "event": "done", "n": n}})
     """
-    with pytest.raises(served.ServeError, match="not a token line"):
+    with pytest.raises(serve_error.ServeError, match="not a token line"):
         _ends(fake(_serving(plan)))
 
 
 @pytest.mark.parametrize("first", ['{"id": rid, "tok": True}', '{"id": rid, "toks": []}'])
 def test_a_first_line_without_one_valid_token_is_refused(fake, first):
     plan = f"send({first}); send({{'id': rid, 'toks': toks[1:]}}); send({{'id': rid, 'event': 'done'}})"
-    with pytest.raises(served.ServeError, match="not a token line"):
+    with pytest.raises(serve_error.ServeError, match="not a token line"):
         _ends(fake(_serving(plan)))
 
 
@@ -232,7 +232,7 @@ def test_a_toks_line_past_the_line_cap_stops_the_engine(fake):
     send({"id": rid, "tok": toks[0]})
     sys.stdout.write('{"id": "%s", "toks": [%s' % (rid, " " * (1 << 20)) + "1]}\\n"); sys.stdout.flush()
     """
-    with pytest.raises(served.ServeError) as info:
+    with pytest.raises(serve_error.ServeError) as info:
         _ends(fake(_serving(plan)))
     assert info.value.stage == "output" and "MiB a protocol line" in str(info.value)
 
@@ -242,7 +242,9 @@ def test_a_line_left_over_from_the_last_request_fails_the_next(fake):
     assert _sample(_ends(p)).tokens  # the stale line comes after the summary...
     # ...and is refused as the next request's answer: read before the request went out, or after it
     # (which of the two depends on when the reader thread ran)
-    with pytest.raises(served.ServeError, match="'g1' arrived before the request was sent|'g1' while g2"):
+    with pytest.raises(
+        serve_error.ServeError, match="'g1' arrived before the request was sent|'g1' while g2"
+    ):
         _ends(p)
 
 
@@ -282,7 +284,7 @@ def test_a_line_sent_ahead_of_its_request_is_refused(fake):
     p = fake(_serving(plan))
     _sample(_ends(p))
     time.sleep(0.2)  # the other side is timed meanwhile; the guessed line is already read
-    with pytest.raises((served.ServeError, abtest.SideError)):
+    with pytest.raises((serve_error.ServeError, abtest.SideError)):
         t = p.request({"op": "generate", "prompt_ids": [1, 2, 3], "max_new": 2, "stream": "ends"}, 10)
         # what it buys, failing that: a zero prefill, and a decode as long as the wait (no speed)
         assert t.prefill_s < 0 and t.decode_s >= 0.2
@@ -373,12 +375,12 @@ def hostile(tmp_path_factory):
         p.close()
 
 
-def _mode(p: served.ServedProcess, mode: int, gen: int = 12) -> served.Timed:
+def _mode(p: served.ServedProcess, mode: int, gen: int = 12) -> timed.Timed:
     body = {"op": "generate", "prompt_ids": PROMPT, "max_new": gen, "stream": "ends", "seed": mode}
     return p.request(body, 60)
 
 
-def _hostile_sample(t: served.Timed, gen: int = 12) -> abtest.Sample:
+def _hostile_sample(t: timed.Timed, gen: int = 12) -> abtest.Sample:
     return abtest.sample(Side.HEAD, len(PROMPT), 0, 0, PROMPT, gen, t, stream="ends")
 
 
@@ -399,7 +401,7 @@ def test_an_engine_that_streams_each_token_anyway_gets_the_ends_lines(hostile):
 
 
 def test_an_engine_that_returns_other_tokens_than_it_streamed_is_refused(hostile):
-    with pytest.raises(served.ServeError, match="other tokens than it streamed"):
+    with pytest.raises(serve_error.ServeError, match="other tokens than it streamed"):
         _mode(hostile, 3)
     assert _mode(hostile, 1).tokens  # and it goes on
 
@@ -424,11 +426,11 @@ def test_a_decode_moved_ahead_of_the_first_token_lands_in_the_prefill(hostile):
 # ------------------------------------------------------------------ the prompt in two parts (#36 part 4)
 
 
-def _prefill(p: served.ServedProcess) -> served.Timed:
+def _prefill(p: served.ServedProcess) -> timed.Timed:
     return p.request({"op": "prefill", "prompt_ids": PROMPT}, 60)
 
 
-def _continued(p: served.ServedProcess, mode: int, token: int, gen: int = 12) -> served.Timed:
+def _continued(p: served.ServedProcess, mode: int, token: int, gen: int = 12) -> timed.Timed:
     body = {"op": "generate", "continue": True, "prompt_ids": [token], "max_new": gen, "stream": "ends"}
     return p.request({**body, "seed": mode}, 60)
 
@@ -591,7 +593,7 @@ def _verdict(
             for side, (pre, dec) in ((Side.BASE, base), (Side.HEAD, head)):
                 pre *= offset[side] * (1 + rng.gauss(0, prefill_noise))
                 dec *= offset[side] * (1 + rng.gauss(0, 5e-4))
-                t = served.Timed(
+                t = timed.Timed(
                     {"op": "generate", "stream": "ends"},
                     0,
                     tuple(range(gen)),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, cpumeter, sandbox, served
+from evalbot.evaluate import abtest, cpumeter, freezing, sandbox, serve_error, served, timed
 from evalbot.model import Side
 
 pytestmark = [
@@ -84,7 +84,7 @@ def _cgroup_freezer_meter() -> cpumeter.Meter:
 def test_the_cgroup_freezer_holds_an_engine_that_resumes_itself(tmp_path):
     p = _start(tmp_path, _cgroup_freezer_meter(), prints=True)
     try:
-        assert p.freeze_mode == served.FREEZER
+        assert p.freeze_mode == freezing.FREEZER
         before = p.meter.read_ns()
         p.freeze()
         time.sleep(0.5)
@@ -102,10 +102,10 @@ def test_under_sigstop_an_engine_that_resumes_itself_is_caught_by_its_cpu(tmp_pa
     used while frozen fails the side (a stage of its own)."""
     p = _start(tmp_path, cpumeter.TreeMeter())
     try:
-        assert p.freeze_mode == served.SIGSTOP_MODE
+        assert p.freeze_mode == freezing.SIGSTOP_MODE
         p.freeze()
         time.sleep(0.5)
-        with pytest.raises(served.ServeError, match="CPU while the harness held them frozen") as err:
+        with pytest.raises(serve_error.ServeError, match="CPU while the harness held them frozen") as err:
             p.thaw()
         assert err.value.stage == "frozen"
     finally:
@@ -120,7 +120,7 @@ def test_under_sigstop_a_line_written_while_frozen_fails_the_side(tmp_path):
         error = None
         while time.monotonic() < deadline and error is None:
             item = p.lines.get(timeout=3)
-            if isinstance(item, served.ServeError):
+            if isinstance(item, serve_error.ServeError):
                 error = item
         assert (
             error is not None and error.stage == "frozen" and "while the harness held it frozen" in str(error)
@@ -182,7 +182,7 @@ def test_a_line_written_before_the_freeze_but_read_late_is_no_failure(tmp_path, 
         time.sleep(0.2)  # the engine has written its line; the reader has not taken it
         p.freeze()
         item = p.lines.get(timeout=5)  # read ~0.4 s into the freeze
-        assert isinstance(item, served.Line) and item.obj == {"event": "note", "echo": 1}, item
+        assert isinstance(item, timed.Line) and item.obj == {"event": "note", "echo": 1}, item
         p.thaw()  # no ServeError
     finally:
         p.close()
@@ -195,7 +195,7 @@ def test_cpu_the_kernel_charges_after_the_cgroup_freeze_is_confirmed_is_no_failu
     thaw is compared with the reading once it holds still. (Under SIGSTOP the reading is taken at once:
     there a process can arrange to run after the confirmation, and the relay above is caught by that.)"""
     meter = _cgroup_freezer_meter()
-    allowed = meter.resolution_ns * 2 + served.FROZEN_CPU_GRACE_NS + served.FREEZER_LAG_NS
+    allowed = meter.resolution_ns * 2 + freezing.FROZEN_CPU_GRACE_NS + freezing.FREEZER_LAG_NS
     lag_ns = allowed + 400_000
     late = {"until": 0.0}
     real_read = meter.read_ns
@@ -242,7 +242,7 @@ def test_bytes_written_while_frozen_fail_the_side_at_the_thaw_however_late_they_
         p.freeze()
         time.sleep(0.5)
         with pytest.raises(
-            served.ServeError, match="bytes of protocol output while the harness held it frozen"
+            serve_error.ServeError, match="bytes of protocol output while the harness held it frozen"
         ) as err:
             p.thaw()
         assert err.value.stage == "frozen"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, box, cpumeter, sandbox, served
+from evalbot.evaluate import abtest, box, cpumeter, sandbox, schedule, served
 from evalbot.model import Side
 from evalbot.rules import Quiet
 
@@ -163,10 +163,10 @@ def test_work_done_after_the_prefill_answer_and_before_the_freeze_is_on_the_pref
         p.freeze()
         seen = []
         for _ in range(5):
-            pre = served.run_alone(p, [], lambda: p.request({"op": "prefill", "prompt_ids": [1, 2, 3]}, 10))
+            pre = schedule.run_alone(p, [], lambda: p.request({"op": "prefill", "prompt_ids": [1, 2, 3]}, 10))
             time.sleep(0.2)  # the other side's prefill, with this one frozen
             body = {"op": "generate", "continue": True, "prompt_ids": [7], "max_new": 4, "stream": "ends"}
-            t = served.run_alone(p, [], lambda body=body: p.request(body, 10))
+            t = schedule.run_alone(p, [], lambda body=body: p.request(body, 10))
             assert pre.answer_cpu_s is not None
             seen.append((pre.answer_cpu_s * 1e3, t.summary["after_ms"]))
         print("prefill CPU clock ms, the engine's own CPU ms after its answer:", seen)
