@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from evalbot.evaluate import abtest, audit, sandbox, schedule, serve_error, served
+from evalbot.evaluate import ab_samples, audit, sandbox, schedule, serve_error, served
 from evalbot.evaluate.context import RunContext, SideFailed, fresh_scratch, sandboxed_python
 from evalbot.evaluate.exits import describe_exit
 from evalbot.model import AccuracyResult, Failure, Side
@@ -120,7 +120,7 @@ def accuracy_served(
                 ),
             )
         except serve_error.ServeError as exc:
-            raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
+            raise ab_samples.SideError(side, exc.stage, str(exc), exc.tail) from exc
         made = ctx.serve_scratch[side] / name_npy
         if not made.is_file() or made.is_symlink():
             found = (
@@ -178,7 +178,7 @@ def _compare(ctx: RunContext, ref: Path, test: Path, side: Side) -> dict[str, An
 
 def audit_answers(
     ctx: RunContext,
-    chosen: list[abtest.Sample],
+    chosen: list[ab_samples.Sample],
     procs: dict[Side, served.ServedProcess],
     registry: bool,
     name: str,

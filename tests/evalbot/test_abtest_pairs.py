@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from evalbot.evaluate import abtest, box
+from evalbot.evaluate import ab_block, ab_samples, abtest, box
 from evalbot.evaluate.timed import Timed
 from evalbot.model import Side
 from evalbot.rules import Quiet
@@ -77,10 +77,10 @@ def _fake_box(monkeypatch: pytest.MonkeyPatch, busy_attempts: int, clock: list[f
     return waits
 
 
-def _pair(quiet: Quiet) -> tuple[list[abtest.Sample], abtest.Prompts, dict[Side, CachingEngine]]:
+def _pair(quiet: Quiet) -> tuple[list[ab_samples.Sample], ab_samples.Prompts, dict[Side, CachingEngine]]:
     procs = {Side.BASE: CachingEngine("main"), Side.HEAD: CachingEngine("the PR")}
-    prompts = abtest.Prompts(lambda ctx, serial: [serial] * ctx)
-    out = abtest._pair(procs, 0, 0, 16, prompts, GEN, 60.0, quiet, False, lambda _m: None, abtest.Run())  # type: ignore[arg-type]
+    prompts = ab_samples.Prompts(lambda ctx, serial: [serial] * ctx)
+    out = abtest._pair(procs, 0, 0, 16, prompts, GEN, 60.0, quiet, False, lambda _m: None, ab_samples.Run())  # type: ignore[arg-type]
     return out, prompts, procs
 
 
@@ -128,11 +128,11 @@ def test_a_blocks_warm_up_requests_are_untimed_each_side_alone_on_prompts_no_pai
             return _ask(body, timeout_s)
 
         p.request = spy  # type: ignore[method-assign]
-    prompts = abtest.Prompts(lambda ctx, serial: [serial] * ctx)
-    abtest.warm(procs, [16, 32], prompts, GEN, 60.0, "token", 2)  # type: ignore[arg-type]
+    prompts = ab_samples.Prompts(lambda ctx, serial: [serial] * ctx)
+    ab_block.warm(procs, [16, 32], prompts, GEN, 60.0, "token", 2)  # type: ignore[arg-type]
     assert prompts.served == 4 and all(frozen_when_asked) and len(frozen_when_asked) == 8
     assert {len(k) for k in procs[Side.HEAD].seen} == {16, 32}  # each context's own shapes
-    out = abtest._pair(procs, 0, 0, 16, prompts, GEN, 60.0, Quiet(), False, lambda _m: None, abtest.Run())  # type: ignore[arg-type]
+    out = abtest._pair(procs, 0, 0, 16, prompts, GEN, 60.0, Quiet(), False, lambda _m: None, ab_samples.Run())  # type: ignore[arg-type]
     # the timed pair takes a prompt no warm-up used: nothing it times comes from a cache
     assert all(s.decode_tps == pytest.approx(10.0) for s in out)
 
@@ -147,6 +147,6 @@ def test_a_failing_warm_up_is_that_sides_failure(monkeypatch):
         raise ServeError("the engine exited (code 1)")
 
     procs[Side.HEAD].request = broken  # type: ignore[method-assign]
-    with pytest.raises(abtest.SideError, match="warm-up") as err:
-        abtest.warm(procs, [16], abtest.Prompts(lambda c, s: [s] * c), GEN, 60.0, "token", 1)  # type: ignore[arg-type]
+    with pytest.raises(ab_samples.SideError, match="warm-up") as err:
+        ab_block.warm(procs, [16], ab_samples.Prompts(lambda c, s: [s] * c), GEN, 60.0, "token", 1)  # type: ignore[arg-type]
     assert err.value.side is Side.HEAD

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, box, compile_cache
+from evalbot.evaluate import ab_block, ab_samples, abtest, box, compile_cache
 from evalbot.evaluate.compile_cache import remove, restore, snapshot
 from evalbot.evaluate.context import EvalConfig, RunContext, fresh_scratch, sandbox_spec
 from evalbot.evaluate.runner import keep_compiles, serve_dirs
@@ -527,9 +527,9 @@ def test_measure_settles_each_block_after_its_warm_up_and_before_its_first_timed
     contexts = (Context(16, True, True), Context(32, True, True))
     m = Measurement(GEN, 0, 1e-9, 2, 2, 10**6, pairs_per_block=1, min_blocks=2, warm_requests=1)
     profile = Profile("t", "cpu", contexts, m, (), Quiet())
-    prompts = abtest.Prompts(lambda ctx_len, serial: [serial] * ctx_len)
+    prompts = ab_samples.Prompts(lambda ctx_len, serial: [serial] * ctx_len)
     run, last = abtest.measure(profile, launch, prompts, lambda _m: None, settled=settled)  # type: ignore[arg-type]
-    abtest._close(last)
+    ab_block.close(last)
     assert run.blocks == 2
     starts = [i for i, e in enumerate(events) if e == ("launch", Side.BASE)]
     assert len(starts) == 2

@@ -2,7 +2,7 @@
 
 The PR's code shares the serving process with `engine/serve.py`: it can reach the Server through the
 `on_token` closure it is handed and write any line, or none, whenever it likes. Nothing serve.py checks is
-a boundary; what the bot checks on arrival (`served.ServedProcess.request`, `abtest.sample`) and what the
+a boundary; what the bot checks on arrival (`served.ServedProcess.request`, `ab_sampling.sample`) and what the
 verdict guards are. Each test plays one attack against those and asserts that it is refused, or that it
 buys nothing. The ones marked xfail(strict) are holes in the current code: the reason names the hole
 (three more found this way are closed: a line sent ahead of its request, a vocabulary the PR names
@@ -24,7 +24,18 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, audit, sandbox, serve_error, served, timed
+from evalbot.evaluate import (
+    ab_block,
+    ab_samples,
+    ab_sampling,
+    ab_twopart,
+    abtest,
+    audit,
+    sandbox,
+    serve_error,
+    served,
+    timed,
+)
 from evalbot.model import Measurements, Provenance, Side, Status
 from evalbot.rules import Quiet, default_rules_dir, load_rules
 from evalbot.verdict.decide import decide
@@ -86,8 +97,8 @@ def _ends(p: served.ServedProcess, gen: int = GEN) -> timed.Timed:
     return p.request({"op": "generate", "prompt_ids": [1, 2, 3], "max_new": gen, "stream": "ends"}, 10)
 
 
-def _sample(t: timed.Timed, gen: int = GEN) -> abtest.Sample:
-    return abtest.sample(Side.HEAD, 3, 0, 0, [1, 2, 3], gen, t, stream="ends")
+def _sample(t: timed.Timed, gen: int = GEN) -> ab_samples.Sample:
+    return ab_sampling.sample(Side.HEAD, 3, 0, 0, [1, 2, 3], gen, t, stream="ends")
 
 
 @pytest.fixture
@@ -164,7 +175,7 @@ def test_the_honest_stand_in_is_accepted(fake):
 )
 def test_an_ends_stream_of_another_shape_is_refused_by_the_sample(fake, plan, words):
     t = _ends(fake(_serving(plan)))  # the harness takes the lines as they came...
-    with pytest.raises(abtest.SideError, match=words):  # ...and the sample refuses them
+    with pytest.raises(ab_samples.SideError, match=words):  # ...and the sample refuses them
         _sample(t)
 
 
@@ -268,7 +279,7 @@ def test_a_first_line_of_many_tokens_is_refused(fake):
     """
     t = _ends(fake(_serving(plan)))
     assert [len(x) for x in t.steps] == [6, GEN - 6]
-    with pytest.raises(abtest.SideError):
+    with pytest.raises(ab_samples.SideError):
         _sample(t)
 
 
@@ -284,7 +295,7 @@ def test_a_line_sent_ahead_of_its_request_is_refused(fake):
     p = fake(_serving(plan))
     _sample(_ends(p))
     time.sleep(0.2)  # the other side is timed meanwhile; the guessed line is already read
-    with pytest.raises((serve_error.ServeError, abtest.SideError)):
+    with pytest.raises((serve_error.ServeError, ab_samples.SideError)):
         t = p.request({"op": "generate", "prompt_ids": [1, 2, 3], "max_new": 2, "stream": "ends"}, 10)
         # what it buys, failing that: a zero prefill, and a decode as long as the wait (no speed)
         assert t.prefill_s < 0 and t.decode_s >= 0.2
@@ -303,16 +314,16 @@ def test_a_head_that_claims_a_larger_vocabulary_cannot_stream_tokens_past_main_s
 
     procs: dict[Side, served.ServedProcess] = {}
     try:
-        with pytest.raises(abtest.SideError) as info:
-            procs = abtest._start_block(launch, 10, lambda _m: None)
+        with pytest.raises(ab_samples.SideError) as info:
+            procs = ab_block.start_block(launch, 10, lambda _m: None)
             abtest._pair(
-                procs, 0, 0, 3, abtest.Prompts(lambda c, i: [1] * c), GEN, 10,
+                procs, 0, 0, 3, ab_samples.Prompts(lambda c, i: [1] * c), GEN, 10,
                 Quiet(max_other_cores=1e9, max_gpu_util=100, sample_s=0.01, max_wait_s=1),
-                False, lambda _m: None, abtest.Run(), stream="ends",
+                False, lambda _m: None, ab_samples.Run(), stream="ends",
             )  # fmt: skip
         assert info.value.side is Side.HEAD
     finally:
-        abtest._close(procs)
+        ab_block.close(procs)
 
 
 # ------------------------------------------------------------------ the real serve.py, a hostile engine
@@ -380,8 +391,8 @@ def _mode(p: served.ServedProcess, mode: int, gen: int = 12) -> timed.Timed:
     return p.request(body, 60)
 
 
-def _hostile_sample(t: timed.Timed, gen: int = 12) -> abtest.Sample:
-    return abtest.sample(Side.HEAD, len(PROMPT), 0, 0, PROMPT, gen, t, stream="ends")
+def _hostile_sample(t: timed.Timed, gen: int = 12) -> ab_samples.Sample:
+    return ab_sampling.sample(Side.HEAD, len(PROMPT), 0, 0, PROMPT, gen, t, stream="ends")
 
 
 def test_an_engine_that_writes_past_serve_py_is_still_held_to_the_shape(hostile):
@@ -389,7 +400,7 @@ def test_an_engine_that_writes_past_serve_py_is_still_held_to_the_shape(hostile)
     assert [len(x) for x in _mode(hostile, 1).steps] == [1, 11]
     t = _mode(hostile, 2)  # serve.py's checks passed: it was handed one token and sent the rest itself
     assert t.tokens == honest.tokens and t.summary["n"] == 1  # the engine's count is a diagnostic only
-    with pytest.raises(abtest.SideError, match="in 3 lines"):
+    with pytest.raises(ab_samples.SideError, match="in 3 lines"):
         _hostile_sample(t)
 
 
@@ -442,7 +453,7 @@ def test_in_two_parts_a_decode_moved_ahead_of_the_first_token_stays_on_the_decod
     sends the continuation it depends on."""
     pre = _prefill(hostile)
     t = _continued(hostile, 6, 99)
-    s = abtest.sample(Side.HEAD, len(PROMPT), 0, 0, [*PROMPT, 99], 12, t, stream="ends", prefill=pre)
+    s = ab_sampling.sample(Side.HEAD, len(PROMPT), 0, 0, [*PROMPT, 99], 12, t, stream="ends", prefill=pre)
     own = t.summary["timings"]
     assert s.decode_s >= own["prefill_s"] + own["decode_s"] + 0.05  # the engine's work and its gap
     assert s.prefill_tps == pytest.approx(len(PROMPT) / pre.answer_s)
@@ -463,8 +474,8 @@ def test_a_prefill_that_answers_tokens_is_refused(fake):
         """
     )
     pre = p.request({"op": "prefill", "prompt_ids": [1, 2, 3]}, 10)
-    with pytest.raises(abtest.SideError, match="prefill request answered 1 tokens"):
-        abtest.sample(Side.HEAD, 3, 0, 0, [1, 2, 3, 4], 1, pre, stream="ends", prefill=pre)
+    with pytest.raises(ab_samples.SideError, match="prefill request answered 1 tokens"):
+        ab_sampling.sample(Side.HEAD, 3, 0, 0, [1, 2, 3, 4], 1, pre, stream="ends", prefill=pre)
 
 
 TWO_PART = """
@@ -516,9 +527,9 @@ def test_a_pair_in_two_parts_draws_one_continuation_after_both_prefills_and_cloc
         Side.HEAD: _two_part(tmp_path, "pr", ["generate", "prefill"]),
     }
     try:
-        assert abtest.two_part(procs)
-        prompts = abtest.Prompts(lambda ctx, i: [i % 100] * ctx)
-        run = abtest.Run()
+        assert ab_twopart.two_part(procs)
+        prompts = ab_samples.Prompts(lambda ctx, i: [i % 100] * ctx)
+        run = ab_samples.Run()
         quiet = Quiet(max_other_cores=2.0, sample_s=0.05, max_wait_s=1)
         out = abtest._pair(
             procs, 0, 0, 5, prompts, 4, 10, quiet, False, lambda m: None, run,
@@ -541,21 +552,21 @@ def test_where_main_answers_prefill_the_pr_must_too_and_where_it_does_not_one_pa
         Side.BASE: served.ServedProcess("main", None, ready={"ops": ["generate", "prefill"]}),
         Side.HEAD: served.ServedProcess("pr", None, ready={"ops": ["generate"]}),
     }
-    with pytest.raises(abtest.SideError, match="does not list it") as err:
-        abtest.two_part(both)
+    with pytest.raises(ab_samples.SideError, match="does not list it") as err:
+        ab_twopart.two_part(both)
     assert err.value.side is Side.HEAD and err.value.stage == "protocol"
     # the PR cannot choose the clock: what main's engine answers decides it
     one = {
         Side.BASE: served.ServedProcess("main", None, ready={}),
         Side.HEAD: served.ServedProcess("pr", None, ready={"ops": ["generate", "prefill"]}),
     }
-    assert abtest.two_part(one) is False
+    assert ab_twopart.two_part(one) is False
     garbage = {
         Side.BASE: served.ServedProcess("main", None, ready={"ops": ["generate", "prefill"]}),
         Side.HEAD: served.ServedProcess("pr", None, ready={"ops": "prefill"}),
     }
-    with pytest.raises(abtest.SideError):
-        abtest.two_part(garbage)
+    with pytest.raises(ab_samples.SideError):
+        ab_twopart.two_part(garbage)
 
 
 def test_the_continuation_is_drawn_from_the_smallest_vocabulary_and_is_not_the_seeded_prompts():
@@ -563,7 +574,7 @@ def test_the_continuation_is_drawn_from_the_smallest_vocabulary_and_is_not_the_s
         Side.BASE: served.ServedProcess("main", None, vocab=50),
         Side.HEAD: served.ServedProcess("pr", None, vocab=40_000),
     }
-    draws = {abtest.continuation(procs) for _ in range(400)}
+    draws = {ab_twopart.continuation(procs) for _ in range(400)}
     assert max(draws) < 50 and len(draws) > 30
 
 
@@ -602,11 +613,11 @@ def _verdict(
                     {"n": gen},
                 )
                 samples.append(
-                    abtest.sample(
+                    ab_sampling.sample(
                         side, CTX, block, i, prompt, gen, t, base_first=block % 2 == 0, stream="ends"
                     )
                 )
-    return decide(Measurements(PROV, throughput=tuple(abtest.throughput(samples, profile, "m"))), rules)
+    return decide(Measurements(PROV, throughput=tuple(ab_samples.throughput(samples, profile, "m"))), rules)
 
 
 def test_a_decode_moved_into_the_prefill_is_rejected_as_a_prefill_regression():
@@ -651,7 +662,7 @@ def test_a_shift_inside_the_prefill_guard_buys_no_tier():
     "design (64 pairs) it reads +4% decode and earns S in 5 seeds of 5, 10% earns M. Open: a prefill "
     "clock as quiet as the decode's (what moves it is not yet measured), or a protocol where the decode "
     "depends on something the harness sends only once the prefill is done (a continuation token), so no "
-    "decode step can be computed before the decode clock starts: built (abtest.two_part).",
+    "decode step can be computed before the decode clock starts: built (ab_twopart.two_part).",
 )
 def test_with_the_gpus_measured_prefill_noise_a_shift_of_five_percent_of_the_prefill_buys_no_tier():
     for seed in range(3):
@@ -665,7 +676,7 @@ def test_with_the_gpus_measured_prefill_noise_a_shift_of_five_percent_of_the_pre
 
 
 def test_a_token_the_reference_finds_unlikely_is_no_near_tie():
-    s = abtest.Sample(Side.HEAD, 3, 0, 0, (1, 2, 3), (5, 1999), 1.0, 1.0, {})
+    s = ab_samples.Sample(Side.HEAD, 3, 0, 0, (1, 2, 3), (5, 1999), 1.0, 1.0, {})
     answer = {"argmax": [5, 7], "margin": [0.4, 0.3], "logprob": [-6.0, -30.0], "top1": [-6.0, -6.1]}
     (got,) = audit.judge("m", "main", [s], {audit.key(s): answer}, near_tie=1.0)
     assert got.violations == 1  # token 1999 is 24 nats below the reference's choice

@@ -19,7 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, cpumeter, freezing, sandbox, serve_error, served, timed
+from evalbot.evaluate import (
+    ab_samples,
+    ab_sampling,
+    cpumeter,
+    freezing,
+    sandbox,
+    serve_error,
+    served,
+    timed,
+)
 from evalbot.model import Side
 
 pytestmark = [
@@ -305,7 +314,7 @@ SERVER = textwrap.dedent("""
 
 def _timed_sample(
     tmp: Path, second_core: bool, cap: float | None = None, prefill_s: float = 0.3
-) -> abtest.Sample:
+) -> ab_samples.Sample:
     script = tmp / "server.py"
     script.write_text(f"SECOND_CORE = {second_core}\nPREFILL_S = {prefill_s}\n" + SERVER)
     meter = cpumeter.make_meter("cores-test")
@@ -316,7 +325,7 @@ def _timed_sample(
     try:
         p.wait_ready(30)
         body = {"op": "generate", "prompt_ids": [1, 2, 3], "max_new": 8, "stream": "ends"}
-        return abtest.sample(Side.HEAD, 3, 0, 0, [1, 2, 3], 8, p.request(body, 30), stream="ends")
+        return ab_sampling.sample(Side.HEAD, 3, 0, 0, [1, 2, 3], 8, p.request(body, 30), stream="ends")
     finally:
         p.close()
 
@@ -324,14 +333,14 @@ def _timed_sample(
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a second core to steal")
 def test_an_engine_that_takes_a_second_core_in_its_prefill_fails_a_one_thread_profile(tmp_path):
     honest = _timed_sample(tmp_path, second_core=False)
-    assert abtest.request_overuse(honest, threads=1) is None
+    assert ab_sampling.request_overuse(honest, threads=1) is None
     greedy = _timed_sample(tmp_path, second_core=True)
-    why = abtest.request_overuse(greedy, threads=1)
+    why = ab_sampling.request_overuse(greedy, threads=1)
     assert why is not None and "its prefill" in why, (
         greedy.prefill_cpu_s,
         greedy.context / greedy.prefill_tps,
     )
-    assert abtest.request_overuse(greedy, threads=2) is None  # a two-thread profile gives it both
+    assert ab_sampling.request_overuse(greedy, threads=2) is None  # a two-thread profile gives it both
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a second core to steal")

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, box, sandbox, schedule, serve_error, served, timed
+from evalbot.evaluate import (
+    ab_samples,
+    ab_sampling,
+    box,
+    sandbox,
+    schedule,
+    serve_error,
+    served,
+    timed,
+)
 from evalbot.model import Side
 from tests.fixtures import fixture_engine_branches as fb
 
@@ -199,11 +208,11 @@ def _timed(n: int, gap_ns: int, first_after_ns: int = 1_000_000) -> timed.Timed:
 
 def test_tokens_streamed_in_a_burst_are_refused_and_burst_time_counts_as_prefill():
     burst = _timed(32, gap_ns=200)  # 200 ns apart: computed before the first was sent
-    assert burst.decode_tps > abtest.MAX_DECODE_TPS
-    with pytest.raises(abtest.SideError, match="burst"):
-        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, burst)
+    assert burst.decode_tps > ab_sampling.MAX_DECODE_TPS
+    with pytest.raises(ab_samples.SideError, match="burst"):
+        ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, burst)
     honest = _timed(32, gap_ns=20_000_000, first_after_ns=50_000_000)
-    s = abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, honest)
+    s = ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, honest)
     assert s.decode_tps == pytest.approx(31 / (31 * 0.02)) and s.prefill_tps == pytest.approx(128 / 0.05)
     assert s.self_report_gap == pytest.approx(abs(0.001 - 0.62) / 0.62)
 
@@ -212,10 +221,10 @@ def test_a_side_that_streams_fewer_or_grouped_tokens_is_refused():
     grouped = timed.Timed(
         {"op": "generate"}, 0, tuple(range(8)), (1_000_000, 9_000_000), ((0, 1, 2, 3), (4, 5, 6, 7)), {"n": 8}
     )
-    with pytest.raises(abtest.SideError, match="one line per token"):
-        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 8, grouped)
-    with pytest.raises(abtest.SideError, match="streamed 8"):
-        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 16, grouped)
+    with pytest.raises(ab_samples.SideError, match="one line per token"):
+        ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 8, grouped)
+    with pytest.raises(ab_samples.SideError, match="streamed 8"):
+        ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 16, grouped)
 
 
 def _ends(n: int, decode_ns: int) -> timed.Timed:
@@ -230,17 +239,17 @@ def _ends(n: int, decode_ns: int) -> timed.Timed:
 
 
 def test_the_ends_stream_is_timed_first_line_to_last_and_nothing_else_passes_for_it():
-    s = abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _ends(32, 310_000_000), stream="ends")
+    s = ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _ends(32, 310_000_000), stream="ends")
     assert s.decode_tps == pytest.approx(31 / 0.31) and s.prefill_tps == pytest.approx(128 / 0.05)
     # the decode computed during the prefill, sent at once: a burst, never a rate
-    with pytest.raises(abtest.SideError, match="burst"):
-        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _ends(32, 300), stream="ends")
+    with pytest.raises(ab_samples.SideError, match="burst"):
+        ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _ends(32, 300), stream="ends")
     # a line per token where the ends were asked for (or everything in one line): refused, not averaged
-    with pytest.raises(abtest.SideError, match="the first token, then the rest"):
-        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _timed(32, 20_000_000), stream="ends")
+    with pytest.raises(ab_samples.SideError, match="the first token, then the rest"):
+        ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _timed(32, 20_000_000), stream="ends")
     one = timed.Timed({"op": "generate"}, 0, tuple(range(32)), (9_000_000,), (tuple(range(32)),), {"n": 32})
-    with pytest.raises(abtest.SideError, match="in 1 lines"):
-        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, one, stream="ends")
+    with pytest.raises(ab_samples.SideError, match="in 1 lines"):
+        ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, one, stream="ends")
 
 
 def test_frozen_time_inside_a_request_is_not_the_engines():
