@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import torch
 
+from kernels.decode_inputs import input_reasons, well_formed
+
 KERNEL = "cuda-cluster-decode"
 HEAD_DIMS = (64, 128, 256)
 MAX_GQA_RATIO = 16  # the query group is padded to 16 mma rows
@@ -198,38 +200,13 @@ def unsupported_reasons(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor
 ) -> list[str]:
     """Why `flash_decode` cannot take these inputs; empty when it can (builds the extension if needed)."""
-    if q.dim() != 3 or k_cache.dim() != 4:
-        return [
-            f"expected q [B, Hq, D] and caches [B, Hkv, S_max, D], got {tuple(q.shape)}, {tuple(k_cache.shape)}"
-        ]
-    reasons = []
-    b, hq, d = q.shape
-    hkv = k_cache.shape[1]
-    if v_cache.shape != k_cache.shape:
-        reasons.append(f"k and v caches differ in shape: {tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
-    if k_cache.shape[0] != b or k_cache.shape[3] != d:
-        reasons.append(f"cache {tuple(k_cache.shape)} does not match q {tuple(q.shape)} in batch or head dim")
-    if d not in HEAD_DIMS:
-        reasons.append(f"head dim {d} not in {HEAD_DIMS}")
-    if hkv == 0 or hq % hkv:
-        reasons.append(f"query heads {hq} not a multiple of kv heads {hkv}")
-    elif hq // hkv > MAX_GQA_RATIO:
-        reasons.append(f"GQA ratio {hq // hkv} > {MAX_GQA_RATIO}")
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        reasons.append(f"dtype {q.dtype} is not float16 or bfloat16")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        reasons.append(f"dtypes differ: q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype}")
-    if any(t.stride(-1) != 1 for t in (q, k_cache, v_cache)):
-        reasons.append("last dim of q, k or v is not contiguous")
+    reasons = input_reasons(q, k_cache, v_cache, lengths, HEAD_DIMS, MAX_GQA_RATIO)
+    if not well_formed(q, k_cache):
+        return reasons
     for name, t in (("k", k_cache), ("v", v_cache)):  # the tensor map's terms: 16-byte base and strides
         if t.data_ptr() % 16 or any(t.stride(i) * t.element_size() % 16 for i in range(3) if t.shape[i] > 1):
             reasons.append(f"{name} cache base or strides are not multiples of 16 bytes")
-    if lengths.dtype != torch.int32 or tuple(lengths.shape) != (b,):
-        reasons.append(f"lengths must be int32 [{b}], got {lengths.dtype} {tuple(lengths.shape)}")
-    devices = {t.device for t in (q, k_cache, v_cache, lengths)}
-    if len(devices) != 1:
-        reasons.append(f"tensors on different devices: {sorted(map(str, devices))}")
-    elif not reasons:
+    if not reasons:
         why = unavailable_reason(q.device)
         if why:
             reasons.append(why)
