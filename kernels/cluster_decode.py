@@ -21,7 +21,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict, Unpack
 
 import torch
 
@@ -106,18 +106,6 @@ def split_plan(
     if splits <= MAX_DSMEM_CLUSTER and fits:
         return SplitPlan(splits, 1)
     return SplitPlan(1, splits)
-
-
-def num_splits(
-    num_sms: int,
-    batch: int,
-    num_kv_heads: int,
-    ctx_len: int,
-    head_dim: int,
-    max_active_clusters: Mapping[int, int] | None = None,
-) -> int:
-    """Splits of one (sequence, KV head): CTAs a cluster times clusters (see `split_plan`)."""
-    return split_plan(num_sms, batch, num_kv_heads, ctx_len, head_dim, max_active_clusters).splits
 
 
 def split_table(
@@ -263,18 +251,25 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+class Tuning(TypedDict, total=False):
+    """Launch overrides (None or absent: the default): the stages and consumer groups instantiated for the
+    head dim (`CONFIGS`), programmatic dependent launch, the tile layout, the L2 promotion and the tile order."""
+
+    stages: int | None
+    groups: int | None
+    pdl: bool | None
+    layout: int | None
+    l2_promotion: int | None
+    order: int | None
+
+
 def decode_config(
     q: torch.Tensor,  # [B, Hq, D]
     k_cache: torch.Tensor,  # [B, Hkv, S_max, D]
     *,
     num_splits: int | None = None,
     num_clusters: int | None = None,
-    stages: int | None = None,
-    groups: int | None = None,
-    pdl: bool | None = None,
-    layout: int | None = None,
-    l2_promotion: int | None = None,
-    order: int | None = None,
+    **tuning: Unpack[Tuning],
 ) -> dict[str, int | str | bool]:
     """The settings `flash_decode` uses for these shapes (for the engine's `config` record).
 
@@ -283,8 +278,10 @@ def decode_config(
     """
     b, _, d = q.shape
     hkv, s_max = k_cache.shape[1], k_cache.shape[2]
-    stages = stages or CONFIGS[d][0][0]
-    groups = groups or next((g for s, g in CONFIGS[d] if s == stages), CONFIGS[d][0][1])
+    stages = tuning.get("stages") or CONFIGS[d][0][0]
+    groups = tuning.get("groups") or next((g for s, g in CONFIGS[d] if s == stages), CONFIGS[d][0][1])
+    pdl, layout = tuning.get("pdl"), tuning.get("layout")
+    l2_promotion, order = tuning.get("l2_promotion"), tuning.get("order")
     if num_splits is None:
         fits = max_active_clusters(q.device, q.dtype, d, stages, groups)
         plan = split_plan(sm_count(q.device), b, hkv, s_max, d, fits)
@@ -320,18 +317,12 @@ def flash_decode(
     num_splits: int | None = None,
     num_clusters: int | None = None,
     out: torch.Tensor | None = None,  # [B, Hq, D] in q's dtype
-    stages: int | None = None,
-    groups: int | None = None,
-    pdl: bool | None = None,
-    layout: int | None = None,
-    l2_promotion: int | None = None,
-    order: int | None = None,
     probe: int = 0,  # diagnostics only: 1 streams the tiles and skips the attention (wrong output)
     stamps: torch.Tensor | None = None,  # diagnostics: int64 [CTAs * 16], each CTA's phase times (`PHASES`)
+    **tuning: Unpack[Tuning],
 ) -> torch.Tensor:  # [B, Hq, D]
     """One-token GQA attention over the first lengths[b] cache positions, merged inside clusters."""
-    cfg = decode_config(q, k_cache, num_splits=num_splits, num_clusters=num_clusters, stages=stages,
-                        groups=groups, pdl=pdl, layout=layout, l2_promotion=l2_promotion, order=order)  # fmt: skip
+    cfg = decode_config(q, k_cache, num_splits=num_splits, num_clusters=num_clusters, **tuning)
     if out is None:
         out = torch.empty_like(q)
     stream = torch.cuda.current_stream(q.device).cuda_stream
