@@ -23,8 +23,6 @@ Log = Callable[[str], None]
 # an engine told to use one thread loads on one core; one that floods the box while main loads (forked
 # spinners, at once or while it waits ready for main) would slow main's load past its ready timeout
 LOAD_CPU_SLACK = 1.5
-
-
 LOAD_CPU_GRACE_S = 2.0
 
 

@@ -13,8 +13,6 @@ from evalbot.model import Side
 # to use one thread reads 1.000 CPU-seconds per wall second on the cpu profile (make demo, 2026-12-06); one
 # that takes the core the frozen side leaves free during its prefill reads 2
 REQUEST_CPU_SLACK = 1.25
-
-
 REQUEST_CPU_GRACE_S = 0.025
 
 

@@ -13,7 +13,8 @@ from evalbot.evaluate.serve_error import ServeError
 from evalbot.evaluate.timed import Timed
 
 if TYPE_CHECKING:
-    from evalbot.evaluate.served import Pending, ServedProcess
+    from evalbot.evaluate.pending import Pending
+    from evalbot.evaluate.served import ServedProcess
 
 
 class SliceError(ServeError):
