@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 from evalbot import stats  # noqa: E402
 from evalbot.evaluate import sandbox  # noqa: E402
-from evalbot.evaluate.served import ServedProcess, run_alone  # noqa: E402
+from evalbot.evaluate.schedule import run_alone  # noqa: E402
+from evalbot.evaluate.served import ServedProcess  # noqa: E402
 
 
 class Clock:

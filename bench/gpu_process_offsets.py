@@ -48,7 +48,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from process_offsets import split  # noqa: E402
 
 from evalbot.evaluate import abtest, sandbox  # noqa: E402
-from evalbot.evaluate.served import ServedProcess, run_alone  # noqa: E402
+from evalbot.evaluate.schedule import run_alone  # noqa: E402
+from evalbot.evaluate.served import ServedProcess  # noqa: E402
 
 CONDITIONS = ("fresh", "shared", "pinned", "placed")
 TUNING = {"fresh": "measured", "shared": "measured", "pinned": "pinned", "placed": "measured"}

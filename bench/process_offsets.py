@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evalbot.evaluate import abtest, box, cpumeter, sandbox, served  # noqa: E402
+from evalbot.evaluate import abtest, box, cpumeter, sandbox, schedule, served  # noqa: E402
 
 
 def parse_env(text: str) -> tuple[str, dict[str, str]]:
@@ -163,7 +163,7 @@ def main() -> None:
                         continue
                     order = (p, anchor) if r % 2 == 0 else (anchor, p)
                     got = {
-                        q.label: served.run_alone(
+                        q.label: schedule.run_alone(
                             q, [x for x in order if x is not q], partial(q.request, body, 600)
                         )
                         for q in order

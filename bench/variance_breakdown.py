@@ -31,20 +31,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evalbot.evaluate import abtest, box, cpumeter, sandbox, served  # noqa: E402
+from evalbot.evaluate import ab_samples, abtest, box, cpumeter, sandbox, served  # noqa: E402
 from evalbot.model import Side  # noqa: E402
 from evalbot.rules import default_rules_dir, load_rules  # noqa: E402
 
 
-def _log_ratio(samples: list[abtest.Sample], metric: str) -> dict[tuple[int, int, int], float]:
+def _log_ratio(samples: list[ab_samples.Sample], metric: str) -> dict[tuple[int, int, int], float]:
     """(context, block, pair) -> ln(head / base) for a metric."""
-    by: dict[tuple[int, int, int], dict[Side, abtest.Sample]] = {}
+    by: dict[tuple[int, int, int], dict[Side, ab_samples.Sample]] = {}
     for s in samples:
         by.setdefault((s.context, s.block, s.pair), {})[s.side] = s
     out = {}
     for key, sides in by.items():
         if len(sides) == 2:
-            b, h = abtest._value(sides[Side.BASE], metric), abtest._value(sides[Side.HEAD], metric)
+            b, h = ab_samples._value(sides[Side.BASE], metric), ab_samples._value(sides[Side.HEAD], metric)
             if b and h:
                 out[key] = math.log(h / b)
     return out
@@ -77,7 +77,7 @@ def _components(d: dict[tuple[int, int, int], float], base_first: dict[int, bool
     }
 
 
-def breakdown(samples: list[abtest.Sample]) -> dict:
+def breakdown(samples: list[ab_samples.Sample]) -> dict:
     """The variance split per context (see the module docstring)."""
     base_first = {s.block: s.base_first for s in samples}
     out: dict = {"contexts": {}}
@@ -89,7 +89,7 @@ def breakdown(samples: list[abtest.Sample]) -> dict:
             if len(d) >= 4:
                 row[metric] = _components(d, base_first)
         # pair order: ln(first timed / second timed), whichever side it was
-        by: dict[tuple[int, int], list[abtest.Sample]] = {}
+        by: dict[tuple[int, int], list[ab_samples.Sample]] = {}
         for s in at:
             by.setdefault((s.block, s.pair), []).append(s)
         order = [
@@ -235,7 +235,7 @@ def main() -> None:
         procs[side] = launch(side)
         return procs[side]
 
-    pool = abtest.Prompts(lambda c, i: abtest.random_prompts(procs[Side.BASE].vocab, 7)(c, i))
+    pool = ab_samples.Prompts(lambda c, i: abtest.random_prompts(procs[Side.BASE].vocab, 7)(c, i))
     t0 = time.monotonic()
     run, last = abtest.measure(profile, tracked, pool, lambda msg: print(msg, file=sys.stderr))
     for p in last.values():

@@ -151,6 +151,10 @@ class Server:
         self.out.write(json.dumps(obj, allow_nan=False, separators=(",", ":")) + "\n")
         self.out.flush()
 
+    def done(self, rid: str, **summary: Any) -> None:
+        """A request's last line: its summary."""
+        self.send({"id": rid, "event": "done", **summary})
+
     def handle(self, req: dict[str, Any]) -> None:
         op, rid = req["op"], req["id"]
         vocab = self.lm.cfg.vocab_size
@@ -167,7 +171,7 @@ class Server:
                 )
             seconds = self.session.prefill(prompt)
             self.held = True
-            self.send({"id": rid, "event": "done", "n": len(prompt), "timings": {"prefill_s": seconds}})
+            self.done(rid, n=len(prompt), timings={"prefill_s": seconds})
         elif op == "generate":
             resume = req.get("continue", False)
             if resume not in (True, False):
@@ -207,15 +211,7 @@ class Server:
                     raise RequestError("the engine returned other tokens than it streamed")
                 if out.token_ids[len(sent) :]:
                     self.send({"id": rid, "toks": out.token_ids[len(sent) :]})
-            self.send(
-                {
-                    "id": rid,
-                    "event": "done",
-                    "n": len(out.token_ids),
-                    "stop": out.stop_reason,
-                    "timings": {"prefill_s": out.prefill_s, "decode_s": out.decode_s},
-                }
-            )
+            self.done(rid, n=len(out.token_ids), stop=out.stop_reason, timings=_timings(out))
         elif op == "spec":
             prompt = _ints(req.get("prompt_ids"), "prompt_ids", vocab)
             block = _int(req, "block", spec.DEFAULT_BLOCK, 1, 64)
@@ -236,23 +232,13 @@ class Server:
                 SamplingParams(),
                 on_step=lambda step: self.send({"id": rid, "toks": list(step)}),
             )
-            self.send(
-                {
-                    "id": rid,
-                    "event": "done",
-                    "n": len(spec_out.token_ids),
-                    "steps": spec_out.steps,
-                    "timings": {"prefill_s": spec_out.prefill_s, "decode_s": spec_out.decode_s},
-                }
-            )
+            self.done(rid, n=len(spec_out.token_ids), steps=spec_out.steps, timings=_timings(spec_out))
         elif op == "tokenize":
             text = req.get("text")
             if not isinstance(text, str) or self.lm.tokenizer is None:
                 raise RequestError("tokenize: needs a 'text' string and a model with a tokenizer")
             limit = _int(req, "max_tokens", self.max_seq, 1, 1 << 20)
-            self.send(
-                {"id": rid, "event": "done", "ids": self.lm.tokenizer.encode(text, add_bos=False)[:limit]}
-            )
+            self.done(rid, ids=self.lm.tokenizer.encode(text, add_bos=False)[:limit])
         elif op == "score":
             ids = _ints(req.get("ids"), "ids", vocab, minimum=2)
             start = _int(req, "from", 1, 1, len(ids) - 1)
@@ -272,16 +258,18 @@ class Server:
                 )  # [len(ids) - start, V], row i predicts ids[start + i]
             top2 = logprobs.topk(2, dim=-1).values
             targets = torch.tensor(ids[start:], device=logprobs.device)
-            self.send(
-                {
-                    "id": rid,
-                    "event": "done",
-                    "argmax": logprobs.argmax(-1).tolist(),
-                    "margin": (top2[:, 0] - top2[:, 1]).tolist(),
-                    "top1": top2[:, 0].tolist(),
-                    "logprob": logprobs.gather(1, targets[:, None])[:, 0].tolist(),
-                }
+            self.done(
+                rid,
+                argmax=logprobs.argmax(-1).tolist(),
+                margin=(top2[:, 0] - top2[:, 1]).tolist(),
+                top1=top2[:, 0].tolist(),
+                logprob=logprobs.gather(1, targets[:, None])[:, 0].tolist(),
             )
+
+
+def _timings(out: gen.Generation | spec.SpecGeneration) -> dict[str, float]:
+    """A generation's own timings, as its summary line reports them."""
+    return {"prefill_s": out.prefill_s, "decode_s": out.decode_s}
 
 
 def _load(args: argparse.Namespace) -> gen.LoadedModel:

@@ -54,22 +54,13 @@ SHAPES: dict[str, ModelConfig] = {
     ),
     # not a real model: two small layers, for smoke tests and the test suite where the weights are random;
     # the FFN is wide enough (as in real shapes) that each layer moves the logits: skipping the last changes
-    # half of the greedy tokens
-    "qwen3-tiny": ModelConfig(
-        arch="qwen3",
-        n_layer=2,
-        d_model=256,
-        n_head=4,
-        n_kv_head=2,
-        head_dim=64,
-        d_ff=2048,
+    # half of the greedy tokens; a qwen3 with a small vocabulary and context
+    "qwen3-tiny": replace(
+        ModelConfig(
+            n_layer=2, d_model=256, n_head=4, n_kv_head=2, head_dim=64, d_ff=2048, tied_output=True, **_QWEN3
+        ),
         vocab_size=2048,
         context_length=4096,
-        rope_base=1e6,
-        rms_eps=1e-6,
-        qk_norm=True,
-        qkv_bias=False,
-        tied_output=True,
     ),
     "qwen2.5-0.5b": ModelConfig(
         arch="qwen2",

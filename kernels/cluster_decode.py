@@ -21,9 +21,11 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict, Unpack
 
 import torch
+
+from kernels.decode_inputs import input_reasons, well_formed
 
 KERNEL = "cuda-cluster-decode"
 HEAD_DIMS = (64, 128, 256)
@@ -106,18 +108,6 @@ def split_plan(
     return SplitPlan(1, splits)
 
 
-def num_splits(
-    num_sms: int,
-    batch: int,
-    num_kv_heads: int,
-    ctx_len: int,
-    head_dim: int,
-    max_active_clusters: Mapping[int, int] | None = None,
-) -> int:
-    """Splits of one (sequence, KV head): CTAs a cluster times clusters (see `split_plan`)."""
-    return split_plan(num_sms, batch, num_kv_heads, ctx_len, head_dim, max_active_clusters).splits
-
-
 def split_table(
     num_sms: int = 132, head_dim: int = 128, max_active_clusters: Mapping[int, int] | None = None
 ) -> list[dict[str, int]]:
@@ -198,38 +188,13 @@ def unsupported_reasons(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor
 ) -> list[str]:
     """Why `flash_decode` cannot take these inputs; empty when it can (builds the extension if needed)."""
-    if q.dim() != 3 or k_cache.dim() != 4:
-        return [
-            f"expected q [B, Hq, D] and caches [B, Hkv, S_max, D], got {tuple(q.shape)}, {tuple(k_cache.shape)}"
-        ]
-    reasons = []
-    b, hq, d = q.shape
-    hkv = k_cache.shape[1]
-    if v_cache.shape != k_cache.shape:
-        reasons.append(f"k and v caches differ in shape: {tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
-    if k_cache.shape[0] != b or k_cache.shape[3] != d:
-        reasons.append(f"cache {tuple(k_cache.shape)} does not match q {tuple(q.shape)} in batch or head dim")
-    if d not in HEAD_DIMS:
-        reasons.append(f"head dim {d} not in {HEAD_DIMS}")
-    if hkv == 0 or hq % hkv:
-        reasons.append(f"query heads {hq} not a multiple of kv heads {hkv}")
-    elif hq // hkv > MAX_GQA_RATIO:
-        reasons.append(f"GQA ratio {hq // hkv} > {MAX_GQA_RATIO}")
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        reasons.append(f"dtype {q.dtype} is not float16 or bfloat16")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        reasons.append(f"dtypes differ: q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype}")
-    if any(t.stride(-1) != 1 for t in (q, k_cache, v_cache)):
-        reasons.append("last dim of q, k or v is not contiguous")
+    reasons = input_reasons(q, k_cache, v_cache, lengths, HEAD_DIMS, MAX_GQA_RATIO)
+    if not well_formed(q, k_cache):
+        return reasons
     for name, t in (("k", k_cache), ("v", v_cache)):  # the tensor map's terms: 16-byte base and strides
         if t.data_ptr() % 16 or any(t.stride(i) * t.element_size() % 16 for i in range(3) if t.shape[i] > 1):
             reasons.append(f"{name} cache base or strides are not multiples of 16 bytes")
-    if lengths.dtype != torch.int32 or tuple(lengths.shape) != (b,):
-        reasons.append(f"lengths must be int32 [{b}], got {lengths.dtype} {tuple(lengths.shape)}")
-    devices = {t.device for t in (q, k_cache, v_cache, lengths)}
-    if len(devices) != 1:
-        reasons.append(f"tensors on different devices: {sorted(map(str, devices))}")
-    elif not reasons:
+    if not reasons:
         why = unavailable_reason(q.device)
         if why:
             reasons.append(why)
@@ -286,18 +251,25 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+class Tuning(TypedDict, total=False):
+    """Launch overrides (None or absent: the default): the stages and consumer groups instantiated for the
+    head dim (`CONFIGS`), programmatic dependent launch, the tile layout, the L2 promotion and the tile order."""
+
+    stages: int | None
+    groups: int | None
+    pdl: bool | None
+    layout: int | None
+    l2_promotion: int | None
+    order: int | None
+
+
 def decode_config(
     q: torch.Tensor,  # [B, Hq, D]
     k_cache: torch.Tensor,  # [B, Hkv, S_max, D]
     *,
     num_splits: int | None = None,
     num_clusters: int | None = None,
-    stages: int | None = None,
-    groups: int | None = None,
-    pdl: bool | None = None,
-    layout: int | None = None,
-    l2_promotion: int | None = None,
-    order: int | None = None,
+    **tuning: Unpack[Tuning],
 ) -> dict[str, int | str | bool]:
     """The settings `flash_decode` uses for these shapes (for the engine's `config` record).
 
@@ -306,8 +278,10 @@ def decode_config(
     """
     b, _, d = q.shape
     hkv, s_max = k_cache.shape[1], k_cache.shape[2]
-    stages = stages or CONFIGS[d][0][0]
-    groups = groups or next((g for s, g in CONFIGS[d] if s == stages), CONFIGS[d][0][1])
+    stages = tuning.get("stages") or CONFIGS[d][0][0]
+    groups = tuning.get("groups") or next((g for s, g in CONFIGS[d] if s == stages), CONFIGS[d][0][1])
+    pdl, layout = tuning.get("pdl"), tuning.get("layout")
+    l2_promotion, order = tuning.get("l2_promotion"), tuning.get("order")
     if num_splits is None:
         fits = max_active_clusters(q.device, q.dtype, d, stages, groups)
         plan = split_plan(sm_count(q.device), b, hkv, s_max, d, fits)
@@ -343,18 +317,12 @@ def flash_decode(
     num_splits: int | None = None,
     num_clusters: int | None = None,
     out: torch.Tensor | None = None,  # [B, Hq, D] in q's dtype
-    stages: int | None = None,
-    groups: int | None = None,
-    pdl: bool | None = None,
-    layout: int | None = None,
-    l2_promotion: int | None = None,
-    order: int | None = None,
     probe: int = 0,  # diagnostics only: 1 streams the tiles and skips the attention (wrong output)
     stamps: torch.Tensor | None = None,  # diagnostics: int64 [CTAs * 16], each CTA's phase times (`PHASES`)
+    **tuning: Unpack[Tuning],
 ) -> torch.Tensor:  # [B, Hq, D]
     """One-token GQA attention over the first lengths[b] cache positions, merged inside clusters."""
-    cfg = decode_config(q, k_cache, num_splits=num_splits, num_clusters=num_clusters, stages=stages,
-                        groups=groups, pdl=pdl, layout=layout, l2_promotion=l2_promotion, order=order)  # fmt: skip
+    cfg = decode_config(q, k_cache, num_splits=num_splits, num_clusters=num_clusters, **tuning)
     if out is None:
         out = torch.empty_like(q)
     stream = torch.cuda.current_stream(q.device).cuda_stream

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.decode_inputs import input_reasons, one_device, well_formed
+
 HEAD_DIMS = (64, 128, 256)
 MAX_GQA_RATIO = 16  # the query group is padded to 16 rows for tl.dot, so up to 16 costs nothing extra
 _GROUP_ROWS = 16  # smallest M that tl.dot accepts
@@ -227,35 +229,10 @@ def unsupported_reasons(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor
 ) -> list[str]:
     """Why `flash_decode` cannot take these inputs; empty when it can."""
-    reasons = []
-    if q.dim() != 3 or k_cache.dim() != 4:
-        return [
-            f"expected q [B, Hq, D] and caches [B, Hkv, S_max, D], got {tuple(q.shape)}, {tuple(k_cache.shape)}"
-        ]
-    b, hq, d = q.shape
-    if v_cache.shape != k_cache.shape:
-        reasons.append(f"k and v caches differ in shape: {tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
-    if k_cache.shape[0] != b or k_cache.shape[3] != d:
-        reasons.append(f"cache {tuple(k_cache.shape)} does not match q {tuple(q.shape)} in batch or head dim")
-    if d not in HEAD_DIMS:
-        reasons.append(f"head dim {d} not in {HEAD_DIMS}")
-    hkv = k_cache.shape[1]
-    if hkv == 0 or hq % hkv:
-        reasons.append(f"query heads {hq} not a multiple of kv heads {hkv}")
-    elif hq // hkv > MAX_GQA_RATIO:
-        reasons.append(f"GQA ratio {hq // hkv} > {MAX_GQA_RATIO}")
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        reasons.append(f"dtype {q.dtype} is not float16 or bfloat16")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        reasons.append(f"dtypes differ: q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype}")
-    if any(t.stride(-1) != 1 for t in (q, k_cache, v_cache)):
-        reasons.append("last dim of q, k or v is not contiguous")
-    if lengths.dtype != torch.int32 or tuple(lengths.shape) != (b,):
-        reasons.append(f"lengths must be int32 [{b}], got {lengths.dtype} {tuple(lengths.shape)}")
-    devices = {t.device for t in (q, k_cache, v_cache, lengths)}
-    if len(devices) != 1:
-        reasons.append(f"tensors on different devices: {sorted(map(str, devices))}")
-    elif q.device.type == "cuda":
+    reasons = input_reasons(q, k_cache, v_cache, lengths, HEAD_DIMS, MAX_GQA_RATIO)
+    if not well_formed(q, k_cache) or not one_device(q, k_cache, v_cache, lengths):
+        return reasons
+    if q.device.type == "cuda":
         if torch.cuda.get_device_capability(q.device) < (8, 0):
             reasons.append("CUDA device below compute capability 8.0 (bf16 tl.dot)")
     elif not _interpreting():

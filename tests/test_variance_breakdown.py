@@ -7,7 +7,7 @@ import math
 import random
 from pathlib import Path
 
-from evalbot.evaluate import abtest
+from evalbot.evaluate import ab_samples
 from evalbot.model import Side
 
 spec = importlib.util.spec_from_file_location(
@@ -28,7 +28,7 @@ def _samples(order_effect=0.01, block_sd=0.005, pair_sd=0.004, blocks=12, pairs=
             head = base * math.exp(offset + rng.gauss(0, pair_sd))
             for side, tps in ((Side.BASE, base), (Side.HEAD, head)):
                 out.append(
-                    abtest.Sample(
+                    ab_samples.Sample(
                         side,
                         128,
                         b,

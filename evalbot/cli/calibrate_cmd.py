@@ -19,6 +19,7 @@ from evalbot.cli.options import (
     check_profile,
     load_rules_or_exit,
     profile_option,
+    repo_option,
     resolve_state,
     rules_option,
     state_option,
@@ -37,12 +38,7 @@ def _log(message: str) -> None:
 
 
 @click.command()
-@click.option(
-    "--repo",
-    required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="a local git repository (or clone) holding the revision",
-)
+@repo_option("a local git repository (or clone) holding the revision")
 @click.option("--rev", default="main", show_default=True, help="the revision judged against itself")
 @click.option(
     "--runs",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from evalbot.cli.options import load_rules_or_exit, rules_option
+from evalbot.cli.options import EXISTING_DIR, load_rules_or_exit, rules_option
 
 
 @click.group()
@@ -17,7 +17,7 @@ def copycat() -> None:
 
 
 @copycat.command()
-@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("directory", type=EXISTING_DIR)
 @rules_option
 @click.option("--json", "as_json", is_flag=True, help="one JSON list instead of text")
 def scan(directory: Path, rules_dir: Path | None, as_json: bool) -> None:

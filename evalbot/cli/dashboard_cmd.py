@@ -9,7 +9,7 @@ import click
 
 from evalbot import dashboard as dashboard_mod
 from evalbot import ledgers
-from evalbot.cli.options import STATE_ENV, resolve_state, state_option
+from evalbot.cli.options import EXISTING_DIR, STATE_ENV, resolve_state, state_option
 from evalbot.store import Store, StoreError
 
 
@@ -30,7 +30,7 @@ def dashboard() -> None:
 @click.option(
     "--ledger-dir",
     "ledger_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=EXISTING_DIR,
     default=None,
     help="a checkout whose .github/ holds FLAGGED.md and blocked-contributors.txt",
 )

@@ -14,7 +14,14 @@ from pathlib import Path
 import click
 
 from evalbot import judge, receipts, render
-from evalbot.cli.options import check_profile, load_rules_or_exit, profile_option, rules_option
+from evalbot.cli.options import (
+    check_profile,
+    file_option,
+    load_rules_or_exit,
+    profile_option,
+    repo_option,
+    rules_option,
+)
 from evalbot.cli.progress import reporter
 from evalbot.cli.receipt_cmd import SIGNING_KEY_ENV
 from evalbot.codec import to_dict
@@ -25,12 +32,7 @@ EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED:
 
 
 @click.command()
-@click.option(
-    "--repo",
-    required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="a local git repository (or clone) holding both revisions",
-)
+@repo_option("a local git repository (or clone) holding both revisions")
 @click.option("--base", required=True, help="the trusted revision (main)")
 @click.option("--head", required=True, help="the revision under test")
 @rules_option
@@ -64,11 +66,10 @@ EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED:
 @click.option(
     "--pr", type=int, default=None, help="the PR number, recorded in the result and signed into the receipt"
 )
-@click.option(
+@file_option(
     "--key",
     "key_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help=f"Ed25519 private key for the receipt (default: ${SIGNING_KEY_ENV}; none: 'unsigned')",
+    f"Ed25519 private key for the receipt (default: ${SIGNING_KEY_ENV}; none: 'unsigned')",
 )
 def evaluate(
     repo: Path,

@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from evalbot.rules import Profile, Rules, RulesError, default_rules_dir, load_rules
 
+EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def file_option(flag: str, dest: str, help: str, *, required: bool = False) -> Decorator:
+    """An option naming an existing file, passed as a Path."""
+    return click.option(flag, dest, required=required, type=EXISTING_FILE, help=help)
+
+
+def repo_option(help: str) -> Decorator:
+    """--repo: a local git repository, passed as a Path."""
+    return click.option("--repo", required=True, type=EXISTING_DIR, help=help)
+
+
 rules_option = click.option(
     "--rules",
     "rules_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=EXISTING_DIR,
     default=None,
     help="rules directory (default: the repository's rules/)",
 )

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from evalbot import receipts
+from evalbot.cli.options import EXISTING_FILE, file_option
 
 SIGNING_KEY_ENV = "EVALBOT_SIGNING_KEY"  # a private key (PEM or base64 raw), for runners without a key file
 VERIFY_KEY_ENV = "EVALBOT_VERIFY_KEY"
@@ -30,13 +31,8 @@ def receipt() -> None:
 
 
 @receipt.command()
-@click.argument("body_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--key",
-    "key_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help=f"private key file (PEM or base64 raw); default: ${SIGNING_KEY_ENV}",
-)
+@click.argument("body_file", type=EXISTING_FILE)
+@file_option("--key", "key_path", f"private key file (PEM or base64 raw); default: ${SIGNING_KEY_ENV}")
 @click.option(
     "--out", type=click.Path(dir_okay=False, path_type=Path), help="where to write (default: stdout)"
 )
@@ -60,13 +56,8 @@ def sign(body_file: Path, key_path: Path | None, out: Path | None) -> None:
 
 
 @receipt.command()
-@click.argument("receipt_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--key",
-    "key_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help=f"the signer's public key (PEM or base64 raw); default: ${VERIFY_KEY_ENV}",
-)
+@click.argument("receipt_file", type=EXISTING_FILE)
+@file_option("--key", "key_path", f"the signer's public key (PEM or base64 raw); default: ${VERIFY_KEY_ENV}")
 def verify(receipt_file: Path, key_path: Path | None) -> None:
     """Check a receipt's signature against the given public key; exit 1 if it does not verify."""
     raw = _key_bytes(key_path, VERIFY_KEY_ENV, "public")

@@ -7,16 +7,11 @@ from pathlib import Path
 import click
 
 from evalbot import render as render_mod
+from evalbot.cli.options import file_option
 
 
 @click.command()
-@click.option(
-    "--verdict",
-    "verdict_file",
-    required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="a result.json",
-)
+@file_option("--verdict", "verdict_file", "a result.json", required=True)
 def render(verdict_file: Path) -> None:
     """Print the markdown comment the bot would post for this result."""
     try:

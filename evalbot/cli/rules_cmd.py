@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from evalbot.cli.options import load_rules_or_exit
+from evalbot.cli.options import EXISTING_DIR, load_rules_or_exit
 
 
 @click.group()
@@ -15,7 +15,7 @@ def rules() -> None:
 
 
 @rules.command()
-@click.argument("directory", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("directory", required=False, type=EXISTING_DIR)
 def check(directory: Path | None) -> None:
     """Validate every rules file; errors name file:line and the field."""
     r = load_rules_or_exit(directory)

@@ -8,16 +8,15 @@ from pathlib import Path
 import click
 
 from evalbot import stats as stats_mod
-from evalbot.cli.options import load_rules_or_exit, rules_option
+from evalbot.cli.options import file_option, load_rules_or_exit, rules_option
 
 
 @click.command()
-@click.option(
+@file_option(
     "--pairs",
     "pairs_file",
+    "TSV or CSV with a header naming `base` and `head`, one interleaved pair per row",
     required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="TSV or CSV with a header naming `base` and `head`, one interleaved pair per row",
 )
 @rules_option
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from evalbot import ledgers, times
 from evalbot.model import ContextEstimate
@@ -138,17 +138,25 @@ def merges(entries: Iterable[LedgerEntry]) -> list[MergeMark]:
     return sorted(out, key=lambda m: (m.at, m.pr))
 
 
+T = TypeVar("T")
+
+
+def chunks(points: Sequence[T], limit: int) -> list[Sequence[T]]:
+    """``points`` (more than ``limit``) as ``limit`` runs of consecutive points, of equal count: what a plot
+    shows each as one point."""
+    n = len(points)
+    return [points[i * n // limit : (i + 1) * n // limit] for i in range(limit)]
+
+
 def downsample(points: Sequence[FrontierPoint], limit: int = MAX_PLOT_POINTS) -> list[FrontierPoint]:
     """At most ``limit`` points: consecutive equal-count chunks, each merged into its median time and value."""
     if len(points) <= limit:
         return list(points)
-    out = []
-    for i in range(limit):
-        chunk = points[i * len(points) // limit : (i + 1) * len(points) // limit]
-        mid = chunk[len(chunk) // 2]
-        out.append(FrontierPoint(mid.at, statistics.median(p.value for p in chunk), mid.base_sha,
-                                 sum(p.n for p in chunk)))  # fmt: skip
-    return out
+    return [
+        FrontierPoint(c[len(c) // 2].at, statistics.median(p.value for p in c), c[len(c) // 2].base_sha,
+                      sum(p.n for p in c))
+        for c in chunks(points, limit)
+    ]  # fmt: skip
 
 
 # ---------------------------------------------------------------- PRs and their verdicts

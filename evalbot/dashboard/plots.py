@@ -21,6 +21,7 @@ from evalbot.dashboard.data import (
     NoisePoint,
     NoiseSeries,
     VerdictHistory,
+    chunks,
     clip_text,
     downsample,
     next_period,
@@ -145,9 +146,8 @@ def _thin(points: Sequence[NoisePoint], limit: int = MAX_PLOT_POINTS) -> list[No
     """At most ``limit`` points: runs of consecutive calibrations, each shown by its worst values."""
     if len(points) <= limit:
         return list(points)
-    out = []
-    for i in range(limit):
-        run = points[i * len(points) // limit : (i + 1) * len(points) // limit]
-        out.append(NoisePoint(run[len(run) // 2].at, max(p.noise_cv for p in run), max(p.mde for p in run),
-                              max(p.false_positive_rate for p in run), sum(p.rows for p in run)))  # fmt: skip
-    return out
+    return [
+        NoisePoint(run[len(run) // 2].at, max(p.noise_cv for p in run), max(p.mde for p in run),
+                   max(p.false_positive_rate for p in run), sum(p.rows for p in run))
+        for run in chunks(points, limit)
+    ]  # fmt: skip

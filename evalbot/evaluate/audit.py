@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from evalbot.evaluate.abtest import Sample
+from evalbot.evaluate.ab_samples import Sample
 from evalbot.model import DecodeAudit, Side
 
 MAX_LISTED = 10  # disagreements named per audit

@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from evalbot.evaluate import abtest, audit, sandbox, served
+from evalbot.evaluate import ab_samples, audit, sandbox, schedule, serve_error, served
 from evalbot.evaluate.context import RunContext, SideFailed, fresh_scratch, sandboxed_python
 from evalbot.evaluate.exits import describe_exit
 from evalbot.model import AccuracyResult, Failure, Side
@@ -25,8 +25,37 @@ REFERENCE_TIMEOUT_S = 1800
 TAIL_CHARS = 2000
 
 
-def _tail(text: str) -> str:
-    return text[-TAIL_CHARS:]
+def _harness_failed(stage: str, message: str, output: str = "") -> SideFailed:
+    """A failure of the harness's own step at `stage`, with the end of what its tool printed."""
+    return SideFailed(Failure(Side.HARNESS, stage, message, output[-TAIL_CHARS:]))
+
+
+def _main_tool(
+    ctx: RunContext,
+    args: list[str],
+    *,
+    stage: str,
+    what: str,
+    timeout_s: float,
+    cwd: Path,
+    max_output_bytes: int = 64 << 20,
+) -> sandbox.RunResult:
+    """Run one of main's tools (`python -I -m ARGS` in main's venv) trusted, outside the sandbox; one that
+    fails is the harness's failure at `stage`, `what` naming the tool before how it ended. -I and a neutral
+    cwd: `-m` would otherwise put the bot's working directory (which may hold an `engine/` of its own) ahead
+    of main's venv on sys.path."""
+    venv = ctx.sides[Side.BASE].build.venv
+    assert venv is not None
+    res = sandbox.run_trusted(
+        [str(venv / "bin" / "python"), "-I", "-m", *args],
+        timeout_s=timeout_s,
+        cwd=cwd,
+        max_output_bytes=max_output_bytes,
+    )
+    if not res.ok:
+        exit_ = describe_exit(res.returncode, timed_out=res.timed_out, timeout_s=timeout_s)
+        raise _harness_failed(stage, f"{what} {exit_}", res.stderr)
+    return res
 
 
 def llama_reference(ctx: RunContext, path: Path, text: Path) -> tuple[Path, dict[str, Any]]:
@@ -41,51 +70,22 @@ def llama_reference(ctx: RunContext, path: Path, text: Path) -> tuple[Path, dict
     ref = ctx.scratch / "reference" / f"{path.stem}.npy"
     ref.parent.mkdir(exist_ok=True)
     ctx.log(f"{path.stem}: llama.cpp reference over {p} positions")
-    venv = ctx.sides[Side.BASE].build.venv
-    assert venv is not None
-    # -I and a neutral cwd: `-m` would otherwise put the bot's working directory (which may hold an
-    # `engine/` of its own) ahead of main's venv on sys.path
-    res = sandbox.run_trusted(
-        [
-            str(venv / "bin" / "python"),
-            "-I",
-            "-m",
-            "engine.reference",
-            "score",
-            "--model",
-            str(path),
-            "--text-file",
-            str(text),
-            "--positions",
-            str(p),
-            "--out",
-            str(ref),
-        ],
+    args = ["score", "--model", str(path), "--text-file", str(text), "--positions", str(p), "--out", str(ref)]
+    res = _main_tool(
+        ctx,
+        ["engine.reference", *args],
+        stage="reference",
+        what="the llama.cpp reference",
         timeout_s=REFERENCE_TIMEOUT_S,
         cwd=ref.parent,
         max_output_bytes=1 << 20,
     )
-    if not res.ok:
-        raise SideFailed(
-            Failure(
-                Side.HARNESS,
-                "reference",
-                "the llama.cpp reference "
-                + describe_exit(res.returncode, timed_out=res.timed_out, timeout_s=REFERENCE_TIMEOUT_S),
-                _tail(res.stderr),
-            )
-        )
     try:
         record = json.loads(res.stdout.strip().splitlines()[-1])
         config = record.get("config") or {}
     except (ValueError, IndexError, AttributeError, TypeError) as exc:
-        raise SideFailed(
-            Failure(
-                Side.HARNESS,
-                "reference",
-                f"the llama.cpp reference printed no record: {exc}",
-                _tail(res.stdout + res.stderr),
-            )
+        raise _harness_failed(
+            "reference", f"the llama.cpp reference printed no record: {exc}", res.stdout + res.stderr
         ) from exc
     identity = {
         "engine": record.get("engine"),
@@ -103,24 +103,22 @@ def accuracy_served(
     try:
         ids = json.loads(Path(f"{ref}.json").read_text())["token_ids"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SideFailed(
-            Failure(Side.HARNESS, "reference", f"the reference left no token ids: {exc}")
-        ) from exc
+        raise _harness_failed("reference", f"the reference left no token ids: {exc}") from exc
     ctx.log(f"{name}: accuracy vs llama.cpp over {len(ids) - 1} positions")
     outs: dict[Side, Path] = {}
     for side, p in procs.items():
         others = [q for s, q in procs.items() if s is not side]
         name_npy = f"{side.value}-score.npy"
         try:
-            served.run_alone(
+            schedule.run_alone(
                 p,
                 others,
                 partial(
                     p.request, {"op": "score", "ids": ids, "from": 1, "save": name_npy}, ctx.run_timeout_s
                 ),
             )
-        except served.ServeError as exc:
-            raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
+        except serve_error.ServeError as exc:
+            raise ab_samples.SideError(side, exc.stage, str(exc), exc.tail) from exc
         made = ctx.serve_scratch[side] / name_npy
         if not made.is_file() or made.is_symlink():
             found = (
@@ -178,7 +176,7 @@ def _compare(ctx: RunContext, ref: Path, test: Path, side: Side) -> dict[str, An
 
 def audit_answers(
     ctx: RunContext,
-    chosen: list[abtest.Sample],
+    chosen: list[ab_samples.Sample],
     procs: dict[Side, served.ServedProcess],
     registry: bool,
     name: str,
@@ -188,19 +186,15 @@ def audit_answers(
     if not chosen:
         return {}, "none"
     if registry:
-        venv = ctx.sides[Side.BASE].build.venv
-        assert venv is not None
         folder = ctx.scratch / "audit"
         folder.mkdir(exist_ok=True)
         requests, answers = folder / "requests.jsonl", folder / "answers.jsonl"
         requests.write_text(audit.requests_file(chosen))
         model = ctx.model_paths[name]
         ctx.log(f"{name}: auditing {len(chosen)} timed requests against the reference")
-        res = sandbox.run_trusted(
+        res = _main_tool(
+            ctx,
             [
-                str(venv / "bin" / "python"),
-                "-I",
-                "-m",
                 "engine.reference",
                 "audit",
                 "--model",
@@ -210,20 +204,12 @@ def audit_answers(
                 "--out",
                 str(answers),
             ],
+            stage="reference",
+            what="the reference's audit",
             timeout_s=REFERENCE_TIMEOUT_S,
             cwd=folder,
             max_output_bytes=1 << 20,
         )
-        if not res.ok:
-            raise SideFailed(
-                Failure(
-                    Side.HARNESS,
-                    "reference",
-                    "the reference's audit "
-                    + describe_exit(res.returncode, timed_out=res.timed_out, timeout_s=REFERENCE_TIMEOUT_S),
-                    _tail(res.stderr),
-                )
-            )
         out = {}
         for line in answers.read_text().splitlines():
             item = json.loads(line)
@@ -238,7 +224,7 @@ def audit_answers(
     out = {}
     for s in chosen:
         req = {"op": "score", "ids": [*s.prompt, *s.tokens], "from": len(s.prompt)}
-        got = served.run_alone(main, head, partial(main.request, req, ctx.run_timeout_s))
+        got = schedule.run_alone(main, head, partial(main.request, req, ctx.run_timeout_s))
         out[audit.key(s)] = got.summary
     return out, "main"
 
@@ -251,35 +237,21 @@ def fetch_models(ctx: RunContext, profile: Profile) -> dict[str, Path]:
     names = [m.name for m in profile.models if m.source == "registry"]
     if ctx.req.options.spec and ctx.req.options.spec_drafter == "draft":
         names += [ctx.ws.rules.spec_pair.target.name, ctx.ws.rules.spec_pair.draft.name]
-    venv = ctx.sides[Side.BASE].build.venv
-    assert venv is not None
     out: dict[str, Path] = {}
     for name in dict.fromkeys(names):
         ctx.log(f"fetching {name}")
-        res = sandbox.run_trusted(
-            [str(venv / "bin" / "python"), "-I", "-m", "engine.registry", "fetch", name],
+        res = _main_tool(
+            ctx,
+            ["engine.registry", "fetch", name],
+            stage="models",
+            what=f"cannot fetch {name}: main's fetcher",
             timeout_s=3600,
             cwd=ctx.scratch,
-        )  # -I, neutral cwd: main's fetcher, no other
-        if not res.ok:
-            raise SideFailed(
-                Failure(
-                    Side.HARNESS,
-                    "models",
-                    f"cannot fetch {name}: main's fetcher "
-                    + describe_exit(res.returncode, timed_out=res.timed_out, timeout_s=3600),
-                    _tail(res.stderr),
-                )
-            )
+        )
         lines = res.stdout.strip().splitlines()
         if not lines or not Path(lines[-1]).is_file():
-            raise SideFailed(
-                Failure(
-                    Side.HARNESS,
-                    "models",
-                    f"main's fetcher named no file for {name}",
-                    _tail(res.stdout + res.stderr),
-                )
+            raise _harness_failed(
+                "models", f"main's fetcher named no file for {name}", res.stdout + res.stderr
             )
         out[name] = Path(lines[-1])
     pinned = {m.name: m.sha256 for m in profile.models if m.sha256}
@@ -289,9 +261,7 @@ def fetch_models(ctx: RunContext, profile: Profile) -> dict[str, Path]:
     for name, path in out.items():
         digest = sha_of(ctx, path)
         if name in pinned and pinned[name] != digest:
-            raise SideFailed(
-                Failure(Side.HARNESS, "models", f"{name} has sha256 {digest}, rules pin {pinned[name]}")
-            )
+            raise _harness_failed("models", f"{name} has sha256 {digest}, rules pin {pinned[name]}")
     return out
 
 

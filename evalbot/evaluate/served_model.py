@@ -14,8 +14,13 @@ from pathlib import Path
 
 from evalbot import verdict
 from evalbot.evaluate import abtest, audit, compile_cache, cpumeter, prompts, served
+from evalbot.evaluate.ab_block import Launch
+from evalbot.evaluate.ab_samples import Prompts, Run, Sample, SideError, throughput
+from evalbot.evaluate.ab_sampling import REQUEST_CPU_SLACK
 from evalbot.evaluate.context import SIDE_LABEL, RunContext, SideFailed, sandbox_spec
+from evalbot.evaluate.freezing import FREEZER
 from evalbot.evaluate.reference import accuracy_served, audit_answers
+from evalbot.evaluate.schedule import run_alone
 from evalbot.evaluate.speculative import spec_served
 from evalbot.model import AccuracyResult, DecodeAudit, Failure, Side, SpecResult, ThroughputPairs
 from evalbot.rules import Profile
@@ -60,7 +65,7 @@ def keep_compiles(ctx: RunContext, procs: dict[Side, served.ServedProcess]) -> N
             ctx.log(f"{SIDE_LABEL[side]}'s compile is not kept ({why}): each of its processes compiles anew")
 
 
-def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int) -> abtest.Launch:
+def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int) -> Launch:
     """Start one side's `engine serve`, sandboxed, in its emptied side folder (with a copy of the side's
     first compile, once kept), with the profile's device."""
 
@@ -93,7 +98,7 @@ def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int)
         meter = cpumeter.make_meter(side.value)
         threads = ctx.req.profile.measurement.threads
         if threads:  # the kernel holds the tree to its cores (with the checks' slack), where the box lets it
-            meter.cap(threads * abtest.REQUEST_CPU_SLACK)
+            meter.cap(threads * REQUEST_CPU_SLACK)
         return served.ServedProcess.start(
             SIDE_LABEL[side], spec, argv, no_sandbox=ctx.req.options.no_sandbox, meter=meter
         )
@@ -124,7 +129,7 @@ def measure_model(
     def tokenized(ctx_len: int, serial: int) -> list[int]:
         text = prompts.draw_from(texts, (seed * 1_000_003 + serial) % 2**53, 8 * ctx_len + 64, 1)[0].text
         main = procs[Side.BASE]
-        got = served.run_alone(
+        got = run_alone(
             main,
             [p for s, p in procs.items() if s is not Side.BASE],
             lambda: main.request({"op": "tokenize", "text": text, "max_tokens": ctx_len}, ctx.run_timeout_s),
@@ -145,7 +150,7 @@ def measure_model(
         return procs[side]
 
     source = tokenized if registry else None
-    pool = abtest.Prompts(source or (lambda c, i: abtest.random_prompts(procs[Side.BASE].vocab, seed)(c, i)))
+    pool = Prompts(source or (lambda c, i: abtest.random_prompts(procs[Side.BASE].vocab, seed)(c, i)))
     try:
         cpumeter.sweep_stale()
         run, procs = abtest.measure(
@@ -158,7 +163,7 @@ def measure_model(
             ready_timeout_s=ctx.run_timeout_s,
             progress=ctx.ws.progress,
             decided=lambda samples: verdict.no_pair_could_change(
-                abtest.throughput(samples, profile, name), ctx.ws.rules
+                throughput(samples, profile, name), ctx.ws.rules
             ),
             settled=lambda ready: keep_compiles(ctx, ready),
         )
@@ -173,7 +178,7 @@ def measure_model(
             spec, tau_notes = spec_served(ctx, profile, name, procs, run, block, pool)
         accuracy = accuracy_served(ctx, name, procs, reference) if reference is not None else None
         return ModelResult(
-            abtest.throughput(run.samples, profile, name),
+            throughput(run.samples, profile, name),
             audits,
             spec,
             [
@@ -184,7 +189,7 @@ def measure_model(
             ],
             accuracy,
         )
-    except abtest.SideError as exc:
+    except SideError as exc:
         raise SideFailed(Failure(exc.side, exc.stage, str(exc), exc.tail)) from exc
     except served.ServeError as exc:  # main's process, serving the harness (tokenizing, auditing)
         raise SideFailed(Failure(Side.BASE, exc.stage, str(exc), exc.tail)) from exc
@@ -198,7 +203,7 @@ def _freeze_notes(procs: Iterable[served.ServedProcess], threads: int | None) ->
     can cap an engine's CPU."""
     procs = list(procs)
     notes = []
-    if not all(p.freeze_mode == served.FREEZER for p in procs):
+    if not all(p.freeze_mode == FREEZER for p in procs):
         notes.append(
             "this box gives the harness no cgroup v2 freezer, so the idle side was frozen by SIGSTOP to each "
             "of its processes, which a process can arrange to undo; the CPU each side used while frozen and "
@@ -213,7 +218,7 @@ def _freeze_notes(procs: Iterable[served.ServedProcess], threads: int | None) ->
     return notes
 
 
-def _clock_notes(run: abtest.Run) -> list[str]:
+def _clock_notes(run: Run) -> list[str]:
     """The one-part clock, said where it was used: main's engine answers no 'prefill' op."""
     if run.two_part is not False:
         return []
@@ -225,7 +230,7 @@ def _clock_notes(run: abtest.Run) -> list[str]:
     ]
 
 
-def _diagnostics(samples: list[abtest.Sample], max_gap: float) -> list[str]:
+def _diagnostics(samples: list[Sample], max_gap: float) -> list[str]:
     """What the harness noticed that decides nothing: engines whose own clocks disagree with it."""
     notes = []
     for side in (Side.BASE, Side.HEAD):

@@ -8,31 +8,31 @@ from __future__ import annotations
 
 from functools import partial
 
-from evalbot.evaluate import abtest, served
+from evalbot.evaluate import ab_samples, ab_sampling, schedule, serve_error, served
 from evalbot.evaluate.context import RunContext
 from evalbot.model import Side, SpecResult
 from evalbot.rules import Profile
 
 
 def _plain_pair(
-    ctx: RunContext, procs: dict[Side, served.ServedProcess], pool: abtest.Prompts, length: int, gen: int
-) -> dict[Side, abtest.Sample]:
+    ctx: RunContext, procs: dict[Side, served.ServedProcess], pool: ab_samples.Prompts, length: int, gen: int
+) -> dict[Side, ab_samples.Sample]:
     """Both sides' plain decode of one fresh prompt, as the reference for a speculative run."""
     prompt = pool.next(length)
     out = {}
     for side, p in procs.items():
         others = [q for s, q in procs.items() if s is not side]
         try:
-            t = served.run_alone(
+            t = schedule.run_alone(
                 p,
                 others,
                 partial(
                     p.request, {"op": "generate", "prompt_ids": prompt, "max_new": gen}, ctx.run_timeout_s
                 ),
             )
-        except served.ServeError as exc:
-            raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
-        out[side] = abtest.sample(side, length, -1, 0, prompt, gen, t)
+        except serve_error.ServeError as exc:
+            raise ab_samples.SideError(side, exc.stage, str(exc), exc.tail) from exc
+        out[side] = ab_sampling.sample(side, length, -1, 0, prompt, gen, t)
     return out
 
 
@@ -41,9 +41,9 @@ def spec_served(
     profile: Profile,
     name: str,
     procs: dict[Side, served.ServedProcess],
-    run: abtest.Run,
+    run: ab_samples.Run,
     block: int,
-    pool: abtest.Prompts,
+    pool: ab_samples.Prompts,
 ) -> tuple[list[SpecResult], list[str]]:
     """Speculative decoding on the harness's clock at every scored context. Each run takes a prompt an
     earlier block timed (so these processes never saw it, and nothing can be replayed from a cache),
@@ -56,7 +56,7 @@ def spec_served(
     for c in profile.contexts:
         if not c.scored:
             continue
-        earlier: dict[tuple[int, int], dict[Side, abtest.Sample]] = {}
+        earlier: dict[tuple[int, int], dict[Side, ab_samples.Sample]] = {}
         for smp in run.samples:
             if smp.context == c.ctx and smp.block != last:
                 earlier.setdefault((smp.block, smp.pair), {})[smp.side] = smp
@@ -81,9 +81,9 @@ def spec_served(
                     "ngram": 3,
                 }
                 try:
-                    t = served.run_alone(p, others, partial(p.request, req, ctx.run_timeout_s))
-                except served.ServeError as exc:
-                    raise abtest.SideError(side, exc.stage, str(exc), exc.tail) from exc
+                    t = schedule.run_alone(p, others, partial(p.request, req, ctx.run_timeout_s))
+                except serve_error.ServeError as exc:
+                    raise ab_samples.SideError(side, exc.stage, str(exc), exc.tail) from exc
                 sp[side].append(t.decode_tps)
                 taus[side].append((len(t.tokens) - 1) / max(len(t.steps) - 1, 1))
                 steps[side] += [len(step) for step in t.steps[1:]]

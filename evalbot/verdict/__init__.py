@@ -2,6 +2,7 @@
 
 - ``decide`` (pure): gates and tiers -> `Verdict`, the clock that scores at each context, and the A/B's
   early stop (`no_pair_could_change`);
+- ``gates`` (pure): the correctness gates `decide` reads (the decode audit, accuracy, speculative decoding);
 - ``comment``: a measured verdict as one `Decision` for the publisher (the PR's comment, labels, status).
 
 Code outside the package imports from here.

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from evalbot.evaluate import abtest, box
-from evalbot.evaluate.served import Timed
+from evalbot.evaluate import ab_block, ab_samples, abtest, box
+from evalbot.evaluate.timed import Timed
 from evalbot.model import Side
 from evalbot.rules import Quiet
 
@@ -28,10 +28,9 @@ class CachingEngine:
     label: str
     seen: set[tuple[int, ...]] = field(default_factory=set)
     frozen: bool = False
+    # the CPU time read at the last freeze: -1, unmetered, as a real process without a meter reads
+    frozen_cpu_ns: int = -1
     clock: itertools.count = field(default_factory=lambda: itertools.count(0, 1))
-    frozen_cpu_ns: int = (
-        -1
-    )  # the tree's CPU at its last freeze: unmetered, as a ServedProcess without a meter
 
     def freeze(self) -> None:
         self.frozen = True
@@ -78,10 +77,10 @@ def _fake_box(monkeypatch: pytest.MonkeyPatch, busy_attempts: int, clock: list[f
     return waits
 
 
-def _pair(quiet: Quiet) -> tuple[list[abtest.Sample], abtest.Prompts, dict[Side, CachingEngine]]:
+def _pair(quiet: Quiet) -> tuple[list[ab_samples.Sample], ab_samples.Prompts, dict[Side, CachingEngine]]:
     procs = {Side.BASE: CachingEngine("main"), Side.HEAD: CachingEngine("the PR")}
-    prompts = abtest.Prompts(lambda ctx, serial: [serial] * ctx)
-    out = abtest._pair(procs, 0, 0, 16, prompts, GEN, 60.0, quiet, False, lambda _m: None, abtest.Run())  # type: ignore[arg-type]
+    prompts = ab_samples.Prompts(lambda ctx, serial: [serial] * ctx)
+    out = abtest._pair(procs, 0, 0, 16, prompts, GEN, 60.0, quiet, False, lambda _m: None, ab_samples.Run())  # type: ignore[arg-type]
     return out, prompts, procs
 
 
@@ -129,17 +128,17 @@ def test_a_blocks_warm_up_requests_are_untimed_each_side_alone_on_prompts_no_pai
             return _ask(body, timeout_s)
 
         p.request = spy  # type: ignore[method-assign]
-    prompts = abtest.Prompts(lambda ctx, serial: [serial] * ctx)
-    abtest.warm(procs, [16, 32], prompts, GEN, 60.0, "token", 2)  # type: ignore[arg-type]
+    prompts = ab_samples.Prompts(lambda ctx, serial: [serial] * ctx)
+    ab_block.warm(procs, [16, 32], prompts, GEN, 60.0, "token", 2)  # type: ignore[arg-type]
     assert prompts.served == 4 and all(frozen_when_asked) and len(frozen_when_asked) == 8
     assert {len(k) for k in procs[Side.HEAD].seen} == {16, 32}  # each context's own shapes
-    out = abtest._pair(procs, 0, 0, 16, prompts, GEN, 60.0, Quiet(), False, lambda _m: None, abtest.Run())  # type: ignore[arg-type]
+    out = abtest._pair(procs, 0, 0, 16, prompts, GEN, 60.0, Quiet(), False, lambda _m: None, ab_samples.Run())  # type: ignore[arg-type]
     # the timed pair takes a prompt no warm-up used: nothing it times comes from a cache
     assert all(s.decode_tps == pytest.approx(10.0) for s in out)
 
 
 def test_a_failing_warm_up_is_that_sides_failure(monkeypatch):
-    from evalbot.evaluate.served import ServeError
+    from evalbot.evaluate.serve_error import ServeError
 
     _fake_box(monkeypatch, busy_attempts=0, clock=[0.0])
     procs = {Side.BASE: CachingEngine("main"), Side.HEAD: CachingEngine("the PR")}
@@ -148,6 +147,6 @@ def test_a_failing_warm_up_is_that_sides_failure(monkeypatch):
         raise ServeError("the engine exited (code 1)")
 
     procs[Side.HEAD].request = broken  # type: ignore[method-assign]
-    with pytest.raises(abtest.SideError, match="warm-up") as err:
-        abtest.warm(procs, [16], abtest.Prompts(lambda c, s: [s] * c), GEN, 60.0, "token", 1)  # type: ignore[arg-type]
+    with pytest.raises(ab_samples.SideError, match="warm-up") as err:
+        ab_block.warm(procs, [16], ab_samples.Prompts(lambda c, s: [s] * c), GEN, 60.0, "token", 1)  # type: ignore[arg-type]
     assert err.value.side is Side.HEAD

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, cpumeter, sandbox, served
-from evalbot.evaluate.served import ServeError
+from evalbot.evaluate import ab_block, ab_samples, ab_sampling, cpumeter, sandbox, served
+from evalbot.evaluate.serve_error import ServeError
 from evalbot.model import Side
 
 
@@ -31,9 +31,8 @@ class Proc:
     vocab: int = 100
     ready: dict = field(default_factory=dict)
     cpu: float | None = None  # CPU seconds its tree used: None, unmetered
-    frozen_cpu_ns: int = (
-        -1
-    )  # the tree's CPU at its last freeze: unmetered, as a ServedProcess without a meter
+    # the CPU time read at the last freeze: -1, unmetered, as a real process without a meter reads
+    frozen_cpu_ns: int = -1
 
     def cpu_s(self) -> float | None:
         return self.cpu
@@ -70,7 +69,7 @@ def _launcher(
 @pytest.mark.parametrize("base_first", [True, False])
 def test_serial_start_launches_the_second_once_the_first_is_ready(base_first):
     events: list[str] = []
-    procs = abtest._start_block(_launcher(events), 10, lambda _m: None, base_first, parallel=False)
+    procs = ab_block.start_block(_launcher(events), 10, lambda _m: None, base_first, parallel=False)
     a, b = ("base", "head") if base_first else ("head", "base")
     assert events == [f"launch {a}", f"ready {a}", f"launch {b}", f"ready {b}", f"freeze {a}", f"freeze {b}"]
     assert set(procs) == {Side.BASE, Side.HEAD}
@@ -80,7 +79,7 @@ def test_serial_start_launches_the_second_once_the_first_is_ready(base_first):
 def test_parallel_start_launches_both_before_waiting_and_keeps_the_crossover_s_order(base_first):
     events: list[str] = []
     logged: list[str] = []
-    procs = abtest._start_block(_launcher(events), 10, logged.append, base_first, parallel=True)
+    procs = ab_block.start_block(_launcher(events), 10, logged.append, base_first, parallel=True)
     a, b = ("base", "head") if base_first else ("head", "base")
     assert events == [f"launch {a}", f"launch {b}", f"ready {a}", f"ready {b}", f"freeze {a}", f"freeze {b}"]
     assert [m.split("'")[0] for m in logged] == [a, b] and all("ready in" in m for m in logged)
@@ -91,8 +90,8 @@ def test_parallel_start_launches_both_before_waiting_and_keeps_the_crossover_s_o
 @pytest.mark.parametrize("failing", [Side.BASE, Side.HEAD])
 def test_a_side_that_fails_to_start_is_that_side_s_failure_and_nothing_is_left_running(parallel, failing):
     events: list[str] = []
-    with pytest.raises(abtest.SideError) as info:
-        abtest._start_block(_launcher(events, failing), 10, lambda _m: None, True, parallel=parallel)
+    with pytest.raises(ab_samples.SideError) as info:
+        ab_block.start_block(_launcher(events, failing), 10, lambda _m: None, True, parallel=parallel)
     assert info.value.side is failing and "did not start" in str(info.value)
     launched = {e.split()[1] for e in events if e.startswith("launch")}
     closed = {e.split()[1] for e in events if e.startswith("close")}
@@ -106,22 +105,22 @@ def test_a_side_that_fails_to_start_is_that_side_s_failure_and_nothing_is_left_r
 def test_a_head_naming_another_vocabulary_is_the_head_s_failure_either_way(parallel):
     events: list[str] = []
     launch = _launcher(events, vocab={Side.HEAD: 10**9})
-    with pytest.raises(abtest.SideError) as info:
-        abtest._start_block(launch, 10, lambda _m: None, False, parallel=parallel)
+    with pytest.raises(ab_samples.SideError) as info:
+        ab_block.start_block(launch, 10, lambda _m: None, False, parallel=parallel)
     assert info.value.side is Side.HEAD and "vocabulary" in str(info.value)
     assert sorted(e for e in events if e.startswith("close")) == ["close base", "close head"]
 
 
 def test_the_load_allowance_is_threads_times_the_slack_plus_the_grace():
-    assert abtest.load_overuse(None, 10, 1) is None  # unmetered
-    assert abtest.load_overuse(1e6, 10, None) is None  # every core is the engine's: nothing to exceed
-    allowed = 1 * abtest.LOAD_CPU_SLACK * 10 + abtest.LOAD_CPU_GRACE_S
-    assert abtest.load_overuse(allowed, 10, 1) is None
-    why = abtest.load_overuse(allowed + 0.1, 10, 1)
+    assert ab_block.load_overuse(None, 10, 1) is None  # unmetered
+    assert ab_block.load_overuse(1e6, 10, None) is None  # every core is the engine's: nothing to exceed
+    allowed = 1 * ab_block.LOAD_CPU_SLACK * 10 + ab_block.LOAD_CPU_GRACE_S
+    assert ab_block.load_overuse(allowed, 10, 1) is None
+    why = ab_block.load_overuse(allowed + 0.1, 10, 1)
     assert why is not None and "1 thread " in why and f"{allowed + 0.1:.1f} CPU-seconds" in why
-    assert abtest.load_overuse(2 * 10 * 1.4, 10, 2) is None  # two threads: twice the room
+    assert ab_block.load_overuse(2 * 10 * 1.4, 10, 2) is None  # two threads: twice the room
     # a real one-thread engine loads at 1.00 core (the 0.5B model on a 2-core VM, 4.6-7.9 s): well inside
-    assert abtest.load_overuse(7.83, 7.89, 1) is None
+    assert ab_block.load_overuse(7.83, 7.89, 1) is None
 
 
 @pytest.mark.parametrize("parallel", [False, True])
@@ -129,8 +128,8 @@ def test_the_load_allowance_is_threads_times_the_slack_plus_the_grace():
 def test_a_side_that_used_more_cpu_than_its_threads_while_starting_is_that_side_s_failure(parallel, hog):
     events: list[str] = []
     launch = _launcher(events, cpu={hog: 1000.0, Side.BASE if hog is Side.HEAD else Side.HEAD: 0.5})
-    with pytest.raises(abtest.SideError) as info:
-        abtest._start_block(launch, 10, lambda _m: None, True, parallel=parallel, threads=1)
+    with pytest.raises(ab_samples.SideError) as info:
+        ab_block.start_block(launch, 10, lambda _m: None, True, parallel=parallel, threads=1)
     assert info.value.side is hog and info.value.stage == "cpu" and "1000.0 CPU-seconds" in str(info.value)
     assert sorted(e for e in events if e.startswith("close")) == ["close base", "close head"]
     assert not any(e.startswith("freeze") for e in events)
@@ -139,7 +138,7 @@ def test_a_side_that_used_more_cpu_than_its_threads_while_starting_is_that_side_
 def test_without_a_thread_count_there_is_no_load_allowance():
     events: list[str] = []
     launch = _launcher(events, cpu={Side.HEAD: 1000.0, Side.BASE: 1000.0})
-    assert set(abtest._start_block(launch, 10, lambda _m: None, True, parallel=True, threads=None)) == {
+    assert set(ab_block.start_block(launch, 10, lambda _m: None, True, parallel=True, threads=None)) == {
         Side.BASE,
         Side.HEAD,
     }
@@ -152,15 +151,15 @@ def test_main_failing_to_start_while_the_pr_hogged_the_cpu_is_the_pr_s_failure(p
     PR loads first (head first) and floods while it waits for main."""
     events: list[str] = []
     launch = _launcher(events, failing=Side.BASE, cpu={Side.HEAD: 1000.0})
-    with pytest.raises(abtest.SideError) as info:
-        abtest._start_block(launch, 10, lambda _m: None, False, parallel=parallel, threads=1)
+    with pytest.raises(ab_samples.SideError) as info:
+        ab_block.start_block(launch, 10, lambda _m: None, False, parallel=parallel, threads=1)
     assert info.value.side is Side.HEAD and info.value.stage == "cpu"
-    assert isinstance(info.value.__cause__, abtest.SideError) and info.value.__cause__.side is Side.BASE
+    assert isinstance(info.value.__cause__, ab_samples.SideError) and info.value.__cause__.side is Side.BASE
     # a PR within its allowance leaves main's failure main's
     events.clear()
     launch = _launcher(events, failing=Side.BASE, cpu={Side.HEAD: 0.5})
-    with pytest.raises(abtest.SideError) as info:
-        abtest._start_block(launch, 10, lambda _m: None, False, parallel=parallel, threads=1)
+    with pytest.raises(ab_samples.SideError) as info:
+        ab_block.start_block(launch, 10, lambda _m: None, False, parallel=parallel, threads=1)
     assert info.value.side is Side.BASE and "did not start" in str(info.value)
 
 
@@ -220,11 +219,11 @@ def test_real_processes_started_in_parallel_load_at_once_and_are_frozen_once_bot
         other = Side.HEAD if side is Side.BASE else Side.BASE
         return _meeting_server(tmp_path, side.value, other.value)
 
-    procs = abtest._start_block(launch, 30, lambda _m: None, False, parallel=True)
+    procs = ab_block.start_block(launch, 30, lambda _m: None, False, parallel=True)
     try:
         assert {s: _state(p.proc.pid) for s, p in procs.items()} == {Side.BASE: "T", Side.HEAD: "T"}
     finally:
-        abtest._close(procs)
+        ab_block.close(procs)
     assert all(p.proc.poll() is not None for p in procs.values())  # closed: nothing left running
 
 
@@ -233,8 +232,8 @@ def test_the_same_processes_started_serially_never_meet_and_the_first_is_blamed(
         other = Side.HEAD if side is Side.BASE else Side.BASE
         return _meeting_server(tmp_path, side.value, other.value, wait_s=2)
 
-    with pytest.raises(abtest.SideError) as info:  # the first never sees the second begin: 2 s, then exit
-        abtest._start_block(launch, 30, lambda _m: None, True, parallel=False)
+    with pytest.raises(ab_samples.SideError) as info:  # the first never sees the second begin: 2 s, then exit
+        ab_block.start_block(launch, 30, lambda _m: None, True, parallel=False)
     assert info.value.side is Side.BASE and "did not start" in str(info.value)
     assert not (tmp_path / "head").exists()  # the second was never launched
 
@@ -276,8 +275,8 @@ def test_real_spinners_forked_by_the_pr_while_main_loads_make_main_s_timeout_the
     blamed; the same PR idle leaves main's failure main's. The allowance is cut to a quarter core plus
     0.5 s here, as a 4 s flood on a 2-core box shared with the other test worker cannot pass 1.5 cores
     plus 2 s, where the real attack (a load held past 900 s) does by hundreds of seconds."""
-    monkeypatch.setattr(abtest, "LOAD_CPU_SLACK", 0.25)
-    monkeypatch.setattr(abtest, "LOAD_CPU_GRACE_S", 0.5)
+    monkeypatch.setattr(ab_block, "LOAD_CPU_SLACK", 0.25)
+    monkeypatch.setattr(ab_block, "LOAD_CPU_GRACE_S", 0.5)
     bodies = {Side.BASE: _NEVER_READY, Side.HEAD: head_body}
     started: list[served.ServedProcess] = []
 
@@ -285,8 +284,8 @@ def test_real_spinners_forked_by_the_pr_while_main_loads_make_main_s_timeout_the
         started.append(_script_server(tmp_path, side.value, bodies[side]))
         return started[-1]
 
-    with pytest.raises(abtest.SideError) as info:
-        abtest._start_block(launch, 4, lambda _m: None, True, parallel=True, threads=1)
+    with pytest.raises(ab_samples.SideError) as info:
+        ab_block.start_block(launch, 4, lambda _m: None, True, parallel=True, threads=1)
     assert info.value.side is blamed, str(info.value)
     if blamed is Side.HEAD:
         assert info.value.stage == "cpu" and "CPU-seconds" in str(info.value)
@@ -295,14 +294,14 @@ def test_real_spinners_forked_by_the_pr_while_main_loads_make_main_s_timeout_the
 
 def test_request_overuse_holds_prefill_and_decode_each_to_the_profiles_cores():
     def s(prefill_cpu, prefill_wall, decode_cpu, decode_wall):
-        return abtest.Sample(
+        return ab_samples.Sample(
             Side.HEAD, 128, 0, 0, (1,) * 128, (1,) * 9, 128 / prefill_wall, 8 / decode_wall, {},
             decode_s=decode_wall, decode_cpu_s=decode_cpu, prefill_cpu_s=prefill_cpu,
         )  # fmt: skip
 
-    assert abtest.request_overuse(s(0.30, 0.30, 1.0, 1.0), 1) is None
-    assert abtest.request_overuse(s(0.60, 0.30, 1.0, 1.0), None) is None  # every core is the engine's
-    assert abtest.request_overuse(s(None, 0.30, None, 1.0), 1) is None  # unmetered
-    assert "its prefill at ctx 128" in abtest.request_overuse(s(0.60, 0.30, 1.0, 1.0), 1)
-    assert "its decode" in abtest.request_overuse(s(0.30, 0.30, 2.0, 1.0), 1)
-    assert abtest.request_overuse(s(0.60, 0.30, 2.0, 1.0), 2) is None
+    assert ab_sampling.request_overuse(s(0.30, 0.30, 1.0, 1.0), 1) is None
+    assert ab_sampling.request_overuse(s(0.60, 0.30, 1.0, 1.0), None) is None  # every core is the engine's
+    assert ab_sampling.request_overuse(s(None, 0.30, None, 1.0), 1) is None  # unmetered
+    assert "its prefill at ctx 128" in ab_sampling.request_overuse(s(0.60, 0.30, 1.0, 1.0), 1)
+    assert "its decode" in ab_sampling.request_overuse(s(0.30, 0.30, 2.0, 1.0), 1)
+    assert ab_sampling.request_overuse(s(0.60, 0.30, 2.0, 1.0), 2) is None

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from evalbot import stats
-from evalbot.evaluate import abtest, cpumeter
+from evalbot.evaluate import ab_design, ab_samples, cpumeter
 from evalbot.model import Measurements, Provenance, Side, Status, ThroughputPairs
 from evalbot.rules import default_rules_dir, load_rules
 from evalbot.verdict.decide import decide, no_pair_could_change, score_clocks
@@ -218,7 +218,7 @@ def test_the_early_stop_waits_until_no_pair_could_change_the_verdict(rules):
 
 
 def _sample(side, ctx, block, pair, tps, base_first=True):
-    return abtest.Sample(
+    return ab_samples.Sample(
         side,
         ctx,
         block,
@@ -245,16 +245,16 @@ def test_allocation_gives_the_noisier_context_more_pairs_in_even_numbers():
                     _sample(Side.BASE, ctx, b, i, base),
                     _sample(Side.HEAD, ctx, b, i, 10 * (1 + rng.gauss(0, noise))),
                 ]
-    counts = abtest.allocate(samples, [128, 512], 4)
+    counts = ab_design.allocate(samples, [128, 512], 4)
     assert counts[128] > counts[512] >= 2 and all(n % 2 == 0 for n in counts.values())
-    assert abtest.allocate(samples[:4], [128, 512], 4) == {128: 4, 512: 4}  # too few pairs yet: even split
+    assert ab_design.allocate(samples[:4], [128, 512], 4) == {128: 4, 512: 4}  # too few pairs yet: even split
     # the cap binds per context: 8 measured at each, a cap of 10 leaves 2 more, a cap of 8 none
-    assert abtest.allocate(samples, [128, 512], 4, cap=10) == {128: 2, 512: 2}
-    assert abtest.allocate(samples, [128, 512], 4, cap=8) == {128: 0, 512: 0}
-    assert abtest.allocate(samples, [128, 512], 4, cap=64) == counts
+    assert ab_design.allocate(samples, [128, 512], 4, cap=10) == {128: 2, 512: 2}
+    assert ab_design.allocate(samples, [128, 512], 4, cap=8) == {128: 0, 512: 0}
+    assert ab_design.allocate(samples, [128, 512], 4, cap=64) == counts
     # one pair a context a block (the order alternating across blocks): one each, however noisy
-    assert abtest.allocate(samples, [128, 512], 1) == {128: 1, 512: 1}
-    assert abtest.allocate(samples, [128, 512], 1, cap=8) == {128: 0, 512: 0}
+    assert ab_design.allocate(samples, [128, 512], 1) == {128: 1, 512: 1}
+    assert ab_design.allocate(samples, [128, 512], 1, cap=8) == {128: 0, 512: 0}
 
 
 def test_pairs_carry_their_block_and_load_order_and_the_utilization():
@@ -264,9 +264,9 @@ def test_pairs_carry_their_block_and_load_order_and_the_utilization():
         _sample(Side.BASE, 128, 1, 0, 10.0, False),
         _sample(Side.HEAD, 128, 1, 0, 10.5, False),
     ]
-    pairs, blocks, first = abtest.pairs_at(s, 128, "decode_cpu")
+    pairs, blocks, first = ab_samples.pairs_at(s, 128, "decode_cpu")
     assert blocks == [0, 1] and first == [True, False] and pairs[0] == pytest.approx((10 / 2, 11 / 2))
-    assert abtest.pairs_at(s, 128, "utilization")[0] == [(2.0, 2.0), (2.0, 2.0)]
+    assert ab_samples.pairs_at(s, 128, "utilization")[0] == [(2.0, 2.0), (2.0, 2.0)]
 
 
 # --- the meter, on real processes ------------------------------------------------------------------
@@ -372,15 +372,15 @@ def test_steal_and_the_describe_line():
 def test_the_design_never_exceeds_the_cap_and_buys_a_crossover_where_it_can():
     for ppb in (1, 2, 3, 6):
         for cap in range(1, 65):
-            per_block, most, fewest = abtest.design(ppb, 6, cap)
+            per_block, most, fewest = ab_design.design(ppb, 6, cap)
             assert per_block * most <= max(cap, 2) and most % 2 == 0 and 2 <= fewest <= most
             if cap >= 4:
                 assert most >= 4  # 2 blocks of each load order: the crossover's interval has J - 2 dof
             if per_block > 1:
                 assert per_block % 2 == 0
-    assert abtest.design(2, 6, 32) == (2, 16, 6)  # the shipped cpu profile
-    assert abtest.design(2, 6, 4) == (1, 4, 4)  # the demo's --max-pairs 4
-    assert abtest.design(1, 12, 32) == (1, 32, 12)  # one pair a block where asked: many short blocks
+    assert ab_design.design(2, 6, 32) == (2, 16, 6)  # the shipped cpu profile
+    assert ab_design.design(2, 6, 4) == (1, 4, 4)  # the demo's --max-pairs 4
+    assert ab_design.design(1, 12, 32) == (1, 32, 12)  # one pair a block where asked: many short blocks
 
 
 def test_on_a_gpu_the_cpu_clock_is_shown_but_wall_time_scores(rules):
@@ -394,7 +394,7 @@ def test_on_a_gpu_the_cpu_clock_is_shown_but_wall_time_scores(rules):
             for pair in range(2)
             for side in (Side.BASE, Side.HEAD)
         ]
-        by_metric = {t.metric: t for t in abtest.throughput(samples, profile, "m") if t.context == ctx}
+        by_metric = {t.metric: t for t in ab_samples.throughput(samples, profile, "m") if t.context == ctx}
         assert by_metric["decode_cpu_tps"].scored is cpu_scored and by_metric["decode_tps"].scored
     # a head that looks 50% faster on an unscored CPU clock, with the utilization unchanged, earns nothing...
     wall, cpu, util = _both(4096, 1.0, 1.5, 1.0, wall_noise=0.004)

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, box, compile_cache
+from evalbot.evaluate import ab_block, ab_samples, abtest, box, compile_cache
 from evalbot.evaluate.compile_cache import remove, restore, snapshot
 from evalbot.evaluate.context import RunContext, Workspace, fresh_scratch, sandbox_spec
-from evalbot.evaluate.served import Timed
 from evalbot.evaluate.served_model import keep_compiles, serve_dirs
+from evalbot.evaluate.timed import Timed
 from evalbot.model import EvalRequest, Side
 from evalbot.rules import default_rules_dir, load_rules
 from evalbot.rules.schema import Context, Measurement, Profile, Quiet
@@ -459,13 +459,12 @@ class Engine:
     events: list[tuple]
     label: str = ""
     frozen: bool = False
+    # the CPU time read at the last freeze: -1, unmetered, as a real process without a meter reads
+    frozen_cpu_ns: int = -1
     ready: dict = field(default_factory=dict)
     vocab: int = 100
     found: dict[str, object] = field(default_factory=dict)
     clock: itertools.count = field(default_factory=lambda: itertools.count(1))
-    frozen_cpu_ns: int = (
-        -1
-    )  # the tree's CPU at its last freeze: unmetered, as a ServedProcess without a meter
 
     def __post_init__(self) -> None:
         self.label = self.side.value
@@ -529,9 +528,9 @@ def test_measure_settles_each_block_after_its_warm_up_and_before_its_first_timed
     contexts = (Context(16, True, True), Context(32, True, True))
     m = Measurement(GEN, 0, 1e-9, 2, 2, 10**6, pairs_per_block=1, min_blocks=2, warm_requests=1)
     profile = Profile("t", "cpu", contexts, m, (), Quiet())
-    prompts = abtest.Prompts(lambda ctx_len, serial: [serial] * ctx_len)
+    prompts = ab_samples.Prompts(lambda ctx_len, serial: [serial] * ctx_len)
     run, last = abtest.measure(profile, launch, prompts, lambda _m: None, settled=settled)  # type: ignore[arg-type]
-    abtest._close(last)
+    ab_block.close(last)
     assert run.blocks == 2
     starts = [i for i, e in enumerate(events) if e == ("launch", Side.BASE)]
     assert len(starts) == 2

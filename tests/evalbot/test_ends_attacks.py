@@ -2,7 +2,7 @@
 
 The PR's code shares the serving process with `engine/serve.py`: it can reach the Server through the
 `on_token` closure it is handed and write any line, or none, whenever it likes. Nothing serve.py checks is
-a boundary; what the bot checks on arrival (`served.ServedProcess.request`, `abtest.sample`) and what the
+a boundary; what the bot checks on arrival (`served.ServedProcess.request`, `ab_sampling.sample`) and what the
 verdict guards are. Each test plays one attack against those and asserts that it is refused, or that it
 buys nothing. The ones marked xfail(strict) are holes in the current code: the reason names the hole
 (three more found this way are closed: a line sent ahead of its request, a vocabulary the PR names
@@ -24,7 +24,18 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, audit, sandbox, served
+from evalbot.evaluate import (
+    ab_block,
+    ab_samples,
+    ab_sampling,
+    ab_twopart,
+    abtest,
+    audit,
+    sandbox,
+    serve_error,
+    served,
+    timed,
+)
 from evalbot.model import Measurements, Provenance, Side, Status
 from evalbot.rules import Quiet, default_rules_dir, load_rules
 from evalbot.verdict.decide import decide
@@ -82,12 +93,12 @@ send({"id": rid, "event": "done", "n": n})
 """
 
 
-def _ends(p: served.ServedProcess, gen: int = GEN) -> served.Timed:
+def _ends(p: served.ServedProcess, gen: int = GEN) -> timed.Timed:
     return p.request({"op": "generate", "prompt_ids": [1, 2, 3], "max_new": gen, "stream": "ends"}, 10)
 
 
-def _sample(t: served.Timed, gen: int = GEN) -> abtest.Sample:
-    return abtest.sample(Side.HEAD, 3, 0, 0, [1, 2, 3], gen, t, stream="ends")
+def _sample(t: timed.Timed, gen: int = GEN) -> ab_samples.Sample:
+    return ab_sampling.sample(Side.HEAD, 3, 0, 0, [1, 2, 3], gen, t, stream="ends")
 
 
 @pytest.fixture
@@ -164,7 +175,7 @@ def test_the_honest_stand_in_is_accepted(fake):
 )
 def test_an_ends_stream_of_another_shape_is_refused_by_the_sample(fake, plan, words):
     t = _ends(fake(_serving(plan)))  # the harness takes the lines as they came...
-    with pytest.raises(abtest.SideError, match=words):  # ...and the sample refuses them
+    with pytest.raises(ab_samples.SideError, match=words):  # ...and the sample refuses them
         _sample(t)
 
 
@@ -202,7 +213,7 @@ def test_an_ends_stream_of_another_shape_is_refused_by_the_sample(fake, plan, wo
     ids=["rest-twice", "other-id", "no-id", "other-event"],
 )
 def test_an_ends_stream_with_a_stray_line_is_stopped_while_it_streams(fake, plan, words):
-    with pytest.raises(served.ServeError, match=words):
+    with pytest.raises(serve_error.ServeError, match=words):
         _ends(fake(_serving(plan)))
 
 
@@ -216,14 +227,14 @@ def test_a_token_outside_the_vocabulary_or_of_another_type_is_refused(fake, bad)
     send({{"id": rid, "tok": toks[0]}}); time.sleep(0.01)
     send({{"id": rid, "toks": [*toks[1:-1], {bad!r}]}}); send({{"id": rid, "event": "done", "n": n}})
     """
-    with pytest.raises(served.ServeError, match="not a token line"):
+    with pytest.raises(serve_error.ServeError, match="not a token line"):
         _ends(fake(_serving(plan)))
 
 
 @pytest.mark.parametrize("first", ['{"id": rid, "tok": True}', '{"id": rid, "toks": []}'])
 def test_a_first_line_without_one_valid_token_is_refused(fake, first):
     plan = f"send({first}); send({{'id': rid, 'toks': toks[1:]}}); send({{'id': rid, 'event': 'done'}})"
-    with pytest.raises(served.ServeError, match="not a token line"):
+    with pytest.raises(serve_error.ServeError, match="not a token line"):
         _ends(fake(_serving(plan)))
 
 
@@ -232,7 +243,7 @@ def test_a_toks_line_past_the_line_cap_stops_the_engine(fake):
     send({"id": rid, "tok": toks[0]})
     sys.stdout.write('{"id": "%s", "toks": [%s' % (rid, " " * (1 << 20)) + "1]}\\n"); sys.stdout.flush()
     """
-    with pytest.raises(served.ServeError) as info:
+    with pytest.raises(serve_error.ServeError) as info:
         _ends(fake(_serving(plan)))
     assert info.value.stage == "output" and "MiB a protocol line" in str(info.value)
 
@@ -242,7 +253,9 @@ def test_a_line_left_over_from_the_last_request_fails_the_next(fake):
     assert _sample(_ends(p)).tokens  # the stale line comes after the summary...
     # ...and is refused as the next request's answer: read before the request went out, or after it
     # (which of the two depends on when the reader thread ran)
-    with pytest.raises(served.ServeError, match="'g1' arrived before the request was sent|'g1' while g2"):
+    with pytest.raises(
+        serve_error.ServeError, match="'g1' arrived before the request was sent|'g1' while g2"
+    ):
         _ends(p)
 
 
@@ -268,7 +281,7 @@ def test_a_first_line_of_many_tokens_is_refused(fake):
     """
     t = _ends(fake(_serving(plan)))
     assert [len(x) for x in t.steps] == [6, GEN - 6]
-    with pytest.raises(abtest.SideError):
+    with pytest.raises(ab_samples.SideError):
         _sample(t)
 
 
@@ -284,7 +297,7 @@ def test_a_line_sent_ahead_of_its_request_is_refused(fake):
     p = fake(_serving(plan))
     _sample(_ends(p))
     time.sleep(0.2)  # the other side is timed meanwhile; the guessed line is already read
-    with pytest.raises((served.ServeError, abtest.SideError)):
+    with pytest.raises((serve_error.ServeError, ab_samples.SideError)):
         t = p.request({"op": "generate", "prompt_ids": [1, 2, 3], "max_new": 2, "stream": "ends"}, 10)
         # what it buys, failing that: a zero prefill, and a decode as long as the wait (no speed)
         assert t.prefill_s < 0 and t.decode_s >= 0.2
@@ -303,16 +316,16 @@ def test_a_head_that_claims_a_larger_vocabulary_cannot_stream_tokens_past_main_s
 
     procs: dict[Side, served.ServedProcess] = {}
     try:
-        with pytest.raises(abtest.SideError) as info:
-            procs = abtest._start_block(launch, 10, lambda _m: None)
+        with pytest.raises(ab_samples.SideError) as info:
+            procs = ab_block.start_block(launch, 10, lambda _m: None)
             abtest._pair(
-                procs, 0, 0, 3, abtest.Prompts(lambda c, i: [1] * c), GEN, 10,
+                procs, 0, 0, 3, ab_samples.Prompts(lambda c, i: [1] * c), GEN, 10,
                 Quiet(max_other_cores=1e9, max_gpu_util=100, sample_s=0.01, max_wait_s=1),
-                False, lambda _m: None, abtest.Run(), stream="ends",
+                False, lambda _m: None, ab_samples.Run(), stream="ends",
             )  # fmt: skip
         assert info.value.side is Side.HEAD
     finally:
-        abtest._close(procs)
+        ab_block.close(procs)
 
 
 # ------------------------------------------------------------------ the real serve.py, a hostile engine
@@ -375,13 +388,13 @@ def hostile(tmp_path_factory):
         p.close()
 
 
-def _mode(p: served.ServedProcess, mode: int, gen: int = 12) -> served.Timed:
+def _mode(p: served.ServedProcess, mode: int, gen: int = 12) -> timed.Timed:
     body = {"op": "generate", "prompt_ids": PROMPT, "max_new": gen, "stream": "ends", "seed": mode}
     return p.request(body, 60)
 
 
-def _hostile_sample(t: served.Timed, gen: int = 12) -> abtest.Sample:
-    return abtest.sample(Side.HEAD, len(PROMPT), 0, 0, PROMPT, gen, t, stream="ends")
+def _hostile_sample(t: timed.Timed, gen: int = 12) -> ab_samples.Sample:
+    return ab_sampling.sample(Side.HEAD, len(PROMPT), 0, 0, PROMPT, gen, t, stream="ends")
 
 
 def test_an_engine_that_writes_past_serve_py_is_still_held_to_the_shape(hostile):
@@ -389,7 +402,7 @@ def test_an_engine_that_writes_past_serve_py_is_still_held_to_the_shape(hostile)
     assert [len(x) for x in _mode(hostile, 1).steps] == [1, 11]
     t = _mode(hostile, 2)  # serve.py's checks passed: it was handed one token and sent the rest itself
     assert t.tokens == honest.tokens and t.summary["n"] == 1  # the engine's count is a diagnostic only
-    with pytest.raises(abtest.SideError, match="in 3 lines"):
+    with pytest.raises(ab_samples.SideError, match="in 3 lines"):
         _hostile_sample(t)
 
 
@@ -401,7 +414,7 @@ def test_an_engine_that_streams_each_token_anyway_gets_the_ends_lines(hostile):
 
 
 def test_an_engine_that_returns_other_tokens_than_it_streamed_is_refused(hostile):
-    with pytest.raises(served.ServeError, match="other tokens than it streamed"):
+    with pytest.raises(serve_error.ServeError, match="other tokens than it streamed"):
         _mode(hostile, 3)
     assert _mode(hostile, 1).tokens  # and it goes on
 
@@ -426,11 +439,11 @@ def test_a_decode_moved_ahead_of_the_first_token_lands_in_the_prefill(hostile):
 # ------------------------------------------------------------------ the prompt in two parts (#36 part 4)
 
 
-def _prefill(p: served.ServedProcess) -> served.Timed:
+def _prefill(p: served.ServedProcess) -> timed.Timed:
     return p.request({"op": "prefill", "prompt_ids": PROMPT}, 60)
 
 
-def _continued(p: served.ServedProcess, mode: int, token: int, gen: int = 12) -> served.Timed:
+def _continued(p: served.ServedProcess, mode: int, token: int, gen: int = 12) -> timed.Timed:
     body = {"op": "generate", "continue": True, "prompt_ids": [token], "max_new": gen, "stream": "ends"}
     return p.request({**body, "seed": mode}, 60)
 
@@ -442,7 +455,7 @@ def test_in_two_parts_a_decode_moved_ahead_of_the_first_token_stays_on_the_decod
     sends the continuation it depends on."""
     pre = _prefill(hostile)
     t = _continued(hostile, 6, 99)
-    s = abtest.sample(Side.HEAD, len(PROMPT), 0, 0, [*PROMPT, 99], 12, t, stream="ends", prefill=pre)
+    s = ab_sampling.sample(Side.HEAD, len(PROMPT), 0, 0, [*PROMPT, 99], 12, t, stream="ends", prefill=pre)
     own = t.summary["timings"]
     assert s.decode_s >= own["prefill_s"] + own["decode_s"] + 0.05  # the engine's work and its gap
     assert s.prefill_tps == pytest.approx(len(PROMPT) / pre.answer_s)
@@ -463,8 +476,8 @@ def test_a_prefill_that_answers_tokens_is_refused(fake):
         """
     )
     pre = p.request({"op": "prefill", "prompt_ids": [1, 2, 3]}, 10)
-    with pytest.raises(abtest.SideError, match="prefill request answered 1 tokens"):
-        abtest.sample(Side.HEAD, 3, 0, 0, [1, 2, 3, 4], 1, pre, stream="ends", prefill=pre)
+    with pytest.raises(ab_samples.SideError, match="prefill request answered 1 tokens"):
+        ab_sampling.sample(Side.HEAD, 3, 0, 0, [1, 2, 3, 4], 1, pre, stream="ends", prefill=pre)
 
 
 TWO_PART = """
@@ -516,9 +529,9 @@ def test_a_pair_in_two_parts_draws_one_continuation_after_both_prefills_and_cloc
         Side.HEAD: _two_part(tmp_path, "pr", ["generate", "prefill"]),
     }
     try:
-        assert abtest.two_part(procs)
-        prompts = abtest.Prompts(lambda ctx, i: [i % 100] * ctx)
-        run = abtest.Run()
+        assert ab_twopart.two_part(procs)
+        prompts = ab_samples.Prompts(lambda ctx, i: [i % 100] * ctx)
+        run = ab_samples.Run()
         quiet = Quiet(max_other_cores=2.0, sample_s=0.05, max_wait_s=1)
         out = abtest._pair(
             procs, 0, 0, 5, prompts, 4, 10, quiet, False, lambda m: None, run,
@@ -541,21 +554,21 @@ def test_where_main_answers_prefill_the_pr_must_too_and_where_it_does_not_one_pa
         Side.BASE: served.ServedProcess("main", None, ready={"ops": ["generate", "prefill"]}),
         Side.HEAD: served.ServedProcess("pr", None, ready={"ops": ["generate"]}),
     }
-    with pytest.raises(abtest.SideError, match="does not list it") as err:
-        abtest.two_part(both)
+    with pytest.raises(ab_samples.SideError, match="does not list it") as err:
+        ab_twopart.two_part(both)
     assert err.value.side is Side.HEAD and err.value.stage == "protocol"
     # the PR cannot choose the clock: what main's engine answers decides it
     one = {
         Side.BASE: served.ServedProcess("main", None, ready={}),
         Side.HEAD: served.ServedProcess("pr", None, ready={"ops": ["generate", "prefill"]}),
     }
-    assert abtest.two_part(one) is False
+    assert ab_twopart.two_part(one) is False
     garbage = {
         Side.BASE: served.ServedProcess("main", None, ready={"ops": ["generate", "prefill"]}),
         Side.HEAD: served.ServedProcess("pr", None, ready={"ops": "prefill"}),
     }
-    with pytest.raises(abtest.SideError):
-        abtest.two_part(garbage)
+    with pytest.raises(ab_samples.SideError):
+        ab_twopart.two_part(garbage)
 
 
 def test_the_continuation_is_drawn_from_the_smallest_vocabulary_and_is_not_the_seeded_prompts():
@@ -563,7 +576,7 @@ def test_the_continuation_is_drawn_from_the_smallest_vocabulary_and_is_not_the_s
         Side.BASE: served.ServedProcess("main", None, vocab=50),
         Side.HEAD: served.ServedProcess("pr", None, vocab=40_000),
     }
-    draws = {abtest.continuation(procs) for _ in range(400)}
+    draws = {ab_twopart.continuation(procs) for _ in range(400)}
     assert max(draws) < 50 and len(draws) > 30
 
 
@@ -593,7 +606,7 @@ def _verdict(
             for side, (pre, dec) in ((Side.BASE, base), (Side.HEAD, head)):
                 pre *= offset[side] * (1 + rng.gauss(0, prefill_noise))
                 dec *= offset[side] * (1 + rng.gauss(0, 5e-4))
-                t = served.Timed(
+                t = timed.Timed(
                     {"op": "generate", "stream": "ends"},
                     0,
                     tuple(range(gen)),
@@ -602,11 +615,11 @@ def _verdict(
                     {"n": gen},
                 )
                 samples.append(
-                    abtest.sample(
+                    ab_sampling.sample(
                         side, CTX, block, i, prompt, gen, t, base_first=block % 2 == 0, stream="ends"
                     )
                 )
-    return decide(Measurements(PROV, throughput=tuple(abtest.throughput(samples, profile, "m"))), rules)
+    return decide(Measurements(PROV, throughput=tuple(ab_samples.throughput(samples, profile, "m"))), rules)
 
 
 def test_a_decode_moved_into_the_prefill_is_rejected_as_a_prefill_regression():
@@ -651,7 +664,7 @@ def test_a_shift_inside_the_prefill_guard_buys_no_tier():
     "design (64 pairs) it reads +4% decode and earns S in 5 seeds of 5, 10% earns M. Open: a prefill "
     "clock as quiet as the decode's (what moves it is not yet measured), or a protocol where the decode "
     "depends on something the harness sends only once the prefill is done (a continuation token), so no "
-    "decode step can be computed before the decode clock starts: built (abtest.two_part).",
+    "decode step can be computed before the decode clock starts: built (ab_twopart.two_part).",
 )
 def test_with_the_gpus_measured_prefill_noise_a_shift_of_five_percent_of_the_prefill_buys_no_tier():
     for seed in range(3):
@@ -665,7 +678,7 @@ def test_with_the_gpus_measured_prefill_noise_a_shift_of_five_percent_of_the_pre
 
 
 def test_a_token_the_reference_finds_unlikely_is_no_near_tie():
-    s = abtest.Sample(Side.HEAD, 3, 0, 0, (1, 2, 3), (5, 1999), 1.0, 1.0, {})
+    s = ab_samples.Sample(Side.HEAD, 3, 0, 0, (1, 2, 3), (5, 1999), 1.0, 1.0, {})
     answer = {"argmax": [5, 7], "margin": [0.4, 0.3], "logprob": [-6.0, -30.0], "top1": [-6.0, -6.1]}
     (got,) = audit.judge("m", "main", [s], {audit.key(s): answer}, near_tie=1.0)
     assert got.violations == 1  # token 1999 is 24 nats below the reference's choice

@@ -19,7 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, cpumeter, sandbox, served
+from evalbot.evaluate import (
+    ab_samples,
+    ab_sampling,
+    cpumeter,
+    freezing,
+    sandbox,
+    serve_error,
+    served,
+    timed,
+)
 from evalbot.model import Side
 
 pytestmark = [
@@ -84,7 +93,7 @@ def _cgroup_freezer_meter() -> cpumeter.Meter:
 def test_the_cgroup_freezer_holds_an_engine_that_resumes_itself(tmp_path):
     p = _start(tmp_path, _cgroup_freezer_meter(), prints=True)
     try:
-        assert p.freeze_mode == served.FREEZER
+        assert p.freeze_mode == freezing.FREEZER
         before = p.meter.read_ns()
         p.freeze()
         time.sleep(0.5)
@@ -102,10 +111,10 @@ def test_under_sigstop_an_engine_that_resumes_itself_is_caught_by_its_cpu(tmp_pa
     used while frozen fails the side (a stage of its own)."""
     p = _start(tmp_path, cpumeter.TreeMeter())
     try:
-        assert p.freeze_mode == served.SIGSTOP_MODE
+        assert p.freeze_mode == freezing.SIGSTOP_MODE
         p.freeze()
         time.sleep(0.5)
-        with pytest.raises(served.ServeError, match="CPU while the harness held them frozen") as err:
+        with pytest.raises(serve_error.ServeError, match="CPU while the harness held them frozen") as err:
             p.thaw()
         assert err.value.stage == "frozen"
     finally:
@@ -120,7 +129,7 @@ def test_under_sigstop_a_line_written_while_frozen_fails_the_side(tmp_path):
         error = None
         while time.monotonic() < deadline and error is None:
             item = p.lines.get(timeout=3)
-            if isinstance(item, served.ServeError):
+            if isinstance(item, serve_error.ServeError):
                 error = item
         assert (
             error is not None and error.stage == "frozen" and "while the harness held it frozen" in str(error)
@@ -182,7 +191,7 @@ def test_a_line_written_before_the_freeze_but_read_late_is_no_failure(tmp_path, 
         time.sleep(0.2)  # the engine has written its line; the reader has not taken it
         p.freeze()
         item = p.lines.get(timeout=5)  # read ~0.4 s into the freeze
-        assert isinstance(item, served.Line) and item.obj == {"event": "note", "echo": 1}, item
+        assert isinstance(item, timed.Line) and item.obj == {"event": "note", "echo": 1}, item
         p.thaw()  # no ServeError
     finally:
         p.close()
@@ -195,7 +204,7 @@ def test_cpu_the_kernel_charges_after_the_cgroup_freeze_is_confirmed_is_no_failu
     thaw is compared with the reading once it holds still. (Under SIGSTOP the reading is taken at once:
     there a process can arrange to run after the confirmation, and the relay above is caught by that.)"""
     meter = _cgroup_freezer_meter()
-    allowed = meter.resolution_ns * 2 + served.FROZEN_CPU_GRACE_NS + served.FREEZER_LAG_NS
+    allowed = meter.resolution_ns * 2 + freezing.FROZEN_CPU_GRACE_NS + freezing.FREEZER_LAG_NS
     lag_ns = allowed + 400_000
     late = {"until": 0.0}
     real_read = meter.read_ns
@@ -242,7 +251,7 @@ def test_bytes_written_while_frozen_fail_the_side_at_the_thaw_however_late_they_
         p.freeze()
         time.sleep(0.5)
         with pytest.raises(
-            served.ServeError, match="bytes of protocol output while the harness held it frozen"
+            serve_error.ServeError, match="bytes of protocol output while the harness held it frozen"
         ) as err:
             p.thaw()
         assert err.value.stage == "frozen"
@@ -305,7 +314,7 @@ SERVER = textwrap.dedent("""
 
 def _timed_sample(
     tmp: Path, second_core: bool, cap: float | None = None, prefill_s: float = 0.3
-) -> abtest.Sample:
+) -> ab_samples.Sample:
     script = tmp / "server.py"
     script.write_text(f"SECOND_CORE = {second_core}\nPREFILL_S = {prefill_s}\n" + SERVER)
     meter = cpumeter.make_meter("cores-test")
@@ -316,7 +325,7 @@ def _timed_sample(
     try:
         p.wait_ready(30)
         body = {"op": "generate", "prompt_ids": [1, 2, 3], "max_new": 8, "stream": "ends"}
-        return abtest.sample(Side.HEAD, 3, 0, 0, [1, 2, 3], 8, p.request(body, 30), stream="ends")
+        return ab_sampling.sample(Side.HEAD, 3, 0, 0, [1, 2, 3], 8, p.request(body, 30), stream="ends")
     finally:
         p.close()
 
@@ -324,14 +333,14 @@ def _timed_sample(
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a second core to steal")
 def test_an_engine_that_takes_a_second_core_in_its_prefill_fails_a_one_thread_profile(tmp_path):
     honest = _timed_sample(tmp_path, second_core=False)
-    assert abtest.request_overuse(honest, threads=1) is None
+    assert ab_sampling.request_overuse(honest, threads=1) is None
     greedy = _timed_sample(tmp_path, second_core=True)
-    why = abtest.request_overuse(greedy, threads=1)
+    why = ab_sampling.request_overuse(greedy, threads=1)
     assert why is not None and "its prefill" in why, (
         greedy.prefill_cpu_s,
         greedy.context / greedy.prefill_tps,
     )
-    assert abtest.request_overuse(greedy, threads=2) is None  # a two-thread profile gives it both
+    assert ab_sampling.request_overuse(greedy, threads=2) is None  # a two-thread profile gives it both
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a second core to steal")

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, box, sandbox, served
+from evalbot.evaluate import (
+    ab_samples,
+    ab_sampling,
+    box,
+    sandbox,
+    schedule,
+    serve_error,
+    served,
+    timed,
+)
 from evalbot.model import Side
 from tests.fixtures import fixture_engine_branches as fb
 
@@ -82,7 +91,7 @@ def test_the_harness_times_a_real_serving_engine(tmp_path, fixture_model):
         assert ids == [97, 98, 99]
         scored = p.request({"op": "score", "ids": [*range(1, 65), *t.tokens], "from": 64}, 30).summary
         assert scored["argmax"][:3] == list(t.tokens[:3])  # greedy tokens are the model's own top-1
-        with pytest.raises(served.ServeError, match="refused request"):
+        with pytest.raises(serve_error.ServeError, match="refused request"):
             p.request({"op": "generate", "prompt_ids": [999], "max_new": 2}, 30)
         assert p.request({"op": "generate", "prompt_ids": [1, 2], "max_new": 2}, 30).tokens  # it goes on
     finally:
@@ -113,7 +122,7 @@ def test_a_misbehaving_server_is_stopped_with_the_reason(tmp_path, body, stage, 
     p = _fake(tmp_path, body)
     try:
         p.wait_ready(10)
-        with pytest.raises(served.ServeError) as info:
+        with pytest.raises(serve_error.ServeError) as info:
             p.request({"op": "generate", "prompt_ids": [1], "max_new": 4}, 2)
         assert info.value.stage == stage and words in str(info.value)
         assert p.broken
@@ -178,16 +187,16 @@ def test_run_alone_freezes_every_other_side_while_one_is_timed(tmp_path):
             seen["a_usage"] = box.measure(a.proc.pid, 0.5, with_gpu=False).own_cores
             return b.request({"op": "generate", "prompt_ids": [1], "max_new": 2}, 10)
 
-        t = served.run_alone(b, [a], call)
+        t = schedule.run_alone(b, [a], call)
         assert t.tokens == (1, 2) and a.frozen and b.frozen and seen["a_usage"] < 0.1
     finally:
         a.close()
         b.close()
 
 
-def _timed(n: int, gap_ns: int, first_after_ns: int = 1_000_000) -> served.Timed:
+def _timed(n: int, gap_ns: int, first_after_ns: int = 1_000_000) -> timed.Timed:
     arrivals = tuple(first_after_ns + i * gap_ns for i in range(n))
-    return served.Timed(
+    return timed.Timed(
         {"op": "generate"},
         0,
         tuple(range(n)),
@@ -199,27 +208,27 @@ def _timed(n: int, gap_ns: int, first_after_ns: int = 1_000_000) -> served.Timed
 
 def test_tokens_streamed_in_a_burst_are_refused_and_burst_time_counts_as_prefill():
     burst = _timed(32, gap_ns=200)  # 200 ns apart: computed before the first was sent
-    assert burst.decode_tps > abtest.MAX_DECODE_TPS
-    with pytest.raises(abtest.SideError, match="burst"):
-        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, burst)
+    assert burst.decode_tps > ab_sampling.MAX_DECODE_TPS
+    with pytest.raises(ab_samples.SideError, match="burst"):
+        ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, burst)
     honest = _timed(32, gap_ns=20_000_000, first_after_ns=50_000_000)
-    s = abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, honest)
+    s = ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, honest)
     assert s.decode_tps == pytest.approx(31 / (31 * 0.02)) and s.prefill_tps == pytest.approx(128 / 0.05)
     assert s.self_report_gap == pytest.approx(abs(0.001 - 0.62) / 0.62)
 
 
 def test_a_side_that_streams_fewer_or_grouped_tokens_is_refused():
-    grouped = served.Timed(
+    grouped = timed.Timed(
         {"op": "generate"}, 0, tuple(range(8)), (1_000_000, 9_000_000), ((0, 1, 2, 3), (4, 5, 6, 7)), {"n": 8}
     )
-    with pytest.raises(abtest.SideError, match="one line per token"):
-        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 8, grouped)
-    with pytest.raises(abtest.SideError, match="streamed 8"):
-        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 16, grouped)
+    with pytest.raises(ab_samples.SideError, match="one line per token"):
+        ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 8, grouped)
+    with pytest.raises(ab_samples.SideError, match="streamed 8"):
+        ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 16, grouped)
 
 
-def _ends(n: int, decode_ns: int) -> served.Timed:
-    return served.Timed(
+def _ends(n: int, decode_ns: int) -> timed.Timed:
+    return timed.Timed(
         {"op": "generate", "stream": "ends"},
         0,
         tuple(range(n)),
@@ -230,22 +239,22 @@ def _ends(n: int, decode_ns: int) -> served.Timed:
 
 
 def test_the_ends_stream_is_timed_first_line_to_last_and_nothing_else_passes_for_it():
-    s = abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _ends(32, 310_000_000), stream="ends")
+    s = ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _ends(32, 310_000_000), stream="ends")
     assert s.decode_tps == pytest.approx(31 / 0.31) and s.prefill_tps == pytest.approx(128 / 0.05)
     # the decode computed during the prefill, sent at once: a burst, never a rate
-    with pytest.raises(abtest.SideError, match="burst"):
-        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _ends(32, 300), stream="ends")
+    with pytest.raises(ab_samples.SideError, match="burst"):
+        ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _ends(32, 300), stream="ends")
     # a line per token where the ends were asked for (or everything in one line): refused, not averaged
-    with pytest.raises(abtest.SideError, match="the first token, then the rest"):
-        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _timed(32, 20_000_000), stream="ends")
-    one = served.Timed({"op": "generate"}, 0, tuple(range(32)), (9_000_000,), (tuple(range(32)),), {"n": 32})
-    with pytest.raises(abtest.SideError, match="in 1 lines"):
-        abtest.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, one, stream="ends")
+    with pytest.raises(ab_samples.SideError, match="the first token, then the rest"):
+        ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, _timed(32, 20_000_000), stream="ends")
+    one = timed.Timed({"op": "generate"}, 0, tuple(range(32)), (9_000_000,), (tuple(range(32)),), {"n": 32})
+    with pytest.raises(ab_samples.SideError, match="in 1 lines"):
+        ab_sampling.sample(Side.HEAD, 128, 0, 0, [1] * 128, 32, one, stream="ends")
 
 
 def test_frozen_time_inside_a_request_is_not_the_engines():
     """Prefill and decode spans lose the time the harness kept the process frozen, and only that."""
-    t = served.Timed(
+    t = timed.Timed(
         {"op": "generate"},
         0,
         (1, 2, 3),
@@ -287,10 +296,10 @@ def test_a_sliced_pair_runs_both_requests_in_turns_and_times_each_without_the_ot
     try:
         for p in (a, b, c):
             p.wait_ready(10)
-        alone = [served.run_alone(p, [q, c], lambda p=p: p.request(body, 30)) for p, q in ((a, b), (b, a))]
+        alone = [schedule.run_alone(p, [q, c], lambda p=p: p.request(body, 30)) for p, q in ((a, b), (b, a))]
         c_before = _cpu_ticks(c.proc.pid)
         t0 = time.monotonic()
-        sliced = served.run_sliced([a, b], [c], body, 0.05, 30)
+        sliced = schedule.run_sliced([a, b], [c], body, 0.05, 30)
         wall = time.monotonic() - t0
         assert a.frozen and b.frozen and c.frozen
         assert _cpu_ticks(c.proc.pid) - c_before <= 2  # at most a tick or two of accounting noise
@@ -317,8 +326,8 @@ def test_a_sliced_pair_names_the_side_that_failed(tmp_path):
     try:
         a.wait_ready(10)
         b.wait_ready(10)
-        with pytest.raises(served.SliceError) as err:
-            served.run_sliced(
+        with pytest.raises(schedule.SliceError) as err:
+            schedule.run_sliced(
                 [a, b], [], {"op": "generate", "prompt_ids": [1], "max_new": 30, "die": 1}, 0.05, 30
             )
         assert err.value.which == 0 and err.value.stage == "run"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import abtest, box, cpumeter, sandbox, served
+from evalbot.evaluate import ab_samples, ab_twopart, abtest, box, cpumeter, sandbox, schedule, served
 from evalbot.model import Side
 from evalbot.rules import Quiet
 
@@ -97,12 +97,12 @@ def test_a_gpu_pair_accepts_a_frozen_side_that_keeps_the_device_busy(tmp_path, m
             )  # fmt: skip
             procs[side] = served.ServedProcess.start(side.value, spec, [PY, str(path)], no_sandbox=True)
             procs[side].wait_ready(10)
-        assert abtest.two_part(procs)
-        prompts = abtest.Prompts(lambda ctx, i: [i % 100] * ctx)
+        assert ab_twopart.two_part(procs)
+        prompts = ab_samples.Prompts(lambda ctx, i: [i % 100] * ctx)
         quiet = Quiet(max_other_cores=1e9, max_gpu_util=5, sample_s=0.01, max_wait_s=0)
-        with pytest.raises((abtest.SideError, box.BoxBusy)):
+        with pytest.raises((ab_samples.SideError, box.BoxBusy)):
             abtest._pair(
-                procs, 0, 0, 5, prompts, 4, 10, quiet, True, lambda _m: None, abtest.Run(),
+                procs, 0, 0, 5, prompts, 4, 10, quiet, True, lambda _m: None, ab_samples.Run(),
                 stream="ends", two=True,
             )  # fmt: skip
     finally:
@@ -163,10 +163,10 @@ def test_work_done_after_the_prefill_answer_and_before_the_freeze_is_on_the_pref
         p.freeze()
         seen = []
         for _ in range(5):
-            pre = served.run_alone(p, [], lambda: p.request({"op": "prefill", "prompt_ids": [1, 2, 3]}, 10))
+            pre = schedule.run_alone(p, [], lambda: p.request({"op": "prefill", "prompt_ids": [1, 2, 3]}, 10))
             time.sleep(0.2)  # the other side's prefill, with this one frozen
             body = {"op": "generate", "continue": True, "prompt_ids": [7], "max_new": 4, "stream": "ends"}
-            t = served.run_alone(p, [], lambda body=body: p.request(body, 10))
+            t = schedule.run_alone(p, [], lambda body=body: p.request(body, 10))
             assert pre.answer_cpu_s is not None
             seen.append((pre.answer_cpu_s * 1e3, t.summary["after_ms"]))
         print("prefill CPU clock ms, the engine's own CPU ms after its answer:", seen)

@@ -18,7 +18,8 @@ from evalbot.model import (
     ThroughputPairs,
 )
 from evalbot.rules import LabelFamily, default_rules_dir, load_rules
-from evalbot.verdict.decide import decide, tau_ratio_upper
+from evalbot.verdict.decide import decide
+from evalbot.verdict.gates import tau_ratio_upper
 
 
 @pytest.fixture(scope="module")

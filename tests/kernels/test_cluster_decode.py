@@ -33,10 +33,17 @@ def test_splits_examples_on_an_h200():
     ctxs = (1, 64, 256, 512, 1024, 4096, 16384, 32768)
     assert [cd.split_plan(132, 1, 8, c, 128) for c in ctxs] == [(1, 1)] * 3 + [(2, 1), (4, 1)] + [(1, 16)] * 3
     assert [cd.split_plan(132, 8, 8, c, 128) for c in ctxs] == [(1, 1)] * 3 + [(2, 1)] * 5
-    assert [cd.num_splits(132, 1, 8, 256 * s, 128) for s in range(4, 10)] == [4, 5, 6, 7, 8, 9]  # any size
+    assert [cd.split_plan(132, 1, 8, 256 * s, 128).splits for s in range(4, 10)] == [
+        4,
+        5,
+        6,
+        7,
+        8,
+        9,
+    ]  # any size
     assert [cd.split_plan(132, 1, 8, 256 * s, 128)[0] for s in range(7, 10)] == [7, 8, 1]  # clusters to 8
     assert cd.split_plan(132, 1, 2, 32768, 64) == (1, 16)  # qwen2.5-0.5b, 2 KV heads: at most 16 a head
-    assert cd.num_splits(132, 32, 8, 32768, 128) == 1
+    assert cd.split_plan(132, 32, 8, 32768, 128).splits == 1
 
 
 def test_plans_keep_every_cluster_resident_on_an_h200():
