@@ -16,7 +16,7 @@ from typing import Any
 
 from evalbot.evaluate import builds, checkout, sandbox
 from evalbot.model import Failure, Side
-from evalbot.rules import Quiet, Rules
+from evalbot.rules import Rules
 
 Log = Callable[[str], None]
 
@@ -81,7 +81,6 @@ class RunContext:
     max_output_bytes: int = 64 << 20
     box_samples: list[dict[str, Any]] = field(default_factory=list)
     runs: int = 0  # engine processes started, for fresh scratch names
-    quiet: Quiet = field(default_factory=Quiet)
     model_paths: dict[str, Path] = field(default_factory=dict)
     serve_scratch: dict[Side, Path] = field(default_factory=dict)  # each side's latest serving process's
     compiled: dict[Side, Path] = field(default_factory=dict)  # each side's kept first compile (compile_cache)

@@ -3,7 +3,8 @@
 Trust: the harness (this bot, the rules, the prompt corpus, the reference) comes from the trusted
 side; a head touching a sensitive path is SKIPPED before anything of it runs. Engine processes are
 fresh for every run, alternate base/head (ABBA, so in-pair drift cancels too), run under bubblewrap
-with a scrubbed environment, and their JSON is validated before a number is believed. Who failed
+with a scrubbed environment, and every line they write is checked against the serving protocol
+(`served`) before a number is believed; the harness's own clock times them. Who failed
 decides the outcome class: the head alone (REJECT) or the base/box too (INFRA_ERROR).
 """
 
@@ -160,7 +161,6 @@ def _evaluate(cfg: EvalConfig, log: Log) -> Measurements:
             engine_threads=profile.measurement.threads,
             run_timeout_s=profile.measurement.run_timeout_s,
             max_output_bytes=profile.measurement.max_output_mb << 20,
-            quiet=profile.quiet,
         )
         ctx.box_samples = samples
         # 1. the harness: main's build, the models and the reference, each failing fast with its cause

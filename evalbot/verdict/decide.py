@@ -37,7 +37,7 @@ from evalbot.model import (
     ThroughputPairs,
     Verdict,
 )
-from evalbot.rules import LabelFamily, Rules
+from evalbot.rules import Rules
 
 # head-side failures that are the environment's fault, not the contributor's
 INFRA_STAGES = frozenset({"toolchain", "gpu", "box", "sandbox", "harness", "network", "disk"})
@@ -496,7 +496,6 @@ def _verdict(
         gates=gates,
         reasons=reasons,
         labels_add=tuple(add),
-        labels_remove=tuple(sorted(rules.owned(LabelFamily.VERDICT) - set(add))),
         estimates=estimates,
         rules_hash=rules.rules_hash,
         mde=mde,

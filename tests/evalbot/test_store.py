@@ -4,6 +4,7 @@ and refusal to touch a corrupt, foreign or newer store."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import signal
@@ -76,7 +77,6 @@ def verdict(status: Status = Status.PASS, low: float = 1.031) -> Verdict:
         ),
         reasons=("XS: +5.0% at ctx 512",),
         labels_add=("verified", "perf:XS"),
-        labels_remove=("regression",),
         estimates=(est,),
         rules_hash=RULES,
         mde=0.012,
@@ -246,6 +246,29 @@ def test_evaluation_round_trip_survives_reopen(store, db):
         assert [r.key for r in again.evaluations(pr=7, state="done")] == [k]
         assert again.evaluations(state="queued") == []
         assert again.claim_next("w2") is None
+
+
+def test_a_verdict_stored_with_the_retired_labels_remove_still_reads(store, db):
+    """Bots before #37 stored each verdict with a labels_remove field: such a row reads back, that field
+    ignored; any other unknown field is still a corrupt row."""
+    k = key()
+    store.enqueue_evaluation(k, now=T0)
+    store.claim_next("w1", now=T0)
+    store.finish_evaluation(k, "w1", verdict(), measurements(), now=T0 + timedelta(minutes=20))
+    store.close()
+    conn = sqlite3.connect(db)
+    stored = json.loads(conn.execute("SELECT verdict FROM evaluations").fetchone()[0])
+    with conn:
+        conn.execute(
+            "UPDATE evaluations SET verdict = ?", (json.dumps(stored | {"labels_remove": ["regression"]}),)
+        )
+    with Store(db) as again:
+        assert again.evaluation(k).verdict == verdict()
+    with conn:
+        conn.execute("UPDATE evaluations SET verdict = ?", (json.dumps(stored | {"labels_removed": []}),))
+    conn.close()
+    with Store(db) as again, pytest.raises(CorruptStoreError, match="labels_removed"):
+        again.evaluation(k)
 
 
 def test_evaluation_keys_differ_by_every_part(store):
@@ -612,7 +635,7 @@ WRITER = textwrap.dedent(
     def verdict(pr):
         # a fat row, so that random kills often land inside its transaction
         gates = tuple(Gate(f"gate {i}", i / 7, "bar", True, "x" * 200, kind=GateKind.SPEC) for i in range(40))
-        return Verdict(Status.PASS, "XS", 512, gates, (f"pr {pr}",), ("verified",), ())
+        return Verdict(Status.PASS, "XS", 512, gates, (f"pr {pr}",), ("verified",))
 
     store = Store(db)
     worker = f"w{os.getpid()}"
