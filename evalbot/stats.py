@@ -168,15 +168,6 @@ def _check_df(df: float) -> None:
         raise StatsError(f"degrees of freedom must be positive, got {df!r}")
 
 
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with df degrees of freedom (df may be math.inf)."""
-    _check_df(df)
-    if math.isnan(t):
-        raise StatsError("t must not be NaN")
-    tail = _t_upper_tail(abs(t), df)
-    return 1.0 - tail if t > 0 else tail
-
-
 @functools.lru_cache(maxsize=4096)
 def t_quantile(p: float, df: float) -> float:
     """The t with P(T <= t) = p for Student's t with df degrees of freedom (df may be math.inf)."""
@@ -354,21 +345,12 @@ def _from_se(mean: float, se: float, df: int, sd: float, n_pairs: int, confidenc
     )
 
 
-@dataclass(frozen=True)
-class Crossover:
-    """The crossover estimate and what the design removed: the load-order effect, in log units."""
-
-    estimate: PairedEstimate
-    order_effect: float  # half the difference between base-loaded-first and head-loaded-first blocks
-    blocks_each: tuple[int, int]  # blocks with the base loaded first, with the head loaded first
-
-
 def crossover(
     pairs: Sequence[tuple[float, float]],
     blocks: Sequence[int],
     base_first: Sequence[bool],
     confidence: float = 0.95,
-) -> Crossover:
+) -> PairedEstimate:
     """The paired estimate of a crossover design: each process block loads one side first, and the blocks
     alternate. A block's mean log-ratio is theta + gamma * s_b + noise (s_b = +1 when the base loaded first,
     -1 otherwise); theta is the mean of the two order groups' means, so a fixed load-order effect gamma
@@ -397,8 +379,7 @@ def crossover(
     sd = math.sqrt(ss / df)
     sd = sd if sd > _LOG_RESOLUTION else 0.0
     se = 0.5 * sd * math.sqrt(1.0 / len(first) + 1.0 / len(second))
-    est = _from_se((m1 + m0) / 2.0, se, df, sd, len(pairs), confidence)
-    return Crossover(est, (m1 - m0) / 2.0, (len(first), len(second)))
+    return _from_se((m1 + m0) / 2.0, se, df, sd, len(pairs), confidence)
 
 
 def estimate_design(
@@ -412,7 +393,7 @@ def estimate_design(
     if base_first and blocks:
         orders = {b: bool(f) for b, f in zip(blocks, base_first, strict=True)}
         if sum(orders.values()) >= 2 and sum(not f for f in orders.values()) >= 2:
-            return crossover(pairs, blocks, base_first, confidence).estimate
+            return crossover(pairs, blocks, base_first, confidence)
     if blocks:
         return estimate_blocked(pairs, blocks, confidence)
     return estimate(pairs, confidence)

@@ -78,13 +78,6 @@ class CopycatIndex:
                 (utc(at), utc(at), number),
             )
 
-    def mark_closed(self, number: int, at: str | None) -> None:
-        """Record that a PR closed unmerged (``at`` None: reopened); it can still be copied."""
-        with self.conn:
-            self.conn.execute(
-                "UPDATE copycat_prs SET closed_at = ? WHERE number = ?", (utc(at) if at else None, number)
-            )
-
     def set_main(self, kgrams: Iterable[int], at: str) -> None:
         """Main's k-grams now: new ones are base code from ``at`` on, vanished ones no longer are."""
         at = utc(at)

@@ -33,7 +33,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -784,9 +784,3 @@ def random_prompts(vocab: int, seed: int) -> Callable[[int, int], list[int]]:
         return [rng.randrange(vocab) for _ in range(ctx)]
 
     return source
-
-
-def iter_chunks(items: list[Any], n: int) -> Iterator[list[Any]]:
-    """items in consecutive chunks of n."""
-    for i in range(0, len(items), n):
-        yield items[i : i + n]

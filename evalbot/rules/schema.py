@@ -201,11 +201,6 @@ class Profile:
     quiet: Quiet = Quiet()
 
     @property
-    def guarded_contexts(self) -> tuple[int, ...]:
-        """The context lengths that must not regress."""
-        return tuple(c.ctx for c in self.contexts if c.guarded)
-
-    @property
     def scored_contexts(self) -> tuple[int, ...]:
         """The context lengths that count toward the gain."""
         return tuple(c.ctx for c in self.contexts if c.scored)

@@ -124,11 +124,6 @@ class Actions(Db):
                 (note, iso(now), key),
             )
 
-    def action_done(self, key: str) -> bool:
-        """Whether the action's completion is recorded."""
-        row = self._conn.execute("SELECT state FROM actions WHERE key = ?", (key,)).fetchone()
-        return row is not None and row[0] == "done"
-
     def action(self, key: str) -> ActionRecord | None:
         """One action's record, or None."""
         rows = self._read("SELECT * FROM actions WHERE key = ?", (key,))

@@ -326,11 +326,6 @@ class Db:
             )
         return int(row[0])
 
-    @property
-    def schema_version(self) -> int:
-        """The schema version recorded in the store."""
-        return self._version(self._conn)
-
     def open_connection(self) -> sqlite3.Connection:
         """A second connection to the store's file, with its pragmas and Python's implicit transactions,
         for modules that keep their own tables in it (evalbot.copycat.index): ``with conn:`` commits or rolls back."""

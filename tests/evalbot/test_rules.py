@@ -74,8 +74,9 @@ def test_shipped_defaults(rules):
 
     gpu, cpu = rules.profile("gpu"), rules.profile("cpu")
     assert gpu.device == "cuda" and cpu.device == "cpu"
-    assert gpu.guarded_contexts == gpu.scored_contexts == (128, 512, 4096, 16384, 32768)
-    assert cpu.guarded_contexts == (128, 512)
+    guarded = {p.name: tuple(c.ctx for c in p.contexts if c.guarded) for p in (gpu, cpu)}
+    assert guarded["gpu"] == gpu.scored_contexts == (128, 512, 4096, 16384, 32768)
+    assert guarded["cpu"] == (128, 512)
     assert (gpu.measurement.ci_half_width, cpu.measurement.ci_half_width) == (0.0015, 0.004)
     assert (cpu.measurement.pairs_per_block, cpu.measurement.min_blocks) == (2, 6)
     assert gpu.measurement.min_blocks >= 2 and cpu.quiet.max_wait_s > 0 and gpu.quiet.max_gpu_util > 0

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from evalbot.stats import (
     PairedEstimate,
     StatsError,
+    _t_upper_tail,
     classify,
     estimate,
     minimum_detectable_effect,
     read_pairs,
-    t_cdf,
     t_quantile,
 )
 
@@ -79,6 +79,12 @@ def test_t_quantile_closed_forms_and_cdf_round_trip(p):
     assert t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-9, abs=1e-12)
     for df in (0.5, 1, 3, 7.5, 29, 500, 2999, 3001, 1e6, math.inf):
         assert t_cdf(t_quantile(p, df), df) == pytest.approx(p, rel=1e-9, abs=1e-15)
+
+
+def t_cdf(t, df):
+    """P(T <= t), from the upper tail the estimator's p-values are read from."""
+    tail = _t_upper_tail(abs(t), df)
+    return 1.0 - tail if t > 0 else tail
 
 
 def test_t_quantile_rejects_bad_arguments():
