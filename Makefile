@@ -71,6 +71,7 @@ lint: setup-dev
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/actionlint
+	$(BIN)/python scripts/dead_code.py
 
 # The suite in two parts: everything that does not time anything on every core (pytest-xdist; a module's
 # tests stay on one worker, so its fixtures are built once; the heaviest modules are queued first, see

@@ -1,7 +1,7 @@
 """Where a call of the cluster decode kernel spends its time: per-CTA phase stamps over a graph of calls.
 
 Each call of a CUDA graph (as the engine replays decode) writes, per CTA, the device's global timer and
-SM clock at each phase of the kernel (`kernels.cluster_decode.PHASES`). From them: the gap between one
+SM clock at each phase of the kernel (`PHASES`). From them: the gap between one
 call's last CTA leaving and the next call's first CTA starting, the spread of the CTAs' starts and
 ends, and the median CTA's time in each phase. The stamps cost a few stores per CTA.
 
@@ -18,6 +18,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# what a CTA's stamps record (globaltimer ns in 0-7, clock64 in 8-15), in the kernel's order
+PHASES = ("entry", "length read", "first tile", "own tiles done", "warps written", "CTA merged",
+          "cluster merged", "exit")  # fmt: skip
 
 
 def summarize(calls: list[list[list[int]]], phases: tuple[str, ...]) -> dict:
@@ -146,7 +150,7 @@ def main() -> None:
                 per_call = start.elapsed_time(end) * 1e3 / args.calls
                 calls = [s.view(ctas, 16).tolist() for s in stamps]
                 row = {"ctx": ctx, "plan": f"{plan[0]}x{plan[1]}", "probe": probe, "ctas": ctas,
-                       "graph_us_per_call": per_call} | summarize(calls, cd.PHASES)  # fmt: skip
+                       "graph_us_per_call": per_call} | summarize(calls, PHASES)  # fmt: skip
                 record["rows"].append(row)
                 print(json.dumps(row), file=sys.stderr)
     print(table(record["rows"]))

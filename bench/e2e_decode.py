@@ -23,8 +23,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine import ops  # noqa: E402
+from engine.config import ModelConfig  # noqa: E402
 from engine.generate import Session, load_random  # noqa: E402
-from engine.shapes import weight_bytes  # noqa: E402
+
+
+def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of weights one decode step reads (the embedding row aside)."""
+    d, hd = cfg.d_model, cfg.head_dim
+    per_layer = d * (cfg.n_head + 2 * cfg.n_kv_head) * hd + cfg.n_head * hd * d + 3 * d * cfg.d_ff + 2 * d
+    return (cfg.n_layer * per_layer + cfg.vocab_size * d + d) * torch.finfo(dtype).bits // 8
 
 
 def copy_bandwidth(nbytes: int = 2 << 30, iters: int = 20) -> float:

@@ -1,6 +1,6 @@
 """Losslessness and acceptance of speculative decoding on real models, CPU.
 
-For each prompt (engine/spec_prompts.py) and context: one AR greedy run, then R speculative runs with
+For each prompt (bench/spec_prompts.py) and context: one AR greedy run, then R speculative runs with
 the draft model and R with the n-gram drafter; every run's tokens must equal the AR tokens.
 
     python bench/spec_lossless.py --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --ctx 128 512 --gen 64 --runs 3
@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.spec_prompts import SECTIONS, prompt_ids  # noqa: E402
 from engine import speculative as spec  # noqa: E402
 from engine.generate import Session, load  # noqa: E402
-from engine.spec_prompts import SECTIONS, prompt_ids  # noqa: E402
 
 
 def main() -> None:

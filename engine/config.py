@@ -30,10 +30,6 @@ class ModelConfig:
     qkv_bias: bool  # qwen2: biases on the q/k/v projections
     tied_output: bool  # no separate output.weight: the embedding is reused
 
-    @property
-    def gqa_ratio(self) -> int:
-        return self.n_head // self.n_kv_head
-
     @classmethod
     def from_metadata(
         cls, meta: Mapping[str, Any], tensor_names: set[str] | frozenset[str] = frozenset()

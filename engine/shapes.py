@@ -95,13 +95,6 @@ def shape_digest(cfg: ModelConfig, seed: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes of weights one decode step reads (the embedding row aside)."""
-    d, hd = cfg.d_model, cfg.head_dim
-    per_layer = d * (cfg.n_head + 2 * cfg.n_kv_head) * hd + cfg.n_head * hd * d + 3 * d * cfg.d_ff + 2 * d
-    return (cfg.n_layer * per_layer + cfg.vocab_size * d + d) * torch.finfo(dtype).bits // 8
-
-
 def random_transformer(
     cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0, max_pos: int | None = None
 ) -> Transformer:

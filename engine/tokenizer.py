@@ -265,14 +265,6 @@ class Tokenizer:
             raise TokenizerError(f"token id {id} out of range 0..{self.vocab_size - 1}")
         return self._pieces[id]
 
-    def token_text(self, id: int) -> str:
-        """The token's text as stored in the GGUF (byte-level encoded for normal tokens)."""
-        return self._tokens[id]
-
-    def is_special(self, id: int) -> bool:
-        """Whether id is a control token (hidden by ``decode(..., skip_special=True)``)."""
-        return id in self._control
-
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Render tokenizer.chat_template for messages, as transformers' apply_chat_template would."""
         if self._template is None:

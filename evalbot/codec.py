@@ -32,7 +32,8 @@ T = typing.TypeVar("T")
 
 
 def from_dict(cls: type[T], data: Any) -> T:
-    """Rebuild a dataclass (recursively) from to_dict's output; unknown keys are an error."""
+    """Rebuild a dataclass (recursively) from to_dict's output; unknown keys are an error, except those a
+    class names in its ``RETIRED_FIELDS`` (fields it no longer has, which older records still carry)."""
     return typing.cast(T, _build(cls, data, cls.__name__))
 
 
@@ -77,10 +78,12 @@ def _build(tp: Any, data: Any, where: str) -> Any:
         if not isinstance(data, dict):
             raise TypeError(f"{where}: expected an object, got {type(data).__name__}")
         hints, names = _fields_of(tp)
-        unknown = set(data) - names
+        # a field the class has dropped, which records written before still carry: read and ignored
+        retired: frozenset[str] = getattr(tp, "RETIRED_FIELDS", frozenset())
+        unknown = set(data) - names - retired
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}")
-        kwargs = {k: _build(hints[k], v, f"{where}.{k}") for k, v in data.items()}
+        kwargs = {k: _build(hints[k], v, f"{where}.{k}") for k, v in data.items() if k not in retired}
         return tp(**kwargs)
     if tp is float:
         if isinstance(data, bool) or not isinstance(data, (int, float)):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from evalbot.rules import Profile
 
@@ -287,15 +287,14 @@ class ContextEstimate:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The decision for one evaluation: status, tier, gates, reasons and label changes."""
+    """The decision for one evaluation: status, tier, gates, reasons and the verdict labels it sets."""
 
     status: Status
     tier: str | None
     scored_context: int | None
     gates: tuple[Gate, ...]
     reasons: tuple[str, ...]
-    labels_add: tuple[str, ...]
-    labels_remove: tuple[str, ...]
+    labels_add: tuple[str, ...]  # the verdict labels to set; the family's others go (rules.owned)
     estimates: tuple[ContextEstimate, ...] = ()
     rules_hash: str = ""
     mde: float | None = None  # the largest per-context MDE among scored contexts
@@ -305,6 +304,10 @@ class Verdict:
     # the scored context's decode estimate, else the best scored one
     lower_bound_gain: float | None = None  # the 95% CI's lower bound of the decode gain (a fraction) at
     # the scored context, else the best over the scored decode estimates; rounds rank by it
+
+    # Read back from records written before #37 (the store, result.json, receipts) and ignored: the labels
+    # to remove were always the verdict family's others, which whoever applies a verdict computes.
+    RETIRED_FIELDS: ClassVar[frozenset[str]] = frozenset({"labels_remove"})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "headline", _headline(self))

@@ -559,4 +559,4 @@ class Bot:
 
 
 def _skipped(rules: Rules, why: str) -> Verdict:
-    return Verdict(Status.SKIPPED, None, None, (), (why,), (), (), rules_hash=rules.rules_hash)
+    return Verdict(Status.SKIPPED, None, None, (), (why,), (), rules_hash=rules.rules_hash)

@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from evalbot.model import PullRequest, Status, Verdict, WorkflowRun
-from evalbot.rules import LabelFamily, Rules
+from evalbot.rules import Rules
 
 MERGE_FIRST = "merge_first"
 NEEDS_REBASE = "needs_rebase"
@@ -41,13 +41,12 @@ class Contender:
 
 @dataclass(frozen=True)
 class RoundDecision:
-    """One PR's place in the round, with the round labels to set (as full sets) and a comment."""
+    """One PR's place in the round: the round label to set (the poller removes the others) and a comment."""
 
     pr: int
     role: str  # merge_first, needs_rebase, re_evaluate, held, out
     lower_bound_gain: float | None
-    labels_add: tuple[str, ...]
-    labels_remove: tuple[str, ...]
+    labels_add: tuple[str, ...]  # the round label to set; the family's others go (rules.owned)
     reason: str
     comment: str | None = None
 
@@ -78,7 +77,6 @@ def rank_round(
 ) -> RoundRanking:
     """Rank a round's PRs: merge-first, needs-rebase, re-evaluate (measured on an older main), held, out."""
     lab = rules.labels
-    owned = rules.owned(LabelFamily.ROUND)
     by_pr: dict[int, Contender] = {}
     for c in contenders:
         if c.pr in by_pr:
@@ -88,7 +86,7 @@ def rank_round(
     def decide(c: Contender, role: str, gain: float | None, reason: str, label: str | None = None,
                comment: str | None = None) -> RoundDecision:  # fmt: skip
         add = (label,) if label else ()
-        return RoundDecision(c.pr, role, gain, add, tuple(sorted(owned - set(add))), reason, comment)
+        return RoundDecision(c.pr, role, gain, add, reason, comment)
 
     decisions: dict[int, RoundDecision] = {}
     ranked: list[tuple[float, int]] = []

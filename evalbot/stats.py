@@ -1,4 +1,4 @@
-"""Paired A/B statistics for throughput: ratio estimate, confidence interval, adaptive stopping, tiers.
+"""Paired A/B statistics for throughput: ratio estimate, confidence interval, tiers.
 
 The input is interleaved pairs ``(base_i, head_i)`` of a higher-is-better metric (tok/s) measured
 back to back on the same box. The estimate is the geometric mean of the per-pair ratios
@@ -33,12 +33,8 @@ import csv
 import functools
 import math
 import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
-
-StopReason = Literal["precision", "max_pairs", "time_budget", "continue"]
 
 # ln(head) - ln(base) carries ~1e-13 absolute rounding error even for huge values; spreads below
 # this are rounding, not noise, and would otherwise turn exact ties into arbitrary p-values.
@@ -85,28 +81,6 @@ class PairedEstimate:
     def upper_bound_ratio(self) -> float:
         """The largest ratio the interval allows; a regression needs this below the tolerance."""
         return self.ci_high
-
-
-@dataclass(frozen=True)
-class StopDecision:
-    """Whether to stop sampling, and why."""
-
-    reason: StopReason
-    half_width: float | None  # None until min_pairs pairs exist
-
-    @property
-    def stop(self) -> bool:
-        """True for every reason except 'continue'."""
-        return self.reason != "continue"
-
-
-@dataclass(frozen=True)
-class AdaptiveRun:
-    """The pairs measured by `run_adaptive`, their estimate, and why sampling stopped."""
-
-    pairs: tuple[tuple[float, float], ...]
-    estimate: PairedEstimate
-    reason: StopReason
 
 
 @dataclass(frozen=True)
@@ -192,15 +166,6 @@ def _cornish_fisher(z: float, df: float) -> float:
 def _check_df(df: float) -> None:
     if not df > 0:
         raise StatsError(f"degrees of freedom must be positive, got {df!r}")
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with df degrees of freedom (df may be math.inf)."""
-    _check_df(df)
-    if math.isnan(t):
-        raise StatsError("t must not be NaN")
-    tail = _t_upper_tail(abs(t), df)
-    return 1.0 - tail if t > 0 else tail
 
 
 @functools.lru_cache(maxsize=4096)
@@ -380,21 +345,12 @@ def _from_se(mean: float, se: float, df: int, sd: float, n_pairs: int, confidenc
     )
 
 
-@dataclass(frozen=True)
-class Crossover:
-    """The crossover estimate and what the design removed: the load-order effect, in log units."""
-
-    estimate: PairedEstimate
-    order_effect: float  # half the difference between base-loaded-first and head-loaded-first blocks
-    blocks_each: tuple[int, int]  # blocks with the base loaded first, with the head loaded first
-
-
 def crossover(
     pairs: Sequence[tuple[float, float]],
     blocks: Sequence[int],
     base_first: Sequence[bool],
     confidence: float = 0.95,
-) -> Crossover:
+) -> PairedEstimate:
     """The paired estimate of a crossover design: each process block loads one side first, and the blocks
     alternate. A block's mean log-ratio is theta + gamma * s_b + noise (s_b = +1 when the base loaded first,
     -1 otherwise); theta is the mean of the two order groups' means, so a fixed load-order effect gamma
@@ -423,8 +379,7 @@ def crossover(
     sd = math.sqrt(ss / df)
     sd = sd if sd > _LOG_RESOLUTION else 0.0
     se = 0.5 * sd * math.sqrt(1.0 / len(first) + 1.0 / len(second))
-    est = _from_se((m1 + m0) / 2.0, se, df, sd, len(pairs), confidence)
-    return Crossover(est, (m1 - m0) / 2.0, (len(first), len(second)))
+    return _from_se((m1 + m0) / 2.0, se, df, sd, len(pairs), confidence)
 
 
 def estimate_design(
@@ -438,7 +393,7 @@ def estimate_design(
     if base_first and blocks:
         orders = {b: bool(f) for b, f in zip(blocks, base_first, strict=True)}
         if sum(orders.values()) >= 2 and sum(not f for f in orders.values()) >= 2:
-            return crossover(pairs, blocks, base_first, confidence).estimate
+            return crossover(pairs, blocks, base_first, confidence)
     if blocks:
         return estimate_blocked(pairs, blocks, confidence)
     return estimate(pairs, confidence)
@@ -448,85 +403,6 @@ def decided(est: PairedEstimate, boundaries: Sequence[float], mde_max: float) ->
     """Whether more pairs could no longer change what this estimate decides: its MDE resolves the smallest
     tier and no decision boundary (tier floors and the regression bar, as ratios) lies inside its CI."""
     return est.mde <= mde_max and not any(est.ci_low < b < est.ci_high for b in boundaries)
-
-
-# --- Adaptive stopping -------------------------------------------------------------------------
-
-
-def _check_stopping(target_half_width: float, min_pairs: int, max_pairs: int, budget_s: float) -> None:
-    if not target_half_width > 0:
-        raise StatsError(f"target_half_width must be positive, got {target_half_width!r}")
-    if min_pairs < 2:
-        raise StatsError(f"min_pairs must be at least 2, got {min_pairs}")
-    if max_pairs < min_pairs:
-        raise StatsError(f"max_pairs ({max_pairs}) must be at least min_pairs ({min_pairs})")
-    if not budget_s > 0:
-        raise StatsError(f"budget_s must be positive, got {budget_s!r}")
-
-
-def should_stop(
-    pairs: Sequence[tuple[float, float]],
-    *,
-    target_half_width: float = 0.005,
-    min_pairs: int = 5,
-    max_pairs: int = 30,
-    elapsed_s: float = 0.0,
-    budget_s: float = math.inf,
-    confidence: float = 0.95,
-) -> StopDecision:
-    """Stop once the CI half-width (log units) reaches the target, or max_pairs or the time budget runs out."""
-    _check_stopping(target_half_width, min_pairs, max_pairs, budget_s)
-    _check_confidence(confidence)
-    n = len(pairs)
-    hw = None
-    if n >= min_pairs:
-        # Stopping when the spread looks small favours spreads that are small by luck, so the
-        # interval undercovers; min_pairs=5 keeps that near 94% (3 pairs: 90%, in simulation).
-        hw = _half_width(_mean_sd(_log_ratios(pairs))[1], n, confidence)
-        if hw <= target_half_width:
-            return StopDecision("precision", hw)
-    if n >= max_pairs:
-        return StopDecision("max_pairs", hw)
-    # Stop when one more pair at the pace so far would overrun the budget, rather than overrunning.
-    if elapsed_s >= budget_s or (n > 0 and elapsed_s * (n + 1) / n > budget_s):
-        return StopDecision("time_budget", hw)
-    return StopDecision("continue", hw)
-
-
-def run_adaptive(
-    measure_pair: Callable[[], tuple[float, float]],
-    *,
-    target_half_width: float = 0.005,
-    min_pairs: int = 5,
-    max_pairs: int = 30,
-    budget_s: float = math.inf,
-    confidence: float = 0.95,
-    clock: Callable[[], float] = time.monotonic,
-) -> AdaptiveRun:
-    """Call measure_pair() for one (base, head) pair at a time until `should_stop` says stop."""
-    _check_stopping(target_half_width, min_pairs, max_pairs, budget_s)
-    start = clock()
-    pairs: list[tuple[float, float]] = []
-    while True:
-        decision = should_stop(
-            pairs,
-            target_half_width=target_half_width,
-            min_pairs=min_pairs,
-            max_pairs=max_pairs,
-            elapsed_s=clock() - start,
-            budget_s=budget_s,
-            confidence=confidence,
-        )
-        if decision.stop:
-            break
-        pair = measure_pair()
-        _log_ratios([pair])  # fail on the bad measurement itself, not pairs later
-        pairs.append((float(pair[0]), float(pair[1])))
-    if len(pairs) < 2:
-        raise StatsError(
-            f"the time budget of {budget_s}s ran out after {len(pairs)} pair(s); need at least 2"
-        )
-    return AdaptiveRun(tuple(pairs), estimate(pairs, confidence), decision.reason)
 
 
 # --- Tiers and regressions ---------------------------------------------------------------------

@@ -43,8 +43,3 @@ def parse(text: str, *, naive_is_utc: bool = False) -> datetime:
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise ValueError(f"a time without a zone is ambiguous: {text[:40]!r}")
     return moment.astimezone(UTC)
-
-
-def canonical(text: str) -> str:
-    """Any zoned ISO 8601 time in the one text form."""
-    return stamp(parse(text))

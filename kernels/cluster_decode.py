@@ -31,7 +31,6 @@ KERNEL = "cuda-cluster-decode"
 HEAD_DIMS = (64, 128, 256)
 MAX_GQA_RATIO = 16  # the query group is padded to 16 mma rows
 MAX_CLUSTER = 16  # Hopper's largest (non-portable) cluster
-MAX_CLUSTERS = 128  # clusters a (sequence, KV head): the kernel's MAX_CLUSTERS
 # splits a head: more cost more than they gain (33 a head at d256 measured slower than 16 on the H200)
 MAX_SPLITS = 16
 # the largest cluster split_plan uses: 8 is the portable cluster size; a cluster of 16 a head measured
@@ -106,20 +105,6 @@ def split_plan(
     if splits <= MAX_DSMEM_CLUSTER and fits:
         return SplitPlan(splits, 1)
     return SplitPlan(1, splits)
-
-
-def split_table(
-    num_sms: int = 132, head_dim: int = 128, max_active_clusters: Mapping[int, int] | None = None
-) -> list[dict[str, int]]:
-    """The heuristic's choices over batch, KV heads and context (for the docs and the tests)."""
-    rows = []
-    for batch in (1, 2, 4, 8, 16):
-        for hkv in (2, 4, 8):
-            for ctx in (64, 256, 1024, 4096, 16384, 32768):
-                plan = split_plan(num_sms, batch, hkv, ctx, head_dim, max_active_clusters)
-                rows.append({"batch": batch, "kv_heads": hkv, "ctx": ctx, "cluster": plan.cluster,
-                             "clusters": plan.clusters, "splits": plan.splits})  # fmt: skip
-    return rows
 
 
 def _nvcc() -> str | None:
@@ -212,9 +197,6 @@ def max_active_clusters(
         return {c: int(module.max_active_clusters(code, head_dim, stages, groups, c)) for c in range(1, 17)}
 
 
-# what a CTA's stamps record (globaltimer ns in 0-7, clock64 in 8-15), in the kernel's order
-PHASES = ("entry", "length read", "first tile", "own tiles done", "warps written", "CTA merged",
-          "cluster merged", "exit")  # fmt: skip
 _workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
@@ -318,7 +300,7 @@ def flash_decode(
     num_clusters: int | None = None,
     out: torch.Tensor | None = None,  # [B, Hq, D] in q's dtype
     probe: int = 0,  # diagnostics only: 1 streams the tiles and skips the attention (wrong output)
-    stamps: torch.Tensor | None = None,  # diagnostics: int64 [CTAs * 16], each CTA's phase times (`PHASES`)
+    stamps: torch.Tensor | None = None,  # diagnostics: int64 [CTAs * 16], bench/cluster_timeline.py
     **tuning: Unpack[Tuning],
 ) -> torch.Tensor:  # [B, Hq, D]
     """One-token GQA attention over the first lengths[b] cache positions, merged inside clusters."""

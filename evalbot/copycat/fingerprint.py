@@ -55,14 +55,6 @@ class Fingerprint(NamedTuple):
 
 
 @dataclass(frozen=True)
-class AddedLine:
-    """One line a patch adds: its line number in the new file and its text (no newline)."""
-
-    number: int
-    text: str
-
-
-@dataclass(frozen=True)
 class FilePrint:
     """What one file of a PR adds, fingerprinted."""
 
@@ -103,11 +95,6 @@ class PrPrint:
     def literal(self) -> frozenset[int]:
         """Literal line hashes over all files."""
         return frozenset().union(*(f.literal for f in self.files))
-
-
-def added_lines(path: str, patch: str) -> list[AddedLine]:
-    """The lines a unified-diff patch adds to one file (GitHub's bare ``@@`` hunks or a full diff)."""
-    return [AddedLine(n, t) for n, t, added in _target_lines(path, patch) if added]
 
 
 def normalize(path: str, code: str) -> list[Token]:

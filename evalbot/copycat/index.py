@@ -49,10 +49,6 @@ class CopycatIndex:
         """Record that a PR merged: its code is base code for PRs opened after ``at``."""
         self.tables.mark_merged(number, utc(at))
 
-    def mark_closed(self, number: int, at: str | None) -> None:
-        """Record that a PR closed unmerged (``at`` None: reopened); it can still be copied."""
-        self.tables.mark_closed(number, utc(at) if at else None)
-
     def set_main(self, kgrams: Iterable[int], at: str) -> None:
         """Main's k-grams now: new ones are base code from ``at`` on, vanished ones no longer are."""
         self.tables.set_main(kgrams, utc(at))

@@ -14,7 +14,7 @@ from evalbot import receipts, verdict
 from evalbot.codec import from_dict
 from evalbot.judge import Judgement
 from evalbot.model import EvalRequest, Measurements, Status, Verdict, WorkflowRun
-from evalbot.rules import LabelFamily, Rules
+from evalbot.rules import Rules
 
 ARTIFACT_PREFIX = "evalbot-result-"
 RESULT_FILE, RECEIPT_FILE = "result.json", "receipt.json"
@@ -166,10 +166,14 @@ def retry_request(failed: Failed) -> DispatchRequest:
 
 def infra_verdict(rules: Rules, reason: str) -> Verdict:
     """The INFRA_ERROR verdict recorded for an evaluation that produced no believable result."""
-    infra = rules.labels.infra_error
-    remove = tuple(sorted(rules.owned(LabelFamily.VERDICT) - {infra}))
     return Verdict(
-        Status.INFRA_ERROR, None, None, (), (reason,), (infra,), remove, rules_hash=rules.rules_hash
+        Status.INFRA_ERROR,
+        None,
+        None,
+        (),
+        (reason,),
+        (rules.labels.infra_error,),
+        rules_hash=rules.rules_hash,
     )
 
 

@@ -19,9 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+# v1 is published and never edited (tests/evalbot/test_prompt_draws.py pins its hash); new text goes into v2.
 CORPUS_V1 = Path(__file__).resolve().parent.parent / "data" / "prompts" / "v1"
-# Pinned: v1 is published and never edited (a test checks it); new text goes into v2.
-CORPUS_V1_SHA256 = "54e6eaf6a7c2e12b4d331f37af331839dc5a943b7ddd293bfc17d63d070cebcd"
 SEPARATOR = "\n"  # between files in a window that runs past the end of one
 
 

@@ -115,7 +115,6 @@ def measure_model(
     seed: int,
     registry: bool,
     reference: Path | None = None,
-    accuracy_text: Path | None = None,
 ) -> ModelResult:
     """A/B pairs in blocks of warm serving processes, then the decode audit and speculative decoding, all on
     the harness's clock; each side's failure is the side's (main's: an infra error)."""

@@ -96,22 +96,6 @@ class PyGithubAdapter:
         """An adapter authenticated by a token; ``pace`` keeps PyGithub's default spacing of requests."""
         return cls(repo, _github(Auth.Token(token), base_url, pace), **options)
 
-    @classmethod
-    def from_app(
-        cls,
-        repo: str,
-        app_id: int | str,
-        private_key: str,
-        installation_id: int,
-        *,
-        base_url: str = DEFAULT_BASE_URL,
-        pace: bool = True,
-        **options: Any,
-    ) -> PyGithubAdapter:
-        """An adapter acting as a GitHub App installation (tokens are minted and refreshed by PyGithub)."""
-        auth = Auth.AppAuth(app_id, private_key).get_installation_auth(installation_id)
-        return cls(repo, _github(auth, base_url, pace), **options)
-
     # --- pulls ---
 
     def list_open_pulls(self, force: bool = False) -> tuple[PullRequest, ...] | None:

@@ -201,11 +201,6 @@ class Profile:
     quiet: Quiet = Quiet()
 
     @property
-    def guarded_contexts(self) -> tuple[int, ...]:
-        """The context lengths that must not regress."""
-        return tuple(c.ctx for c in self.contexts if c.guarded)
-
-    @property
     def scored_contexts(self) -> tuple[int, ...]:
         """The context lengths that count toward the gain."""
         return tuple(c.ctx for c in self.contexts if c.scored)
@@ -407,17 +402,14 @@ class Rules:
                 return profile
         raise KeyError(name)
 
-    # The tier rule, in one place: verdicts, rounds, the stats CLI and the renderer all ask here.
+    # The tiers' data only. An estimate earns its tier in `stats.classify` (from these bounds and its CI's
+    # lower bound), called by `verdict.decide` and the stats CLI; the verdict keeps the best tier by
+    # `tier_rank`, and `rounds` ranks PASSes by their lower-bound gain, not by tier.
 
     @property
     def tier_bounds(self) -> tuple[tuple[str, float], ...]:
         """(name, lowest lower-bound gain) per tier, lowest first."""
         return tuple((t.name, t.lower_bound) for t in self.tiers)
-
-    def tier_for(self, lower_bound_gain: float) -> Tier | None:
-        """The highest tier whose lower bound is at most the gain's CI lower bound; None below the first."""
-        earned = [t for t in self.tiers if t.lower_bound <= lower_bound_gain]
-        return earned[-1] if earned else None
 
     def tier(self, name: str) -> Tier:
         """The tier of this name; KeyError otherwise."""

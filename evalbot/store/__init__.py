@@ -75,11 +75,6 @@ class Store:
         """A private store in memory with every table, gone when it is closed or dropped."""
         return cls(MEMORY)
 
-    @property
-    def schema_version(self) -> int:
-        """The schema version recorded in the store."""
-        return self.db.schema_version
-
     def meta(self, key: str) -> str | None:
         """A value from the key-value meta table, or None."""
         return self.db.meta(key)

@@ -127,11 +127,6 @@ class Actions:
                 (note, iso(now), key),
             )
 
-    def action_done(self, key: str) -> bool:
-        """Whether the action's completion is recorded."""
-        row = self._db.one("SELECT state FROM actions WHERE key = ?", (key,))
-        return row is not None and row[0] == "done"
-
     def action(self, key: str) -> ActionRecord | None:
         """One action's record, or None."""
         rows = self._db.read("SELECT * FROM actions WHERE key = ?", (key,))

@@ -61,11 +61,6 @@ class CopycatTables:
                 (at, at, number),
             )
 
-    def mark_closed(self, number: int, at: str | None) -> None:
-        """Record that a PR closed unmerged at ``at`` (None: it was reopened)."""
-        with self._db.write() as conn:
-            conn.execute("UPDATE copycat_prs SET closed_at = ? WHERE number = ?", (at, number))
-
     def set_main(self, kgrams: Iterable[int], at: str) -> None:
         """Main's k-grams now: new ones are in main from ``at`` on, vanished ones are forgotten."""
         with self._db.write() as conn:

@@ -322,11 +322,6 @@ class Db:
             )
         return int(row[0])
 
-    @property
-    def schema_version(self) -> int:
-        """The schema version recorded in the store."""
-        return self._version(self._conn)
-
     def open_connection(self) -> sqlite3.Connection:
         """A second connection to the store's file with its pragmas, for a thread of its own (the lease's
         heartbeat): autocommit, its writes one ``transaction(conn, path)`` each."""

@@ -108,11 +108,6 @@ class Rounds:
         )
         return Round(**dict(rows[0]), members=tuple(RoundMember(**dict(m)) for m in members))
 
-    def open_rounds(self) -> list[Round]:
-        """Rounds not yet closed, oldest first."""
-        ids = self._db.read("SELECT id FROM rounds WHERE closed_at IS NULL ORDER BY julianday(opened_at), id")
-        return [r for (i,) in ids if (r := self.round(i)) is not None]
-
     def record_ledger(
         self,
         kind: str,

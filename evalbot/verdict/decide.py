@@ -32,7 +32,7 @@ from evalbot.model import (
     ThroughputPairs,
     Verdict,
 )
-from evalbot.rules import LabelFamily, Rules
+from evalbot.rules import Rules
 from evalbot.verdict.gates import accuracy_gates, audit_bar, audit_gates, audit_passes, spec_gates
 
 # head-side failures that are the environment's fault, not the contributor's
@@ -350,7 +350,6 @@ def _verdict(
         gates=gates,
         reasons=reasons,
         labels_add=tuple(add),
-        labels_remove=tuple(sorted(rules.owned(LabelFamily.VERDICT) - set(add))),
         estimates=estimates,
         rules_hash=rules.rules_hash,
         mde=mde,

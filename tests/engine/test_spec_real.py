@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from bench.spec_prompts import SECTIONS, prompt_ids
 from engine import speculative as spec
 from engine.generate import Session, load
-from engine.spec_prompts import SECTIONS, prompt_ids
 
 pytestmark = pytest.mark.slow
 GEN = 32

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.spec_prompts import SECTIONS, prompt_ids
 from engine import speculative as spec
 from engine.generate import Session, load
 from engine.sampling import SamplingParams, probabilities
-from engine.spec_prompts import SECTIONS, prompt_ids
 from engine.synthetic import SyntheticSpec, write
 
 

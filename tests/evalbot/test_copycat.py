@@ -22,7 +22,7 @@ from evalbot.copycat.containment import (
     utc,
 )
 from evalbot.copycat.fingerprint import (
-    added_lines,
+    _target_lines,
     fingerprint_pr,
     fingerprint_source,
     kgram_hashes,
@@ -217,9 +217,13 @@ def test_unknown_file_types_fall_back_to_a_plain_token_split():
     assert texts("notes.txt", 'foo = bar(3, "x")\n') == expected  # pygments' TextLexer gives one blob
 
 
+def added_lines(path, patch):
+    return [(n, t) for n, t, added in _target_lines(path, patch) if added]
+
+
 def test_added_lines_come_from_unidiff_with_new_file_line_numbers():
     patch = "@@ -10,3 +10,4 @@ def f():\n     a = 1\n-    b = 2\n+    b = 3\n+    c = 4\n     return a\n"
-    assert [(a.number, a.text) for a in added_lines("m.py", patch)] == [(11, "    b = 3"), (12, "    c = 4")]
+    assert added_lines("m.py", patch) == [(11, "    b = 3"), (12, "    c = 4")]
     full = "--- a/m.py\n+++ b/m.py\n" + patch
     assert added_lines("m.py", full) == added_lines("m.py", patch)
     assert added_lines("m.py", "") == []

@@ -115,7 +115,7 @@ def populate(
         reasons = (f"{status.value}: measured at ctx 4096",)
         if hostile and pr == 1:
             title, author, reasons = HOSTILE_TITLE, HOSTILE_AUTHOR, (HOSTILE_REASON, "@maintainer see #2")
-        verdict = Verdict(status, "S" if status is Status.PASS else None, 4096, (), reasons, (), (), ests,
+        verdict = Verdict(status, "S" if status is Status.PASS else None, 4096, (), reasons, (), ests,
                           "r" * 16, 0.012 if ests else None)  # fmt: skip
         prov = Provenance("o/r", base_sha, head, base_sha, "r" * 16, "cuda", pr=pr, title=title, author=author,
                           branch=f"perf/{pr}")  # fmt: skip

@@ -29,6 +29,7 @@ import pytest
 
 from evalbot.policy.sensitive_paths import sensitive_hits
 from evalbot.rules import Rules, default_rules_dir, load_rules
+from tests.evalbot.test_rules import tier_for_ci_low
 from tests.fixtures import fixture_engine_branches as fb
 
 PY = sys.executable
@@ -48,12 +49,6 @@ pytestmark = [
         reason="bubblewrap cannot create namespaces here",
     ),
 ]
-
-
-def tier_for_gain(rules: Rules, gain: float) -> str | None:
-    """The tier name Rules.tier_for gives (None below the first)."""
-    tier = rules.tier_for(gain)
-    return tier.name if tier else None
 
 
 @dataclass(frozen=True)
@@ -342,11 +337,11 @@ def test_a_genuine_speedup_passes_with_the_tier_its_lower_bound_earns(lab: Lab):
     expected = max(
         scored,
         key=lambda e: (
-            names.index(t) + 1 if (t := tier_for_gain(lab.rules, e["ci_low"] - 1)) else 0,
+            names.index(t) + 1 if (t := tier_for_ci_low(lab.rules, e["ci_low"])) else 0,
             e["ci_low"],
         ),
     )
-    tier = tier_for_gain(lab.rules, expected["ci_low"] - 1)
+    tier = tier_for_ci_low(lab.rules, expected["ci_low"])
     assert tier is not None and run.verdict["tier"] == tier
     assert run.verdict["scored_context"] == expected["context"]
     labels = run.verdict["labels_add"]

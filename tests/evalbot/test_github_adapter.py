@@ -524,27 +524,6 @@ def test_an_expired_artifact_is_a_clear_refusal(github_double, adapter, tmp_path
 # --- construction ---
 
 
-def test_a_github_app_installation_mints_a_token_and_uses_it(github_double, fake_clock):
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    adapter = PyGithubAdapter.from_app(
-        github_double.repo, 1234, pem.decode(), 42, base_url=github_double.base_url, pace=False,
-        sleep=fake_clock.sleep, clock=fake_clock.time,
-    )  # fmt: skip
-    github_double.state.add_pull(1)
-    assert [p.number for p in adapter.list_open_pulls()] == [1]
-    (mint,) = github_double.state.calls("app.token")
-    assert mint.path == "/app/installations/42/access_tokens" and mint.headers["authorization"].startswith(
-        "Bearer "
-    )
-    assert github_double.state.calls("pulls.list")[0].headers["authorization"] == "token ghs_double42"
-
-
 def test_a_repo_that_is_not_owner_slash_name_is_refused():
     with pytest.raises(ValueError, match="repo must be 'owner/name', got 'engine'"):
         PyGithubAdapter.from_token("engine", TOKEN)

@@ -110,9 +110,7 @@ def context(**kw) -> IntakeContext:
 
 
 def verdict(status: Status, tier: str | None = None) -> Verdict:
-    return Verdict(
-        status=status, tier=tier, scored_context=None, gates=(), reasons=(), labels_add=(), labels_remove=()
-    )
+    return Verdict(status=status, tier=tier, scored_context=None, gates=(), reasons=(), labels_add=())
 
 
 # ---------------------------------------------------------------- drafts

@@ -20,7 +20,7 @@ from evalbot.rounds import (
     may_automerge,
     rank_round,
 )
-from evalbot.rules import LabelFamily, default_rules_dir, load_rules
+from evalbot.rules import default_rules_dir, load_rules
 
 MAIN, OLD_MAIN = "m" * 40, "o" * 40
 
@@ -61,7 +61,6 @@ def verdict(
         gates=(),
         reasons=(),
         labels_add=(),
-        labels_remove=(),
         estimates=estimates,
         rules_hash=rules_hash,
     )
@@ -87,7 +86,6 @@ class TestLowerBoundGain:
             (),
             (),
             (),
-            (),
             estimates=(
                 est(128, 1.01),
                 est(512, 1.015),
@@ -98,7 +96,7 @@ class TestLowerBoundGain:
         assert v.lower_bound_gain == pytest.approx(0.015)
 
     def test_nothing_scored(self):
-        assert Verdict(Status.PASS, None, None, (), (), (), ()).lower_bound_gain is None
+        assert Verdict(Status.PASS, None, None, (), (), ()).lower_bound_gain is None
 
 
 # ---------------------------------------------------------------- ranking
@@ -110,11 +108,9 @@ class TestRankRound:
         assert (r.merge_first, r.order) == (11, (11, 12, 10))
         first = r.decision(11)
         assert (first.role, first.labels_add) == (MERGE_FIRST, ("merge-first",))
-        assert first.labels_remove == ("needs-rebase", "re-evaluate")
         assert first.lower_bound_gain == pytest.approx(0.07) and first.comment is None
         second = r.decision(12)
         assert (second.role, second.labels_add) == (NEEDS_REBASE, ("needs-rebase",))
-        assert second.labels_remove == ("merge-first", "re-evaluate")
         assert second.reason == "place 2 (+5.0%); #11 merges first (+7.0%)"
         assert "#11 has the largest lower-bound gain in this round (+7.0%" in second.comment
         assert "rebase on main" in second.comment
@@ -142,7 +138,7 @@ class TestRankRound:
         assert sum(d.role == MERGE_FIRST for d in a.decisions) == (1 if entries else 0)
 
     def test_only_passes_with_a_gain_contend(self, rules):
-        nothing = Contender(4, "4" * 40, MAIN, Verdict(Status.PASS, None, None, (), (), (), ()))
+        nothing = Contender(4, "4" * 40, MAIN, Verdict(Status.PASS, None, None, (), (), ()))
         r = rank_round(
             [
                 contender(1, 1.03),
@@ -157,9 +153,7 @@ class TestRankRound:
         assert [(d.pr, d.role) for d in r.decisions] == [(1, MERGE_FIRST), (2, OUT), (3, OUT), (4, OUT)]
         assert r.decision(2).reason == "not a contender: the verdict is REJECT"
         assert r.decision(4).reason == "not a contender: no scored decode estimate"
-        assert r.decision(2).labels_add == () and set(r.decision(2).labels_remove) == rules.owned(
-            LabelFamily.ROUND
-        )
+        assert r.decision(2).labels_add == ()
 
     def test_measured_against_an_old_main_must_be_re_evaluated(self, rules):
         r = rank_round([contender(1, 1.03), contender(2, 1.2, base=OLD_MAIN)], MAIN, rules)

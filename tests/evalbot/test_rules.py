@@ -19,12 +19,14 @@ from evalbot.rules import (
     load_rules,
     rules_hash,
 )
+from evalbot.stats import PairedEstimate, classify
 
 
-def tier_for_gain(rules, gain: float) -> str | None:
-    """The tier name Rules.tier_for gives (None below the first)."""
-    tier = rules.tier_for(gain)
-    return tier.name if tier else None
+def tier_for_ci_low(rules, ci_low: float) -> str | None:
+    """The tier the verdict's rule (stats.classify over the rules' tier bounds) gives an estimate whose
+    95% CI starts at ci_low, a ratio (None below the first tier)."""
+    est = PairedEstimate(10, ci_low * 1.01, ci_low, ci_low * 1.02, 0.01, 0.01, 0.01, 0.5, 0.95)
+    return classify(est, rules.tier_bounds, rules.gates.no_regression.min_ratio).tier
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +74,9 @@ def test_shipped_defaults(rules):
 
     gpu, cpu = rules.profile("gpu"), rules.profile("cpu")
     assert gpu.device == "cuda" and cpu.device == "cpu"
-    assert gpu.guarded_contexts == gpu.scored_contexts == (128, 512, 4096, 16384, 32768)
-    assert cpu.guarded_contexts == (128, 512)
+    guarded = {p.name: tuple(c.ctx for c in p.contexts if c.guarded) for p in (gpu, cpu)}
+    assert guarded["gpu"] == gpu.scored_contexts == (128, 512, 4096, 16384, 32768)
+    assert guarded["cpu"] == (128, 512)
     assert (gpu.measurement.ci_half_width, cpu.measurement.ci_half_width) == (0.0015, 0.004)
     assert (cpu.measurement.pairs_per_block, cpu.measurement.min_blocks) == (2, 6)
     assert gpu.measurement.min_blocks >= 2 and cpu.quiet.max_wait_s > 0 and gpu.quiet.max_gpu_util > 0
@@ -543,32 +546,33 @@ def test_every_shipped_file_is_known():
 # ---------------------------------------------------------------- pure helpers
 
 
+# A tier's floor is given + 1e-12: the estimate holds the ratio 1 + gain, whose gain can round below it.
 @pytest.mark.parametrize(
     "gain, tier",
     [
         (-0.5, None),
         (0.0, None),
         (0.0199, None),
-        (0.02, "XS"),
+        (0.02 + 1e-12, "XS"),
         (0.0349, "XS"),
-        (0.035, "S"),
+        (0.035 + 1e-12, "S"),
         (0.0599, "S"),
-        (0.06, "M"),
+        (0.06 + 1e-12, "M"),
         (0.1, "L"),
         (0.1799, "L"),
-        (0.18, "XL"),
+        (0.18 + 1e-12, "XL"),
         (3.0, "XL"),
     ],
 )
 def test_tier_for_gain_boundaries(rules, gain, tier):
-    assert tier_for_gain(rules, gain) == tier
+    assert tier_for_ci_low(rules, 1 + gain) == tier
 
 
-@given(st.floats(-1, 1), st.floats(-1, 1))
+@given(st.floats(-0.99, 1), st.floats(-0.99, 1))
 def test_tier_for_gain_is_monotone(rules, a, b):
     order = [None, *(t.name for t in rules.tiers)]
     lo, hi = sorted((a, b))
-    assert order.index(tier_for_gain(rules, lo)) <= order.index(tier_for_gain(rules, hi))
+    assert order.index(tier_for_ci_low(rules, 1 + lo)) <= order.index(tier_for_ci_low(rules, 1 + hi))
 
 
 @pytest.mark.parametrize(

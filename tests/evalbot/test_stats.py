@@ -1,4 +1,4 @@
-"""evalbot.stats: t quantiles, paired estimate, coverage and power in simulation, stopping, tiers, parsing."""
+"""evalbot.stats: t quantiles, paired estimate, coverage and power in simulation (stopping on precision too), tiers, parsing."""
 
 from __future__ import annotations
 
@@ -12,13 +12,11 @@ from hypothesis import strategies as st
 from evalbot.stats import (
     PairedEstimate,
     StatsError,
+    _t_upper_tail,
     classify,
     estimate,
     minimum_detectable_effect,
     read_pairs,
-    run_adaptive,
-    should_stop,
-    t_cdf,
     t_quantile,
 )
 
@@ -81,6 +79,12 @@ def test_t_quantile_closed_forms_and_cdf_round_trip(p):
     assert t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-9, abs=1e-12)
     for df in (0.5, 1, 3, 7.5, 29, 500, 2999, 3001, 1e6, math.inf):
         assert t_cdf(t_quantile(p, df), df) == pytest.approx(p, rel=1e-9, abs=1e-15)
+
+
+def t_cdf(t, df):
+    """P(T <= t), from the upper tail the estimator's p-values are read from."""
+    tail = _t_upper_tail(abs(t), df)
+    return 1.0 - tail if t > 0 else tail
 
 
 def test_t_quantile_rejects_bad_arguments():
@@ -226,23 +230,34 @@ def test_ci_coverage_is_95_percent(n):
     assert 0.93 <= coverage <= 0.97
 
 
+def sample_until_precise(measure_pair, *, target_half_width=0.005, min_pairs=5, max_pairs=30):
+    """Pairs from measure_pair(), one at a time, until the CI's half-width (log units) reaches the target
+    (from min_pairs on) or max_pairs are in: stopping on precision, as the A/B runner does."""
+    pairs = []
+    while len(pairs) < max_pairs:
+        if len(pairs) >= min_pairs and estimate(pairs).half_width <= target_half_width:
+            break
+        pairs.append(measure_pair())
+    return pairs
+
+
 def adaptive_trials(seed, true_ratio, trials=2000, noise=NOISE, max_pairs=30):
-    """run_adaptive on `trials` simulated experiments; returns their AdaptiveRuns."""
+    """The estimates of `trials` simulated experiments, each stopped on precision."""
     base, head = simulate(np.random.default_rng(seed), trials, max_pairs, true_ratio, noise)
     runs = []
     for b, h in zip(base, head, strict=True):
         stream = zip(b.tolist(), h.tolist(), strict=True)
-        runs.append(run_adaptive(lambda s=stream: next(s), max_pairs=max_pairs))
+        runs.append(estimate(sample_until_precise(lambda s=stream: next(s), max_pairs=max_pairs)))
     return runs
 
 
 def test_aa_false_gain_rate_with_adaptive_stopping():
     runs = adaptive_trials(seed=11, true_ratio=1.0)
-    tiers = [classify(r.estimate, TIERS, tolerance=0.98).tier for r in runs]
+    tiers = [classify(r, TIERS, tolerance=0.98).tier for r in runs]
     false_xs = np.mean([t is not None for t in tiers])
-    any_gain = np.mean([r.estimate.ci_low > 1 for r in runs])
-    regressions = np.mean([classify(r.estimate, TIERS, tolerance=0.98).regression for r in runs])
-    mean_n = np.mean([r.estimate.n for r in runs])
+    any_gain = np.mean([r.ci_low > 1 for r in runs])
+    regressions = np.mean([classify(r, TIERS, tolerance=0.98).regression for r in runs])
+    mean_n = np.mean([r.n for r in runs])
     print(
         f"\nA/A at {NOISE:.0%} noise, adaptive (mean n {mean_n:.1f}): false >=XS rate {false_xs:.4f}, "
         f"CI above 1 {any_gain:.4f}, false regression {regressions:.4f}"
@@ -253,17 +268,19 @@ def test_aa_false_gain_rate_with_adaptive_stopping():
 
 def test_true_5_percent_gain_is_detected():
     runs = adaptive_trials(seed=12, true_ratio=1.05)
-    detected = np.mean([classify(r.estimate, TIERS, tolerance=0.98).tier is not None for r in runs])
-    reasons = {reason: sum(r.reason == reason for r in runs) for reason in ("precision", "max_pairs")}
-    print(f"\nTrue +5% at {NOISE:.0%} noise, adaptive: detected as >=XS in {detected:.4f} {reasons}")
+    detected = np.mean([classify(r, TIERS, tolerance=0.98).tier is not None for r in runs])
+    precise = sum(r.half_width <= 0.005 for r in runs)
+    print(
+        f"\nTrue +5% at {NOISE:.0%} noise, adaptive: detected as >=XS in {detected:.4f} ({precise} precise)"
+    )
     assert detected >= 0.95
 
 
 @pytest.mark.parametrize("noise", [0.003, 0.005, NOISE])
 def test_coverage_survives_adaptive_stopping(noise):
     runs = adaptive_trials(seed=13, true_ratio=1.02, noise=noise)
-    coverage = np.mean([r.estimate.ci_low <= 1.02 <= r.estimate.ci_high for r in runs])
-    mean_n = np.mean([r.estimate.n for r in runs])
+    coverage = np.mean([r.ci_low <= 1.02 <= r.ci_high for r in runs])
+    mean_n = np.mean([r.n for r in runs])
     # Stopping on a small observed spread costs a little coverage; min_pairs keeps it near nominal.
     print(f"\nCI coverage under adaptive stopping at {noise:.1%} noise: {coverage:.4f} (mean n {mean_n:.1f})")
     assert coverage >= 0.92
@@ -278,88 +295,6 @@ def test_mde_has_80_percent_power():
     power = float(np.mean(lower > 0))
     print(f"\nPower at the MDE (n={n}, known sd): {power:.4f} (target 0.80)")
     assert 0.76 <= power <= 0.84
-
-
-# --- Stopping ----------------------------------------------------------------------------------
-
-NOISY = [(100.0, 100.0 * (1 + 0.02 * (-1) ** i)) for i in range(40)]  # +-2%: never precise enough
-STEADY = [(100.0 + i, 101.0 + 1.01 * i) for i in range(40)]  # identical ratios: zero spread
-
-
-def test_should_stop_reasons():
-    assert should_stop(STEADY[:4]).reason == "continue"
-    assert should_stop(STEADY[:4]).half_width is None
-    assert should_stop(STEADY[:5]).reason == "precision"
-    assert should_stop(STEADY[:5]).stop
-    assert should_stop(NOISY[:29]).reason == "continue"
-    assert not should_stop(NOISY[:29]).stop
-    assert should_stop(NOISY[:30]).reason == "max_pairs"
-    assert should_stop(NOISY[:30]).half_width > 0.005
-    assert should_stop(STEADY[:30]).reason == "precision"  # both hold: precision is the better news
-    assert should_stop(NOISY[:8], target_half_width=0.5).reason == "precision"
-    assert should_stop([], elapsed_s=10, budget_s=10).reason == "time_budget"
-    assert should_stop(NOISY[:2], elapsed_s=100, budget_s=10).reason == "time_budget"
-
-
-def test_should_stop_keeps_the_next_pair_inside_the_budget():
-    # 4 pairs in 8 s: a fifth would end near 10 s.
-    assert should_stop(NOISY[:4], elapsed_s=8.0, budget_s=9.9).reason == "time_budget"
-    assert should_stop(NOISY[:4], elapsed_s=8.0, budget_s=10.1).reason == "continue"
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"min_pairs": 1}, "min_pairs"),
-        ({"min_pairs": 10, "max_pairs": 9}, "max_pairs"),
-        ({"target_half_width": 0.0}, "target_half_width"),
-        ({"budget_s": 0.0}, "budget_s"),
-        ({"confidence": 1.0}, "confidence"),
-    ],
-)
-def test_should_stop_rejects_bad_settings(kwargs, message):
-    with pytest.raises(StatsError, match=message):
-        should_stop(NOISY[:5], **kwargs)
-
-
-class FakeBench:
-    """A measure_pair that replays pairs and advances a fake clock by `seconds` per pair."""
-
-    def __init__(self, pairs, seconds=1.0):
-        self.pairs, self.seconds, self.now, self.calls = iter(pairs), seconds, 0.0, 0
-
-    def measure(self):
-        self.calls += 1
-        self.now += self.seconds
-        return next(self.pairs)
-
-    def clock(self):
-        return self.now
-
-
-def test_run_adaptive_stops_for_each_reason():
-    bench = FakeBench(STEADY)
-    run = run_adaptive(bench.measure, clock=bench.clock)
-    assert (run.reason, len(run.pairs), bench.calls) == ("precision", 5, 5)
-    assert run.estimate == estimate(STEADY[:5])
-
-    bench = FakeBench(NOISY)
-    run = run_adaptive(bench.measure, max_pairs=12, clock=bench.clock)
-    assert (run.reason, len(run.pairs)) == ("max_pairs", 12)
-    assert run.pairs == tuple(NOISY[:12])
-
-    bench = FakeBench(NOISY)
-    run = run_adaptive(bench.measure, budget_s=10.5, clock=bench.clock)
-    assert (run.reason, len(run.pairs), bench.now) == ("time_budget", 10, 10.0)
-
-
-def test_run_adaptive_errors():
-    bench = FakeBench(NOISY, seconds=30.0)
-    with pytest.raises(StatsError, match="ran out after 1 pair"):
-        run_adaptive(bench.measure, budget_s=50, clock=bench.clock)
-    bad = FakeBench([(100.0, 101.0), (100.0, math.nan)])
-    with pytest.raises(StatsError, match="head is nan"):
-        run_adaptive(bad.measure, clock=bad.clock)
 
 
 # --- Tiers and regressions ---------------------------------------------------------------------

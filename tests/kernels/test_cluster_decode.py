@@ -76,20 +76,6 @@ def test_plan_properties(num_sms, fits):
                     assert s == max(1, most), "as many splits as fill the SMs once"
 
 
-def test_split_table_is_the_heuristic():
-    rows = cd.split_table(max_active_clusters=H200_CLUSTERS)
-    assert rows and all(
-        (r["cluster"], r["clusters"])
-        == cd.split_plan(132, r["batch"], r["kv_heads"], r["ctx"], 128, H200_CLUSTERS)
-        and r["splits"] == r["cluster"] * r["clusters"]
-        for r in rows
-    )
-
-
-# --- fallbacks where the kernel cannot run -------------------------------------------------------
-
-
-@pytest.mark.skipif(CUDA, reason="the CPU's reasons")
 def test_cpu_says_why_the_kernel_cannot_run():
     q = torch.randn(1, 8, 128, dtype=torch.bfloat16)
     kv = torch.randn(1, 2, 64, 128, dtype=torch.bfloat16)
@@ -444,9 +430,8 @@ def test_timeline_summary_from_stamps():
     steps = [0, 500, 1500, 9500, 9700, 9900, None, 10500]  # a CTA that skips "cluster merged"
     first = [cta(1000, steps), cta(1200, steps)]
     second = [cta(12700, steps), cta(13000, steps)]
-    s = bench.summarize(
-        [first, second], bench.__dict__.get("PHASES", None) or tuple(f"p{i}" for i in range(8))
-    )
+    s = bench.summarize([first, second], tuple(f"p{i}" for i in range(8)))
+    assert len(bench.PHASES) == 8  # the kernel's eight stamps
     assert s["calls"] == 1
     assert s["gap_us"] == 1.0 and s["start_spread_us"] == 0.3 and s["cta_us"] == 10.5
     assert s["period_us"] == pytest.approx(11.8)

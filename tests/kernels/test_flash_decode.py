@@ -23,12 +23,64 @@ CUDA = torch.cuda.is_available()
 INTERPRETER_READY = import_triton()
 
 from kernels import flash_decode as fd  # noqa: E402
-from kernels.reference import combine_partials, decode_attention, decode_partials  # noqa: E402
+from kernels.reference import decode_attention  # noqa: E402
 
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 F16, BF16 = torch.float16, torch.bfloat16
 # fp16 rounds p and the output to 11 bits; bf16 to 8, and the interpreter truncates instead of rounding
 TOL = {F16: dict(rel=1e-3, atol=2e-3, rtol=2e-3), BF16: dict(rel=1e-2, atol=2e-2, rtol=2e-2)}
+
+
+# The split kernels' oracle: flash-decode's partials and their merge, in float64 (kernels/reference.py
+# holds the references the engine also runs; these are the tests' alone).
+
+
+def decode_partials(
+    q: torch.Tensor,  # [B, Hq, D]
+    k: torch.Tensor,  # [B, Hkv, S_max, D]
+    v: torch.Tensor,  # [B, Hkv, S_max, D]
+    lengths: torch.Tensor,  # [B] int, valid positions per sequence (>= 1)
+    scale: float,
+    num_splits: int,
+    block_n: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # m, lsum [B, Hq, S]; acc [B, Hq, S, D]
+    """Split-KV partials as flash-decode's first kernel defines them, in float64.
+
+    Split s of sequence b takes the tiles s, s + num_splits, s + 2 * num_splits, ... of its
+    ceil(len/block_n) tiles; an empty split is (m=-inf, lsum=0, acc=0). m is the max scaled score,
+    lsum = sum exp(s - m), acc = sum exp(s - m) v.
+    """
+    b, hq, d = q.shape
+    hkv = k.shape[1]
+    qg = q.double().reshape(b, hkv, hq // hkv, d)
+    m = torch.full((b, hq, num_splits), float("-inf"), dtype=torch.float64)
+    lsum = torch.zeros(b, hq, num_splits, dtype=torch.float64)
+    acc = torch.zeros(b, hq, num_splits, d, dtype=torch.float64)
+    for i, n in enumerate(lengths.tolist()):
+        split_of = (torch.arange(n) // block_n) % num_splits  # the split each position's tile belongs to
+        for s in range(num_splits):
+            positions = (split_of == s).nonzero()[:, 0]
+            if not len(positions):
+                continue
+            scores = qg[i] @ k[i][:, positions].double().transpose(-1, -2) * scale  # [Hkv, G, P]
+            mx = scores.amax(-1, keepdim=True)
+            p = torch.exp(scores - mx)
+            m[i, :, s] = mx.reshape(hq)
+            lsum[i, :, s] = p.sum(-1).reshape(hq)
+            acc[i, :, s] = (p @ v[i][:, positions].double()).reshape(hq, d)
+    return m, lsum, acc
+
+
+def combine_partials(
+    m: torch.Tensor,  # [B, Hq, S] per-split max score, -inf for an empty split
+    lsum: torch.Tensor,  # [B, Hq, S] per-split sum of exp(score - m)
+    acc: torch.Tensor,  # [B, Hq, S, D] per-split sum of exp(score - m) * v
+) -> torch.Tensor:  # [B, Hq, D] in acc's dtype
+    """Merge split-KV partials with the log-sum-exp rescale; empty splits weigh nothing."""
+    w = torch.exp(m - m.amax(-1, keepdim=True))  # [B, Hq, S]; 0 for empty splits
+    used = m > float("-inf")
+    num = torch.where(used[..., None], acc, 0).mul(w[..., None]).sum(-2)
+    return num / (w * lsum).sum(-1, keepdim=True)
 
 
 @pytest.fixture
