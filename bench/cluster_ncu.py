@@ -14,8 +14,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import cluster_decode as cd  # noqa: E402
-from kernels import flash_decode as fd  # noqa: E402
+from kernels import cluster_decode as cd
+from kernels import flash_decode as fd
 
 
 def main() -> None:

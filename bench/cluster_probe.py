@@ -29,7 +29,7 @@ def probe() -> dict:
     from triton.experimental.gluon import language as gl
 
     @gluon.jit
-    def exchange(X, Out):  # noqa: ANN001, N803
+    def exchange(X, Out):
         # one split (row) per CTA: the 16 bases put row i on CTA i
         per_split: gl.constexpr = gl.BlockedLayout(
             [1, 4], [1, 32], [1, 1], [1, 0], [[1, 0], [2, 0], [4, 0], [8, 0]]

@@ -127,7 +127,7 @@ def main() -> None:
                 stamps = [torch.zeros(ctas * 16, dtype=torch.int64, device=dev) for _ in range(args.calls)]
                 outs = [torch.empty_like(s[0]) for s in sets]
 
-                def call(i: int, plan=plan, probe=probe, stamps=stamps, outs=outs, sets=sets, n=n) -> None:  # noqa: ANN001
+                def call(i: int, plan=plan, probe=probe, stamps=stamps, outs=outs, sets=sets, n=n) -> None:
                     q, k, v = sets[i % len(sets)]
                     cd.flash_decode(q, k, v, n, args.d**-0.5, out=outs[i % len(sets)], num_splits=plan[0],
                                     num_clusters=plan[1], probe=probe, stamps=stamps[i])  # fmt: skip
@@ -164,7 +164,7 @@ def table(rows: list[dict]) -> str:
         return ""
     phases = list(rows[0].get("phase_us", {}))
     head = ["ctx", "plan", "probe", "CTAs", "graph µs/call", "period µs", "gap µs", "start spread", "end spread",
-            "stream end spread", "last CTA's epilogue", "CTA µs"] + phases  # fmt: skip
+            "stream end spread", "last CTA's epilogue", "CTA µs", *phases]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in rows:
         cells = [r["ctx"], r["plan"], r["probe"], r["ctas"]] + [

@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 from datetime import date
+from pathlib import Path
 
 
 def run(module: str, model: str, ctx: int, gen: int, threads: int) -> dict:
@@ -43,7 +44,7 @@ def run(module: str, model: str, ctx: int, gen: int, threads: int) -> dict:
 
 def cpu_name() -> str:
     try:
-        for line in open("/proc/cpuinfo"):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:

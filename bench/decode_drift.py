@@ -14,6 +14,7 @@ rises with w, slicing at its minimum cancels the drift that whole requests suffe
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -31,7 +32,7 @@ def allan(log_times: list[float], w: int) -> float:
     means = [statistics.fmean(log_times[i : i + w]) for i in range(0, len(log_times) - w + 1, w)]
     if len(means) < 3:
         return float("nan")
-    diffs = [b - a for a, b in zip(means, means[1:], strict=False)]
+    diffs = [b - a for a, b in itertools.pairwise(means)]
     return statistics.pstdev(diffs) / math.sqrt(2)
 
 

@@ -22,9 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import ops  # noqa: E402
-from engine.config import ModelConfig  # noqa: E402
-from engine.generate import Session, load_random  # noqa: E402
+from engine import ops
+from engine.config import ModelConfig
+from engine.generate import Session, load_random
 
 
 def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:

@@ -122,7 +122,7 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def copy_bandwidth(torch, do_bench) -> float:  # noqa: ANN001
+def copy_bandwidth(torch, do_bench) -> float:
     """Read+write bandwidth of a 1 GiB device-to-device copy, bytes/s."""
     src = torch.randn(2**29, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
@@ -138,7 +138,7 @@ GRAPH_CALLS = 36
 
 def graph_time_us(
     torch, calls: list, replays: int = 20, rounds: int = 7, min_calls: int = GRAPH_CALLS
-) -> float:  # noqa: ANN001
+) -> float:
     """Median time of one call when the calls (one per input copy, cycled) are replayed in a CUDA graph."""
     calls = calls * math.ceil(min_calls / len(calls))
     stream = torch.cuda.Stream()
@@ -167,14 +167,14 @@ def graph_time_us(
 
 def time_ours(
     torch, fd, do_bench, sets, lengths, scale, tile, ref, cuda, rep_ms, stream, timeline=False
-) -> dict:  # noqa: ANN001
+) -> dict:
     """Check one launch config against the reference, then time it (graph; and stream when asked)."""
     q = sets[0][0]
     b, hq, d = q.shape
     ws = fd.FlashDecodeWorkspace.allocate(b, hq, d, tile["num_splits"], q.device)
     outs = [torch.full_like(s[0], float("nan")) for s in sets]
 
-    def run(q, k, v, out):  # noqa: ANN001, ANN202
+    def run(q, k, v, out):
         return fd.flash_decode(q, k, v, lengths, scale, out=out, workspace=ws, **tile)
 
     run(*sets[0], outs[0])
@@ -213,7 +213,7 @@ def time_ours(
     return row
 
 
-def trace_timeline(torch, fd, sets, outs, lengths, scale, ws, cfg) -> dict:  # noqa: ANN001
+def trace_timeline(torch, fd, sets, outs, lengths, scale, ws, cfg) -> dict:
     """Global-timer trace of the last two calls of a graph replay over the input copies.
 
     Every program of both kernels writes its start, its end and its SM; a partial program also when its
@@ -239,7 +239,7 @@ def trace_timeline(torch, fd, sets, outs, lengths, scale, ws, cfg) -> dict:  # n
     np_ = cfg["num_splits"] * b * hkv
     t0 = int(cur[:np_, 0].min())
 
-    def q(x, p: float) -> float:  # noqa: ANN001
+    def q(x, p: float) -> float:
         x = sorted(x)
         return (x[min(len(x) - 1, round(p * (len(x) - 1)))] - t0) / 1e3
 
@@ -267,7 +267,7 @@ def trace_timeline(torch, fd, sets, outs, lengths, scale, ws, cfg) -> dict:  # n
     return out
 
 
-def host_time_us(torch, call, n: int = 300) -> float:  # noqa: ANN001
+def host_time_us(torch, call, n: int = 300) -> float:
     """CPU time to issue one call (the GPU runs behind; the launch queue never fills at this n)."""
     call()
     torch.cuda.synchronize()
@@ -279,7 +279,7 @@ def host_time_us(torch, call, n: int = 300) -> float:  # noqa: ANN001
     return (t1 - t0) / n * 1e6
 
 
-def kernel_times_us(torch, calls: list, rounds: int = 10) -> dict[str, float]:  # noqa: ANN001
+def kernel_times_us(torch, calls: list, rounds: int = 10) -> dict[str, float]:
     """Mean device time per call of each kernel the calls launch (torch.profiler, stream launches)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -299,7 +299,7 @@ def kernel_times_us(torch, calls: list, rounds: int = 10) -> dict[str, float]:  
     }
 
 
-def floor_us(torch, triton, fd, device) -> dict[str, float]:  # noqa: ANN001
+def floor_us(torch, triton, fd, device) -> dict[str, float]:
     """Graph-replayed µs of calls whose data is negligible: what every call pays before reading any KV."""
 
     @triton.jit
@@ -325,7 +325,7 @@ def floor_us(torch, triton, fd, device) -> dict[str, float]:  # noqa: ANN001
     return out
 
 
-def ceiling_us(torch, triton, sets, kv_bytes: int, num_sms: int) -> dict[str, float]:  # noqa: ANN001
+def ceiling_us(torch, triton, sets, kv_bytes: int, num_sms: int) -> dict[str, float]:
     """What moving this problem's bytes costs per call with no attention at all (graph-replayed, same input copies).
 
     ``copy`` copies a buffer the size of K plus V (its bytes moved are read + write); ``read P`` is a
@@ -363,7 +363,7 @@ def _cluster_plan(text: str) -> tuple[int, int]:
     return int(c), int(k or 1)
 
 
-def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: ANN001
+def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:
     """The CUDA cluster kernel: its default and every asked variant, each checked then graph-replayed."""
     q, k, _ = sets[0]
     base = cd.decode_config(q, k)
@@ -426,10 +426,10 @@ def time_cluster(torch, cd, sets, lengths, scale, ref, args) -> dict:  # noqa: A
             "cluster_variants": rows, "cluster_max_active": fits}  # fmt: skip
 
 
-def time_sdpa(torch, F, do_bench, sets, scale, ref, cuda, rep_ms) -> dict:  # noqa: ANN001, N803
+def time_sdpa(torch, F, do_bench, sets, scale, ref, cuda, rep_ms) -> dict:
     """The same problem through torch SDPA with enable_gqa (q as a length-1 query sequence)."""
 
-    def sdpa(q, k, v):  # noqa: ANN001, ANN202
+    def sdpa(q, k, v):
         return F.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale, enable_gqa=True)
 
     row = {"sdpa_max_abs_err": (sdpa(*sets[0])[:, :, 0].float() - ref).abs().max().item()}

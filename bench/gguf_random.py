@@ -27,11 +27,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import gguf  # noqa: E402
+import gguf
 
-from engine.config import ModelConfig  # noqa: E402
-from engine.shapes import SHAPES, shape_config  # noqa: E402
-from engine.synthetic import SPECIALS, train_vocab  # noqa: E402
+from engine.config import ModelConfig
+from engine.shapes import SHAPES, shape_config
+from engine.synthetic import SPECIALS, train_vocab
 
 STD = 0.02
 TRAINED_VOCAB = 512  # the BPE part of the vocabulary; the rest is padding

@@ -59,7 +59,7 @@ class Clock:
             self._read = lambda: pynvml.nvmlDeviceGetClockInfo(self._h, pynvml.NVML_CLOCK_SM)
             self._read()
             self.ok = True
-        except Exception as exc:  # noqa: BLE001 - no NVML: the clock columns stay empty
+        except Exception as exc:
             print(f"no NVML SM clock: {exc}", file=sys.stderr)
             return
         self._stop = threading.Event()

@@ -14,6 +14,7 @@ percentiles, and the share of the variance the longest gaps explain.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import queue
 import random
@@ -46,7 +47,7 @@ def _request(proc, q: queue.Queue, rid: str, prompt: list[int], n: int) -> dict:
         if "tok" in obj:
             stamps.append(t)
         elif obj.get("event") == "done":
-            gaps = [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:], strict=False)]
+            gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(stamps)]
             return {
                 "harness_decode_s": (stamps[-1] - stamps[0]) / 1e9,
                 "engine_decode_s": obj["timings"]["decode_s"],

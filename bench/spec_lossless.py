@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.spec_prompts import SECTIONS, prompt_ids  # noqa: E402
-from engine import speculative as spec  # noqa: E402
-from engine.generate import Session, load  # noqa: E402
+from bench.spec_prompts import SECTIONS, prompt_ids
+from engine import speculative as spec
+from engine.generate import Session, load
 
 
 def main() -> None:

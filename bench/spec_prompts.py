@@ -14,7 +14,7 @@ SECTIONS = {
 }
 
 
-def prompt_ids(tokenizer, section: str, n: int) -> list[int]:  # noqa: ANN001
+def prompt_ids(tokenizer, section: str, n: int) -> list[int]:
     """n token ids of the corpus starting at a named section (wrapping around to the start if needed)."""
     text = corpus_text()
     start = text.index(SECTIONS[section])

@@ -46,15 +46,15 @@ class MissingTensor(GGUFError):
 
 
 __all__ = [
-    "GGUFFile",
-    "GGUFError",
     "BadMagic",
-    "UnsupportedVersion",
+    "GGUFError",
+    "GGUFFile",
+    "MissingTensor",
+    "TensorInfo",
     "TruncatedFile",
     "UnsupportedArchitecture",
-    "MissingTensor",
     "UnsupportedTensorType",
-    "TensorInfo",
+    "UnsupportedVersion",
 ]
 
 

@@ -92,7 +92,7 @@ def _decode_candidates(scale: float) -> list[tuple[str, Any, Any]]:
     """(name, run(q, k, v, lengths, out=), unsupported_reasons(q, k, v, lengths)) in preference order."""
     cluster, triton_fd = _cluster_decode(), _flash_decode()
 
-    def torch_run(q, k, v, lengths, out):  # noqa: ANN001, ANN202
+    def torch_run(q, k, v, lengths, out):
         return out.copy_(reference.decode_attention(q, k, v, lengths, scale))
 
     runs = {
@@ -105,7 +105,7 @@ def _decode_candidates(scale: float) -> list[tuple[str, Any, Any]]:
     return [(name, *runs[name]) for name in DECODE_KERNELS]
 
 
-def _trial_inputs(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, seed: int, timed: bool = True):  # noqa: ANN202
+def _trial_inputs(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, seed: int, timed: bool = True):
     """Parity cases at the shape (full and ragged lengths, NaN past each length) and the timed copies
     (none unless `timed`)."""
     b, hq, d = q.shape

@@ -106,7 +106,7 @@ def build_environ(environ: dict[str, str], jobs: int) -> dict[str, str]:
     }
 
 
-def build_wheel(root: Path | None = None, log=print) -> Path:  # noqa: ANN001
+def build_wheel(root: Path | None = None, log=print) -> Path:
     """The cached wheel, building it from the sdist first when missing (5-25 minutes on 2 cores)."""
     hit = cached_wheel(root)
     if hit is not None:
@@ -223,7 +223,7 @@ def compiled_features(system_info: str) -> dict[str, bool]:
 def identity(llama_cpp: Any = None) -> dict[str, Any]:
     """Version, pinned flags, library digests and compiled features of the llama.cpp in this interpreter."""
     if llama_cpp is None:
-        import llama_cpp  # noqa: PLC0415
+        import llama_cpp
     lib = Path(llama_cpp.__file__).parent / "lib"
     digests = lib_digests(lib) if lib.is_dir() else {}
     raw = llama_cpp.llama_print_system_info()
@@ -292,7 +292,7 @@ def scan_wheel(wheel: Path) -> dict[str, dict[str, int]]:
         return scan_folder(Path(tmp) / "llama_cpp" / "lib")
 
 
-def install(log=print) -> Path:  # noqa: ANN001
+def install(log=print) -> Path:
     """Build (once) and install the pinned portable wheel into this interpreter; the wheel's path."""
     wheel = build_wheel(log=log)
     if installed_matches(wheel):

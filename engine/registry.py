@@ -13,6 +13,7 @@ matches, so a failed or tampered fetch never leaves anything half-written in the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import re
@@ -129,10 +130,8 @@ def model_sha256(path: Path) -> str:
     except (OSError, ValueError):
         pass
     digest = sha256_file(path)
-    try:
+    with contextlib.suppress(OSError):  # a read-only location (e.g. a sandbox) just recomputes next time
         sidecar.write_text(f"{key} {digest}\n")
-    except OSError:
-        pass  # a read-only location (e.g. a sandbox) just recomputes next time
     return digest
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
-__all__ = ["Tokenizer", "TokenizerError", "PRE_TOKENIZER_PATTERNS"]
+__all__ = ["PRE_TOKENIZER_PATTERNS", "Tokenizer", "TokenizerError"]
 
 
 class TokenizerError(ValueError):

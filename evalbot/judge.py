@@ -70,8 +70,9 @@ def receipt(m: Measurements, v: Verdict, key: Ed25519PrivateKey | None) -> dict[
 Evaluator = Callable[[EvalRequest, Path], Judgement]
 
 
-def local_evaluator(rules: Rules, work_root: Path, log: runner.Log, *,
-                    key: Ed25519PrivateKey | None = None) -> Evaluator:  # fmt: skip
+def local_evaluator(
+    rules: Rules, work_root: Path, log: runner.Log, *, key: Ed25519PrivateKey | None = None
+) -> Evaluator:
     """The poller's Evaluator on this box, in-process, exactly as `evalbot evaluate` measures."""
 
     def evaluate(req: EvalRequest, repo: Path) -> Judgement:

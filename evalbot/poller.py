@@ -55,7 +55,9 @@ class BotSettings:
     merge_method: str = "squash"
     ledger_remote: str | None = None  # where FLAGGED.md and blocked-contributors.txt are committed
     force_listing_every: int = 12  # a full (unconditional) listing every this many polls
-    options: RunOptions = RunOptions()  # how each evaluation measures (the profile is the rules')
+    options: RunOptions = field(
+        default_factory=RunOptions
+    )  # how each evaluation measures (the profile is the rules')
     work_dir: Path = Path("evalbot-work")  # where artifacts are unpacked (actions mode)
     lease_ttl_s: float = 120.0  # the store's poller lease lapses this long after the last heartbeat
 
@@ -183,7 +185,7 @@ class Bot:
         try:
             call()
             return None
-        except Exception as exc:  # noqa: BLE001 - one PR, however hostile, never stops the poll
+        except Exception as exc:
             where = f"#{pr}" if pr is not None else "poll"
             note = f"{where}: {step} failed: {type(exc).__name__}: {cap_text(str(exc), 500)}"
             self.log(note)
@@ -311,8 +313,9 @@ class Bot:
             )
             if failed is not None:
                 why = f"{type(failed).__name__}: {cap_text(str(failed), 500)}"
-                self._contained(key.pr, "recording the infra error",
-                                partial(self._evaluation_crashed, key, pr, why))  # fmt: skip
+                self._contained(
+                    key.pr, "recording the infra error", partial(self._evaluation_crashed, key, pr, why)
+                )
 
     def _evaluate(self, key: EvalKey, pr: PullRequest | None, main_sha: str, actions: bool) -> None:
         """Measure (or dispatch) one claimed evaluation."""

@@ -63,8 +63,9 @@ class Publisher:
 
     # --- the one applier ---
 
-    def apply(self, pr: PullRequest, decision: Decision, current: Iterable[str],
-              protected: Iterable[str] = ()) -> set[str]:  # fmt: skip
+    def apply(
+        self, pr: PullRequest, decision: Decision, current: Iterable[str], protected: Iterable[str] = ()
+    ) -> set[str]:
         """Act on one decision, each action once: the labels of its family (less `protected`, which no
         decision takes off) as a set difference, its notice or comment as the PR's one bot comment, its
         commit status, then the close.
@@ -116,8 +117,9 @@ class Publisher:
             self.log(f"#{pr}: edited the bot comment in place")
         return True
 
-    def labels(self, pr: int, head_sha: str, current: Iterable[str], desired: Iterable[str],
-               owned: Iterable[str]) -> LabelChange:  # fmt: skip
+    def labels(
+        self, pr: int, head_sha: str, current: Iterable[str], desired: Iterable[str], owned: Iterable[str]
+    ) -> LabelChange:
         """Bring the bot-owned labels to `desired` (a set difference); returns what changed."""
         change = plan_labels(current, desired, owned)
         if not change:

@@ -349,8 +349,9 @@ class Standing(NamedTuple):
     stopped: str = ""  # why intake does not measure it again
 
 
-def render_comment(verdict: Verdict, measurements: Measurements, *, signature_status: str,
-                   standing: Standing | None = None) -> str:  # fmt: skip
+def render_comment(
+    verdict: Verdict, measurements: Measurements, *, signature_status: str, standing: Standing | None = None
+) -> str:
     """The PR comment (markdown) for one evaluation, with the hidden marker and embedded state."""
     template = _environment().get_template("comment.md.j2")
     return template.render(
@@ -393,12 +394,12 @@ def render_verdict_file(path: str | os.PathLike[str]) -> str:
 
 __all__ = [
     "MARKER",
-    "render_notice",
     "comment_state",
     "escape_md",
     "fenced",
     "find_state",
     "render_comment",
+    "render_notice",
     "render_verdict_file",
 ]
 

@@ -52,7 +52,7 @@ def split_size(max_seq: int, batch: int, n_kv: int, num_sms: int, block_n: int =
 
 
 @functools.cache
-def _kernels(interpret: bool):  # noqa: ANN202 - triton's jit objects
+def _kernels(interpret: bool):
     import triton
     import triton.language as tl
 

@@ -273,7 +273,7 @@ def flash_decode(
     return out
 
 
-def _launch(q, k_cache, v_cache, lengths, scale, out, workspace, cfg, trace=None):  # noqa: ANN001, ANN202
+def _launch(q, k_cache, v_cache, lengths, scale, out, workspace, cfg, trace=None):
     # returns the compiled kernels (None under the interpreter), for the benchmark's resource report
     partial = _launch_partial(q, k_cache, v_cache, lengths, scale, out, workspace, cfg, trace)
     if cfg["num_splits"] == 1:  # nothing to merge: the partial kernel wrote the output itself
@@ -282,7 +282,7 @@ def _launch(q, k_cache, v_cache, lengths, scale, out, workspace, cfg, trace=None
     return partial, _launch_combine(q, out, workspace, cfg, None if trace is None else trace[rows:])
 
 
-def _launch_partial(q, k_cache, v_cache, lengths, scale, out, ws, cfg, trace=None):  # noqa: ANN001, ANN202
+def _launch_partial(q, k_cache, v_cache, lengths, scale, out, ws, cfg, trace=None):
     b, hq, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
@@ -308,7 +308,7 @@ def _launch_partial(q, k_cache, v_cache, lengths, scale, out, ws, cfg, trace=Non
     )  # fmt: skip
 
 
-def _launch_combine(q, out, ws, cfg, trace=None):  # noqa: ANN001, ANN202
+def _launch_combine(q, out, ws, cfg, trace=None):
     b, hq, d = q.shape
     splits = cfg["num_splits"]
     _, combine_kernel = _kernels(_interpreting())

@@ -32,7 +32,7 @@ class _Group(click.Group):
             raise
         except RecursionError as exc:
             raise click.ClickException("the input is nested too deeply to read") from exc
-        except Exception as exc:  # noqa: BLE001 - the last line of defence against a traceback
+        except Exception as exc:
             text = " ".join(str(exc).split())[:500] or "no details"
             raise click.ClickException(f"{type(exc).__name__}: {text}") from exc
 

@@ -110,7 +110,7 @@ def bot_options(f: Callable[..., Any]) -> Callable[..., Any]:
         help="who a hold, clear, block or unblock is recorded as",
     )
     @functools.wraps(f)
-    def wrapper(state, repo, api_url, git_remote, bot_login, rules_dir, dry_run, by, **kw):  # noqa: ANN001, ANN202
+    def wrapper(state, repo, api_url, git_remote, bot_login, rules_dir, dry_run, by, **kw):
         ctx = Ctx(resolve_state(state), repo or None,
                   api_url, git_remote, bot_login, rules_dir, dry_run, by or "maintainer")  # fmt: skip
         return f(ctx, **kw)

@@ -50,7 +50,7 @@ def dashboard() -> None:
 def build(
     out: Path, state: Path | None, ledger_dir: Path | None, git_remote: str | None, per_page: int
 ) -> None:
-    """Build the site: every page is static HTML (no scripts) with its plots beside it."""  # fmt: skip
+    """Build the site: every page is static HTML (no scripts) with its plots beside it."""
     if ledger_dir is not None and git_remote is not None:
         raise click.UsageError("give --ledger-dir or --git-remote, not both")
     path = resolve_state(state)

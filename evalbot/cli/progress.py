@@ -16,7 +16,7 @@ Log = Callable[[str], None]
 Progress = Callable[[dict[str, Any]], None]
 
 
-def _status(state: dict[int, dict[str, Any]], stage: str) -> Any:  # noqa: ANN401
+def _status(state: dict[int, dict[str, Any]], stage: str) -> Any:
     from rich.table import Table
 
     table = Table(title=f"evalbot: {stage}", show_edge=False, expand=False)

@@ -72,8 +72,9 @@ class CopycatScreen:
         self.index.mark_merged(pr, at)
 
     def _times(self, author: str, prefix: str) -> list[datetime]:
-        return [times.parse(s.at) for s in self.store.moderation.strikes(author)
-                if s.reason.startswith(prefix)]  # fmt: skip
+        return [
+            times.parse(s.at) for s in self.store.moderation.strikes(author) if s.reason.startswith(prefix)
+        ]
 
     def __call__(self, pr: PullRequest) -> Decision | None:
         lab, now = self.rules.labels, self.now()

@@ -345,7 +345,7 @@ def forest(estimates: Sequence[ContextEstimate], width: int = 720) -> Forest | N
                 kind,
                 text,
                 clipped=e.ci_low < lo or e.ci_high > hi,
-            )  # fmt: skip
+            )
         )
     bottom = top + row_h * len(rows)
     return Forest(

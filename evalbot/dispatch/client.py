@@ -254,8 +254,9 @@ def _row(handle: DispatchHandle) -> DispatchRow:
 def _record(row: DispatchRow) -> DispatchRecord:
     req = DispatchRequest(row.pr, row.head_sha, row.base_sha, row.profile, row.rules_hash, row.request_id,
                           row.attempt, row.exclude_runners)  # fmt: skip
-    handle = DispatchHandle(req, row.workflow, row.ref, row.dispatched_at, row.deadline, row.run_id,
-                            row.runner_name, row.html_url)  # fmt: skip
+    handle = DispatchHandle(
+        req, row.workflow, row.ref, row.dispatched_at, row.deadline, row.run_id, row.runner_name, row.html_url
+    )
     return DispatchRecord(handle, row.state, row.note, row.retried_as)
 
 

@@ -11,6 +11,7 @@ ticks, usually 10 ms). A meter says which it is and its resolution, so a report 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Sequence
@@ -123,10 +124,8 @@ class CgroupMeter:
             (self.path / "cgroup.kill").write_text("1")
             return
         for pid in self.pids():
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, 9)
-            except OSError:
-                pass
 
     def close(self) -> None:
         """Remove the cgroups once their processes are gone (a few tries: exit is not instant)."""

@@ -9,6 +9,7 @@ past it is checked by the process at its thaw (`served.ServedProcess.thaw`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -72,10 +73,8 @@ def resume_tree(root_pid: int, meter: cpumeter.Meter | None) -> int:
     at = time.monotonic_ns()
     freezer = freezer_of(meter)
     if freezer is not None:
-        try:
+        with contextlib.suppress(OSError):
             freezer.thaw()
-        except OSError:
-            pass
     else:
         for pid in _pids(root_pid):
             _signal(pid, signal.SIGCONT)
@@ -133,7 +132,5 @@ def _await_stopped(pids: set[int], timeout_s: float = 0.5) -> None:
 
 
 def _signal(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -6,6 +6,7 @@ process tree, and a cap on the output it may hand back. Nothing here reads the e
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import os
@@ -20,16 +21,45 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_ALLOW = frozenset(
-    "PATH HOME LANG LC_ALL LC_CTYPE TZ PYTHONHASHSEED OMP_NUM_THREADS MKL_NUM_THREADS CUDA_VISIBLE_DEVICES "
-    "CUDA_DEVICE_ORDER TRITON_CACHE_DIR XDG_CACHE_HOME".split()
+    [
+        "PATH",
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TZ",
+        "PYTHONHASHSEED",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "TRITON_CACHE_DIR",
+        "XDG_CACHE_HOME",
+    ]
 )
 # Checked against the upper-cased name, and applied even to allowlisted names: a secret never crosses.
-DENY_PATTERNS = tuple("*TOKEN* *KEY* *SECRET* *PASSWORD* *CREDENTIAL* GITHUB_* EVALBOT_* AWS_*".split())
+DENY_PATTERNS = tuple(
+    ["*TOKEN*", "*KEY*", "*SECRET*", "*PASSWORD*", "*CREDENTIAL*", "GITHUB_*", "EVALBOT_*", "AWS_*"]
+)
 # Enough of the host for a dynamically linked interpreter. /etc is bound file by file because it may
 # hold the bot's own configuration.
 SYSTEM_PATHS = tuple(
-    "/usr /bin /sbin /lib /lib32 /lib64 /etc/ld.so.cache /etc/ld.so.conf /etc/ld.so.conf.d /etc/alternatives "
-    "/etc/passwd /etc/group /etc/nsswitch.conf /etc/localtime".split()
+    [
+        "/usr",
+        "/bin",
+        "/sbin",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/etc/ld.so.cache",
+        "/etc/ld.so.conf",
+        "/etc/ld.so.conf.d",
+        "/etc/alternatives",
+        "/etc/passwd",
+        "/etc/group",
+        "/etc/nsswitch.conf",
+        "/etc/localtime",
+    ]
 )
 SITE_DIR_NAMES = ("site-packages", "dist-packages")
 GPU_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*")
@@ -160,7 +190,7 @@ def bwrap_argv(
     out = [bwrap, "--die-with-parent", "--new-session", "--unshare-all", "--as-pid-1"]
     if spec.network:
         out.append("--share-net")
-    out += "--cap-drop ALL --hostname sandbox --dev /dev --proc /proc".split()
+    out += ["--cap-drop", "ALL", "--hostname", "sandbox", "--dev", "/dev", "--proc", "/proc"]
     out += ["--size", str(spec.limits.tmp_bytes), "--tmpfs", "/tmp"]
     # Parents before children: a bind under /tmp (pytest's tmp_path) or inside another bind must be
     # mounted after the mount that would otherwise hide it.
@@ -211,7 +241,21 @@ def sandbox_available() -> bool:
     bwrap, prlimit = shutil.which("bwrap"), shutil.which("prlimit")
     if not bwrap or not prlimit:
         return False
-    probe = [bwrap, *"--die-with-parent --unshare-all --ro-bind / / --size 1048576 --tmpfs /tmp --".split()]
+    probe = [
+        bwrap,
+        *[
+            "--die-with-parent",
+            "--unshare-all",
+            "--ro-bind",
+            "/",
+            "/",
+            "--size",
+            "1048576",
+            "--tmpfs",
+            "/tmp",
+            "--",
+        ],
+    ]
     probe += [prlimit, "--core=0", "--", "true"]
     try:
         return (
@@ -423,7 +467,5 @@ def _exited(pid: int) -> bool:
 def _kill_group(pgid: int) -> None:
     # Under bwrap the group holds bwrap alone (--new-session moves the sandbox to its own session);
     # killing bwrap kills the sandbox's pid 1 (--die-with-parent), and with it the whole pid namespace.
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

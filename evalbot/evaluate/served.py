@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import collections
+import contextlib
 import fcntl
 import json
 import os
@@ -222,7 +223,7 @@ class ServedProcess:
         if item is None:
             try:
                 code = self.proc.wait(timeout=5)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 code = None
             raise ServeError(
                 f"{self.label}: the serving process ended"
@@ -378,13 +379,11 @@ class ServedProcess:
                 self.proc.stdin.write(b'{"op":"shutdown"}\n')
                 self.proc.stdin.flush()
                 self.proc.wait(timeout=5)
-            except Exception:  # noqa: BLE001 - it is being killed anyway
+            except Exception:
                 pass
         sandbox.kill_tree(self.proc.pid)
-        try:
+        with contextlib.suppress(Exception):
             self.proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001
-            pass
         if self.meter is not None:
             if isinstance(self.meter, cpumeter.CgroupMeter):
                 try:  # nothing of the engine outlives it: whatever its cgroup still holds is killed

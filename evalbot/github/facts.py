@@ -65,7 +65,7 @@ def co_authors(message: str) -> tuple[str, ...]:
     noreply email, else the name. Read line by line with string operations (linear in the message)."""
     out: list[str] = []
     for line in message.splitlines():
-        if not line[:15].lower() == "co-authored-by:":
+        if line[:15].lower() != "co-authored-by:":
             continue
         name, _, rest = line[15:].partition("<")
         email = rest.split(">", 1)[0].strip()

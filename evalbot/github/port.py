@@ -126,14 +126,14 @@ class GitHubPort(Protocol):
 
 
 __all__ = [
-    "ArtifactRejected",
     "DEFAULT_BASE_URL",
-    "GitHubError",
-    "GitHubPort",
-    "GitHubUnavailable",
     "MAX_ARTIFACT_BYTES",
     "MERGE_METHODS",
     "PER_PAGE",
-    "PatchFetcher",
     "STATUS_DESCRIPTION_MAX",
+    "ArtifactRejected",
+    "GitHubError",
+    "GitHubPort",
+    "GitHubUnavailable",
+    "PatchFetcher",
 ]

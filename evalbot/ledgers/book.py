@@ -68,8 +68,9 @@ class LedgerBook:
         raw = self.store.meta(EXPORTED_KEY)
         exported = _logins(raw)
         known = {e.login for e in self.store.moderation.blocklist_history()}
-        plan = ledgers.reconcile_blocked(listed, exported, [ledgers.BlockedEntry(e.login, e.reason)
-                                                            for e in self.stored()], known)  # fmt: skip
+        plan = ledgers.reconcile_blocked(
+            listed, exported, [ledgers.BlockedEntry(e.login, e.reason) for e in self.stored()], known
+        )
         if self.dry_run:
             self._dry_blocked = plan.blocked
             return plan

@@ -151,8 +151,25 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
 }
 _TABLES = frozenset(
-    "meta evaluations actions strikes blocklist_events rounds round_members ledger holds clears calibrations "
-    "dispatch_runs copycat_prs copycat_postings copycat_lines copycat_main leases".split()
+    [
+        "meta",
+        "evaluations",
+        "actions",
+        "strikes",
+        "blocklist_events",
+        "rounds",
+        "round_members",
+        "ledger",
+        "holds",
+        "clears",
+        "calibrations",
+        "dispatch_runs",
+        "copycat_prs",
+        "copycat_postings",
+        "copycat_lines",
+        "copycat_main",
+        "leases",
+    ]
 )
 
 

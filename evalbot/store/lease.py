@@ -11,6 +11,7 @@ caller says how: the CLI checks for a dead process on this host) is taken over a
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -206,7 +207,5 @@ class LeaseKeeper:
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self._lost is None:
-            try:
+            with contextlib.suppress(StoreError):  # it lapses on its own
                 self.leases.release(self.owner, name=self.name)
-            except StoreError:
-                pass  # it lapses on its own

@@ -117,7 +117,7 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
             f"inconclusive: at ctx {e.context} {e.metric} reads {e.ratio:.3f}x [{e.ci_low:.3f}, {e.ci_high:.3f}]"
             f", below the {rules.gates.no_regression.min_ratio:.2f}x bar but resolved only to {e.mde:.1%} (MDE, "
             f"{e.n} pairs): too imprecise to call a regression; the PR will be measured again"
-            if e.regression and e.mde <= floor.lower_bound or e.metric not in DECODE_METRICS
+            if (e.regression and e.mde <= floor.lower_bound) or e.metric not in DECODE_METRICS
             else f"inconclusive: at ctx {e.context} the A/B pairs resolve only gains of {e.mde:.1%} "
             f"(MDE, {e.n} pairs), above {floor.name}'s floor of {floor.lower_bound:.1%}; the PR will "
             f"be measured again"

@@ -54,7 +54,7 @@ def test_a_wrong_verifier_is_still_caught(tiny):
     prompt = _prompt(tiny.cfg.vocab_size, 150, seed=1)
     ar = s.generate(prompt, 32)
 
-    def off_by_one(logits, drafts, q, params, gen):  # noqa: ANN001, ANN202
+    def off_by_one(logits, drafts, q, params, gen):
         n, extra = spec.verify_greedy(logits, drafts)
         return n, (extra + 1) % logits.shape[-1]
 
@@ -110,7 +110,21 @@ def test_engine_spec_invariant_reports_the_block_mode_and_both_decode_rates():
 
     rec = cli.cmd_spec(
         cli.build_parser().parse_args(
-            "spec --random-weights --shape qwen3-tiny --ngram 3 --ctx 120 --gen 24 --runs 1 --invariant".split()
+            [
+                "spec",
+                "--random-weights",
+                "--shape",
+                "qwen3-tiny",
+                "--ngram",
+                "3",
+                "--ctx",
+                "120",
+                "--gen",
+                "24",
+                "--runs",
+                "1",
+                "--invariant",
+            ]
         )
     )
     assert rec["lossless"] == 1 and rec["lossless_runs"] == 1

@@ -31,7 +31,7 @@ def test_generate(synthetic_qwen3):
     rec, err = run(
         "generate", "--model", str(synthetic_qwen3), "--prompt", "def merge", "--max-new", "12", "--no-stop"
     )
-    assert ENVELOPE <= rec.keys() and rec["schema"] == "evalbot.engine.generate/1"
+    assert rec.keys() >= ENVELOPE and rec["schema"] == "evalbot.engine.generate/1"
     assert rec["model_sha256"] == model_sha256(synthetic_qwen3)
     assert rec["counts"]["new_tokens"] == 12 == len(rec["token_ids"])
     assert rec["config"]["temperature"] == 0.0 and rec["config"]["dtype"] == "float32"

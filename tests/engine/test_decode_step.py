@@ -25,8 +25,8 @@ def decode_then_prefill(lm, n_prompt: int = 24, n_new: int = 6):
     # the decode step: one token per call, its key and value written into the cache inside the step
     new = s.greedy_on_device(first, n_new).tolist()
     ref = Session(lm, 64)
-    logits = ref.forward(prompt + [int(first)] + new[:-1], all_logits=True)
-    return s, ref, [int(first)] + new, logits.argmax(-1)[n_prompt - 1 :].tolist()
+    logits = ref.forward([*prompt, int(first), *new[:-1]], all_logits=True)
+    return s, ref, [int(first), *new], logits.argmax(-1)[n_prompt - 1 :].tolist()
 
 
 def test_decode_step_writes_the_cache_where_prefill_does(gguf):

@@ -70,7 +70,7 @@ def test_compiled_graph_decode_writes_the_cache_like_prefill():
     prompt = torch.randint(0, lm.cfg.vocab_size, (300,), generator=torch.Generator().manual_seed(4)).tolist()
     s = Session(lm, 512, cuda_graph=True)
     first = int(s.forward(prompt).argmax())
-    tokens = [first] + s.greedy_on_device(torch.tensor(first, device="cuda"), 24).tolist()
+    tokens = [first, *s.greedy_on_device(torch.tensor(first, device="cuda"), 24).tolist()]
     ref = Session(lm, 512, cuda_graph=False)
     logits = ref.forward(prompt + tokens[:-1], all_logits=True)
     n = s.length

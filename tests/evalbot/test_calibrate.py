@@ -131,8 +131,9 @@ def test_summary_counts_tiers_and_regressions_per_context_and_leaves_infra_error
 
 
 def test_no_completed_run_gives_no_rows(rules):
-    s = calibrate.summarize([aa_run(rules, 1, {}, failures=(Failure(Side.HARNESS, "sandbox", "no bwrap"),))],
-                            box="b", at=AT)  # fmt: skip
+    s = calibrate.summarize(
+        [aa_run(rules, 1, {}, failures=(Failure(Side.HARNESS, "sandbox", "no bwrap"),))], box="b", at=AT
+    )
     assert s.rows == () and s.completed == 0 and s.verdict_false_positive_rate is None
 
 
@@ -212,8 +213,9 @@ def test_calibrate_cli_on_the_fixture_engine_stores_one_row_per_context(tmp_path
         ("fixture-box", "cpu", fb.MODEL_NAME, 128, 2),
         ("fixture-box", "cpu", fb.MODEL_NAME, 512, 2),
     ]
-    main_sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "main"], capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
+    main_sha = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "main"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     for c in rows:
         assert c.false_positive_rate in (0.0, 0.5, 1.0)
         assert c.mde > 0 and math.isfinite(c.mde) and c.noise_cv >= 0

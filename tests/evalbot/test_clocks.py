@@ -313,7 +313,7 @@ def test_the_meter_counts_children_and_threads(kind):
         for t in threads: t.join()
         child.wait()
     """.replace("CHILD", repr(SPIN.format(s=0.6)))
-    used, wall = _run_metered(kind, _burner(body))
+    used, _wall = _run_metered(kind, _burner(body))
     assert used > 1.6, f"{kind}: {used:.2f} CPU s for two threads and a child, each spinning 0.6 CPU s"
 
 

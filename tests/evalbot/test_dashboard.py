@@ -76,7 +76,7 @@ def _estimates(
                     ratio + half < 0.98,
                     True,
                     ctx == 4096,
-                )  # fmt: skip
+                )
             )
     return tuple(out)
 
@@ -406,8 +406,9 @@ def test_cli_builds_from_a_state_and_a_ledger_dir(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "pages" in result.output and "largest" in result.output
     assert "copies #1" in (tmp_path / "site" / "flagged.html").read_text()
-    missing = CliRunner().invoke(cli_main, ["dashboard", "build", "--out", str(tmp_path / "x"), "--state",
-                                            str(tmp_path / "nope.db")])  # fmt: skip
+    missing = CliRunner().invoke(
+        cli_main, ["dashboard", "build", "--out", str(tmp_path / "x"), "--state", str(tmp_path / "nope.db")]
+    )
     assert missing.exit_code != 0 and "no state" in missing.output
     assert not (tmp_path / "nope.db").exists()
     both = CliRunner().invoke(cli_main, ["dashboard", "build", "--out", str(tmp_path / "y"), "--state",

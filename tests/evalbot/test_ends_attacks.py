@@ -254,7 +254,7 @@ def test_a_line_left_over_from_the_last_request_fails_the_next(fake):
     # ...and is refused as the next request's answer: read before the request went out, or after it
     # (which of the two depends on when the reader thread ran)
     with pytest.raises(
-        serve_error.ServeError, match="'g1' arrived before the request was sent|'g1' while g2"
+        serve_error.ServeError, match=r"'g1' arrived before the request was sent|'g1' while g2"
     ):
         _ends(p)
 

@@ -107,8 +107,9 @@ def test_one_profile_option_takes_its_choices_from_the_rules_in_use(tmp_path):
             result.exit_code == 2 and "'tpu' is not a profile of" in result.output and "cpu" in result.output
         )
     rules = load_rules(default_rules_dir())
-    renamed = dataclasses.replace(rules, profiles=tuple(dataclasses.replace(p, name=f"box-{p.name}")
-                                                        for p in rules.profiles))  # fmt: skip
+    renamed = dataclasses.replace(
+        rules, profiles=tuple(dataclasses.replace(p, name=f"box-{p.name}") for p in rules.profiles)
+    )
     assert check_profile(renamed, "box-cpu").name == "box-cpu"
     with pytest.raises(click.BadParameter, match="defines box-gpu, box-cpu"):
         check_profile(renamed, "cpu")

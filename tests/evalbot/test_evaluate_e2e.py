@@ -120,7 +120,7 @@ def test_a_broken_build_is_the_prs_fault_with_its_log(tmp_path):
 
 def test_main_broken_too_is_infra_not_the_pr(tmp_path):
     repo = _repo_with_branch(tmp_path, "engine/model.py", "\ndef broken(:\n", break_main="engine/model.py")
-    code, result, report = _evaluate(repo, tmp_path)
+    code, result, _report = _evaluate(repo, tmp_path)
     assert code == 3 and result["verdict"]["status"] == "INFRA_ERROR"
     assert (
         "infra-error" in result["verdict"]["labels_add"]

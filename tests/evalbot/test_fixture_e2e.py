@@ -532,7 +532,7 @@ def test_the_runners_signing_key_and_token_are_unreadable_by_the_head(lab: Lab, 
     )
     key.chmod(0o600)
     branch = fb.key_thief_branch([str(key)])
-    with pytest.raises(SystemExit, match="stole: .*signing.pem: -----BEGIN PRIVATE KEY"):
+    with pytest.raises(SystemExit, match=r"stole: .*signing\.pem: -----BEGIN PRIVATE KEY"):
         _hook_code(branch)["_probe"]()  # the control: on the host, the thief gets the key
     fb.add_branch(lab.repo, branch)
     env = {"GITHUB_TOKEN": SECRET, "EVALBOT_RUNNER_KEY_FILE": str(key)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import github
 import pytest
@@ -480,7 +481,7 @@ def test_a_dispatch_answered_204_returns_no_run_id_and_bad_targets_are_refused(g
     assert [r.inputs for r in s.runs.values()] == [{"pr": "5"}]
     with pytest.raises(GitHubError, match="HTTP 422: No ref found for: nowhere"):
         adapter.dispatch_workflow("speed.yml", "nowhere", {})
-    with pytest.raises(GitHubError, match="missing.yml/dispatches: HTTP 404: Not Found"):
+    with pytest.raises(GitHubError, match=re.escape("missing.yml/dispatches: HTTP 404: Not Found")):
         adapter.dispatch_workflow("missing.yml", "pr-5", {})
 
 

@@ -95,7 +95,7 @@ def _track(value: Any, path: tuple[str, ...], reads: _Reads) -> Any:
     if isinstance(value, dict):
         return _TrackedDict(value, path, reads)
     if isinstance(value, list):
-        return [_track(v, path + ("[]",), reads) for v in value]
+        return [_track(v, (*path, "[]"), reads) for v in value]
     return value
 
 
@@ -107,12 +107,12 @@ class _TrackedDict(dict):
         self._path, self._reads = path, reads
 
     def __getitem__(self, key: str) -> Any:
-        self._reads.paths.add(self._path + (key,))
-        return _track(super().__getitem__(key), self._path + (key,), self._reads)
+        self._reads.paths.add((*self._path, key))
+        return _track(super().__getitem__(key), (*self._path, key), self._reads)
 
     def get(self, key: str, default: Any = None) -> Any:
-        self._reads.paths.add(self._path + (key,))
-        return self[key] if key in self else default
+        self._reads.paths.add((*self._path, key))
+        return self.get(key, default)
 
 
 def keys_read(parse: Callable[[Any], Any], body: Any) -> set[tuple[str, ...]]:

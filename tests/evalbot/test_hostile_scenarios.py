@@ -73,7 +73,7 @@ class Contest:
     calls: list[tuple[int, str, str]] = field(default_factory=list)
 
     @property
-    def state(self):  # noqa: ANN201
+    def state(self):
         return self.double.state
 
     def pull(
@@ -115,7 +115,7 @@ class Contest:
         return set(self.state.pulls[number].labels)
 
 
-def make_judgement(rules: Rules, req: EvalRequest, what) -> Judgement:  # noqa: ANN001
+def make_judgement(rules: Rules, req: EvalRequest, what) -> Judgement:
     if isinstance(what, Exception):
         raise what
     if isinstance(what, Measurements):
@@ -228,7 +228,7 @@ def test_an_unfetchable_head_is_that_prs_infra_error_and_the_others_are_publishe
     contest.pull(2, 0.06)
     real = Mirror.fetch_commit
 
-    def flaky(self, sha, ref_hint=None):  # noqa: ANN001, ANN202
+    def flaky(self, sha, ref_hint=None):
         if ref_hint == "refs/pull/1/head":
             raise MirrorError(f"{self.remote} does not serve commit {sha} (ref {ref_hint})")
         return real(self, sha, ref_hint)
@@ -334,7 +334,7 @@ def test_main_moving_between_measurement_and_merge_means_measure_again(contest, 
     contest.pull(1, 0.20)
     real = Bot._maybe_merge
 
-    def main_moves_first(self, pr, rec):  # noqa: ANN001, ANN202
+    def main_moves_first(self, pr, rec):
         contest.repo.commit(
             "main",
             {"README.md": "moved\n"},

@@ -121,8 +121,9 @@ def test_a_precise_but_shallow_prefill_slowdown_is_inconclusive_and_says_why():
     """Prefill (guarded, not scored) reads 0.955x [0.93, 0.977] at an MDE of 3%: not an MDE below 1, so no
     REJECT, and the reason names the slowdown, not a tier floor it has nothing to do with."""
     d = [math.log(0.955) + 0.0335 * (1 if i % 2 else -1) for i in range(12)]
-    prefill = ThroughputPairs("m", 512, "prefill_tps", tuple((10.0, 10.0 * math.exp(x)) for x in d), guarded=True,
-                              scored=False)  # fmt: skip
+    prefill = ThroughputPairs(
+        "m", 512, "prefill_tps", tuple((10.0, 10.0 * math.exp(x)) for x in d), guarded=True, scored=False
+    )
     v = _decide(_fixed(128, 1.0, 0.002), _fixed(512, 1.0, 0.002), prefill)
     by = {e.metric: e for e in v.estimates if e.context == 512}
     e = by["prefill_tps"]

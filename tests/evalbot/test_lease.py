@@ -26,7 +26,7 @@ from evalbot.poller import Bot, BotSettings
 from evalbot.render import MARKER
 from evalbot.store import LeaseHeldError, LeaseKeeper, LeaseLostError, Store
 from tests.evalbot.test_bot_restart import BODY, BOT, fake_evaluator
-from tests.evalbot.test_bot_restart import rules as rules  # noqa: F401 (the fixture)
+from tests.evalbot.test_bot_restart import rules as rules
 from tests.github_double.gitrepo import BareRepo, add_git_pull
 from tests.github_double.serve import serve
 
@@ -156,7 +156,7 @@ def test_the_cli_refuses_a_second_poller_naming_the_holder_before_any_poll(tmp_p
         assert store.leases.current() is None  # taken, then given up when the poll ended
 
 
-def test_two_bots_on_one_store_never_evaluate_or_comment_twice(tmp_path, rules):  # noqa: F811
+def test_two_bots_on_one_store_never_evaluate_or_comment_twice(tmp_path, rules):
     """The first bot is measuring PR #1 when a second one starts on the same file through a symlink: the
     second refuses (its first poll would have taken over the live claim and measured #1 again), and once the
     first has stopped it takes over without repeating anything: one evaluation and one comment per PR."""
@@ -165,15 +165,17 @@ def test_two_bots_on_one_store_never_evaluate_or_comment_twice(tmp_path, rules):
     refused: list[str] = []
     with serve() as double:
         st = double.state
-        repo = BareRepo.create(tmp_path / "remote.git", {"engine/model.py": "x = 0\n", "README.md": "r\n"},
-                               when=st.now)  # fmt: skip
+        repo = BareRepo.create(
+            tmp_path / "remote.git", {"engine/model.py": "x = 0\n", "README.md": "r\n"}, when=st.now
+        )
         st.clone_url = repo.url
         for n, login in ((1, "alice"), (2, "bob")):
             add_git_pull(st, repo, n, {f"engine/part{n}.py": f"y = {n}\n"}, author_login=login, body=BODY)
 
         def make_bot(path: Path, worker: str, evaluate) -> tuple[Bot, Store]:
-            gh = PyGithubAdapter.from_token(double.repo, "ghp_t", base_url=double.base_url, pace=False, timeout=5.0,
-                                            rng=random.Random(0))  # fmt: skip
+            gh = PyGithubAdapter.from_token(
+                double.repo, "ghp_t", base_url=double.base_url, pace=False, timeout=5.0, rng=random.Random(0)
+            )
             store = Store(path)
             settings = BotSettings(bot_login=BOT, worker=worker)
             return Bot(gh, store, rules, settings, Mirror(repo.url, tmp_path / f"mirror-{worker}.git"), evaluate,

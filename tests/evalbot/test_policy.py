@@ -68,7 +68,7 @@ Fixes #12.
 """
 
 
-def said(d) -> str:  # noqa: ANN001
+def said(d) -> str:
     """What the PR is told: a rule's (or intake's) prose rendered by its templates."""
     from evalbot.render import render_prose
 

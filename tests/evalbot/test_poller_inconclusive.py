@@ -33,7 +33,7 @@ def test_an_inconclusive_evaluation_is_measured_again_and_never_merged(github_do
                                     clock=fake_clock.time)  # fmt: skip
     calls: list[str] = []
 
-    def noisy_box(req, path):  # noqa: ANN001, ANN202
+    def noisy_box(req, path):
         calls.append(req.head_sha)
         prov = Provenance(
             repo=str(path),

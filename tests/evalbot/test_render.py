@@ -193,7 +193,7 @@ def case_spec_not_lossless():
                 False,
                 model=TARGET,
                 detail="run 2 first differs from plain decoding at token 17",
-            ),  # fmt: skip
+            ),
             Gate("spec tau", 1.0577, "tau >= 0.95x main", True, model=TARGET),
         ),
         reasons=(

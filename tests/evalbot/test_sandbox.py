@@ -134,7 +134,7 @@ def test_unavailable_sandbox_refuses_to_run(scratch, monkeypatch):
     sandbox.sandbox_available.cache_clear()
     try:
         assert sandbox.sandbox_available() is False
-        with pytest.raises(SandboxUnavailable, match="untrusted code will not run.*--no-sandbox"):
+        with pytest.raises(SandboxUnavailable, match=r"untrusted code will not run.*--no-sandbox"):
             sandbox.run(make_spec(scratch), ["true"])
     finally:
         sandbox.sandbox_available.cache_clear()

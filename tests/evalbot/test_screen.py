@@ -48,8 +48,9 @@ def test_copies_are_closed_with_strikes_until_the_author_is_blocked(tmp_path):
     subprocess.run(["git", "-C", str(main), "add", "-A"], check=True)
     subprocess.run(["git", "-C", str(main), "-c", "user.name=m", "-c", "user.email=m@x", "commit", "-qm", "main"],
                    check=True)  # fmt: skip
-    sha = subprocess.run(["git", "-C", str(main), "rev-parse", "HEAD"], capture_output=True, text=True,
-                         check=True).stdout.strip()  # fmt: skip
+    sha = subprocess.run(
+        ["git", "-C", str(main), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     original = (ROOT / "engine" / "sampling.py").read_text()  # real code, not on this PR's main
     with Store(tmp_path / "state.db") as store:
         screen = CopycatScreen(store, RULES, main)

@@ -85,7 +85,7 @@ def test_the_harness_times_a_real_serving_engine(tmp_path, fixture_model):
         assert ready["protocol"] == "evalbot.serve/1" and p.vocab == 256
         t = p.request({"op": "generate", "prompt_ids": list(range(1, 65)), "max_new": 16}, 30)
         assert len(t.tokens) == 16 and len(t.arrivals_ns) == 16 and t.summary["n"] == 16
-        assert t.prefill_s > 0 and 0 < t.decode_s and t.decode_tps > 0
+        assert t.prefill_s > 0 and t.decode_s > 0 and t.decode_tps > 0
         assert list(t.arrivals_ns) == sorted(t.arrivals_ns)  # the harness's own monotonic clock
         ids = p.request({"op": "tokenize", "text": "abc"}, 30).summary["ids"]
         assert ids == [97, 98, 99]
@@ -183,7 +183,7 @@ def test_run_alone_freezes_every_other_side_while_one_is_timed(tmp_path):
         b.wait_ready(10)
         seen = {}
 
-        def call():  # noqa: ANN202
+        def call():
             seen["a_usage"] = box.measure(a.proc.pid, 0.5, with_gpu=False).own_cores
             return b.request({"op": "generate", "prompt_ids": [1], "max_new": 2}, 10)
 

@@ -154,7 +154,7 @@ def test_foreign_sqlite_database_is_refused(db):
     conn.commit()
     conn.close()
     before = sha(db)
-    with pytest.raises(SchemaError, match="not an evalbot store .*photos"):
+    with pytest.raises(SchemaError, match=r"not an evalbot store .*photos"):
         Store(db)
     assert sha(db) == before
 

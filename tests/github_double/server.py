@@ -327,13 +327,14 @@ def _dispatch(s: GitHubState, r: Request) -> Answer:
 
 def _runs(s: GitHubState, query: dict[str, str], path: str, file: str | None) -> Answer:
     runs = [
-        run for run in sorted(s.runs.values(), key=lambda run: run.id, reverse=True)
+        run
+        for run in sorted(s.runs.values(), key=lambda run: run.id, reverse=True)
         if (file is None or run.workflow_file == file)
         and query.get("head_sha", run.head_sha) == run.head_sha
         and query.get("branch", run.head_branch) == run.head_branch
         and query.get("event", run.event) == run.event
         and query.get("status") in (None, run.status, run.conclusion)
-    ]  # fmt: skip
+    ]
     return _wrapped(s, "workflow_runs", [shapes.run(s, run) for run in runs], query, path)
 
 

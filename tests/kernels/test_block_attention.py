@@ -12,7 +12,7 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("needs triton", allow_module_level=True)
 
-from tests.kernels.triton_interp import import_triton, run_in_fresh_interpreter  # noqa: E402
+from tests.kernels.triton_interp import import_triton, run_in_fresh_interpreter
 
 CUDA = torch.cuda.is_available()
 INTERPRETER_READY = import_triton()

@@ -386,8 +386,9 @@ def test_python_layer_hands_the_binding_its_arguments(monkeypatch):
             cd.flash_decode(
                 qd, kd, kd, n.repeat(2), 0.1, stages=stages, groups=groups, num_splits=4, pdl=True
             )
-            assert binding.launches[-1] == dict(num_splits=4, num_clusters=1, stages=stages, groups=groups,
-                                                pdl=True, probe=0)  # fmt: skip
+            assert binding.launches[-1] == dict(
+                num_splits=4, num_clusters=1, stages=stages, groups=groups, pdl=True, probe=0
+            )
     cd.flash_decode(q, k, k, n, 0.1)
     assert binding.launches[-1] == dict(num_splits=1, num_clusters=16, stages=cd.CONFIGS[128][0][0],
                                         groups=cd.CONFIGS[128][0][1], pdl=cd.PDL_DEFAULT, probe=0)  # fmt: skip
@@ -397,7 +398,7 @@ def test_python_layer_hands_the_binding_its_arguments(monkeypatch):
     cd.max_active_clusters.cache_clear()
 
 
-def _bench(name: str):  # noqa: ANN202
+def _bench(name: str):
     """A bench/ script imported as a module (bench/ is scripts, not a package)."""
     import importlib.util
     from pathlib import Path

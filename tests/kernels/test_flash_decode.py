@@ -288,7 +288,7 @@ def test_combine_program_shape_follows_the_splits():
     q256, k256 = torch.empty(1, 24, 256), torch.empty(1, 4, 16384, 256)
     q64, k64 = torch.empty(1, 16, 64), torch.empty(1, 8, 16384, 64)
 
-    def shape(q, k, splits, **tuning):  # noqa: ANN001, ANN202
+    def shape(q, k, splits, **tuning):
         cfg = fd._resolve(q, k, splits, None, **tuning)
         return cfg["combine_block_d"], cfg["combine_warps"]
 
