@@ -112,7 +112,7 @@ class _TrackedDict(dict):
 
     def get(self, key: str, default: Any = None) -> Any:
         self._reads.paths.add((*self._path, key))
-        return self.get(key, default)
+        return self[key] if key in self else default  # noqa: SIM401 - self[key] tracks what is read below it
 
 
 def keys_read(parse: Callable[[Any], Any], body: Any) -> set[tuple[str, ...]]:

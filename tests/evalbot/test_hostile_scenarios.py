@@ -31,6 +31,7 @@ from evalbot.model import (
 )
 from evalbot.policy.template import parse_body
 from evalbot.poller import Bot, BotSettings
+from evalbot.poller.round_step import RoundStep
 from evalbot.render import COMMENT_MAX_CHARS, MARKER, escape_md
 from evalbot.rules import Rules, default_rules_dir, load_rules, rules_hash
 from evalbot.store import Store
@@ -332,7 +333,7 @@ def test_a_pr_retargeted_to_another_branch_is_never_merged_there(contest):
 
 def test_main_moving_between_measurement_and_merge_means_measure_again(contest, monkeypatch):
     contest.pull(1, 0.20)
-    real = Bot._maybe_merge
+    real = RoundStep.maybe_merge
 
     def main_moves_first(self, pr, rec):
         contest.repo.commit(
@@ -345,7 +346,7 @@ def test_main_moving_between_measurement_and_merge_means_measure_again(contest, 
         contest.state.refs["main"] = contest.repo.rev("main")
         return real(self, pr, rec)
 
-    monkeypatch.setattr(Bot, "_maybe_merge", main_moves_first)
+    monkeypatch.setattr(RoundStep, "maybe_merge", main_moves_first)
     report = contest.bot.poll_once()
     assert not contest.state.pulls[1].merged and report.merged == []
     assert any("main moved since it was measured" in n for n in report.notes), report.notes

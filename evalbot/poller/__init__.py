@@ -15,7 +15,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 
-from evalbot import dispatch, rounds, times
+from evalbot import dispatch, times
 from evalbot.copycat import Screen
 from evalbot.github import GitHubPort
 from evalbot.judge import Evaluator, Judgement
@@ -24,22 +24,20 @@ from evalbot.mirror import Mirror
 from evalbot.model import (
     Decision,
     EvalRequest,
-    MergeOutcome,
     Notice,
     Prose,
     PullRequest,
     RunOptions,
     Status,
     Verdict,
-    WorkflowRun,
     cap_text,
 )
-from evalbot.policy import IntakeContext, TemplateFacts, intake, parse_body
+from evalbot.policy import IntakeContext, TemplateFacts, intake
+from evalbot.poller.round_step import RoundStep
 from evalbot.publish import Publisher
 from evalbot.rules import LabelFamily, Rules
-from evalbot.store import DEFAULT_LEASE_S, EvalKey, EvaluationRecord, LeaseKeeper, Store
+from evalbot.store import DEFAULT_LEASE_S, EvalKey, LeaseKeeper, Store
 from evalbot.store import DEFAULT_MAX_ATTEMPTS as MAX_ATTEMPTS
-from evalbot.verdict import verdict_decision
 
 Log = Callable[[str], None]
 
@@ -105,6 +103,7 @@ class Bot:
         self._polls = 0
         self._listing: tuple[PullRequest, ...] = ()
         self._dispatch_runs: dispatch.DispatchRuns | None = None
+        self._rounds = RoundStep(self)
         # one poller per store, held in the store itself (the caller's keeper, already holding it, or the
         # bot's own, taken at the first poll); `owner_gone` says when another holder no longer runs
         self._lease = (
@@ -133,7 +132,7 @@ class Bot:
         for summary in listing:
             self._contained(summary.number, "intake", partial(self._intake, summary.number, blocked))
         self._work_queue()
-        self._round()
+        self._rounds.run()
         self._contained(None, "blocked ledger", self.book.sync_blocked)
         return p.report
 
@@ -251,7 +250,7 @@ class Bot:
         if intake_decision.stopped_by == "drafts":
             return
         decision = intake_decision.as_decision(self.rules)
-        if not decision.evaluate and decision.close is None and self._verdicts_at_head(pr):
+        if not decision.evaluate and decision.close is None and self._rounds.verdicts_at_head(pr):
             # the round publishes this head's verdict, with why it is not measured again: one comment
             # body a poll, never a notice and a verdict taking turns
             p.stopped[pr.number] = "; ".join(intake_decision.reasons) or str(intake_decision.stopped_by)
@@ -427,138 +426,6 @@ class Bot:
     def _needs_rebase(self, pr: PullRequest, why: str) -> None:
         self._apply(pr, Decision((self.rules.labels.needs_rebase,), tuple(self.rules.owned(LabelFamily.ROUND)),
                                  notice=Notice("rebase", "needs a rebase", (why,))))  # fmt: skip
-
-    # ------------------------------------------------------------------ rounds and merging
-
-    def _verdicts_at_head(self, pr: PullRequest) -> list[EvaluationRecord]:
-        """The finished, judged evaluations of the PR's current head under the current rules: what a
-        round ranks and publishes."""
-        return [r for r in self.store.queue.evaluations(pr=pr.number, state="done")
-                if r.key.head_sha == pr.head_sha and r.verdict is not None
-                and r.verdict.status != Status.SKIPPED and r.key.rules_hash == self.rules.rules_hash]  # fmt: skip
-
-    def _round(self) -> None:
-        """Rank this main's round (pure), publish every verdict with its place, merge the best PASS."""
-        facts, main_sha = self._p.facts, self._p.main_sha
-        contenders, records = [], {}
-        for pr in facts.values():
-            if pr.draft:  # a draft never reaches a round, whatever was measured before it became one
-                continue
-            done = self._verdicts_at_head(pr)
-            if not done:
-                continue
-            latest = max(done, key=lambda r: (r.key.base_sha == main_sha, r.finished_at or ""))
-            records[pr.number] = latest
-            assert latest.verdict is not None  # _verdicts_at_head keeps judged evaluations only
-            contenders.append(rounds.Contender(pr.number, pr.head_sha, latest.key.base_sha, latest.verdict))
-        held = {h.pr for h in self.store.moderation.holds()}
-        ranking = rounds.rank_round(contenders, main_sha, self.rules, held)
-        self._record_round(ranking, facts)
-        owned = self.rules.owned(LabelFamily.ROUND)
-        for d in ranking.decisions:
-            # every verdict is published here, once a poll with its place in the round: a no-op when
-            # GitHub shows it already, and the repair when a crash came between measuring and publishing
-            def publish(d: rounds.RoundDecision = d) -> None:
-                self._relabel(facts[d.pr], d.labels_add, owned)
-                pr, p = facts[d.pr], self._p
-                claim = p.claims.get(pr.number)
-                if claim is None:  # a PR intake did not read this poll (on hold): parse it now, once
-                    claim = p.claims[pr.number] = parse_body(pr.body)
-                decision = verdict_decision(
-                    pr,
-                    records[d.pr],
-                    self.rules,
-                    claim,
-                    cleared=self.store.moderation.cleared(pr.number, pr.head_sha),
-                    round_note=d.comment or "",
-                    stopped=p.stopped.get(pr.number, ""),
-                )
-                if decision is not None:
-                    self._apply(pr, decision)
-
-            self._contained(d.pr, "publishing", publish)
-        # the best PASS merges; when GitHub refuses it (a conflict, a failing required check), the next
-        # one takes its place and the refused PR is told to rebase
-        for place, number in enumerate(ranking.order):
-            outcome: list[str] = []
-
-            def promote(n: int = number) -> None:
-                self._relabel(facts[n], {self.rules.labels.merge_first}, owned)
-
-            def merge(n: int = number, o: list[str] = outcome) -> None:
-                o.append(self._maybe_merge(facts[n], records[n]))
-
-            if place:  # the one before was refused: this PASS takes its place in the round
-                self._contained(number, "promoting", promote)
-            self._contained(number, "merging", merge)
-            if outcome != ["refused"]:
-                break
-
-    def _record_round(self, ranking: rounds.RoundRanking, facts: dict[int, PullRequest]) -> None:
-        """The round against this main, in the store: its ranked PRs and their lower-bound gains."""
-        if self.dry_run or not ranking.order:
-            return
-        round_id = ranking.main_sha
-        self.store.rounds.open_round(round_id, ranking.main_sha)
-        for d in ranking.decisions:
-            if d.pr in ranking.order:
-                self.store.rounds.set_round_member(round_id, d.pr, facts[d.pr].head_sha, d.lower_bound_gain)
-
-    def _ci_runs(self, head_sha: str) -> tuple[WorkflowRun, ...]:
-        workflow = self.rules.automerge.required_ci_workflow
-        if workflow is None:
-            return ()
-        return self.gh.list_workflow_runs(workflow, head_sha=head_sha, limit=20)
-
-    def _maybe_merge(self, pr: PullRequest, rec: EvaluationRecord) -> str:
-        """Merge a round's winner if everything still holds; 'merged', 'refused' (GitHub said no) or 'no'.
-
-        Only what was measured merges, where it was measured: the PR and main are read again first, and
-        the merge goes ahead only with the PR's base still the main branch, its head the measured head and
-        main the measured base. Otherwise the evaluation is queued again.
-        """
-        assert rec.verdict is not None
-        fresh = self.gh.get_pull(pr.number) if not self.dry_run else pr
-        main_now = rec.key.base_sha
-        if not self.dry_run and fresh.base_ref == self.settings.main_branch:
-            self.mirror.fetch()
-            main_now = self.mirror.sha(self.settings.main_branch)
-        blocker = rounds.merge_blocker(rec.verdict, rec.key.head_sha, rec.key.base_sha, fresh, main_now, self.rules,
-                                       main_branch=self.settings.main_branch, automerge_env=self.settings.automerge_env,
-                                       held=self.store.moderation.hold_for(pr.number) is not None)  # fmt: skip
-        if (
-            blocker is None
-        ):  # a speed verdict is no licence to weaken the tests: CI must pass on the measured head
-            ci = rounds.ci_verdict(self._ci_runs(rec.key.head_sha), self.rules)
-            blocker = rounds.MergeBlocker(ci) if ci else None
-        if blocker is not None:
-            self._note(pr.number, f"not merged: {blocker.why}")
-            if blocker.measure_again and not self.dry_run:
-                self.store.queue.enqueue_evaluation(
-                    EvalKey(pr.number, fresh.head_sha, main_now, self.rules.rules_hash)
-                )
-            return "no"
-        title = f"{pr.title} (#{pr.number})"
-        message = f"Merged by evalbot at the measured head {rec.key.head_sha}: {rec.verdict.status.value} {rec.verdict.tier}"
-        result = self.publisher.merge(pr.number, rec.key.head_sha, self.settings.merge_method, title, message)
-        if result is None:
-            return "no"
-        if result.outcome is MergeOutcome.MERGED:
-            gain = rec.verdict.lower_bound_gain
-            self.store.rounds.record_ledger("merge", pr.number, rec.key.head_sha, pr.author, gain, gain)
-            self.store.rounds.close_round(rec.key.base_sha, pr.number)
-            if self.screen is not None:
-                self.screen.mark_merged(pr.number, times.stamp(self.now()))
-            self._p.report.merged.append(pr.number)
-            return "merged"
-        if result.outcome is MergeOutcome.HEAD_MOVED:
-            # never force: the new head is measured like any push
-            self._relabel(pr, {self.rules.labels.re_evaluate}, self.rules.owned(LabelFamily.ROUND))
-            self._note(pr.number, "head moved before the merge; re-evaluating")
-            return "no"
-        self._note(pr.number, f"not mergeable: {result.message}")
-        self._needs_rebase(fresh, f"GitHub refused to merge it: {cap_text(result.message, 300)}")
-        return "refused"
 
 
 def _skipped(rules: Rules, why: str) -> Verdict:
