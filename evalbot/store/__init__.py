@@ -36,7 +36,16 @@ from evalbot.store.db import (
     iso,
     require_tables,
 )
-from evalbot.store.lease import POLLER, LeaseHeldError, LeaseKeeper, LeaseLostError, LeaseRecord, Leases
+from evalbot.store.lease import (
+    POLLER,
+    LeaseHeldError,
+    LeaseKeeper,
+    LeaseLostError,
+    LeaseRecord,
+    Leases,
+    owner_gone,
+    worker_id,
+)
 from evalbot.store.moderation import BlockEvent, Clear, Hold, Moderation, Strike
 from evalbot.store.queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, EvalKey, EvaluationRecord, Queue
 from evalbot.store.rounds import LedgerEntry, Round, RoundMember, Rounds
@@ -76,5 +85,7 @@ __all__ = [
     "action_key",
     "create_copycat_tables",
     "iso",
+    "owner_gone",
     "require_tables",
+    "worker_id",
 ]

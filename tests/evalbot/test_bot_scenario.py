@@ -188,7 +188,7 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
         log: list[str] = []
         measured_then_moved: dict[int, str] = {}
 
-        def make_bot() -> tuple[Bot, Store, PyGithubAdapter]:
+        def make_bot(dead: str | None = None) -> tuple[Bot, Store, PyGithubAdapter]:
             gh = PyGithubAdapter.from_token(double.repo, TOKEN, base_url=double.base_url, pace=False, timeout=5.0,
                                             rng=random.Random(0))  # fmt: skip
             real_merge = gh.merge
@@ -209,8 +209,10 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
             evaluator = local_evaluator(
                 rules, "cpu", tmp_path / "work", log.append, spec=False, accuracy=False
             )
+            # a restart takes over the lease of the bot that died (here: killed in this process), as `evalbot
+            # poll` does for a dead pid of this host
             bot = Bot(gh, store, rules, settings, mirror, evaluator, log.append,
-                      screen=CopycatScreen(store, rules, mirror.path))  # fmt: skip
+                      screen=CopycatScreen(store, rules, mirror.path), owner_gone=lambda owner: owner == dead)  # fmt: skip
             return bot, store, gh
 
         # --- poll 1: intake, evaluations, the round; the winner's head moves before its merge ---------
@@ -236,7 +238,7 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
             bot.poll_once()
         assert [a.kind for a in store.pending_actions()] == ["comment"]  # the edit's outcome is unknown
         store.close()
-        bot, store, gh = make_bot()
+        bot, store, gh = make_bot(dead=bot.settings.worker)
         second = bot.poll_once()
         assert any(line.startswith("reconciled comment") for line in log), log[-40:]
         moved = winner  # merge-first in poll 1; its head moved before the merge, so the merge was refused
