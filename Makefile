@@ -1,6 +1,9 @@
 # Two entry points, each doing its own setup on a fresh machine:
 #   make demo   the main job on the embedded default (CPU, the real 0.5B model, no GitHub token)
 #   make test   lint, import contracts and the test suite
+# and two for the edit loop, which never build llama.cpp nor fetch a model:
+#   make lint   ruff, ruff format, mypy, the import contracts and actionlint
+#   make check  lint, then the unit tests on every core (what it leaves out, it says)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +12,7 @@ NPROC := $(shell nproc 2>/dev/null || echo 2)
 DEMO_MODEL ?= qwen2.5-coder-0.5b
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-clock setup setup-dev models lint clean sandbox browser
+.PHONY: demo test test-clock check setup setup-tools setup-dev models lint clean sandbox browser
 
 # bubblewrap is the sandbox untrusted engine code runs in; without it `evalbot evaluate` refuses to run PR code
 sandbox:
@@ -38,14 +41,19 @@ $(VENV)/.setup-base: pyproject.toml | $(BIN)/python
 	$(PIP) install -e '.[engine,bot]'
 	touch $@
 
+# The dev tools (pytest, ruff, mypy, import-linter, actionlint ...): all that lint and the unit tests need.
+$(VENV)/.setup-tools: $(VENV)/.setup-base pyproject.toml
+	$(PIP) install -e '.[engine,bot,dev]'
+	touch $@
+
 # The reference (llama-cpp-python) builds from its sdist once, on every core, with the pinned portable
 # flags of engine/reference_build.py (the one place they live), into a wheel cached beside pip's cache.
-$(VENV)/.setup-dev: $(VENV)/.setup-base pyproject.toml engine/reference_build.py
-	$(PIP) install -e '.[engine,bot,dev]'
+$(VENV)/.setup-dev: $(VENV)/.setup-tools engine/reference_build.py
 	$(BIN)/python -m engine.reference_build install
 	touch $@
 
 setup: $(VENV)/.setup-base sandbox
+setup-tools: $(VENV)/.setup-tools
 setup-dev: $(VENV)/.setup-dev sandbox
 
 models: setup
@@ -64,8 +72,8 @@ demo: setup-dev models
 	  echo; cat $(DEMO_DIR)/out/report.md; echo; echo "evalbot evaluate exit status: $$status (0 PASS, 1 REJECT, 3 INFRA_ERROR, 4 SKIPPED, 5 INCONCLUSIVE)"; \
 	  test $$status -ne 3 -a -f $(DEMO_DIR)/out/report.md
 
-# ruff (lint and format), mypy, the import contracts and the workflows
-lint: setup-dev
+# ruff (lint and format), mypy, the import contracts and the workflows: the dev tools only, no llama.cpp
+lint: setup-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -94,6 +102,16 @@ test: test-clock setup-dev browser
 
 test-clock:
 	@date +%s > .make-test-t0
+
+# The edit loop: lint, then the unit tests on every core as `make test` runs them. Without the tests that
+# need what only `make test` sets up (the models, llama.cpp) or that take minutes: those marked timing
+# (A/B runs, clocks), slow (the real models; conftest marks every user of the real-model fixtures),
+# reference (llama.cpp) and e2e (`evalbot evaluate` building and serving engines end to end).
+check: setup-tools sandbox
+	$(MAKE) --no-print-directory lint
+	@echo "make check: the unit tests; left to make test: the tests marked timing, slow, reference and e2e"
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+	  -m "not timing and not slow and not reference and not e2e"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .make-test-t0 .make-test-t1 $(DEMO_DIR)

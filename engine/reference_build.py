@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -222,8 +223,8 @@ def compiled_features(system_info: str) -> dict[str, bool]:
 
 def identity(llama_cpp: Any = None) -> dict[str, Any]:
     """Version, pinned flags, library digests and compiled features of the llama.cpp in this interpreter."""
-    if llama_cpp is None:
-        import llama_cpp
+    if llama_cpp is None:  # imported by name: lint type-checks this file where llama.cpp is not built
+        llama_cpp = importlib.import_module("llama_cpp")
     lib = Path(llama_cpp.__file__).parent / "lib"
     digests = lib_digests(lib) if lib.is_dir() else {}
     raw = llama_cpp.llama_print_system_info()

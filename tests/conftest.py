@@ -39,9 +39,14 @@ HEAVY_MODULES_FIRST = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marks added here count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Heaviest modules first (a stable sort: every other test keeps its place); only the order of the
-    queue changes, never what runs."""
+    """Every test that uses the real model (its fixtures fetch it on first use) is marked `slow`, so that
+    `make check` leaves it out; then the heaviest modules first (a stable sort: every other test keeps its
+    place): only the order of the queue changes, never what runs."""
+    for item in items:
+        if "real_model_path" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
     rank = {path: i for i, path in enumerate(HEAVY_MODULES_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LINT = Path(sys.executable).with_name("lint-imports")
 
-pytestmark = pytest.mark.skipif(not LINT.exists(), reason="import-linter is not installed (make setup-dev)")
+pytestmark = pytest.mark.skipif(not LINT.exists(), reason="import-linter is not installed (make setup-tools)")
 
 
 @pytest.fixture(scope="module")

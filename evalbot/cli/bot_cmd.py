@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-import secrets
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -159,29 +157,6 @@ def _existing_pull(ctx: Ctx, pr: int) -> tuple[Any, Any]:
 # ---------------------------------------------------------------- poll
 
 
-def worker_id() -> str:
-    """This process's worker id (host, pid, a random part): a claim names the very process that holds it."""
-    return f"{socket.gethostname()[:40]}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-def owner_gone(owner: str) -> bool:
-    """Whether a lease owner (a worker id, host:pid:random) is a process of this host that no longer runs:
-    its lease is taken over at once instead of when it lapses. Another host's owner is never judged here."""
-    parts = owner.split(":")
-    if len(parts) != 3 or parts[0] != socket.gethostname()[:40] or not parts[1].isdigit():
-        return False
-    pid = int(parts[1])
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 @click.command()
 @bot_options
 @click.option("--once", is_flag=True, help="one pass, then exit (cron); otherwise poll every --interval")
@@ -236,13 +211,11 @@ def _poll(
         bot_login = ctx.bot_login or gh.authenticated_login() or ACTIONS_LOGIN
     except GitHubError as exc:
         raise click.ClickException(f"GitHub: {exc}; nothing was done (or pass --bot-login)") from exc
-    worker = worker_id()
     settings = BotSettings(bot_login=bot_login, automerge_env=automerge_allowed(ctx.rules, os.environ),
-                           ledger_remote=ctx.remote(), worker=worker,
-                           options=RunOptions(max_pairs=max_pairs))  # fmt: skip
+                           ledger_remote=ctx.remote(), options=RunOptions(max_pairs=max_pairs))  # fmt: skip
     with ctx.store() as store:
         # before anything is read from or written to the store: a second poller on it refuses or waits
-        lease = None if ctx.dry_run else _wait_for_lease(store, worker, wait_s, log)
+        lease = None if ctx.dry_run else _wait_for_lease(store, settings.worker, wait_s, log)
         try:
             mirror = Mirror(ctx.remote(), work / "mirror.git")
             bot = Bot(gh, store, ctx.rules, settings, mirror,
@@ -259,7 +232,7 @@ def _wait_for_lease(store: Store, worker: str, wait_s: int, log: Callable[[str],
     """The store's poller lease, held (heartbeat running) by this process; waits up to wait_s while another
     live poller holds it, then refuses naming that holder."""
     from evalbot.poller import BotSettings
-    from evalbot.store import LeaseHeldError, LeaseKeeper
+    from evalbot.store import LeaseHeldError, LeaseKeeper, owner_gone
 
     keeper = LeaseKeeper(store.leases, worker, BotSettings.lease_ttl_s, gone=owner_gone)
     deadline = time.monotonic() + wait_s

@@ -36,7 +36,7 @@ from evalbot.policy import IntakeContext, TemplateFacts, intake
 from evalbot.poller.round_step import RoundStep
 from evalbot.publish import Publisher
 from evalbot.rules import LabelFamily, Rules
-from evalbot.store import DEFAULT_LEASE_S, EvalKey, LeaseKeeper, Store
+from evalbot.store import DEFAULT_LEASE_S, EvalKey, LeaseKeeper, Store, worker_id
 from evalbot.store import DEFAULT_MAX_ATTEMPTS as MAX_ATTEMPTS
 
 Log = Callable[[str], None]
@@ -48,7 +48,7 @@ class BotSettings:
 
     main_branch: str = "main"
     bot_login: str | None = None
-    worker: str = "local"  # `evalbot poll` gives each process its own: host:pid:random
+    worker: str = field(default_factory=worker_id)  # host:pid:random: each bot its own lease and claims
     automerge_env: bool = False  # the operator's EVALBOT_AUTOMERGE=1
     merge_method: str = "squash"
     ledger_remote: str | None = None  # where FLAGGED.md and blocked-contributors.txt are committed

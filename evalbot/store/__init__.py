@@ -48,7 +48,16 @@ from evalbot.store.db import (
     iso,
 )
 from evalbot.store.dispatches import Dispatches, DispatchRow
-from evalbot.store.lease import POLLER, LeaseHeldError, LeaseKeeper, LeaseLostError, LeaseRecord, Leases
+from evalbot.store.lease import (
+    POLLER,
+    LeaseHeldError,
+    LeaseKeeper,
+    LeaseLostError,
+    LeaseRecord,
+    Leases,
+    owner_gone,
+    worker_id,
+)
 from evalbot.store.moderation import BlockEvent, Clear, Hold, Moderation, Strike
 from evalbot.store.queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, EvalKey, EvaluationRecord, Queue
 from evalbot.store.rounds import LedgerEntry, Round, RoundMember, Rounds
@@ -133,4 +142,6 @@ __all__ = [
     "Strike",
     "action_key",
     "iso",
+    "owner_gone",
+    "worker_id",
 ]

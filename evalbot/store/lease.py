@@ -7,11 +7,17 @@ heartbeat (`LeaseKeeper`, a thread with its own connection, so an evaluation tha
 keeps it); a lease whose expiry has passed belongs to nobody, and one whose holder is known to be gone (the
 caller says how: the CLI checks for a dead process on this host) is taken over at once. Every change is one
 `BEGIN IMMEDIATE` transaction, so two contenders never both win.
+
+An owner names the very process (and object) that holds the lease: `worker_id()`, host:pid:random, is the
+default identity of every bot, whoever builds it, so two bots never take each other for themselves.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
+import socket
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -23,6 +29,29 @@ from evalbot import times
 from evalbot.store.db import Db, StoreError, _check_text, transaction
 
 POLLER = "poller"
+
+
+def worker_id() -> str:
+    """A fresh holder identity (host, pid, a random part): a lease or a claim names the very holder."""
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def owner_gone(owner: str) -> bool:
+    """Whether a lease owner (a worker id, host:pid:random) is a process of this host that no longer runs:
+    its lease is taken over at once instead of when it lapses. Another host's owner is never judged here."""
+    parts = owner.split(":")
+    if len(parts) != 3 or parts[0] != socket.gethostname()[:40] or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 class LeaseHeldError(StoreError):

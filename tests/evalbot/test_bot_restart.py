@@ -93,10 +93,9 @@ def run_round(tmp_path, rules, kill_at: int | None) -> tuple[dict, int]:
         writes = 0
         journal: list[str] = []
 
-        def make_bot(arm: bool):
-            gh = PyGithubAdapter.from_token(
-                double.repo, "ghp_t", base_url=double.base_url, pace=False, timeout=5.0, rng=random.Random(0)
-            )
+        def make_bot(arm: bool, dead: str | None = None):
+            gh = PyGithubAdapter.from_token(double.repo, "ghp_t", base_url=double.base_url, pace=False, timeout=5.0,
+                                            rng=random.Random(0))  # fmt: skip
             for name in WRITES:
                 real = getattr(gh, name)
 
@@ -112,8 +111,10 @@ def run_round(tmp_path, rules, kill_at: int | None) -> tuple[dict, int]:
                 setattr(gh, name, counted)
             store = Store(tmp_path / "state.db")
             settings = BotSettings(bot_login=BOT, automerge_env=True)
+            # a restarted process takes over the lease of the one that died, as `evalbot poll` does (its
+            # owner_gone finds the dead pid); here the dead one is this process's killed bot, named by its worker
             bot = Bot(gh, store, rules, settings, Mirror(repo.url, tmp_path / "mirror.git"), fake_evaluator(rules),
-                      lambda _: None)  # fmt: skip
+                      lambda _: None, owner_gone=lambda owner: owner == dead)  # fmt: skip
             return bot, store
 
         def until_quiet(bot: Bot) -> None:
@@ -128,7 +129,7 @@ def run_round(tmp_path, rules, kill_at: int | None) -> tuple[dict, int]:
             until_quiet(bot)
         except Killed:
             store.close()
-            bot, store = make_bot(arm=False)
+            bot, store = make_bot(arm=False, dead=bot.settings.worker)
             until_quiet(bot)
 
         def same_anywhere(body: str) -> str:  # the run's own folder is named in the provenance and state

@@ -191,10 +191,9 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
         log: list[str] = []
         measured_then_moved: dict[int, str] = {}
 
-        def make_bot() -> tuple[Bot, Store, PyGithubAdapter]:
-            gh = PyGithubAdapter.from_token(
-                double.repo, TOKEN, base_url=double.base_url, pace=False, timeout=5.0, rng=random.Random(0)
-            )
+        def make_bot(dead: str | None = None) -> tuple[Bot, Store, PyGithubAdapter]:
+            gh = PyGithubAdapter.from_token(double.repo, TOKEN, base_url=double.base_url, pace=False, timeout=5.0,
+                                            rng=random.Random(0))  # fmt: skip
             real_merge = gh.merge
 
             def merge_after_a_push(number, sha, *a, **kw):
@@ -212,8 +211,10 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
             settings = BotSettings(bot_login=BOT, automerge_env=True, ledger_remote=repo.url,
                                    options=RunOptions(spec=False, accuracy=False))  # fmt: skip
             evaluator = local_evaluator(rules, tmp_path / "work", log.append)
+            # a restart takes over the lease of the bot that died (here: killed in this process), as `evalbot
+            # poll` does for a dead pid of this host
             bot = Bot(gh, store, rules, settings, mirror, evaluator, log.append,
-                      screen=CopycatScreen(store, rules, mirror.path))  # fmt: skip
+                      screen=CopycatScreen(store, rules, mirror.path), owner_gone=lambda owner: owner == dead)  # fmt: skip
             return bot, store, gh
 
         # --- poll 1: intake, evaluations, the round; the winner's head moves before its merge ---------
@@ -241,7 +242,7 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
             "comment"
         ]  # the edit's outcome is unknown
         store.close()
-        bot, store, gh = make_bot()
+        bot, store, gh = make_bot(dead=bot.settings.worker)
         second = bot.poll_once()
         assert any(line.startswith("reconciled comment") for line in log), log[-40:]
         moved = winner  # merge-first in poll 1; its head moved before the merge, so the merge was refused

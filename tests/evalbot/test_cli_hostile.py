@@ -140,7 +140,7 @@ def test_rules_check_on_5000_deep_yaml(tmp_path):
 
 
 def test_worker_ids_differ_between_processes():
-    code = "from evalbot.cli.bot_cmd import worker_id; print(worker_id())"
+    code = "from evalbot.poller import BotSettings; print(BotSettings().worker)"
     ids = {
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout
         for _ in range(3)

@@ -22,6 +22,8 @@ LOOSE_QUIET = """\
 """
 
 ROOT = Path(__file__).resolve().parents[2]
+# builds both sides; the runs on the shipped rules fetch the real model and use llama.cpp
+pytestmark = pytest.mark.e2e
 
 
 def _repo_with_branch(tmp_path: Path, path: str, text: str, break_main: str | None = None) -> Path:

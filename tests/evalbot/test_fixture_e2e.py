@@ -36,6 +36,7 @@ PY = sys.executable
 SECRET = "ghp_fixtureSecret0123456789abcdef"
 
 pytestmark = [
+    pytest.mark.e2e,
     pytest.mark.skipif(
         subprocess.run(
             [

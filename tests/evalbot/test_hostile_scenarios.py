@@ -321,12 +321,12 @@ def test_each_body_is_parsed_once_per_poll(contest, monkeypatch):
 
 def test_a_pr_retargeted_to_another_branch_is_never_merged_there(contest):
     contest.pull(1, 0.20)
-    contest.bot.settings = BotSettings(bot_login=BOT, automerge_env=False)
+    contest.bot.settings = replace(contest.bot.settings, automerge_env=False)
     contest.bot.poll_once()  # measured; auto-merge off for now
     contest.repo.git("branch", "release", "main")
     contest.state.refs["release"] = contest.repo.rev("release")
     contest.state.pulls[1].base_ref = "release"
-    contest.bot.settings = BotSettings(bot_login=BOT, automerge_env=True)
+    contest.bot.settings = replace(contest.bot.settings, automerge_env=True)
     report = contest.bot.poll_once()
     assert not contest.state.pulls[1].merged and report.merged == []
 
@@ -366,18 +366,18 @@ def test_an_unmergeable_winner_gives_way_to_the_next_pass(contest):
 
 def test_a_draft_never_reaches_a_round(contest):
     contest.pull(1, 0.30)
-    contest.bot.settings = BotSettings(bot_login=BOT, automerge_env=False)
+    contest.bot.settings = replace(contest.bot.settings, automerge_env=False)
     contest.bot.poll_once()
     assert contest.rules.labels.merge_first in contest.labels(1)
     contest.state.pulls[1].draft = True
-    contest.bot.settings = BotSettings(bot_login=BOT, automerge_env=True)
+    contest.bot.settings = replace(contest.bot.settings, automerge_env=True)
     report = contest.bot.poll_once()
     assert not contest.state.pulls[1].merged and report.merged == []
 
 
 def test_the_measured_sha_is_named_in_the_receipt_and_report(contest):
     contest.pull(1, 0.05)
-    contest.bot.settings = BotSettings(bot_login=BOT, automerge_env=False)
+    contest.bot.settings = replace(contest.bot.settings, automerge_env=False)
     contest.bot.poll_once()
     [rec] = contest.store.queue.evaluations(pr=1, state="done")
     assert rec.receipt["body"]["measured_sha"] == rec.measurements.provenance.measured_sha
@@ -413,7 +413,7 @@ def test_a_pr_that_changes_the_tests_waits_for_a_maintainer(contest):
 
 def test_what_the_bot_owns_it_restores(contest):
     contest.pull(1, 0.05)
-    contest.bot.settings = BotSettings(bot_login=BOT, automerge_env=False)
+    contest.bot.settings = replace(contest.bot.settings, automerge_env=False)
     contest.bot.poll_once()
     assert contest.rules.labels.verified in contest.labels(1)
     contest.state.pulls[1].labels.remove(contest.rules.labels.verified)  # a human removed it
@@ -483,7 +483,7 @@ def test_a_clear_exempts_one_head_only(contest):
     contest.store.moderation.add_clear(
         1, "maintainer", "mallory's own work", head_sha=contest.state.pulls[1].head_sha
     )
-    contest.bot.settings = BotSettings(bot_login=BOT, automerge_env=False)
+    contest.bot.settings = replace(contest.bot.settings, automerge_env=False)
     contest.bot.poll_once()
     assert contest.state.pulls[1].state == "open" and [c[0] for c in contest.calls] == [1]
     from tests.github_double.gitrepo import push_git_commit

@@ -8,6 +8,7 @@ and both posted a verdict comment. These tests run both scenarios on the real st
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import subprocess
@@ -19,12 +20,11 @@ from pathlib import Path
 import pytest
 
 from evalbot import times
-from evalbot.cli.bot_cmd import owner_gone, worker_id
 from evalbot.github import PyGithubAdapter
 from evalbot.mirror import Mirror
 from evalbot.poller import Bot, BotSettings
 from evalbot.render import MARKER
-from evalbot.store import LeaseHeldError, LeaseKeeper, LeaseLostError, Store
+from evalbot.store import LeaseHeldError, LeaseKeeper, LeaseLostError, Store, owner_gone, worker_id
 from tests.evalbot.test_bot_restart import BODY, BOT, fake_evaluator
 from tests.evalbot.test_bot_restart import rules as rules
 from tests.github_double.gitrepo import BareRepo, add_git_pull
@@ -156,13 +156,19 @@ def test_the_cli_refuses_a_second_poller_naming_the_holder_before_any_poll(tmp_p
         assert store.leases.current() is None  # taken, then given up when the poll ended
 
 
-def test_two_bots_on_one_store_never_evaluate_or_comment_twice(tmp_path, rules):
+@pytest.mark.parametrize(
+    "workers", [("host-a:1:aaaaaa", "host-b:2:bbbbbb"), (None, None)], ids=["named", "library-defaults"]
+)
+def test_two_bots_on_one_store_never_evaluate_or_comment_twice(tmp_path, rules, workers):
     """The first bot is measuring PR #1 when a second one starts on the same file through a symlink: the
     second refuses (its first poll would have taken over the live claim and measured #1 again), and once the
-    first has stopped it takes over without repeating anything: one evaluation and one comment per PR."""
+    first has stopped it takes over without repeating anything: one evaluation and one comment per PR.
+    With the library's default settings too (no worker named): two bots built that way once shared the name
+    `local`, so the second took the first's lease for its own, measured #1 again and posted a second verdict."""
     real, linked, _ = aliases(tmp_path)
     evaluated: list[tuple[str, int]] = []
     refused: list[str] = []
+    made = itertools.count()
     with serve() as double:
         st = double.state
         repo = BareRepo.create(
@@ -172,21 +178,22 @@ def test_two_bots_on_one_store_never_evaluate_or_comment_twice(tmp_path, rules):
         for n, login in ((1, "alice"), (2, "bob")):
             add_git_pull(st, repo, n, {f"engine/part{n}.py": f"y = {n}\n"}, author_login=login, body=BODY)
 
-        def make_bot(path: Path, worker: str, evaluate) -> tuple[Bot, Store]:
-            gh = PyGithubAdapter.from_token(
-                double.repo, "ghp_t", base_url=double.base_url, pace=False, timeout=5.0, rng=random.Random(0)
-            )
+        def make_bot(path: Path, worker: str | None, evaluate) -> tuple[Bot, Store]:
+            gh = PyGithubAdapter.from_token(double.repo, "ghp_t", base_url=double.base_url, pace=False, timeout=5.0,
+                                            rng=random.Random(0))  # fmt: skip
             store = Store(path)
-            settings = BotSettings(bot_login=BOT, worker=worker)
-            return Bot(gh, store, rules, settings, Mirror(repo.url, tmp_path / f"mirror-{worker}.git"), evaluate,
-                       lambda _: None), store  # fmt: skip
+            settings = (
+                BotSettings(bot_login=BOT) if worker is None else BotSettings(bot_login=BOT, worker=worker)
+            )
+            return Bot(gh, store, rules, settings, Mirror(repo.url, tmp_path / f"mirror-{next(made)}.git"),
+                       evaluate, lambda _: None), store  # fmt: skip
 
         honest = fake_evaluator(rules)
 
         def first_evaluates(req, *a):
             evaluated.append(("first", req.pr))
             if req.pr == 1:  # mid-measurement: a careless operator starts a second bot
-                second, store2 = make_bot(linked, "host-b:2:bbbbbb", second_evaluates)
+                second, store2 = make_bot(linked, workers[1], second_evaluates)
                 requests = len(st.requests)
                 with pytest.raises(LeaseHeldError) as err:
                     second.poll_once()
@@ -194,7 +201,7 @@ def test_two_bots_on_one_store_never_evaluate_or_comment_twice(tmp_path, rules):
                 assert len(st.requests) == requests  # it asked GitHub nothing
                 claimed = store2.queue.evaluations(pr=1, state="claimed")
                 assert [r.claimed_by for r in claimed] == [
-                    "host-a:1:aaaaaa"
+                    first.settings.worker
                 ]  # the live claim stays the first's
                 store2.close()
             return honest(req, *a)
@@ -203,12 +210,12 @@ def test_two_bots_on_one_store_never_evaluate_or_comment_twice(tmp_path, rules):
             evaluated.append(("second", req.pr))
             return honest(req, *a)
 
-        first, store1 = make_bot(real, "host-a:1:aaaaaa", first_evaluates)
+        first, store1 = make_bot(real, workers[0], first_evaluates)
         first.poll_once()
-        assert refused and "held by host-a:1:aaaaaa" in refused[0]
+        assert refused and f"held by {first.settings.worker} " in refused[0]
         first.close()  # a clean stop gives the lease up
         store1.close()
-        second, store2 = make_bot(linked, "host-b:2:bbbbbb", second_evaluates)
+        second, store2 = make_bot(linked, workers[1], second_evaluates)
         second.poll_once()
         second.close()
         store2.close()
