@@ -12,7 +12,7 @@ NPROC := $(shell nproc 2>/dev/null || echo 2)
 DEMO_MODEL ?= qwen2.5-coder-0.5b
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-clock check setup setup-tools setup-dev models lint clean sandbox browser
+.PHONY: demo test test-clock test-setup test-models check setup setup-tools setup-dev models lint clean sandbox browser
 
 # bubblewrap is the sandbox untrusted engine code runs in; without it `evalbot evaluate` refuses to run PR code
 sandbox:
@@ -24,7 +24,7 @@ sandbox:
 	  echo "warning: could not install bubblewrap; sandboxed tests will skip and evaluate will refuse PR code"; }
 
 # the dashboard's browser tests drive Debian's chromium through playwright (no browser download)
-browser:
+browser: sandbox
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing chromium"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
@@ -87,8 +87,8 @@ lint: setup-tools
 # clocks, the quiet-box guard) alone, so that no other test is the load they measure. The total time,
 # setup included, is printed at the end.
 PYTEST_WORKERS ?= $(NPROC)
-test: test-clock setup-dev browser
-	$(BIN)/python -m engine.registry fetch $(DEMO_MODEL) qwen2.5-coder-1.5b
+test: test-clock
+	$(MAKE) --no-print-directory -j3 test-setup
 	@echo "make test: setup $$(( $$(date +%s) - $$(cat .make-test-t0) )) s"; date +%s > .make-test-t1
 	$(MAKE) --no-print-directory lint
 	@t2=$$(date +%s); status=0; \
@@ -102,6 +102,13 @@ test: test-clock setup-dev browser
 
 test-clock:
 	@date +%s > .make-test-t0
+
+# The setup of `make test` in parallel: llama.cpp's build takes the cores, the models' download the network,
+# the Debian packages (bubblewrap, then chromium: one apt at a time) the disk.
+test-setup: setup-dev test-models browser
+
+test-models: $(VENV)/.setup-base
+	$(BIN)/python -m engine.registry fetch $(DEMO_MODEL) qwen2.5-coder-1.5b
 
 # The edit loop: lint, then the unit tests on every core as `make test` runs them. Without the tests that
 # need what only `make test` sets up (the models, llama.cpp) or that take minutes: those marked timing
