@@ -12,6 +12,7 @@ import math
 import os
 import re
 import sqlite3
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
@@ -239,7 +240,20 @@ def _check_gain(value: Any, what: str) -> float | None:
     return float(value)
 
 
-class Db:
+class ClosedOnExit(ABC):
+    """Closes on leaving a ``with`` block."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Db(ClosedOnExit):
     """The store's file: one connection, its migrations and its transactions, shared by every part of the
     store (each part owns its tables and runs its SQL through ``write``, ``read`` and ``one``)."""
 
@@ -353,12 +367,6 @@ class Db:
     def close(self) -> None:
         """Close the connection; the WAL is checkpointed by SQLite when the last connection closes."""
         self._conn.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def write(self) -> AbstractContextManager[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction: committed when the block ends, rolled back if it raises."""
