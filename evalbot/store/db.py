@@ -13,14 +13,16 @@ import os
 import re
 import sqlite3
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from evalbot import times
 from evalbot.codec import to_dict
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 10_000
@@ -377,6 +379,10 @@ class Db(ClosedOnExit):
         cur = self._conn.execute(sql, params)
         cur.row_factory = sqlite3.Row
         return cur.fetchall()
+
+    def records(self, record: Callable[..., T], sql: str, params: tuple[Any, ...] = ()) -> list[T]:
+        """The rows of one query, each made into ``record(**columns)``."""
+        return [record(**dict(r)) for r in self.read(sql, params)]
 
     def one(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
         """The first row of one query, or None."""
