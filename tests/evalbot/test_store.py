@@ -221,7 +221,20 @@ def test_the_copycat_and_dispatch_parts_write_whole_or_not_at_all(store, db):
         store.copycat.add(pr, broken(), [11])  # a new push of #7, cut short
     assert store.copycat.postings([1, 2, 3]) == [(1, 7), (2, 7)]
     assert store.copycat.lines_shared([10, 11], 7) == 1
-    row = DispatchRow("r1", 7, HEAD, BASE, RULES, "cpu", 1, ("box-a",), "eval.yml", "main", T0, T0)
+    row = DispatchRow(
+        "r1",
+        7,
+        HEAD,
+        BASE,
+        RULES,
+        "cpu",
+        1,
+        ("box-a",),
+        workflow="eval.yml",
+        ref="main",
+        dispatched_at=T0,
+        deadline=T0,
+    )
     store.dispatches.save(row)
     with pytest.raises(ValueError, match="close\\(\\) state"):
         store.dispatches.close("r1", "dispatching")
