@@ -12,6 +12,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -105,10 +106,7 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
     config = _config(
         lm,
         session,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        seed=params.seed,
+        **asdict(params),  # the sampling parameters as the run used them
         chat=args.chat,
     )
     return _record(
@@ -322,10 +320,7 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
         ctx=args.ctx,
         gen=args.gen,
         runs=args.runs,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        seed=params.seed,
+        **asdict(params),  # the sampling parameters as the run used them
         prompt=(
             "repetitive random ids"
             if lm.random_weights
