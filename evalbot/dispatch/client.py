@@ -237,8 +237,7 @@ class DispatchRuns:
         self, handle: DispatchHandle, state: str, note: str = "", retried_as: str | None = None
     ) -> None:
         """Mark a handle finished, failed or retried (as request ``retried_as``), keeping what was learnt."""
-        self.rows.close(handle.request.request_id, state, note, retried_as=retried_as, run_id=handle.run_id,
-                        runner_name=handle.runner_name)  # fmt: skip
+        self.rows.close(replace(_row(handle), state=state, note=note, retried_as=retried_as))
 
     def in_flight(self) -> list[DispatchHandle]:
         """Handles not yet finished, failed or retried, oldest dispatch first."""

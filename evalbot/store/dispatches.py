@@ -67,26 +67,16 @@ class Dispatches:
                 tuple(values.values()),
             )
 
-    def close(
-        self,
-        request_id: str,
-        state: str,
-        note: str = "",
-        *,
-        retried_as: str | None = None,
-        run_id: int | None = None,
-        runner_name: str | None = None,
-        now: datetime | None = None,
-    ) -> None:
-        """Mark an attempt finished, failed or retried (as ``retried_as``), keeping the run id and runner
-        it had learnt when these are not given."""
-        if state not in CLOSED_STATES:
-            raise ValueError(f"close() state must be one of {', '.join(CLOSED_STATES)}, got {state!r}")
+    def close(self, row: DispatchRow, now: datetime | None = None) -> None:
+        """Mark an attempt finished, failed or retried (as ``row.retried_as``), with its note; the run id
+        and runner it had learnt are kept where the row has none."""
+        if row.state not in CLOSED_STATES:
+            raise ValueError(f"close() state must be one of {', '.join(CLOSED_STATES)}, got {row.state!r}")
         with self._db.write() as conn:
             conn.execute(
                 "UPDATE dispatch_runs SET state = ?, note = ?, retried_as = ?, run_id = coalesce(?, run_id), "
                 "runner_name = coalesce(?, runner_name), updated_at = ? WHERE request_id = ?",
-                (state, note, retried_as, run_id, runner_name, iso(now), request_id),
+                (row.state, row.note, row.retried_as, row.run_id, row.runner_name, iso(now), row.request_id),
             )
 
     def open(self) -> list[DispatchRow]:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -237,8 +238,8 @@ def test_the_copycat_and_dispatch_parts_write_whole_or_not_at_all(store, db):
     )
     store.dispatches.save(row)
     with pytest.raises(ValueError, match="close\\(\\) state"):
-        store.dispatches.close("r1", "dispatching")
-    store.dispatches.close("r1", "failed", "gave up", run_id=5)
+        store.dispatches.close(row)  # still "dispatching"
+    store.dispatches.close(replace(row, state="failed", note="gave up", run_id=5))
     store.close()
     with Store(db) as again:
         assert again.copycat.prs([7]) == {7: pr}
