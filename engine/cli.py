@@ -12,6 +12,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 from engine import generate as gen
-from engine import ops, serve
+from engine import ops, options, serve
 from engine import speculative as spec
 from engine.gguf import GGUFError
 from engine.prompts import tokens_of_length
@@ -105,10 +106,7 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
     config = _config(
         lm,
         session,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        seed=params.seed,
+        **asdict(params),  # the sampling parameters as the run used them
         chat=args.chat,
     )
     return _record(
@@ -322,10 +320,7 @@ def cmd_spec(args: argparse.Namespace) -> dict[str, Any]:
         ctx=args.ctx,
         gen=args.gen,
         runs=args.runs,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        seed=params.seed,
+        **asdict(params),  # the sampling parameters as the run used them
         prompt=(
             "repetitive random ids"
             if lm.random_weights
@@ -384,34 +379,21 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt-file")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--max-new", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    options.add_sampling(g)
     g.add_argument("--no-stop", dest="stop", action="store_false", help="do not stop at end-of-turn tokens")
     g.add_argument("--quiet", action="store_true", help="do not stream tokens to stderr")
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="prefill and decode throughput at a context length")
     common(b, model_required=False)
-    b.add_argument(
-        "--random-weights", action="store_true", help="time a real shape with random weights (no file)"
-    )
-    b.add_argument("--shape", choices=sorted(SHAPES), help="the shape for --random-weights")
+    options.add_random_weights(b)
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument(
-        "--prompt-file", help="prompt text, cut or tiled to --ctx tokens (default: the bundled corpus)"
-    )
+    options.add_prompt_file(b)
     b.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="decode eagerly on CUDA")
     b.add_argument(
         "--num-splits", type=int, default=None, help="pin the flash-decode KV split count (A/B only)"
     )
-    b.add_argument(
-        "--compile",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="torch.compile each layer's dense halves (default: on for CUDA, off for the CPU)",
-    )
+    options.add_compile(b)
     b.add_argument("--ctx", type=int, required=True, help="context tokens before decoding")
     b.add_argument("--gen", type=int, default=32, help="decode steps timed after the context")
     b.add_argument("--runs", type=int, default=1)
@@ -428,10 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
         "spec", help="speculative decoding vs autoregressive: speed, acceptance, losslessness"
     )
     common(sp, model_required=False)
-    sp.add_argument(
-        "--random-weights", action="store_true", help="a real shape with random weights (timing only)"
-    )
-    sp.add_argument("--shape", choices=sorted(SHAPES), help="the shape for --random-weights")
+    options.add_random_weights(sp)
     drafters = sp.add_mutually_exclusive_group(required=True)
     drafters.add_argument("--draft", help="draft model (same tokenizer): registry name or GGUF path")
     drafters.add_argument("--ngram", type=int, help="n-gram prompt lookup with suffixes up to N tokens")
@@ -446,19 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="row-invariant decode and verify (fixed-width blocks): bit-exact losslessness in bf16",
     )
-    sp.add_argument(
-        "--compile",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="torch.compile the layers (default: on CUDA)",
-    )
-    sp.add_argument(
-        "--prompt-file", help="prompt text, cut or tiled to --ctx tokens (default: the bundled corpus)"
-    )
-    sp.add_argument("--temperature", type=float, default=0.0)
-    sp.add_argument("--top-k", type=int, default=0)
-    sp.add_argument("--top-p", type=float, default=1.0)
-    sp.add_argument("--seed", type=int, default=0)
+    options.add_compile(sp)
+    options.add_prompt_file(sp)
+    options.add_sampling(sp)
     sp.set_defaults(func=cmd_spec)
     serve.add_parser(sub)
     return parser

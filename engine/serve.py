@@ -63,7 +63,7 @@ import numpy as np
 import torch
 
 from engine import generate as gen
-from engine import ops
+from engine import ops, options
 from engine import speculative as spec
 from engine.model import TUNINGS
 from engine.sampling import SamplingParams
@@ -363,18 +363,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--model", help="registry name or GGUF path")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--random-weights", action="store_true", help="a real shape with random weights (no file)")
-    p.add_argument("--shape", choices=sorted(SHAPES))
+    options.add_random_weights(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--draft", help="a draft model for spec requests with drafter 'draft'")
     p.add_argument("--max-seq", type=int, required=True, help="the longest prompt + generation to serve")
     p.add_argument("--warmup", type=int, default=2, help="warm-up generations before 'ready'")
-    p.add_argument(
-        "--compile",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="torch.compile the dense halves (default: on for CUDA)",
-    )
+    options.add_compile(p)
     p.add_argument(
         "--tuning",
         choices=TUNINGS,

@@ -29,15 +29,21 @@ class _Family(TypedDict):
     qkv_bias: bool
 
 
-_QWEN3: _Family = dict(
-    arch="qwen3",
-    vocab_size=151936,
-    context_length=40960,
-    rope_base=1e6,
-    rms_eps=1e-6,
-    qk_norm=True,
-    qkv_bias=False,
-)
+def _qwen(arch: str, context_length: int, *, qk_norm: bool, qkv_bias: bool) -> _Family:
+    """A Qwen family: Qwen2 and Qwen3 share the tokenizer's vocabulary, the RoPE base and the norms' epsilon."""
+    return _Family(
+        arch=arch,
+        vocab_size=151936,
+        context_length=context_length,
+        rope_base=1e6,
+        rms_eps=1e-6,
+        qk_norm=qk_norm,
+        qkv_bias=qkv_bias,
+    )
+
+
+_QWEN3 = _qwen("qwen3", 40960, qk_norm=True, qkv_bias=False)
+_QWEN2 = _qwen("qwen2", 32768, qk_norm=False, qkv_bias=True)
 SHAPES: dict[str, ModelConfig] = {
     "qwen3-8b": ModelConfig(
         n_layer=36,
@@ -63,20 +69,7 @@ SHAPES: dict[str, ModelConfig] = {
         context_length=4096,
     ),
     "qwen2.5-0.5b": ModelConfig(
-        arch="qwen2",
-        n_layer=24,
-        d_model=896,
-        n_head=14,
-        n_kv_head=2,
-        head_dim=64,
-        d_ff=4864,
-        vocab_size=151936,
-        context_length=32768,
-        rope_base=1e6,
-        rms_eps=1e-6,
-        qk_norm=False,
-        qkv_bias=True,
-        tied_output=True,
+        n_layer=24, d_model=896, n_head=14, n_kv_head=2, head_dim=64, d_ff=4864, tied_output=True, **_QWEN2
     ),
 }
 

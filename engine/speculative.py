@@ -137,14 +137,10 @@ def verify_greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
 
 
 def verify_sampling(
-    logits: torch.Tensor,
-    drafts: list[int],
-    q: torch.Tensor | None,
-    params: SamplingParams,
-    gen: torch.Generator | None,
+    p: torch.Tensor, drafts: list[int], q: torch.Tensor | None, gen: torch.Generator | None
 ) -> tuple[int, int]:
-    """Rejection sampling: accept x with prob min(1, p(x)/q(x)); on rejection draw from norm(max(p - q, 0))."""
-    p = probabilities(logits, params)  # [k+1, V], the target's distributions after temperature/top-k/top-p
+    """Rejection sampling against the target's distributions p [k+1, V] (after temperature/top-k/top-p):
+    accept x with prob min(1, p(x)/q(x)); on rejection draw from norm(max(p - q, 0))."""
     for i, x in enumerate(drafts):
         q_i = q[i] if q is not None else None
         qx = float(q_i[x]) if q_i is not None else 1.0  # an n-gram draft is one-hot
@@ -174,7 +170,7 @@ def default_verifier(
     """Greedy prefix match at temperature 0, rejection sampling otherwise."""
     if params.greedy:
         return verify_greedy(logits, drafts)
-    return verify_sampling(logits, drafts, q, params, gen)
+    return verify_sampling(probabilities(logits, params), drafts, q, gen)
 
 
 @dataclass

@@ -257,16 +257,10 @@ def _check_confidence(confidence: float) -> None:
         raise StatsError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
 
 
-def _half_width(sd: float, n: int, confidence: float) -> float:
-    return t_quantile(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n)
-
-
-def minimum_detectable_effect(sd_log: float, n: int, alpha: float = 0.025, power: float = MDE_POWER) -> float:
-    """Smallest true gain a one-sided level-alpha test on n log-ratios of spread sd_log detects with `power`."""
-    if n < 2:
-        raise StatsError(f"need at least 2 pairs for a minimum detectable effect, got {n}")
-    shift = (t_quantile(1.0 - alpha, n - 1) + t_quantile(power, n - 1)) * sd_log / math.sqrt(n)
-    return math.expm1(shift)
+def minimum_detectable_effect(se: float, df: float, alpha: float = 0.025, power: float = MDE_POWER) -> float:
+    """Smallest true gain a one-sided level-alpha t-test (df degrees of freedom) on a mean log-ratio of
+    standard error se detects with `power`."""
+    return math.expm1((t_quantile(1.0 - alpha, df) + t_quantile(power, df)) * se)
 
 
 def _t_estimate(units: Sequence[float], n_pairs: int, confidence: float) -> PairedEstimate:
@@ -274,25 +268,7 @@ def _t_estimate(units: Sequence[float], n_pairs: int, confidence: float) -> Pair
     t-interval with len(units) - 1 degrees of freedom, its p-value and MDE on the same units."""
     k = len(units)
     mean, sd = _mean_sd(units)
-    hw = _half_width(sd, k, confidence)
-    if sd == 0.0:
-        # Identical ratios: the sign alone decides; an exact tie is even odds.
-        p_value = 0.5 if abs(mean) <= _LOG_RESOLUTION else (0.0 if mean > 0 else 1.0)
-    else:
-        t_stat = mean / (sd / math.sqrt(k))
-        p_value = _t_upper_tail(t_stat, k - 1) if t_stat >= 0 else 1.0 - _t_upper_tail(-t_stat, k - 1)
-    return PairedEstimate(
-        n=n_pairs,
-        ratio=math.exp(mean),
-        ci_low=math.exp(mean - hw),
-        ci_high=math.exp(mean + hw),
-        half_width=hw,
-        sd_log=sd,
-        # Same test as the tier rule (lower bound above 1), so "detectable" means what the verdict does.
-        mde=minimum_detectable_effect(sd, k, alpha=(1.0 - confidence) / 2.0),
-        p_value=p_value,
-        confidence=confidence,
-    )
+    return _from_se(mean, sd / math.sqrt(k), k - 1, sd, n_pairs, confidence)
 
 
 def estimate(pairs: Sequence[tuple[float, float]], confidence: float = 0.95) -> PairedEstimate:
@@ -331,7 +307,6 @@ def _from_se(mean: float, se: float, df: int, sd: float, n_pairs: int, confidenc
     else:
         t_stat = mean / se
         p_value = _t_upper_tail(t_stat, df) if t_stat >= 0 else 1.0 - _t_upper_tail(-t_stat, df)
-    alpha = (1.0 - confidence) / 2.0
     return PairedEstimate(
         n=n_pairs,
         ratio=math.exp(mean),
@@ -339,7 +314,8 @@ def _from_se(mean: float, se: float, df: int, sd: float, n_pairs: int, confidenc
         ci_high=math.exp(mean + hw),
         half_width=hw,
         sd_log=sd,
-        mde=math.expm1((t_quantile(1.0 - alpha, df) + t_quantile(MDE_POWER, df)) * se),
+        # Same test as the tier rule (lower bound above 1), so "detectable" means what the verdict does.
+        mde=minimum_detectable_effect(se, df, alpha=(1.0 - confidence) / 2.0),
         p_value=p_value,
         confidence=confidence,
     )

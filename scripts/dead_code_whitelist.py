@@ -35,4 +35,5 @@ USED_UNSEEN: dict[str, str] = {
     "own_cores": "evaluate.box.Usage: the evaluation's own cores beside the others' (other_cores decides)",
     "output_truncated": "evaluate.sandbox.RunResult: whether a stream hit its cap (the run is stopped either way)",
     "duration_s": "evaluate.sandbox.RunResult: the run's wall seconds",
+    "sd_log": "stats.PairedEstimate: the log-ratios' spread behind half_width and mde (tests check it)",
 }

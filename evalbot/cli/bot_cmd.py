@@ -385,22 +385,24 @@ def clear(ctx: Ctx, pr: int, reason: str) -> None:
                                f"ledgers: clear #{pr} ({reason})")  # fmt: skip
 
 
-@click.command()
-@bot_options
-@click.argument("user")
-@click.option("--reason", default="blocked by a maintainer", show_default=True)
-def block(ctx: Ctx, user: str, reason: str) -> None:
-    """Block a GitHub login: their PRs (as opener, author or committer) are closed unevaluated."""
-    _block(ctx, user, reason, add=True)
+def _block_command(*, add: bool, help: str) -> click.Command:
+    """`block` or `unblock` a login: one command each, told apart by ``add``."""
+    verb = "block" if add else "unblock"
+
+    @click.command(verb, help=help)
+    @bot_options
+    @click.argument("user")
+    @click.option("--reason", default=f"{verb}ed by a maintainer", show_default=True)
+    def command(ctx: Ctx, user: str, reason: str) -> None:
+        _block(ctx, user, reason, add=add)
+
+    return command
 
 
-@click.command()
-@bot_options
-@click.argument("user")
-@click.option("--reason", default="unblocked by a maintainer", show_default=True)
-def unblock(ctx: Ctx, user: str, reason: str) -> None:
-    """Lift a block."""
-    _block(ctx, user, reason, add=False)
+block = _block_command(
+    add=True, help="Block a GitHub login: their PRs (as opener, author or committer) are closed unevaluated."
+)
+unblock = _block_command(add=False, help="Lift a block.")
 
 
 def _block(ctx: Ctx, user: str, reason: str, *, add: bool) -> None:

@@ -7,13 +7,13 @@ import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from evalbot import receipts, verdict
 from evalbot.codec import from_dict
 from evalbot.judge import Judgement
 from evalbot.model import EvalRequest, Measurements, Status, Verdict, WorkflowRun
+from evalbot.model.github import RunPlacement
 from evalbot.rules import Rules
 
 ARTIFACT_PREFIX = "evalbot-result-"
@@ -84,17 +84,10 @@ def _attempt(pr: int, head_sha: str, base_sha: str, profile: str, rules_hash: st
 
 
 @dataclass(frozen=True)
-class DispatchHandle:
+class DispatchHandle(RunPlacement):
     """A dispatched request: where it went, when it must be done by, and its run once known."""
 
     request: DispatchRequest
-    workflow: str
-    ref: str
-    dispatched_at: datetime
-    deadline: datetime
-    run_id: int | None = None
-    runner_name: str | None = None
-    html_url: str = ""
 
 
 @dataclass(frozen=True)

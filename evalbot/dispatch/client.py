@@ -41,6 +41,18 @@ from evalbot.store import Dispatches, DispatchRow
 # ---------------------------------------------------------------- I/O over the port
 
 
+def _intent(rules: Rules, req: DispatchRequest, now: datetime) -> DispatchHandle:
+    """The handle of req dispatched now under the rules' workflow, ref and timeout; no run yet."""
+    d = rules.dispatch
+    return DispatchHandle(
+        req,
+        workflow=d.workflow,
+        ref=d.ref,
+        dispatched_at=now,
+        deadline=now + timedelta(minutes=d.timeout_minutes),
+    )
+
+
 def dispatch(gh: GitHubPort, rules: Rules, req: DispatchRequest, now: datetime) -> DispatchHandle:
     """Dispatch the workflow for req; GitHubError when GitHub refuses (no run was started).
 
@@ -48,7 +60,7 @@ def dispatch(gh: GitHubPort, rules: Rules, req: DispatchRequest, now: datetime) 
     poll() looks for the request id among the runs until DISCOVERY_S has passed.
     """
     d = rules.dispatch
-    handle = DispatchHandle(req, d.workflow, d.ref, now, now + timedelta(minutes=d.timeout_minutes))
+    handle = _intent(rules, req, now)
     try:
         run_id = gh.dispatch_workflow(d.workflow, d.ref, workflow_inputs(req))
     except GitHubUnavailable:
@@ -225,8 +237,7 @@ class DispatchRuns:
         self, handle: DispatchHandle, state: str, note: str = "", retried_as: str | None = None
     ) -> None:
         """Mark a handle finished, failed or retried (as request ``retried_as``), keeping what was learnt."""
-        self.rows.close(handle.request.request_id, state, note, retried_as=retried_as, run_id=handle.run_id,
-                        runner_name=handle.runner_name)  # fmt: skip
+        self.rows.close(replace(_row(handle), state=state, note=note, retried_as=retried_as))
 
     def in_flight(self) -> list[DispatchHandle]:
         """Handles not yet finished, failed or retried, oldest dispatch first."""
@@ -246,18 +257,14 @@ def _row(handle: DispatchHandle) -> DispatchRow:
     r = handle.request
     return DispatchRow(
         r.request_id, r.pr, r.head_sha, r.base_sha, r.rules_hash, r.profile, r.attempt, r.exclude_runners,
-        handle.workflow, handle.ref, handle.dispatched_at, handle.deadline, handle.run_id, handle.runner_name,
-        handle.html_url,
+        **handle.placement(),
     )  # fmt: skip
 
 
 def _record(row: DispatchRow) -> DispatchRecord:
     req = DispatchRequest(row.pr, row.head_sha, row.base_sha, row.profile, row.rules_hash, row.request_id,
                           row.attempt, row.exclude_runners)  # fmt: skip
-    handle = DispatchHandle(
-        req, row.workflow, row.ref, row.dispatched_at, row.deadline, row.run_id, row.runner_name, row.html_url
-    )
-    return DispatchRecord(handle, row.state, row.note, row.retried_as)
+    return DispatchRecord(DispatchHandle(req, **row.placement()), row.state, row.note, row.retried_as)
 
 
 # ---------------------------------------------------------------- the poller's two entry points
@@ -266,7 +273,7 @@ def _record(row: DispatchRow) -> DispatchRecord:
 def start(gh: GitHubPort, rules: Rules, runs: DispatchRuns, req: DispatchRequest, now: datetime) -> Outcome:
     """Record the request, dispatch it and record the run id: Pending, or Failed when GitHub refuses."""
     d = rules.dispatch
-    intent = DispatchHandle(req, d.workflow, d.ref, now, now + timedelta(minutes=d.timeout_minutes))
+    intent = _intent(rules, req, now)
     runs.save(intent, "dispatching")  # before the call: a crash after it still leaves a handle to find
     try:
         handle = dispatch(gh, rules, req, now)

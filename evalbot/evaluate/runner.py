@@ -136,8 +136,7 @@ def _provenance(req: EvalRequest, ws: Workspace, seed: int, corpus: Path) -> Pro
     return Provenance(repo=str(ws.repo), base_sha=req.base_sha, head_sha=req.head_sha, harness_sha=req.base_sha,
                       measured_sha=req.measured_sha or "", rules_hash=req.rules_hash, profile=req.profile.name,
                       prompt_seed=seed, corpus_sha256=prompts.corpus_sha256(corpus), started_at=box.now(),
-                      pr=req.pr, title=req.title, author=req.author, branch=req.branch,
-                      box=box.identity())  # fmt: skip
+                      box=box.identity(), **req.pr_identity())  # fmt: skip
 
 
 def _reproduce(req: EvalRequest, ws: Workspace, seed: int) -> str:

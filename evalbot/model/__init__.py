@@ -8,7 +8,7 @@ tests can build them by hand. Every type round-trips through ``to_dict`` / ``fro
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from evalbot.model.github import (  # re-exported: the package's data, by topic
@@ -169,8 +169,23 @@ class SpecResult:
     head_tau_steps: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, kw_only=True)
+class PrIdentity:
+    """Which pull request an evaluation is of, as its request and its receipt name it (None and empty for
+    revisions evaluated outside a PR)."""
+
+    pr: int | None = None
+    title: str = ""
+    author: str = ""
+    branch: str = ""
+
+    def pr_identity(self) -> dict[str, Any]:
+        """These fields by name, to carry them from a request to its provenance."""
+        return {f.name: getattr(self, f.name) for f in fields(PrIdentity)}
+
+
 @dataclass(frozen=True)
-class Provenance:
+class Provenance(PrIdentity):
     """Where the numbers came from: revisions, policy, models, engine builds, box, prompts, times."""
 
     repo: str
@@ -191,10 +206,6 @@ class Provenance:
     corpus_sha256: str | None = None
     started_at: str = ""
     finished_at: str = ""
-    pr: int | None = None
-    title: str = ""
-    author: str = ""
-    branch: str = ""
 
 
 @dataclass(frozen=True)
@@ -211,7 +222,7 @@ class RunOptions:
 
 
 @dataclass(frozen=True)
-class EvalRequest:
+class EvalRequest(PrIdentity):
     """One evaluation, carried whole from where it is made (the poller, `evalbot evaluate`, a dispatched
     run) to the receipt: the PR, the revisions (main, the PR's head, and the merge of the two that is
     built and timed, made once by whoever made the request), the rules it is judged under, and how."""
@@ -222,10 +233,6 @@ class EvalRequest:
     rules_hash: str
     profile: Profile
     options: RunOptions = RunOptions()
-    pr: int | None = None
-    title: str = ""
-    author: str = ""
-    branch: str = ""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ sees PyGithub. Plain frozen data, like the rest of ``evalbot.model``."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
 
 # --- GitHub facts (intake turns PyGithub objects into these; nothing downstream sees PyGithub) ----
 
@@ -117,6 +119,24 @@ class WorkflowRun:
     created_at: str = ""
     updated_at: str = ""
     run_attempt: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPlacement:
+    """Where an evaluation was dispatched (workflow and ref), when, until when it must be done, and the run
+    it became once found: what a dispatch handle and the store's row of it share."""
+
+    workflow: str
+    ref: str
+    dispatched_at: datetime
+    deadline: datetime
+    run_id: int | None = None
+    runner_name: str | None = None
+    html_url: str = ""
+
+    def placement(self) -> dict[str, Any]:
+        """These fields by name, to make a handle into a row and back."""
+        return {f.name: getattr(self, f.name) for f in fields(RunPlacement)}
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Self
 
 from evalbot.store.actions import ActionRecord, Actions, action_key
 from evalbot.store.calibrations import Calibration, Calibrations
@@ -40,6 +39,7 @@ from evalbot.store.db import (
     MEMORY,
     SCHEMA_VERSION,
     ActionPendingError,
+    ClosedOnExit,
     CorruptStoreError,
     Db,
     SchemaError,
@@ -63,7 +63,7 @@ from evalbot.store.queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, EvalKey, 
 from evalbot.store.rounds import LedgerEntry, Round, RoundMember, Rounds
 
 
-class Store:
+class Store(ClosedOnExit):
     """The bot's SQLite state. Open with ``Store(path)``; use as a context manager or call ``close()``.
     Its parts share one connection: use the store from the thread that opened it."""
 
@@ -95,12 +95,6 @@ class Store:
     def close(self) -> None:
         """Close the connection; the WAL is checkpointed by SQLite when the last connection closes."""
         self.db.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 __all__ = [

@@ -12,14 +12,17 @@ import math
 import os
 import re
 import sqlite3
-from collections.abc import Iterator
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from evalbot import times
 from evalbot.codec import to_dict
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 10_000
@@ -239,7 +242,20 @@ def _check_gain(value: Any, what: str) -> float | None:
     return float(value)
 
 
-class Db:
+class ClosedOnExit(ABC):
+    """Closes on leaving a ``with`` block."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Db(ClosedOnExit):
     """The store's file: one connection, its migrations and its transactions, shared by every part of the
     store (each part owns its tables and runs its SQL through ``write``, ``read`` and ``one``)."""
 
@@ -354,12 +370,6 @@ class Db:
         """Close the connection; the WAL is checkpointed by SQLite when the last connection closes."""
         self._conn.close()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def write(self) -> AbstractContextManager[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction: committed when the block ends, rolled back if it raises."""
         return transaction(self._conn, self.path)
@@ -369,6 +379,10 @@ class Db:
         cur = self._conn.execute(sql, params)
         cur.row_factory = sqlite3.Row
         return cur.fetchall()
+
+    def records(self, record: Callable[..., T], sql: str, params: tuple[Any, ...] = ()) -> list[T]:
+        """The rows of one query, each made into ``record(**columns)``."""
+        return [record(**dict(r)) for r in self.read(sql, params)]
 
     def one(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
         """The first row of one query, or None."""

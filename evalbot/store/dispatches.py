@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from evalbot import times
+from evalbot.model.github import RunPlacement
 from evalbot.store.db import CorruptStoreError, Db, _check_pr, _check_text, iso
 
 OPEN_STATES = ("dispatching", "in_flight")
@@ -25,7 +26,7 @@ _LEARNT = ("run_id", "runner_name", "html_url", "state", "note", "updated_at")
 
 
 @dataclass(frozen=True)
-class DispatchRow:
+class DispatchRow(RunPlacement):
     """One attempt at one evaluation on the runner pool: what was asked, where, until when, what came of it."""
 
     request_id: str
@@ -36,13 +37,6 @@ class DispatchRow:
     profile: str
     attempt: int
     exclude_runners: tuple[str, ...]
-    workflow: str
-    ref: str
-    dispatched_at: datetime
-    deadline: datetime
-    run_id: int | None = None
-    runner_name: str | None = None
-    html_url: str = ""
     state: str = "dispatching"  # dispatching, in_flight, finished, failed, retried
     note: str = ""
     retried_as: str | None = None  # the request id of the attempt that replaced this one
@@ -73,26 +67,16 @@ class Dispatches:
                 tuple(values.values()),
             )
 
-    def close(
-        self,
-        request_id: str,
-        state: str,
-        note: str = "",
-        *,
-        retried_as: str | None = None,
-        run_id: int | None = None,
-        runner_name: str | None = None,
-        now: datetime | None = None,
-    ) -> None:
-        """Mark an attempt finished, failed or retried (as ``retried_as``), keeping the run id and runner
-        it had learnt when these are not given."""
-        if state not in CLOSED_STATES:
-            raise ValueError(f"close() state must be one of {', '.join(CLOSED_STATES)}, got {state!r}")
+    def close(self, row: DispatchRow, now: datetime | None = None) -> None:
+        """Mark an attempt finished, failed or retried (as ``row.retried_as``), with its note; the run id
+        and runner it had learnt are kept where the row has none."""
+        if row.state not in CLOSED_STATES:
+            raise ValueError(f"close() state must be one of {', '.join(CLOSED_STATES)}, got {row.state!r}")
         with self._db.write() as conn:
             conn.execute(
                 "UPDATE dispatch_runs SET state = ?, note = ?, retried_as = ?, run_id = coalesce(?, run_id), "
                 "runner_name = coalesce(?, runner_name), updated_at = ? WHERE request_id = ?",
-                (state, note, retried_as, run_id, runner_name, iso(now), request_id),
+                (row.state, row.note, row.retried_as, row.run_id, row.runner_name, iso(now), row.request_id),
             )
 
     def open(self) -> list[DispatchRow]:
@@ -137,6 +121,7 @@ def _row(r: sqlite3.Row) -> DispatchRow:
         ) from None
     return DispatchRow(
         r["request_id"], r["pr"], r["head_sha"], r["base_sha"], r["rules_hash"], r["profile"], r["attempt"],
-        tuple(excluded), r["workflow"], r["ref"], times.parse(r["dispatched_at"]), times.parse(r["deadline"]),
-        r["run_id"], r["runner_name"], r["html_url"], r["state"], r["note"], r["retried_as"],
+        tuple(excluded), r["state"], r["note"], r["retried_as"], workflow=r["workflow"], ref=r["ref"],
+        dispatched_at=times.parse(r["dispatched_at"]), deadline=times.parse(r["deadline"]), run_id=r["run_id"],
+        runner_name=r["runner_name"], html_url=r["html_url"],
     )  # fmt: skip

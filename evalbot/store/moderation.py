@@ -69,12 +69,12 @@ class Moderation:
 
     def strikes(self, author: str | None = None, since: datetime | None = None) -> list[Strike]:
         """Strikes, oldest first, optionally of one author (any case) and from a moment on."""
-        rows = self._db.read(
+        return self._db.records(
+            Strike,
             "SELECT author, pr, reason, at FROM strikes "
             "WHERE (? IS NULL OR author = ?) AND (? IS NULL OR julianday(at) >= julianday(?)) ORDER BY julianday(at), id",
             (author, author, *[None if since is None else iso(since)] * 2),
         )
-        return [Strike(**dict(r)) for r in rows]
 
     def block(self, login: str, reason: str, by: str, now: datetime | None = None) -> bool:
         """Block a login; False if it is already blocked. Every block and unblock is kept."""
@@ -106,20 +106,20 @@ class Moderation:
 
     def blocklist(self) -> list[BlockEvent]:
         """The logins blocked now, each with the event that blocked it."""
-        rows = self._db.read(
+        return self._db.records(
+            BlockEvent,
             "SELECT login, event, reason, by, at FROM blocklist_events e WHERE id = "
-            "(SELECT max(id) FROM blocklist_events WHERE login = e.login) AND event = 'block' ORDER BY login"
+            "(SELECT max(id) FROM blocklist_events WHERE login = e.login) AND event = 'block' ORDER BY login",
         )
-        return [BlockEvent(**dict(r)) for r in rows]
 
     def blocklist_history(self, login: str | None = None) -> list[BlockEvent]:
         """Every block and unblock, oldest first."""
-        rows = self._db.read(
+        return self._db.records(
+            BlockEvent,
             "SELECT login, event, reason, by, at FROM blocklist_events "
             "WHERE (? IS NULL OR login = ?) ORDER BY id",
             (login, login),
         )
-        return [BlockEvent(**dict(r)) for r in rows]
 
     def hold(self, pr: int, by: str, reason: str, now: datetime | None = None) -> bool:
         """Put a PR on hold (a maintainer's ``hold PR``); False if it is already held."""
@@ -176,11 +176,11 @@ class Moderation:
 
     def clears(self, pr: int | None = None) -> list[Clear]:
         """Clears, oldest first, optionally of one PR."""
-        rows = self._db.read(
+        return self._db.records(
+            Clear,
             "SELECT pr, by, reason, at, head_sha FROM clears WHERE (? IS NULL OR pr = ?) ORDER BY id",
             (pr, pr),
         )
-        return [Clear(**dict(r)) for r in rows]
 
     def cleared(self, pr: int, head_sha: str) -> bool:
         """Whether a maintainer cleared this PR at this head (a later push is screened again)."""

@@ -102,11 +102,12 @@ class Rounds:
         )
         if not rows:
             return None
-        members = self._db.read(
+        members = self._db.records(
+            RoundMember,
             "SELECT pr, head_sha, lower_bound_gain FROM round_members WHERE round_id = ? ORDER BY pr",
             (round_id,),
         )
-        return Round(**dict(rows[0]), members=tuple(RoundMember(**dict(m)) for m in members))
+        return Round(**dict(rows[0]), members=tuple(members))
 
     def record_ledger(
         self,
@@ -136,9 +137,9 @@ class Rounds:
 
     def ledger(self, author: str | None = None) -> list[LedgerEntry]:
         """Ledger entries, oldest first, optionally of one author."""
-        rows = self._db.read(
+        return self._db.records(
+            LedgerEntry,
             "SELECT kind, pr, sha, author, gain, marginal_gain, at FROM ledger "
             "WHERE (? IS NULL OR author = ? COLLATE NOCASE) ORDER BY id",
             (author, author),
         )
-        return [LedgerEntry(**dict(r)) for r in rows]

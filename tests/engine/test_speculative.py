@@ -105,7 +105,8 @@ def test_rejection_sampling_reproduces_the_target_distribution(pair, drafter):
     ids = prompt_ids(target.tokenizer, "prose-harbour", 32)
     p_logits = Session(target, 64).forward(ids)[None].repeat(2, 1)  # rows for the draft and the bonus
     q = probabilities(Session(draft, 64).forward(ids)[None], params)[0]
-    p = probabilities(p_logits[:1], params)[0].double()
+    p_target = probabilities(p_logits, params)  # the target's distributions, as default_verifier passes them
+    p = p_target[0].double()
     assert (p > 0).sum() == 12 and (q > 0).sum() == 12 and not torch.allclose(p, q.double(), atol=1e-3)
     gen = torch.Generator().manual_seed(1234)
     n = 20000
@@ -115,10 +116,10 @@ def test_rejection_sampling_reproduces_the_target_distribution(pair, drafter):
     for _ in range(n):
         if drafter == "model":
             x = int(torch.multinomial(q, 1, generator=gen))
-            n_ok, extra = spec.verify_sampling(p_logits, [x], q[None], params, gen)
+            n_ok, extra = spec.verify_sampling(p_target, [x], q[None], gen)
         else:
             x = fixed
-            n_ok, extra = spec.verify_sampling(p_logits, [x], None, params, gen)
+            n_ok, extra = spec.verify_sampling(p_target, [x], None, gen)
         counts[x if n_ok else extra] += 1  # the step's first token: the accepted draft or the residual sample
         accepted += n_ok
     pvalue = _chi2_pvalue(counts, p * n)

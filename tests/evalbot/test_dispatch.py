@@ -524,7 +524,9 @@ def test_in_flight_handles_survive_a_restart(github_double, gh, rules, tmp_path,
 def test_a_crash_between_intent_and_dispatch_is_found_or_retried(github_double, gh, rules, tmp_path, workdir):
     path = tmp_path / "bot.sqlite"
     req = ask(rules)
-    intent = dispatch.DispatchHandle(req, WORKFLOW, "main", T0, T0 + timedelta(hours=2))
+    intent = dispatch.DispatchHandle(
+        req, workflow=WORKFLOW, ref="main", dispatched_at=T0, deadline=T0 + timedelta(hours=2)
+    )
     with Store(path) as store:
         DispatchRuns(store.dispatches).save(intent, "dispatching")  # the crash comes before the GitHub call
     with Store(path) as store:
@@ -538,7 +540,9 @@ def test_a_crash_between_intent_and_dispatch_is_found_or_retried(github_double, 
 
 def test_a_closed_handle_is_never_reopened(runs, rules):
     req = ask(rules)
-    handle = dispatch.DispatchHandle(req, WORKFLOW, "main", T0, T0 + timedelta(hours=2), run_id=5)
+    handle = dispatch.DispatchHandle(
+        req, workflow=WORKFLOW, ref="main", dispatched_at=T0, deadline=T0 + timedelta(hours=2), run_id=5
+    )
     runs.save(handle)
     runs.close(handle, "failed", "gave up")
     runs.save(replace(handle, run_id=6), "in_flight")  # a stale poller's late save

@@ -288,7 +288,7 @@ def test_coverage_survives_adaptive_stopping(noise):
 
 def test_mde_has_80_percent_power():
     n, sd_log = 10, NOISE * math.sqrt(2)
-    effect = math.log1p(minimum_detectable_effect(sd_log, n))
+    effect = math.log1p(minimum_detectable_effect(sd_log / math.sqrt(n), n - 1))
     rng = np.random.default_rng(5)
     d = rng.normal(effect, sd_log, (20000, n))
     lower = d.mean(1) - t_quantile(0.975, n - 1) * d.std(1, ddof=1) / math.sqrt(n)

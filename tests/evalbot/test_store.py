@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -221,11 +222,24 @@ def test_the_copycat_and_dispatch_parts_write_whole_or_not_at_all(store, db):
         store.copycat.add(pr, broken(), [11])  # a new push of #7, cut short
     assert store.copycat.postings([1, 2, 3]) == [(1, 7), (2, 7)]
     assert store.copycat.lines_shared([10, 11], 7) == 1
-    row = DispatchRow("r1", 7, HEAD, BASE, RULES, "cpu", 1, ("box-a",), "eval.yml", "main", T0, T0)
+    row = DispatchRow(
+        "r1",
+        7,
+        HEAD,
+        BASE,
+        RULES,
+        "cpu",
+        1,
+        ("box-a",),
+        workflow="eval.yml",
+        ref="main",
+        dispatched_at=T0,
+        deadline=T0,
+    )
     store.dispatches.save(row)
     with pytest.raises(ValueError, match="close\\(\\) state"):
-        store.dispatches.close("r1", "dispatching")
-    store.dispatches.close("r1", "failed", "gave up", run_id=5)
+        store.dispatches.close(row)  # still "dispatching"
+    store.dispatches.close(replace(row, state="failed", note="gave up", run_id=5))
     store.close()
     with Store(db) as again:
         assert again.copycat.prs([7]) == {7: pr}
