@@ -404,7 +404,11 @@ def test_random_weights_are_audited_by_main_and_a_layer_skip_fails(tmp_path, edi
     assert audits["base"]["violations"] == 0 and audits["base"]["share"] >= 0.95
     failed = {g["name"] for g in result["verdict"]["gates"] if not g["passed"]}
     if shortcut:
-        assert result["verdict"]["status"] == "REJECT" and "decode agreement" in failed, (result["verdict"]["reasons"], failed, audits)
+        assert result["verdict"]["status"] == "REJECT" and "decode agreement" in failed, (
+            result["verdict"]["reasons"],
+            failed,
+            audits,
+        )
         assert audits["head"]["share"] < 0.95 or audits["head"]["violations"] > 0
     else:
         assert "decode agreement" not in failed and audits["head"]["violations"] == 0
