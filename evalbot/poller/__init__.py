@@ -330,7 +330,7 @@ class Bot:
             self._dispatch(key, pr, req)
             return
         self.log(
-            f"#{key.pr}: evaluating {key.head_sha[:12]} (as {req.measured_sha and req.measured_sha[:12]}) "
+            f"#{key.pr}: evaluating {key.head_sha[:12]} (as {(req.measured_sha or '')[:12]}) "
             f"against main {key.base_sha[:12]}"
         )
         self._finish(key, self.evaluator(req, self.mirror.path))

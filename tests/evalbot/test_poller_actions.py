@@ -49,17 +49,11 @@ def test_a_run_that_failed_on_a_box_is_dispatched_again_away_from_that_box(
     github_double, fake_clock, rules, tmp_path
 ):
     """The poller asks the port for the failed run's jobs (list_run_jobs) and excludes their runner."""
-    st = github_double.state
-    st.add_workflow(WORKFLOW, run_name=RUN_NAME)
-    repo = BareRepo.create(tmp_path / "remote.git", {"engine/model.py": "x = 1\n"}, when=st.now)
-    st.clone_url = repo.url
-    add_git_pull(st, repo, 1, {"engine/model.py": "x = 2  # faster\n"}, author_login="alice", body=BODY)
-    gh = PyGithubAdapter.from_token(github_double.repo, "ghp_test", base_url=github_double.base_url, pace=False,
-                                    timeout=2.0, rng=random.Random(0), sleep=fake_clock.sleep,
-                                    clock=fake_clock.time)  # fmt: skip
+    st = _contest(github_double, tmp_path)
+    gh = _adapter(github_double, fake_clock)
     with Store(tmp_path / "state.db") as store:
         settings = BotSettings(bot_login=BOT, work_dir=tmp_path / "work")
-        mirror = Mirror(repo.url, tmp_path / "mirror.git")
+        mirror = Mirror(st.clone_url, tmp_path / "mirror.git")
         bot = Bot(gh, store, rules, settings, mirror, lambda *_: None, lambda _line: None)
         bot.poll_once()
         (first,) = st.runs.values()
@@ -141,6 +135,13 @@ def _actions_rules_dir(tmp_path, profile: str):
     return d
 
 
+def _adapter(github_double, fake_clock) -> PyGithubAdapter:
+    """The bot's GitHub adapter on the double, on the fake clock."""
+    return PyGithubAdapter.from_token(github_double.repo, "ghp_test", base_url=github_double.base_url, pace=False,
+                                      timeout=2.0, rng=random.Random(0), sleep=fake_clock.sleep,
+                                      clock=fake_clock.time)  # fmt: skip
+
+
 def _contest(github_double, tmp_path):
     st = github_double.state
     st.add_workflow(WORKFLOW, run_name=RUN_NAME)
@@ -155,9 +156,7 @@ def test_a_bot_whose_rules_name_gpu_dispatches_gpu(github_double, fake_clock, tm
     PRs were all dispatched to be measured on the cpu profile."""
     st = _contest(github_double, tmp_path)
     rules = load_rules(_actions_rules_dir(tmp_path, "gpu"))
-    gh = PyGithubAdapter.from_token(github_double.repo, "ghp_test", base_url=github_double.base_url, pace=False,
-                                    timeout=2.0, rng=random.Random(0), sleep=fake_clock.sleep,
-                                    clock=fake_clock.time)  # fmt: skip
+    gh = _adapter(github_double, fake_clock)
     with Store(tmp_path / "state.db") as store:
         bot = Bot(gh, store, rules, BotSettings(bot_login=BOT, work_dir=tmp_path / "work"),
                   Mirror(st.clone_url, tmp_path / "mirror.git"), None, lambda _: None)  # type: ignore[arg-type]  # fmt: skip
