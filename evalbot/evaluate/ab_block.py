@@ -10,6 +10,7 @@ from functools import partial
 
 from evalbot.evaluate.ab_samples import Prompts, SideError
 from evalbot.evaluate.ab_twopart import continuation, continue_body, generate_body
+from evalbot.evaluate.device_idle import DRAIN_LIMIT_S
 from evalbot.evaluate.schedule import run_alone
 from evalbot.evaluate.serve_error import ServeError
 from evalbot.evaluate.served import ServedProcess
@@ -91,11 +92,31 @@ def start_block(
                 f"{vocab.get(Side.BASE)}: the same model has one",
             )
         for p in procs.values():
-            p.freeze()
+            p.freeze(drain=False)
+        _drain_device(procs)
         return procs
     except BaseException:
         close(procs)
         raise
+
+
+def _drain_device(procs: dict[Side, ServedProcess]) -> None:
+    """On a GPU, once every engine of a block is frozen: wait for the device to run what they left queued
+    at their ready lines. Where it stays busy past the limit, whose work it is cannot be told from the
+    device: the PR's process is ended (its context and its queued work go with it) and the device asked
+    again. Idle then, the work was the PR's; still busy, it was main's."""
+    probe = next((p.device for p in procs.values() if p.device is not None), None)
+    if probe is None or probe.drain(DRAIN_LIMIT_S).idle:
+        return
+    why = (
+        f"said it was ready with work queued on the GPU that kept it busy for more than {DRAIN_LIMIT_S:g} s "
+        "after the harness froze it"
+    )
+    if Side.HEAD in procs:
+        procs[Side.HEAD].close()
+        if probe.drain(DRAIN_LIMIT_S).idle:
+            raise SideError(Side.HEAD, "frozen", f"the PR's serving engine {why}", procs[Side.HEAD].tail())
+    raise SideError(Side.BASE, "frozen", f"main's serving engine {why}", procs[Side.BASE].tail())
 
 
 def _check_load(

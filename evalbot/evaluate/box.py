@@ -122,26 +122,39 @@ def cpu_snapshot(proc: Path = PROC) -> CpuSnapshot:
     return CpuSnapshot(at, busy, procs)
 
 
-def gpu_state() -> GpuState | None:
-    """Utilization and compute processes of the first GPU, or None without nvidia-smi."""
+def gpu_state(ours: frozenset[int] = frozenset()) -> GpuState | None:
+    """Utilization and compute processes of the first GPU, less this evaluation's own (`ours`: its engines,
+    its idle probe), or None without nvidia-smi."""
     util = sandbox.run_trusted(
         ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"], timeout_s=20
     )
     if util.returncode != 0 or not util.stdout.strip():
         return None
     apps = sandbox.run_trusted(
-        ["nvidia-smi", "--query-compute-apps=process_name", "--format=csv,noheader"], timeout_s=20
+        ["nvidia-smi", "--query-compute-apps=pid,process_name", "--format=csv,noheader"], timeout_s=20
     )
-    names = (
-        tuple(Path(x.strip()).name for x in apps.stdout.splitlines() if x.strip())
-        if apps.returncode == 0
-        else ()
-    )
+    names = others_on_gpu(apps.stdout, ours) if apps.returncode == 0 else ()
     try:
         value = float(util.stdout.split()[0])
     except (ValueError, IndexError):
         return None
     return GpuState(value, names)
+
+
+def others_on_gpu(csv: str, ours: frozenset[int]) -> tuple[str, ...]:
+    """The command names of nvidia-smi's compute apps (`pid, process_name` lines) that are not ours. Pure."""
+    names = []
+    for line in csv.splitlines():
+        pid, _, name = line.partition(",")
+        if not name.strip():
+            continue
+        try:
+            if int(pid.strip()) in ours:
+                continue
+        except ValueError:
+            pass  # "[N/A]" or "[Not Found]": not known to be ours
+        names.append(Path(name.strip()).name)
+    return tuple(names)
 
 
 # ---------------------------------------------------------------- pure decisions
@@ -216,7 +229,7 @@ def measure(
     a = cpu_snapshot()
     sleep(window_s)
     b = cpu_snapshot()
-    return usage(a, b, root, gpu=gpu_state() if with_gpu else None)
+    return usage(a, b, root, gpu=gpu_state(frozenset(tree(b.procs, root))) if with_gpu else None)
 
 
 def wait_until_quiet(

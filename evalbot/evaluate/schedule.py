@@ -4,6 +4,7 @@ clock ends at the freeze that follows it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -37,9 +38,15 @@ def run_sliced(
     left runs to its end). A request is sent at its process's first turn, and the time its process spent
     frozen after that is not its time (Timed.paused_ns). The box's drift over a few seconds then falls on
     both sides of a pair alike instead of on whichever ran second. SliceError names the failed request."""
-    for other in [*others, *procs]:
+    for other in others:
         if not other.frozen:
             other.freeze()
+    for i, p in enumerate(procs):
+        try:
+            if not p.frozen:
+                p.freeze()
+        except ServeError as exc:
+            raise SliceError(i, exc) from exc
     pending: list[Pending | None] = [None] * len(procs)
     done: list[Timed | None] = [None] * len(procs)
     turn = 0
@@ -59,19 +66,26 @@ def run_sliced(
             last = sum(d is None for d in done) == 1
             result = pend.collect(None if last else time.monotonic() + slice_s)
         except ServeError as exc:
+            with contextlib.suppress(ServeError):  # the request's own failure is the one to report
+                p.freeze()
             raise SliceError(i, exc) from exc
-        finally:
-            at = p.freeze()
+        try:
+            at = p.freeze()  # with a GPU probe, a device the process keeps busy is its request's failure
+        except ServeError as exc:
+            raise SliceError(i, exc) from exc
         if result is None:
             pend.pause(at)
         else:
-            done[i] = dataclasses.replace(result, cpu_frozen_ns=p.frozen_cpu_ns)
+            done[i] = dataclasses.replace(
+                result, cpu_frozen_ns=p.frozen_cpu_ns, device_idle_ns=p.device_idle_ns
+            )
     return [d for d in done if d is not None]
 
 
 def run_alone(timed: ServedProcess, others: list[ServedProcess], call: Callable[[], Timed]) -> Timed:
     """Run one timed request with every other serving process frozen, and freeze it again after (the
-    request's CPU clock then ends at that freeze: Timed.cpu_frozen_ns)."""
+    request's CPU clock then ends at that freeze, Timed.cpu_frozen_ns, and on a GPU its wall clock once the
+    device has run what the engine left queued, Timed.device_idle_ns)."""
     for other in others:
         if not other.frozen:
             other.freeze()
@@ -79,6 +93,8 @@ def run_alone(timed: ServedProcess, others: list[ServedProcess], call: Callable[
         timed.thaw()
     try:
         result = call()
-    finally:
+    except BaseException:
         timed.freeze()
-    return dataclasses.replace(result, cpu_frozen_ns=timed.frozen_cpu_ns)
+        raise
+    timed.freeze()
+    return dataclasses.replace(result, cpu_frozen_ns=timed.frozen_cpu_ns, device_idle_ns=timed.device_idle_ns)

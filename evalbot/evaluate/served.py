@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from evalbot.evaluate import cpumeter, freezing, sandbox
+from evalbot.evaluate import cpumeter, device_idle, freezing, sandbox
 from evalbot.evaluate.pending import Pending
 from evalbot.evaluate.serve_error import ServeError
 from evalbot.evaluate.timed import Line, Timed
@@ -55,6 +55,12 @@ class ServedProcess:
     broken: bool = False  # it broke the protocol (or ran out of time): close() does not wait on it
     max_output_bytes: int = 64 << 20
     meter: cpumeter.Meter | None = None
+    # on a GPU profile, the harness's idle probe: every freeze waits for the device to run what the
+    # process left queued (device_idle), and a process that keeps it busy past the limit fails
+    device: device_idle.Probe | None = None
+    # when the device was found idle after the last freeze, where it was still busy then (monotonic ns;
+    # 0: idle at once, or no probe)
+    device_idle_ns: int = 0
     _count: int = 0
     _frozen_cpu_ns: int = -1
     _written_at_freeze: int = -1  # bytes written to stdout when the freeze was confirmed; -1: not frozen
@@ -313,11 +319,13 @@ class ServedProcess:
         """The tree's CPU time read at the last freeze (-1 where not metered)."""
         return self._frozen_cpu_ns
 
-    def freeze(self) -> int:
-        """Stop the whole process tree (`freezing.stop_tree`) and return when it began (monotonic ns). The
-        tree's CPU time is read then (with the freezer, once the kernel's accounting of it holds still) and
-        the bytes it has written, to be compared at thaw. ServeError (stage 'frozen') if the kernel does not
-        confirm the freeze."""
+    def freeze(self, drain: bool = True) -> int:
+        """Stop the whole process tree (`freezing.stop_tree`) and return when its work stopped (monotonic
+        ns): when the freeze began, or with a GPU probe, when the device had run what the process left
+        queued on it, if later (`device_idle_ns`). The tree's CPU time is read then (with the freezer, once
+        the kernel's accounting of it holds still) and the bytes it has written, to be compared at thaw.
+        ServeError (stage 'frozen') if the kernel does not confirm the freeze, or the device stays busy.
+        Without `drain` the device is not asked (a block's start freezes every engine, then asks once)."""
         try:
             at = freezing.stop_tree(self.proc.pid, self.meter)
         except OSError as exc:
@@ -328,7 +336,26 @@ class ServedProcess:
         self._frozen_cpu_ns = freezing.frozen_cpu_ns(self.meter, self._cpu_ns)
         self._written_at_freeze = self._written_bytes()
         self.frozen = True
-        return at
+        self.device_idle_ns = 0
+        if self.device is not None and drain:
+            self._drain_device(at)
+        return max(at, self.device_idle_ns)
+
+    def _drain_device(self, at: int) -> None:
+        """Wait for the device to run what this (now frozen) process left queued on it, and keep when it
+        was found idle: the request it answered ends there. ServeError (stage 'frozen') past the limit."""
+        assert self.device is not None
+        drain = self.device.drain(device_idle.DRAIN_LIMIT_S)
+        self.device_idle_ns = max(at, drain.idle_at_ns) if drain.busy_ns > 0 else 0
+        if not drain.idle:
+            self.broken = True
+            raise ServeError(
+                f"{self.label}: the GPU stayed busy for more than {device_idle.DRAIN_LIMIT_S:g} s after "
+                "the harness froze it: work it queued on the device and did not wait for runs while the "
+                "other side is timed, and slows it",
+                self.tail(),
+                stage="frozen",
+            )
 
     def thaw(self, check: bool = True) -> int:
         """Let the tree run again; returns when it was let go (monotonic ns). With `check`, CPU the tree

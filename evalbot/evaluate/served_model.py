@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalbot import verdict
-from evalbot.evaluate import abtest, audit, compile_cache, cpumeter, prompts, served
+from evalbot.evaluate import abtest, audit, compile_cache, cpumeter, device_idle, prompts, served
 from evalbot.evaluate.ab_block import Launch
 from evalbot.evaluate.ab_samples import Prompts, Run, Sample, SideError, throughput
 from evalbot.evaluate.ab_sampling import REQUEST_CPU_SLACK
@@ -144,8 +144,11 @@ def measure_model(
             )
         return ids[:ctx_len]
 
+    probe = _gpu_probe(ctx) if profile.device == "cuda" else None
+
     def launch_tracked(side: Side) -> served.ServedProcess:
         procs[side] = launch(side)
+        procs[side].device = probe
         return procs[side]
 
     source = tokenized if registry else None
@@ -192,9 +195,28 @@ def measure_model(
         raise SideFailed(Failure(exc.side, exc.stage, str(exc), exc.tail)) from exc
     except served.ServeError as exc:  # main's process, serving the harness (tokenizing, auditing)
         raise SideFailed(Failure(Side.BASE, exc.stage, str(exc), exc.tail)) from exc
+    except device_idle.ProbeError as exc:  # the box's probe, never a side's fault
+        raise SideFailed(Failure(Side.HARNESS, "gpu-probe", str(exc))) from exc
     finally:
         for p in procs.values():
             p.close()
+        if probe is not None:
+            probe.close()
+
+
+def _gpu_probe(ctx: RunContext) -> device_idle.Probe:
+    """The GPU idle probe, started with the harness's own interpreter; where it cannot start, the box
+    cannot measure a GPU pair honestly: the harness's failure (INFRA_ERROR), never a side's."""
+    try:
+        probe = device_idle.Probe.start(ctx.ws.python)
+    except device_idle.ProbeError as exc:
+        raise SideFailed(Failure(Side.HARNESS, "gpu-probe", str(exc))) from exc
+    idle = probe.ready.get("idle_ns") or [0]
+    ctx.log(
+        f"GPU idle probe ready: a round trip on the idle device takes {idle[len(idle) // 2] / 1e3:.0f} µs; "
+        f"after every freeze the device must run what the frozen engine left queued, on its clock"
+    )
+    return probe
 
 
 def _freeze_notes(procs: Iterable[served.ServedProcess], threads: int | None) -> list[str]:

@@ -42,6 +42,10 @@ class Timed:
     # the tree's CPU time at the freeze that followed the request (run_alone, run_sliced): what it used after
     # its summary line and before it stopped is then on the request's CPU clock, not on none
     cpu_frozen_ns: int = -1
+    # on a GPU profile, when the device had run what the engine left queued after the request, where that
+    # was after its freeze (0: idle at once, or not probed): work it queued without waiting for ran on
+    # while the other side was timed, so the request's wall clock ends there, if later than its answer
+    device_idle_ns: int = 0
 
     def _paused(self, start: int, end: int) -> int:
         """Nanoseconds of [start, end] that the process spent frozen by the harness."""
@@ -70,15 +74,17 @@ class Timed:
 
     @property
     def decode_s(self) -> float:
-        """From the first token to the last, less the time the harness kept the process frozen."""
-        first, last = self.arrivals_ns[0], self.arrivals_ns[-1]
+        """From the first token to the last (or to the device's idle, `device_idle_ns`, if later), less the
+        time the harness kept the process frozen."""
+        first, last = self.arrivals_ns[0], max(self.arrivals_ns[-1], self.device_idle_ns)
         return (last - first - self._paused(first, last)) / 1e9
 
     @property
     def answer_s(self) -> float:
-        """From sending the request to its summary line, less the time the harness kept it frozen (a
-        prefill request's whole time)."""
-        return (self.done_ns - self.sent_ns - self._paused(self.sent_ns, self.done_ns)) / 1e9
+        """From sending the request to its summary line (or to the device's idle, `device_idle_ns`, if
+        later), less the time the harness kept it frozen (a prefill request's whole time)."""
+        end = max(self.done_ns, self.device_idle_ns)
+        return (end - self.sent_ns - self._paused(self.sent_ns, end)) / 1e9
 
     @property
     def answer_cpu_s(self) -> float | None:
@@ -93,8 +99,9 @@ class Timed:
     @property
     def to_last_s(self) -> float:
         """From sending the request to its last token, less the time the harness kept it frozen: the
-        decode of a continuation, whose every step comes after the harness sent what it depends on."""
-        last = self.arrivals_ns[-1]
+        decode of a continuation, whose every step comes after the harness sent what it depends on. It
+        ends at the device's idle (`device_idle_ns`) where that is later."""
+        last = max(self.arrivals_ns[-1], self.device_idle_ns)
         return (last - self.sent_ns - self._paused(self.sent_ns, last)) / 1e9
 
     @property

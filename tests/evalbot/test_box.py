@@ -73,6 +73,15 @@ def test_busy_reason_cpu_and_gpu():
     assert "llama-server" in box.busy_reason(other_app, quiet)
 
 
+def test_our_own_engines_and_probe_on_the_gpu_do_not_make_it_busy():
+    """A GPU evaluation's engines (frozen) and its idle probe hold contexts on the device while a pair is
+    measured again: nvidia-smi lists them, and only the processes that are not ours count."""
+    csv = "4242, /usr/bin/python3\n4243, python3\n77, /opt/llama-server\n[N/A], mystery\n"
+    assert box.others_on_gpu(csv, frozenset({4242, 4243})) == ("llama-server", "mystery")
+    assert box.others_on_gpu(csv, frozenset()) == ("python3", "python3", "llama-server", "mystery")
+    assert box.others_on_gpu("", frozenset({1})) == ()
+
+
 def test_waiting_gives_up_at_the_limit_and_reports_what_it_saw():
     clock = iter(float(t) for t in range(0, 1000, 5))
     busy = box.Usage(1.0, 1.8, 0.0, (("stress-ng", 1.0), ("make", 0.8)))

@@ -1,16 +1,22 @@
 """Red team of the two-part clock (#36 part 4), by a helper playing a PR that wants a speed tier
 without real work. What it tried that did not work is in docs/benchmarks.md (#36 part 4). Of the two holes it
-found, the CPU after a prefill's answer is now on the prefill's CPU clock (tested below); the GPU's queued
-work is kept as a strict xfail, its fix still to do.
+found, the CPU after a prefill's answer is now on the prefill's CPU clock (tested below), and the GPU's queued
+work is now closed by the GPU idle probe (#36 part 5, `device_idle`; tested below on a device double).
 
 The freezer (cgroup or SIGSTOP) stops the engine's *host* processes; the CPU meter and the byte count of
 its stdout see only them. On a GPU, work the engine queued before it was frozen keeps running on the
-device while the other side is timed, and nothing in the harness looks at the GPU during a pair
-(`abtest._pair` calls `box.usage` with no GPU state). The two-part request makes this cheaper than ever:
-the prefill's answer carries no token, so it needs no host sync, and an engine can answer `done` with its
-prefill (or any amount of other work) still queued on the device. Where the PR's prefill is answered just
-before main's continuation is sent (main first in the pair: prefills main, PR; continuations main, PR),
-that queued work runs during main's timed decode and slows it: the PR reads faster by main reading slower.
+device while the other side is timed. The two-part request made this cheaper than ever: the prefill's
+answer carries no token, so it needs no host sync, and an engine can answer `done` with its prefill (or
+any amount of other work) still queued on the device. Where the PR's prefill is answered just before
+main's continuation is sent (main first in the pair: prefills main, PR; continuations main, PR), that
+queued work ran during main's timed decode and slowed it: the PR read faster by main reading slower.
+
+The hole is closed by the idle probe: after every freeze the harness asks a trusted probe process how long
+the device stays busy, the frozen engine's request ends when the device has run what it left queued
+(`Timed.device_idle_ns`), and an engine that keeps the device busy past `DRAIN_LIMIT_S` fails (stage
+'frozen'). This box has no GPU, so the device is the double of test_device_idle.py: a file holding until
+when queued work runs, which stand-in engines write and the stand-in probe drains with the real
+`gpu_probe.drain`.
 
 The helper also wrote the same attack against two real CUDA engines (a prefill answered with
 `torch.cuda._sleep` still queued). It is not kept: it has never run (the session's device time was spent),
@@ -27,14 +33,56 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import ab_samples, ab_twopart, abtest, box, cpumeter, sandbox, schedule, served
+from evalbot.evaluate import ab_samples, cpumeter, device_idle, sandbox, schedule, served
 from evalbot.model import Side
-from evalbot.rules import Quiet
+from tests.evalbot.test_device_idle import MS, GpuPair, prefill_s
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[2]
 
-# ------------------------------------------------------------------ the same hole, seen without a GPU
+# ------------------------------------------------------------------ the GPU's queued work, on a device double
+
+
+def test_without_the_probe_main_pays_for_the_prs_queued_prefill(tmp_path, monkeypatch):
+    """The hole as it was, on the device double (test_device_idle.py): the PR's engine answers its prefill
+    with 300 ms of work still queued on the device and is frozen; with no probe, nothing waits for the
+    device, so main's continuation, timed next, runs behind that work: main reads slower, the PR faster."""
+    pair = GpuPair(tmp_path, monkeypatch, {"QUEUE_PREFILL_MS": "300"})
+    base, head = pair.run(probe=False)
+    assert pair.drains == []
+    assert prefill_s(head) < 0.25  # the PR's prefill: only its answer, not its queued work
+    assert base.decode_s >= 0.25  # main's decode: the PR's queued work
+
+
+def test_a_gpu_pair_charges_the_prs_queued_prefill_work_to_its_prefill(tmp_path, monkeypatch):
+    """The same attack with the idle probe: after freezing the PR's engine the harness waits for the device
+    to run what it left queued, and the PR's prefill ends there. Main's decode runs on an idle device."""
+    pair = GpuPair(tmp_path, monkeypatch, {"QUEUE_PREFILL_MS": "300"})
+    base, head = pair.run()
+    pr_prefill = pair.timed[1]
+    assert pr_prefill.request["op"] == "prefill"
+    assert pr_prefill.device_idle_ns >= pr_prefill.done_ns + 290 * MS
+    assert prefill_s(head) >= 0.3
+    assert prefill_s(head) == pytest.approx(pr_prefill.answer_s)
+    assert base.decode_s < 0.25 and pair.timed[2].device_idle_ns == 0
+    assert prefill_s(base) < 0.25 and pair.timed[0].device_idle_ns == 0
+
+
+def test_a_gpu_pair_fails_a_side_that_keeps_the_device_busy_past_the_limit(tmp_path, monkeypatch):
+    """Queued work past DRAIN_LIMIT_S (3 s here) is no honest trailing step: the PR's side fails, stage
+    'frozen', at the freeze after its prefill, before main is timed next to it."""
+    pair = GpuPair(tmp_path, monkeypatch, {"QUEUE_PREFILL_MS": "3000"})
+    t0 = time.monotonic()
+    with pytest.raises(ab_samples.SideError) as err:
+        pair.run()
+    assert err.value.side is Side.HEAD and err.value.stage == "frozen"
+    assert "stayed busy" in str(err.value)
+    assert [d.idle for d in pair.drains][-1] is False
+    assert len(pair.timed) == 1  # main's prefill only: main's continuation was never sent
+    assert time.monotonic() - t0 < device_idle.DRAIN_LIMIT_S + 2.0
+
+
+# ------------------------------------------------------------------ work after the prefill's answer
 
 READY = """
 import json, sys, time
@@ -43,75 +91,6 @@ def send(o):
 send({"event": "ready", "protocol": "evalbot.serve/1", "config": {"vocab_size": 100},
       "ops": ["generate", "prefill"]})
 """
-
-STAND_IN = (
-    READY
-    + """
-for line in sys.stdin:
-    req = json.loads(line)
-    if req.get("op") == "shutdown":
-        break
-    rid = req["id"]
-    if req["op"] == "prefill":
-        send({"id": rid, "event": "done", "n": len(req["prompt_ids"])})
-        continue
-    n = req["max_new"]
-    time.sleep(0.005)
-    send({"id": rid, "tok": 1})
-    time.sleep(0.005)
-    send({"id": rid, "toks": [2] * (n - 1)})
-    send({"id": rid, "event": "done", "n": n})
-"""
-)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="HOLE (GPU profiles, #36 part 5): freezing stops an engine's host processes, not the kernels it "
-    "queued; a GPU pair never asks the device whether a frozen side keeps it busy. Fix to build and measure "
-    "on the device: after freezing, wait for the device to be idle with every engine but the timed one "
-    "frozen, and fail (stage 'frozen') a side that keeps it busy",
-)
-def test_a_gpu_pair_accepts_a_frozen_side_that_keeps_the_device_busy(tmp_path, monkeypatch):
-    """The device as nvidia-smi would show it while the PR's engine is frozen with work still queued (the
-    CUDA test above plays it for real): busy, the PR's process on it. A GPU pair never asks (`_pair`
-    passes no GPU state to `box.usage`, `run_alone` freezes host processes only), so main's decode is
-    timed next to the PR's queued kernels and the pair is kept. The harness should find the device busy
-    with every engine but the timed one frozen, and refuse (the frozen side's failure) or measure again."""
-    asked: list[int] = []
-
-    def busy_gpu() -> box.GpuState:
-        asked.append(1)
-        return box.GpuState(util=100.0, apps=("python3",))  # the frozen PR's context, still running
-
-    monkeypatch.setattr(box, "gpu_state", busy_gpu)
-    procs = {}
-    try:
-        for side in (Side.BASE, Side.HEAD):
-            path = tmp_path / f"{side.value}.py"
-            path.write_text(textwrap.dedent(STAND_IN))
-            env = {"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1"}
-            spec = sandbox.SandboxSpec(
-                ro_binds=(), scratch=tmp_path, workdir=tmp_path, env=env,
-                limits=sandbox.Limits(max_output_bytes=1 << 20, timeout_s=60),
-            )  # fmt: skip
-            procs[side] = served.ServedProcess.start(side.value, spec, [PY, str(path)], no_sandbox=True)
-            procs[side].wait_ready(10)
-        assert ab_twopart.two_part(procs)
-        prompts = ab_samples.Prompts(lambda ctx, i: [i % 100] * ctx)
-        quiet = Quiet(max_other_cores=1e9, max_gpu_util=5, sample_s=0.01, max_wait_s=0)
-        with pytest.raises((ab_samples.SideError, box.BoxBusy)):
-            abtest._pair(
-                procs, 0, 0, 5, prompts, 4, 10, quiet, True, lambda _m: None, ab_samples.Run(),
-                stream="ends", two=True,
-            )  # fmt: skip
-    finally:
-        print(f"gpu_state asked {len(asked)} times during a GPU pair")
-        for p in procs.values():
-            p.close()
-
-
-# ------------------------------------------------------------------ work after the prefill's answer
 
 AFTER = (
     READY
