@@ -30,9 +30,11 @@ class CachingEngine:
     frozen: bool = False
     # the CPU time read at the last freeze: -1, unmetered, as a real process without a meter reads
     frozen_cpu_ns: int = -1
+    device: None = None  # no GPU idle probe: a CPU profile
+    device_idle_ns: int = 0
     clock: itertools.count = field(default_factory=lambda: itertools.count(0, 1))
 
-    def freeze(self) -> None:
+    def freeze(self, drain: bool = True) -> None:
         self.frozen = True
 
     def thaw(self) -> None:

@@ -33,6 +33,8 @@ class Proc:
     cpu: float | None = None  # CPU seconds its tree used: None, unmetered
     # the CPU time read at the last freeze: -1, unmetered, as a real process without a meter reads
     frozen_cpu_ns: int = -1
+    device: None = None  # no GPU idle probe: a CPU profile
+    device_idle_ns: int = 0
 
     def cpu_s(self) -> float | None:
         return self.cpu
@@ -43,7 +45,7 @@ class Proc:
             raise ServeError(f"{self.label}: exited 1 before its ready line", "Traceback ...", stage="start")
         return self.ready
 
-    def freeze(self) -> int:
+    def freeze(self, drain: bool = True) -> int:
         self.events.append(f"freeze {self.label}")
         return 0
 

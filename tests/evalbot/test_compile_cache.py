@@ -461,6 +461,8 @@ class Engine:
     frozen: bool = False
     # the CPU time read at the last freeze: -1, unmetered, as a real process without a meter reads
     frozen_cpu_ns: int = -1
+    device: None = None  # no GPU idle probe: a CPU profile
+    device_idle_ns: int = 0
     ready: dict = field(default_factory=dict)
     vocab: int = 100
     found: dict[str, object] = field(default_factory=dict)
@@ -480,7 +482,7 @@ class Engine:
     def wait_ready(self, timeout_s: float) -> dict:
         return self.ready
 
-    def freeze(self) -> None:
+    def freeze(self, drain: bool = True) -> None:
         self.frozen = True
 
     def thaw(self) -> None:
