@@ -80,7 +80,7 @@ def calibrate(repo: Path, rev: str, runs: int, rules_dir: Path | None, profile: 
               as_json: bool, no_sandbox: bool) -> None:  # fmt: skip
     """Judge REV against itself RUNS times on this box: how often equal code gets a tier or a regression
     call, and the smallest gain the box resolves. Run it before trusting a new runner."""
-    rules = load_rules_or_exit(rules_dir)
+    rules = load_rules_or_exit(rules_dir, repo)
     measured_on = check_profile(rules, profile)
     profile = measured_on.name
     box = box or platform.node() or "unknown"

@@ -90,7 +90,7 @@ def evaluate(
     key_path: Path | None,
 ) -> None:
     """Build base and head, measure them interleaved on this box, gate against llama.cpp, and judge."""
-    rules = load_rules_or_exit(rules_dir)
+    rules = load_rules_or_exit(rules_dir, repo)
     measured_on = check_profile(rules, profile)
     raw_key = key_path.read_bytes() if key_path else (os.environ.get(SIGNING_KEY_ENV) or "").encode() or None
     try:

@@ -31,14 +31,15 @@ rules_option = click.option(
     "rules_dir",
     type=EXISTING_DIR,
     default=None,
-    help="rules directory (default: the repository's rules/)",
+    help="rules directory (default: rules/ of the checkout evalbot runs in, or of --repo where given)",
 )
 
 
-def load_rules_or_exit(rules_dir: Path | None) -> Rules:
-    """The validated rules, or a clean CLI error naming file:line."""
+def load_rules_or_exit(rules_dir: Path | None, repo: Path | None = None) -> Rules:
+    """The validated rules (by default the rules/ of `repo`, else of the checkout around the working
+    directory), or a clean CLI error naming file:line."""
     try:
-        return load_rules(rules_dir or default_rules_dir())
+        return load_rules(rules_dir or default_rules_dir(repo))
     except RulesError as exc:
         raise click.ClickException(str(exc)) from exc
 

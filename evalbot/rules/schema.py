@@ -424,9 +424,26 @@ class Rules:
         return names.index(name) + 1 if name in names else 0
 
 
-def default_rules_dir() -> Path:
-    """The repository's rules/ folder, beside this package."""
-    return Path(__file__).resolve().parents[2] / "rules"
+RULES_MARKER = "profiles.yaml"  # a folder named rules/ holding this is a contest's rules
+
+
+def default_rules_dir(start: Path | None = None) -> Path:
+    """The contest repository's rules/ folder: in `start` (default: the working directory) or the nearest
+    folder above it, never beside the installed package (an installed evalbot serves any contest).
+    RulesError where there is none."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "rules" / RULES_MARKER).is_file():
+            return folder / "rules"
+        if (folder / ".git").exists():
+            break  # the checkout's root: its rules or none, never a folder's above it
+    raise RulesError(
+        str(here),
+        None,
+        "",
+        f"no rules/ folder (with {RULES_MARKER}) here or in a folder above, up to the checkout's root: run "
+        "evalbot from the contest repository's checkout, or name the rules with --rules DIR",
+    )
 
 
 def automerge_allowed(rules: Rules, env: Mapping[str, str]) -> bool:

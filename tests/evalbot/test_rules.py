@@ -676,3 +676,27 @@ def test_a_profile_may_start_its_processes_at_once_and_a_bad_start_names_its_lin
     line = edit(rules_dir, "profiles.yaml", "    start: parallel\n", "    start: sometimes\n")
     err = load_error(rules_dir)
     assert err.line == line and "start" in err.field and "parallel" in str(err)
+
+
+# ---------------------------------------------------------------- where the rules are found
+
+
+def test_the_rules_are_the_checkouts_found_from_any_folder_inside_it(rules_dir, monkeypatch):
+    """An installed evalbot serves any contest: the rules are the rules/ of the checkout it runs in (the
+    working directory or a folder above), or of the repository a command is given, never the package's."""
+    deep = rules_dir.parent / "src" / "kernels"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    assert default_rules_dir() == rules_dir.resolve()
+    assert default_rules_dir(rules_dir.parent) == rules_dir.resolve()
+    edit(rules_dir, "dispatch.yaml", "profile: cpu", "profile: gpu")
+    assert load_rules(default_rules_dir()).dispatch.profile == "gpu"  # this checkout's, not the shipped
+
+
+def test_without_a_checkout_the_error_says_where_it_looked_and_what_to_do(tmp_path, monkeypatch):
+    (tmp_path / ".git").mkdir()  # a checkout with no rules: the search ends at its root
+    (tmp_path / "rules").mkdir()  # a rules/ without profiles.yaml is not a contest's rules
+    monkeypatch.chdir(tmp_path / "rules")
+    with pytest.raises(RulesError) as info:
+        default_rules_dir()
+    assert str(tmp_path.resolve()) in str(info.value) and "--rules" in str(info.value)
