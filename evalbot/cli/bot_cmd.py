@@ -37,6 +37,17 @@ REPO_ENV = "EVALBOT_REPO"  # owner/name
 ACTIONS_LOGIN = "github-actions[bot]"  # who comments with an Actions job token (which has no /user)
 
 
+SERVER_ENV = "GITHUB_SERVER_URL"  # set by Actions runners: github.com, or a GitHub Enterprise Server
+
+
+def git_remote_url(server: str, repo: str, token: str) -> str:
+    """The repository's git URL on `server` (a runner's GITHUB_SERVER_URL), with the token for http(s)."""
+    scheme, sep, rest = server.rstrip("/").partition("://")
+    if token and sep and scheme in ("http", "https"):
+        rest = f"x-access-token:{token}@{rest}"
+    return f"{scheme}{sep}{rest}/{repo}.git"
+
+
 @dataclass(frozen=True)
 class Ctx:
     """What every bot command shares: where the state is, which repository, and how to reach it."""
@@ -76,9 +87,8 @@ class Ctx:
             return self.git_remote
         if not self.repo:
             raise click.ClickException(f"which repository? pass --repo OWNER/NAME or set {REPO_ENV}")
-        token = os.environ.get(TOKEN_ENV, "")
-        auth = f"x-access-token:{token}@" if token else ""
-        return f"https://{auth}github.com/{self.repo}.git"
+        return git_remote_url(os.environ.get(SERVER_ENV) or "https://github.com", self.repo,
+                              os.environ.get(TOKEN_ENV, ""))  # fmt: skip
 
 
 def bot_options(f: Callable[..., Any]) -> Callable[..., Any]:

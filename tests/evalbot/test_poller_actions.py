@@ -181,7 +181,7 @@ def test_the_poll_command_exactly_as_the_shipped_workflow_writes_it_dispatches_w
     from evalbot.cli import options as cli_options
 
     st = _contest(github_double, tmp_path)
-    monkeypatch.setattr(cli_options, "default_rules_dir", lambda: _actions_rules_dir(tmp_path, "gpu"))
+    monkeypatch.setattr(cli_options, "default_rules_dir", lambda *_a: _actions_rules_dir(tmp_path, "gpu"))
     wf = yaml.safe_load(
         (Path(__file__).resolve().parents[2] / ".github/workflows/evalbot-poll.yml").read_text()
     )

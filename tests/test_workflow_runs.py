@@ -1,0 +1,252 @@
+"""The shipped workflows' run steps, executed as a GitHub runner executes them (#38, part 5): a checkout of the
+repository, a fresh venv standing for actions/setup-python, the workflow's own non-editable install, each
+`run:` step through `bash -e` with its `${{ }}` expressions filled in, the variables the runner sets
+(RUNNER_TEMP, GITHUB_ENV, GITHUB_OUTPUT, GITHUB_API_URL, GITHUB_SERVER_URL...) and the GitHub double for
+the API. `uses:` steps are played by the test: the checkout is a copy of the working tree, the cache misses,
+and `gh` is a stand-in that finds no earlier run (the artifact restore then starts an empty store).
+
+What these caught: the poll workflow installed `.[bot]` non-editable, so `default_rules_dir()` pointed into
+site-packages, where there is no rules/, and its first evalbot step failed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.github_double.gitrepo import BareRepo, add_git_pull
+from tests.github_double.serve import serve
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = ROOT / ".github" / "workflows"
+EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
+
+
+# ------------------------------------------------------------------ the runner's expression language
+
+
+def evaluate(expr: str, ctx: dict[str, Any]) -> Any:
+    """The part of GitHub's expression syntax the shipped workflows use: dotted names, '...' literals,
+    ==, !=, &&, || (with JavaScript's value semantics: `a || b` is a if truthy), always()."""
+    expr = expr.strip()
+    for op in ("||", "&&"):
+        parts = _split(expr, op)
+        if len(parts) > 1:
+            vals = [evaluate(p, ctx) for p in parts]
+            if op == "||":
+                return next((v for v in vals if v), vals[-1])
+            return next((v for v in vals if not v), vals[-1])
+    for op in ("!=", "=="):
+        parts = _split(expr, op)
+        if len(parts) == 2:
+            a, b = (evaluate(p, ctx) for p in parts)
+            return (str(a) != str(b)) if op == "!=" else (str(a) == str(b))
+    if expr == "always()":
+        return True
+    if expr.startswith("'") and expr.endswith("'"):
+        return expr[1:-1]
+    value: Any = ctx
+    for key in expr.split("."):
+        value = value.get(key, "") if isinstance(value, dict) else ""
+    return value
+
+
+def _split(expr: str, op: str) -> list[str]:
+    out, depth, quote, start, i = [], 0, False, 0, 0
+    while i < len(expr):
+        c = expr[i]
+        if c == "'":
+            quote = not quote
+        elif not quote and c == "(":
+            depth += 1
+        elif not quote and c == ")":
+            depth -= 1
+        elif not quote and depth == 0 and expr.startswith(op, i):
+            out.append(expr[start:i])
+            start = i = i + len(op)
+            continue
+        i += 1
+    return [*out, expr[start:]]
+
+
+def fill(text: str, ctx: dict[str, Any]) -> str:
+    return EXPR.sub(lambda m: str(evaluate(m.group(1), ctx)), text)
+
+
+def test_the_expression_subset_behaves_as_githubs():
+    ctx = {"inputs": {"x": ""}, "github": {"token": "T", "ref": "refs/heads/main"}, "secrets": {}}
+    assert evaluate("secrets.EVALBOT_TOKEN || github.token", ctx) == "T"
+    assert evaluate("github.ref == 'refs/heads/main' && vars.EVALBOT_PAUSED != 'true'", ctx) is True
+    assert evaluate("inputs.x != '' || steps.cache.outputs.cache-matched-key == ''", ctx) is True
+    assert fill("a ${{ github.token }} b", ctx) == "a T b"
+
+
+# ------------------------------------------------------------------ a runner
+
+
+class Runner:
+    """One job's steps run as a GitHub-hosted runner runs them."""
+
+    def __init__(self, tmp: Path, workspace: Path, python_bin: Path, env: dict[str, str], ctx: dict[str, Any]):
+        self.temp = tmp / "runner-temp"
+        self.temp.mkdir()
+        self.workspace = workspace
+        self.github_env = tmp / "github_env"
+        self.github_env.touch()
+        tools = tmp / "tools"
+        tools.mkdir()
+        gh = tools / "gh"  # the GitHub CLI, finding no earlier run and no artifact
+        gh.write_text('#!/bin/sh\ncase "$1 $2" in "run list") exit 0;; esac\necho "gh: not found" >&2; exit 1\n')
+        gh.chmod(0o755)
+        self.env = {
+            "PATH": f"{python_bin}:{tools}:/usr/bin:/bin",
+            "HOME": str(tmp / "home"),
+            "RUNNER_TEMP": str(self.temp),
+            "GITHUB_WORKSPACE": str(workspace),
+            "GITHUB_ENV": str(self.github_env),
+            "CI": "true",
+            "GITHUB_ACTIONS": "true",
+            **env,
+        }
+        self.ctx = {"runner": {"temp": str(self.temp)}, **ctx}
+        self.log: list[str] = []
+
+    def run_job(self, job: dict[str, Any], stop_after: str | None = None) -> None:
+        assert evaluate(job.get("if", "true"), self.ctx) not in (False, ""), "the job would be skipped"
+        for step in job["steps"]:
+            if "uses" in step:
+                continue  # played by the test: checkout, setup-python, cache (a miss), artifacts
+            if "if" in step and not evaluate(step["if"], self.ctx):
+                continue
+            self.run_step(step)
+            if stop_after and step.get("id") == stop_after:
+                return
+
+    def run_step(self, step: dict[str, Any]) -> None:
+        output = self.temp / "github_output"
+        output.write_text("")
+        env = {**self.env, **{k: str(fill(str(v), self.ctx)) for k, v in (step.get("env") or {}).items()}}
+        env["GITHUB_OUTPUT"] = str(output)
+        script = fill(step["run"], self.ctx)
+        res = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+            cwd=self.workspace, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        name = step.get("name") or step["run"].splitlines()[0]
+        self.log.append(f"$ {name}\n{res.stdout}{res.stderr}")
+        assert res.returncode == 0, f"step {name!r} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+        for line in self.github_env.read_text().splitlines():  # what a step exported, as the runner does
+            key, _, value = line.partition("=")
+            self.env[key] = value
+        if step.get("id"):
+            outs = dict(line.split("=", 1) for line in output.read_text().splitlines() if "=" in line)
+            self.ctx.setdefault("steps", {})[step["id"]] = {"outputs": outs, "outcome": "success"}
+
+
+def checkout(dest: Path) -> Path:
+    """The repository as actions/checkout leaves it: its files (tracked, and new ones not ignored)."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\0")  # fmt: skip
+    for f in filter(None, files):
+        src = ROOT / f
+        if src.is_file() and not src.is_symlink():
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def setup_python(tmp_path_factory) -> Path:
+    """actions/setup-python's interpreter: a fresh venv, no evalbot in it. Its third-party packages are this
+    test environment's (a .pth), so the workflow's install finds its requirements satisfied offline."""
+    venv = tmp_path_factory.mktemp("setup-python") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    # Python 3.11's venv seeds a setuptools too old to build a wheel: the build uses this environment's
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=True)
+    site = subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    (Path(site) / "_test_env.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return venv / "bin"
+
+
+OFFLINE_PIP = {"PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+def test_the_poll_workflow_runs_as_written_from_its_non_editable_install(tmp_path, setup_python):
+    """evalbot-poll.yml's steps, one after the other, against the GitHub double: the install (non-editable),
+    the refusal of local mode, the state, the artifact restore (none: an empty store), and the poll, which
+    dispatches the open PR's evaluation to evalbot-eval.yml."""
+    from tests.evalbot.test_dispatch import RUN_NAME, WORKFLOW
+    from tests.evalbot.test_poller_actions import BODY, _actions_rules_dir
+
+    workspace = checkout(tmp_path / "workspace")
+    # the contest's maintainer put its rules in actions mode, with the runner's public key
+    shutil.copy(_actions_rules_dir(tmp_path, "cpu") / "dispatch.yaml", workspace / "rules" / "dispatch.yaml")
+    wf = yaml.safe_load((WORKFLOWS / "evalbot-poll.yml").read_text())
+    with serve() as double:
+        st = double.state
+        st.add_workflow(WORKFLOW, run_name=RUN_NAME)
+        server = tmp_path / "server"  # GITHUB_SERVER_URL: where the runner's git finds owner/name.git
+        repo = BareRepo.create(server / f"{double.repo}.git", {"engine/model.py": "x = 1\n"}, when=st.now)
+        st.clone_url = repo.url
+        add_git_pull(st, repo, 1, {"engine/model.py": "x = 2  # faster\n"}, author_login="alice", body=BODY)
+        runner = Runner(
+            tmp_path, workspace, setup_python,
+            {"GITHUB_API_URL": double.base_url, "GITHUB_SERVER_URL": server.as_uri(),
+             "GITHUB_REPOSITORY": double.repo, **OFFLINE_PIP},
+            {"github": {"token": "ghs_job", "ref": "refs/heads/main", "repository": double.repo},
+             "inputs": {"restore_from_run": "", "start_empty": "false"}, "secrets": {}, "vars": {},
+             "steps": {"cache": {"outputs": {"cache-matched-key": ""}}}},
+        )  # fmt: skip
+        runner.run_job(wf["jobs"]["poll"])
+        log = "\n".join(runner.log)
+        # the install is not editable: evalbot runs from site-packages, the rules from the checkout
+        shown = subprocess.run([setup_python / "python", "-c", "import evalbot; print(evalbot.__file__)"],
+                               cwd=tmp_path, capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert "site-packages" in shown and str(workspace) not in shown, shown
+        assert "no saved store: starting from an empty one" in log
+        (run,) = st.runs.values()
+        assert run.inputs["pr"] == "1" and run.inputs["profile"] == "cpu", run.inputs
+        assert (Path(runner.env["EVALBOT_STATE"])).is_file()  # the store the artifact step would save
+
+
+def test_the_poll_workflow_refuses_local_mode_from_its_non_editable_install(tmp_path, setup_python):
+    """The shipped rules say `mode: local`: the poll's guard step must read them (from the checkout, not
+    site-packages) and stop the job with its own error before any PR is touched."""
+    workspace = checkout(tmp_path / "workspace")
+    wf = yaml.safe_load((WORKFLOWS / "evalbot-poll.yml").read_text())
+    runner = Runner(tmp_path, workspace, setup_python, dict(OFFLINE_PIP),
+                    {"github": {"token": "t", "ref": "refs/heads/main"}, "secrets": {}, "vars": {}})  # fmt: skip
+    with pytest.raises(AssertionError) as info:
+        runner.run_job(wf["jobs"]["poll"])
+    assert "this workflow runs only in 'actions' mode" in str(info.value), str(info.value)
+    assert "expected a directory of rules files" not in str(info.value)
+
+
+def test_the_pages_workflow_builds_the_dashboard_as_written_from_its_non_editable_install(tmp_path, setup_python):
+    """pages.yml's build job: its install (the bot and matplotlib, non-editable), no saved store yet (the
+    cache misses), so an empty store, and `evalbot dashboard build` reading the ledgers from the
+    repository's git remote: the site's index is written."""
+    workspace = checkout(tmp_path / "workspace")
+    server = tmp_path / "server"
+    BareRepo.create(server / "contest/engine.git", {"engine/model.py": "x = 1\n"}, when=1_700_000_000)
+    wf = yaml.safe_load((WORKFLOWS / "pages.yml").read_text())
+    runner = Runner(
+        tmp_path, workspace, setup_python,
+        {"GITHUB_SERVER_URL": server.as_uri(), "GITHUB_REPOSITORY": "contest/engine", **OFFLINE_PIP},
+        {"github": {"token": "ghs_job", "ref": "refs/heads/main", "run_id": "7"}, "secrets": {}, "vars": {},
+         "steps": {"cache": {"outputs": {"cache-matched-key": ""}}}},
+    )  # fmt: skip
+    runner.run_job(wf["jobs"]["build"])
+    log = "\n".join(runner.log)
+    assert "building the dashboard from an empty one" in log
+    assert (workspace / "site" / "index.html").is_file(), log
