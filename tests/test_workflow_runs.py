@@ -11,7 +11,6 @@ site-packages, where there is no rules/, and its first evalbot step failed.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -96,7 +95,9 @@ def test_the_expression_subset_behaves_as_githubs():
 class Runner:
     """One job's steps run as a GitHub-hosted runner runs them."""
 
-    def __init__(self, tmp: Path, workspace: Path, python_bin: Path, env: dict[str, str], ctx: dict[str, Any]):
+    def __init__(
+        self, tmp: Path, workspace: Path, python_bin: Path, env: dict[str, str], ctx: dict[str, Any]
+    ):
         self.temp = tmp / "runner-temp"
         self.temp.mkdir()
         self.workspace = workspace
@@ -105,7 +106,9 @@ class Runner:
         tools = tmp / "tools"
         tools.mkdir()
         gh = tools / "gh"  # the GitHub CLI, finding no earlier run and no artifact
-        gh.write_text('#!/bin/sh\ncase "$1 $2" in "run list") exit 0;; esac\necho "gh: not found" >&2; exit 1\n')
+        gh.write_text(
+            '#!/bin/sh\ncase "$1 $2" in "run list") exit 0;; esac\necho "gh: not found" >&2; exit 1\n'
+        )
         gh.chmod(0o755)
         self.env = {
             "PATH": f"{python_bin}:{tools}:/usr/bin:/bin",
@@ -232,7 +235,9 @@ def test_the_poll_workflow_refuses_local_mode_from_its_non_editable_install(tmp_
     assert "expected a directory of rules files" not in str(info.value)
 
 
-def test_the_pages_workflow_builds_the_dashboard_as_written_from_its_non_editable_install(tmp_path, setup_python):
+def test_the_pages_workflow_builds_the_dashboard_as_written_from_its_non_editable_install(
+    tmp_path, setup_python
+):
     """pages.yml's build job: its install (the bot and matplotlib, non-editable), no saved store yet (the
     cache misses), so an empty store, and `evalbot dashboard build` reading the ledgers from the
     repository's git remote: the site's index is written."""
