@@ -52,9 +52,9 @@ for line in sys.stdin:
     if req["op"] == "prefill":
         for _ in range(len(req["prompt_ids"]) // 64):
             step(64)
-        if QUEUE_MS > 0:  # the attack: answer with the work (and more) still queued on the device
-            torch.cuda._sleep(int(QUEUE_MS / 1e3 / per_cycle))
-        else:
+        if QUEUE_MS:  # > 0, the attack: answer with the work (and more) still queued on the device
+            torch.cuda._sleep(int(abs(QUEUE_MS) / 1e3 / per_cycle))
+        if QUEUE_MS <= 0:  # < 0: an honest prefill that long, waited for
             torch.cuda.synchronize()
         send({"id": rid, "event": "done", "n": len(req["prompt_ids"])})
         continue
@@ -119,10 +119,29 @@ def probe():
     p.close()
 
 
+class LoggedProbe:
+    """The real probe, its drains kept for the printout."""
+
+    def __init__(self, probe: device_idle.Probe):
+        self.probe, self.drains = probe, []
+
+    def drain(self, limit_s: float) -> device_idle.Drain:
+        d = self.probe.drain(limit_s)
+        self.drains.append(d)
+        return d
+
+
 def test_queued_work_slows_main_without_the_probe_and_is_the_prs_with_it(tmp_path, monkeypatch, probe):
     honest = _pair(tmp_path, 0, probe, monkeypatch)
+    # as much device work in the PR's prefill, waited for: what the device does after it, honestly
+    long = _pair(tmp_path, -300, probe, monkeypatch)
     attacked = _pair(tmp_path, 300, None, monkeypatch)
-    caught = _pair(tmp_path, 300, probe, monkeypatch)
+    logged = LoggedProbe(probe)
+    caught = _pair(tmp_path, 300, logged, monkeypatch)  # type: ignore[arg-type]
+    for name, run in (("honest", honest), ("long", long), ("attacked", attacked), ("caught", caught)):
+        print(name, [(s.side.value, s.went_first, round(s.decode_s * 1e3, 1), round(_prefill_s(s) * 1e3, 1))
+                     for s in run])  # fmt: skip
+    print("caught drains (busy ms):", [round(d.busy_ns / 1e6, 2) for d in logged.drains])
     base = _main_decode(honest)
     print(
         f"main's decode next to an honest PR {base * 1e3:.1f} ms; next to 300 ms queued, unprobed "
@@ -131,7 +150,7 @@ def test_queued_work_slows_main_without_the_probe_and_is_the_prs_with_it(tmp_pat
         f"ms, probed {_head_prefill(caught) * 1e3:.1f} ms"
     )
     assert _main_decode(attacked) > 1.2 * base  # the attack, as it worked before the probe
-    assert _main_decode(caught) < 1.1 * base  # main now decodes on an idle device
+    assert _main_decode(caught) < 1.1 * _main_decode(long)  # main decodes as after an honest long prefill
     assert _head_prefill(caught) >= 0.3  # and the queued work is on the PR's prefill clock
     assert all(s.side is Side.HEAD or _prefill_s(s) < 0.3 for s in caught)
 
