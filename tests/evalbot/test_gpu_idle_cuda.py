@@ -154,7 +154,6 @@ def test_queued_work_slows_main_without_the_probe_and_is_the_prs_with_it(tmp_pat
     # and the queued work is on the PR's prefill clock, as if it had waited for it (H100: 289.7 ms charged
     # for 300 ms of `_sleep` by its cycle estimate; the first device run had asserted 300 ms flat)
     assert _head_prefill(caught) >= 0.9 * _head_prefill(long)
-    assert _head_prefill(attacked) < 0.5 * _head_prefill(long)  # unprobed, the PR's prefill read short
     assert all(s.side is Side.HEAD or _prefill_s(s) < 0.3 for s in caught)
 
 
