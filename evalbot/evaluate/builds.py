@@ -99,7 +99,7 @@ class BuildResult:
 
     @property
     def python(self) -> Path | None:
-        """The venv's interpreter, which runs the revision's engine (`python -m engine ...`)."""
+        """The venv's interpreter, which runs the revision's engine (engine.yaml's serve argv)."""
         return None if self.venv is None else self.venv / "bin" / "python"
 
 
@@ -166,7 +166,7 @@ def build_env(
     python: str | Path,
     log_dir: Path,
     timeout_s: float,
-    import_name: str = "engine",
+    import_name: str,
     confine: Confine | None = None,
 ) -> BuildResult:
     """Build worktree into a venv under cache_root (reused when its key matches); never raises for a failed build."""

@@ -193,6 +193,7 @@ def _build(ctx: RunContext, side: Side, wt: checkout.Worktree) -> None:
         python=ctx.ws.python,
         log_dir=ctx.ws.work_root / "logs",
         timeout_s=1800,
+        import_name=ctx.ws.rules.engine.package,
         confine=None if ctx.req.options.no_sandbox else confine_build,
     )
     ctx.sides[side] = SideBuild(side, wt, b)
@@ -305,10 +306,11 @@ def _measure(ctx: RunContext, harness: _Harness, corpus: Path, seed: int) -> _Re
     try:
         for ref in ctx.req.profile.models:
             registry = ref.source == "registry"
+            engine = ctx.ws.rules.engine  # how the contest's engine takes its model (engine.yaml)
             args = (
-                ["--model", str(harness.models[ref.name])]
+                engine.model_args(model=str(harness.models[ref.name]))
                 if registry
-                else ["--random-weights", "--shape", ref.name]
+                else engine.model_args(shape=ref.name)
             )
             got = measure_model(ctx, ctx.req.profile, ref.name, args, corpus, seed, registry,
                                 reference=harness.references.get(ref.name))  # fmt: skip

@@ -1,4 +1,5 @@
-"""Engines measured through `python -m engine serve`: the serving process, its reader, its protocol.
+"""Engines measured as serving processes, started as the rules' engine.yaml declares: the process, its
+reader, its protocol.
 
 Each side runs as a warm serving process (loaded and warmed once), sandboxed like every engine run. The
 trusted process timestamps each protocol line as it arrives (a reader thread, `time.monotonic_ns`), so

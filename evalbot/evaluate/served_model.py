@@ -66,8 +66,8 @@ def keep_compiles(ctx: RunContext, procs: dict[Side, served.ServedProcess]) -> N
 
 
 def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int) -> Launch:
-    """Start one side's `engine serve`, sandboxed, in its emptied side folder (with a copy of the side's
-    first compile, once kept), with the profile's device."""
+    """Start one side's serving engine as the rules' engine.yaml declares it, sandboxed, in its emptied side
+    folder (with a copy of the side's first compile, once kept), with the profile's device."""
 
     def launch(side: Side) -> served.ServedProcess:
         venv = ctx.sides[side].build.venv
@@ -82,19 +82,13 @@ def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int)
             ctx.req.profile.measurement.time_budget_s + ctx.run_timeout_s,
             side_root=root,
         )
-        argv = [
-            str(venv / "bin" / "python"),
-            "-m",
-            "engine",
-            "serve",
-            *model_args,
-            "--max-seq",
-            str(max_seq),
-            "--device",
-            ctx.profile_device,
-            "--warmup",
-            str(max(1, warmup)),
-        ]
+        argv = ctx.ws.rules.engine.serve_argv(  # engine.yaml's serve template
+            model_args,
+            python=str(venv / "bin" / "python"),
+            max_seq=str(max_seq),
+            device=ctx.profile_device,
+            warmup=str(max(1, warmup)),
+        )
         meter = cpumeter.make_meter(side.value)
         threads = ctx.req.profile.measurement.threads
         if threads:  # the kernel holds the tree to its cores (with the checks' slack), where the box lets it

@@ -254,9 +254,16 @@ def bench_commands(rules: Rules) -> tuple[str, ...]:
     """The local commands, one per scored context, whose decode_tps fill the table (main, then branch)."""
     profile = bench_profile(rules)
     model = next((m for m in profile.models if m.source == "registry"), profile.models[0])
-    what = f"--model {model.name}" if model.source == "registry" else f"--random-weights --shape {model.name}"
+    engine = rules.engine  # engine.yaml: the contest's own model arguments and bench command
+    args = (
+        engine.model_args(model=model.name)
+        if model.source == "registry"
+        else engine.model_args(shape=model.name)
+    )
+    what = " ".join(args)
     return tuple(
-        f"python -m engine bench {what} --ctx {ctx} --runs {BENCH_RUNS}" for ctx in profile.scored_contexts
+        engine.bench.format_map({"model_args": what, "ctx": ctx, "runs": BENCH_RUNS})
+        for ctx in profile.scored_contexts
     )
 
 

@@ -41,7 +41,7 @@ from evalbot.rules.schema import (
     TimingGate,
     rules_hash,
 )
-from evalbot.rules.sections import _automerge, _copycat, _dispatch, _policy
+from evalbot.rules.sections import _automerge, _copycat, _dispatch, _engine, _policy
 
 
 def load_rules(directory: str | Path) -> Rules:
@@ -70,7 +70,10 @@ def load_rules(directory: str | Path) -> Rules:
     known = _label_owners(tiers, labels) | {a.label: f"policy.areas.{a.label}" for a in policy.areas}
     automerge = _automerge(*docs["automerge"], tiers, known)
     dispatch = _dispatch(*docs["dispatch"], [p.name for p in profiles])
-    rules = Rules(tiers, gates, profiles, spec_pair, copycat, policy, labels, automerge, dispatch, root, "")
+    engine = _engine(*docs["engine"])
+    rules = Rules(
+        tiers, gates, profiles, spec_pair, copycat, policy, labels, automerge, dispatch, engine, root, ""
+    )
     return replace(rules, rules_hash=rules_hash(rules))
 
 

@@ -23,6 +23,7 @@ FILES = (
     "policy.yaml",
     "automerge.yaml",
     "dispatch.yaml",
+    "engine.yaml",
 )
 
 
@@ -332,6 +333,35 @@ class Dispatch:
     max_attempts: int = 3
 
 
+PROTOCOLS = ("evalbot.serve/1",)
+# what a serving argv may name, filled in by the harness for each process
+SERVE_FIELDS = ("python", "max_seq", "device", "warmup")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The contest's engine, declared in engine.yaml: the Python package its build must provide, how one is
+    started serving (an argv template, the model's arguments in one of two forms), the protocol it speaks,
+    and the local benchmark command contributors run (the needs-benchmark notice names it)."""
+
+    protocol: str
+    package: str  # imported in the side's built venv once it is built (a smoke check)
+    argv: tuple[str, ...]  # placeholders: SERVE_FIELDS
+    model_file: tuple[str, ...]  # a model file on the runner: {model}
+    random_weights: tuple[str, ...]  # a shape with random weights: {shape}
+    bench: str  # {model_args}, {ctx}, {runs}
+
+    def serve_argv(self, model_args: list[str], **fields: str) -> list[str]:
+        """The serving process's argv: the template filled in, then the model's arguments."""
+        return [a.format_map(fields) for a in self.argv] + model_args
+
+    def model_args(self, *, model: str | None = None, shape: str | None = None) -> list[str]:
+        """The model's arguments: a file on the runner (`model`) or a shape with random weights."""
+        if model is not None:
+            return [a.format_map({"model": model}) for a in self.model_file]
+        return [a.format_map({"shape": shape}) for a in self.random_weights]
+
+
 class LabelFamily(enum.StrEnum):
     """Who owns which labels, declared once (``Rules.owned``): each producer sets only its own family, as a
     set difference, and leaves every other label alone."""
@@ -360,6 +390,7 @@ class Rules:
     labels: Labels
     automerge: Automerge
     dispatch: Dispatch
+    engine: EngineSpec
     source_dir: Path
     rules_hash: str
 
@@ -479,6 +510,8 @@ __all__ = [
     "DISPATCH_MODES",
     "FILES",
     "LOGIN",
+    "PROTOCOLS",
+    "SERVE_FIELDS",
     "AccuracyGate",
     "Area",
     "Automerge",
@@ -487,6 +520,7 @@ __all__ = [
     "Copycat",
     "DecodeAuditGate",
     "Dispatch",
+    "EngineSpec",
     "Gates",
     "LabelFamily",
     "Labels",

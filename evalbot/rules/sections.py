@@ -16,11 +16,14 @@ from evalbot.rules.reader import _MODULE, _did_you_mean, _File, _join, _Node
 from evalbot.rules.schema import (
     _LOGIN,
     DISPATCH_MODES,
+    PROTOCOLS,
+    SERVE_FIELDS,
     Area,
     Automerge,
     Containment,
     Copycat,
     Dispatch,
+    EngineSpec,
     Policy,
     Stale,
     Strikes,
@@ -248,3 +251,60 @@ def _dispatch(f: _File, root: _Node, profiles: Sequence[str]) -> Dispatch:
             "expected at least one key when mode is 'actions', got none",
         )
     return Dispatch(mode, tuple(keys), **extra)
+
+
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _placeholders(f: _File, node: _Node, field: str, text: str, allowed: Sequence[str]) -> set[str]:
+    """The {placeholders} of one template string, each of them one of `allowed`."""
+    names = set(_PLACEHOLDER.findall(text))
+    for name in sorted(names - set(allowed)):
+        f.fail(node, field, f"unknown placeholder {{{name}}}; expected only: "
+               f"{', '.join('{' + a + '}' for a in allowed)}")  # fmt: skip
+    return names
+
+
+def _needs(f: _File, node: _Node, field: str, seen: set[str], needs: Sequence[str]) -> None:
+    for name in needs:
+        if name not in seen:
+            f.fail(node, field, f"expected the placeholder {{{name}}}")
+
+
+def _template(
+    f: _File, node: _Node, field: str, allowed: Sequence[str], needs: Sequence[str] = ()
+) -> tuple[str, ...]:
+    """A list of argv strings whose {placeholders} are all in `allowed`, naming every one of `needs`."""
+    items = f.sequence(node, field)
+    if not items:
+        f.fail(node, field, "expected at least one argument, got an empty list")
+    out: list[str] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        text = f.text(item, _join(field, i))
+        seen |= _placeholders(f, item, _join(field, i), text, allowed)
+        out.append(text)
+    _needs(f, node, field, seen, needs)
+    return tuple(out)
+
+
+def _engine(f: _File, root: _Node) -> EngineSpec:
+    m = f.mapping(root, "engine", ("protocol", "build", "serve", "contributor"))
+    build = f.mapping(m["build"], "engine.build", ("package",))
+    serve = f.mapping(m["serve"], "engine.serve", ("argv", "model_file", "random_weights"))
+    contributor = f.mapping(m["contributor"], "engine.contributor", ("bench",))
+    node = contributor["bench"]
+    bench = f.text(node, "engine.contributor.bench")
+    seen = _placeholders(f, node, "engine.contributor.bench", bench, ("model_args", "ctx", "runs"))
+    _needs(f, node, "engine.contributor.bench", seen, ("ctx",))
+    return EngineSpec(
+        protocol=f.choice(m["protocol"], "engine.protocol", PROTOCOLS, "a protocol evalbot speaks"),
+        package=f.text(build["package"], "engine.build.package", _PACKAGE, "a Python package name"),
+        argv=_template(f, serve["argv"], "engine.serve.argv", SERVE_FIELDS),
+        model_file=_template(f, serve["model_file"], "engine.serve.model_file", ("model",), ("model",)),
+        random_weights=_template(
+            f, serve["random_weights"], "engine.serve.random_weights", ("shape",), ("shape",)
+        ),
+        bench=bench,
+    )

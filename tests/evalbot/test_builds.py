@@ -184,7 +184,9 @@ def head_build(repo, cache, tmp_path_factory):
     root = tmp_path_factory.mktemp("wt")
     wt = prepare_worktree(repo, "head", root)
     t0 = time.monotonic()
-    result = build_env(wt, cache, python=sys.executable, log_dir=root / "logs", timeout_s=300)
+    result = build_env(
+        wt, cache, python=sys.executable, log_dir=root / "logs", timeout_s=300, import_name="engine"
+    )
     return wt, result, time.monotonic() - t0
 
 
@@ -218,7 +220,7 @@ def test_build_makes_a_venv_that_runs_the_revisions_engine(head_build):
 def test_the_same_tree_is_reused_without_rebuilding(head_build, cache, tmp_path):
     wt, first, fresh_s = head_build
     t0 = time.monotonic()
-    again = build_env(wt, cache, python=sys.executable, log_dir=tmp_path, timeout_s=300)
+    again = build_env(wt, cache, python=sys.executable, log_dir=tmp_path, timeout_s=300, import_name="engine")
     cached_s = time.monotonic() - t0
     assert again.ok and again.cached and again.venv == first.venv
     assert cached_s < max(1.0, fresh_s / 2), (cached_s, fresh_s)
@@ -235,7 +237,9 @@ def test_a_syntax_error_is_the_revisions_build_failure(repo, cache, tmp_path):
     dead.wait()
     (cache / f".tmp-0123456789abcdef-0123456789abcdef-{dead.pid}-deadbeef").mkdir()
     wt = prepare_worktree(repo, "broken", tmp_path / "wt")
-    result = build_env(wt, cache, python=sys.executable, log_dir=tmp_path / "logs", timeout_s=300)
+    result = build_env(
+        wt, cache, python=sys.executable, log_dir=tmp_path / "logs", timeout_s=300, import_name="engine"
+    )
     assert not result.ok and result.venv is None
     assert result.failure_stage == BUILD
     assert "compile" in result.message
@@ -254,7 +258,9 @@ def test_a_syntax_error_is_the_revisions_build_failure(repo, cache, tmp_path):
 def test_other_faults_of_the_revision(repo, cache, tmp_path, branch, message, in_log):
     before = entries(cache)
     wt = prepare_worktree(repo, branch, tmp_path / "wt")
-    result = build_env(wt, cache, python=sys.executable, log_dir=tmp_path / "logs", timeout_s=300)
+    result = build_env(
+        wt, cache, python=sys.executable, log_dir=tmp_path / "logs", timeout_s=300, import_name="engine"
+    )
     assert (result.ok, result.failure_stage) == (False, BUILD)
     assert message in result.message and in_log in result.log_tail
     assert entries(cache) == before
@@ -264,7 +270,9 @@ def test_a_build_that_overruns_is_killed_and_leaves_nothing(repo, cache, tmp_pat
     before = entries(cache)
     wt = prepare_worktree(repo, "slow", tmp_path / "wt")
     t0 = time.monotonic()
-    result = build_env(wt, cache, python=sys.executable, log_dir=tmp_path / "logs", timeout_s=3)
+    result = build_env(
+        wt, cache, python=sys.executable, log_dir=tmp_path / "logs", timeout_s=3, import_name="engine"
+    )
     assert time.monotonic() - t0 < 20
     assert (result.ok, result.failure_stage) == (False, BUILD)
     assert "time limit" in result.message
@@ -274,7 +282,14 @@ def test_a_build_that_overruns_is_killed_and_leaves_nothing(repo, cache, tmp_pat
 def test_a_missing_interpreter_is_the_toolchains_fault(head_build, tmp_path):
     wt, _, _ = head_build
     for python in [tmp_path / "no" / "python3", "no-such-python-xyz"]:
-        result = build_env(wt, tmp_path / "venvs", python=python, log_dir=tmp_path / "logs", timeout_s=60)
+        result = build_env(
+            wt,
+            tmp_path / "venvs",
+            python=python,
+            log_dir=tmp_path / "logs",
+            timeout_s=60,
+            import_name="engine",
+        )
         assert (result.ok, result.failure_stage) == (False, TOOLCHAIN)
         assert "not found" in result.message
         assert result.log_path.is_file()
@@ -289,7 +304,9 @@ def test_a_full_disk_is_the_toolchains_fault(head_build, tmp_path, monkeypatch):
 
     monkeypatch.setattr(builds.shutil, "copytree", full)
     cache = tmp_path / "venvs"
-    result = build_env(wt, cache, python=sys.executable, log_dir=tmp_path / "logs", timeout_s=60)
+    result = build_env(
+        wt, cache, python=sys.executable, log_dir=tmp_path / "logs", timeout_s=60, import_name="engine"
+    )
     assert (result.ok, result.failure_stage) == (False, TOOLCHAIN)
     assert "disk full" in result.message
     assert entries(cache) == []
@@ -377,6 +394,7 @@ def test_a_confined_build_cannot_write_outside_its_dir_reach_the_network_or_see_
         log_dir=tmp_path / "logs",
         timeout_s=600,
         confine=confine_build,
+        import_name="engine",
     )
     listener.close()
     log = result.log_path.read_text()
@@ -434,7 +452,7 @@ def test_a_toolchain_venv_layered_on_a_venv_shares_both(repo, cache, tmp_path):
     ).stdout  # this interpreter's pip and setuptools, as the box's venv carries torch
     Path(outer_site, "layered.pth").write_text(f"{ours}{deep}\n{checkout}\n")
     wt = prepare_worktree(repo, "head", tmp_path / "wt")
-    result = build_env(wt, cache, python=str(outer_py), log_dir=tmp_path, timeout_s=300)
+    result = build_env(wt, cache, python=str(outer_py), log_dir=tmp_path, timeout_s=300, import_name="engine")
     assert result.ok, result.log_tail
 
     def imports(name: str) -> bool:

@@ -97,9 +97,12 @@ def test_one_profile_option_takes_its_choices_from_the_rules_in_use(tmp_path):
     import click
     import pytest
 
+    import shutil
+
     from evalbot.cli.options import check_profile
     from evalbot.rules import load_rules
 
+    shutil.copytree(default_rules_dir(), tmp_path / "rules")  # the contest repository's own rules
     for command in (["evaluate", "--repo", str(tmp_path), "--base", "main", "--head", "main", "--out",
                      str(tmp_path / "out")], ["calibrate", "--repo", str(tmp_path)]):  # fmt: skip
         result = CliRunner().invoke(main, [*command, "--profile", "tpu"])

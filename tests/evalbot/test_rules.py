@@ -429,6 +429,46 @@ MALFORMED = [
         "unknown key (did you mean 'max_attempts'?)",
         id="dispatch-unknown-key",
     ),
+    pytest.param(
+        "engine.yaml",
+        "protocol: evalbot.serve/1",
+        "protocol: openai/1",
+        "engine.protocol",
+        "expected a protocol evalbot speaks (one of: evalbot.serve/1), got 'openai/1'",
+        id="engine-protocol",
+    ),
+    pytest.param(
+        "engine.yaml",
+        "package: engine",
+        "package: my-engine",
+        "engine.build.package",
+        "expected a Python package name, got 'my-engine'",
+        id="engine-package",
+    ),
+    pytest.param(
+        "engine.yaml",
+        '"--max-seq", "{max_seq}"',
+        '"--max-seq", "{max_tokens}"',
+        "engine.serve.argv[5]",
+        "unknown placeholder {max_tokens}; expected only: {python}, {max_seq}, {device}, {warmup}",
+        id="engine-argv-placeholder",
+    ),
+    pytest.param(
+        "engine.yaml",
+        'model_file: ["--model", "{model}"]',
+        'model_file: ["--model", "model.gguf"]',
+        "engine.serve.model_file",
+        "expected the placeholder {model}",
+        id="engine-model-file",
+    ),
+    pytest.param(
+        "engine.yaml",
+        "--ctx {ctx} --runs {runs}",
+        "--runs {runs}",
+        "engine.contributor.bench",
+        "expected the placeholder {ctx}",
+        id="engine-bench-ctx",
+    ),
 ]
 
 
@@ -700,3 +740,51 @@ def test_without_a_checkout_the_error_says_where_it_looked_and_what_to_do(tmp_pa
     with pytest.raises(RulesError) as info:
         default_rules_dir()
     assert str(tmp_path.resolve()) in str(info.value) and "--rules" in str(info.value)
+
+
+def test_the_engine_is_what_engine_yaml_declares(rules_dir):
+    """A contest's own engine: its package, how one serves (argv and model arguments) and its local bench
+    command come from engine.yaml; evalbot assumes none of them."""
+    from evalbot.policy.template import BENCH_RUNS, bench_commands
+
+    (rules_dir / "engine.yaml").write_text(
+        "protocol: evalbot.serve/1\n"
+        "build: {package: qwen_cuda}\n"
+        "serve:\n"
+        '  argv: ["{python}", "-m", "qwen_cuda.server", "--ctx-size", "{max_seq}", "--backend", "{device}"]\n'
+        '  model_file: ["-m", "{model}"]\n'
+        '  random_weights: ["--dummy-weights={shape}"]\n'
+        "contributor: {bench: \"make bench ARGS='{model_args}' CTX={ctx}\"}\n"
+    )
+    e = load_rules(rules_dir).engine
+    assert e.package == "qwen_cuda"
+    argv = e.serve_argv(e.model_args(model="/m/q.gguf"), python="/v/bin/python", max_seq="4200", device="cuda",
+                        warmup="2")  # fmt: skip
+    assert argv == ["/v/bin/python", "-m", "qwen_cuda.server", "--ctx-size", "4200", "--backend", "cuda",
+                    "-m", "/m/q.gguf"]  # fmt: skip
+    assert e.model_args(shape="qwen3-8b") == ["--dummy-weights=qwen3-8b"]
+    rules = load_rules(rules_dir)
+    cmds = bench_commands(rules)
+    assert cmds and all(c.startswith("make bench ARGS='") and "engine" not in c for c in cmds), cmds
+    assert BENCH_RUNS  # (the template names no {runs} here, and need not)
+    assert (
+        load_rules(rules_dir).rules_hash != load_rules(default_rules_dir()).rules_hash
+    )  # the engine is in the hash
+
+
+def test_no_module_of_evalbot_starts_this_repositorys_engine_by_name():
+    """The serving process, the build's smoke import and the bench command come from engine.yaml: no
+    module of evalbot spells `-m engine` for them (the reference tools still do: #38 part 3)."""
+    import re as _re
+
+    root = Path(__file__).resolve().parents[2] / "evalbot"
+    offenders = []
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        if path.name == "reference.py":
+            continue  # engine.reference, engine.compare, engine.registry: main's reference tools (#38 part 3)
+        if _re.search(
+            r"[\"']-m[\"'],\s*[\"']engine[\"']|python -m engine\b|import_name: str = [\"']engine", text
+        ):
+            offenders.append(str(path.relative_to(root)))
+    assert offenders == []
