@@ -93,11 +93,10 @@ def test_one_profile_option_takes_its_choices_from_the_rules_in_use(tmp_path):
     """--profile is checked against the rules' profiles.yaml (not a list in the code): the shipped rules
     have no 'tpu', and a rules folder that renames a profile has only its own names."""
     import dataclasses
+    import shutil
 
     import click
     import pytest
-
-    import shutil
 
     from evalbot.cli.options import check_profile
     from evalbot.rules import load_rules
