@@ -56,6 +56,7 @@ class ServedProcess:
     broken: bool = False  # it broke the protocol (or ran out of time): close() does not wait on it
     max_output_bytes: int = 64 << 20
     meter: cpumeter.Meter | None = None
+    protocol: str = PROTOCOL  # the one its ready line must name (the rules' engine.yaml)
     # on a GPU profile, the harness's idle probe: every freeze waits for the device to run what the
     # process left queued (device_idle), and a process that keeps it busy past the limit fails
     device: device_idle.Probe | None = None
@@ -77,6 +78,7 @@ class ServedProcess:
         *,
         no_sandbox: bool,
         meter: cpumeter.Meter | None = None,
+        protocol: str = PROTOCOL,
     ) -> ServedProcess:
         """Spawn the server and its reader threads (stdout lines timestamped, stderr kept as a tail); a
         process whose output passes the spec's cap is stopped at once. With a meter, the whole tree's CPU
@@ -84,7 +86,7 @@ class ServedProcess:
         proc = sandbox.spawn(spec, argv, no_sandbox=no_sandbox, prefix=meter.wrap([]) if meter else ())
         if meter is not None:
             meter.root_pid = proc.pid
-        sp = cls(label, proc, max_output_bytes=spec.limits.max_output_bytes, meter=meter)
+        sp = cls(label, proc, max_output_bytes=spec.limits.max_output_bytes, meter=meter, protocol=protocol)
         threading.Thread(target=sp._read_stdout, daemon=True).start()
         threading.Thread(target=sp._read_stderr, daemon=True).start()
         return sp
@@ -257,9 +259,9 @@ class ServedProcess:
         line = self.next_line(time.monotonic() + timeout_s, timeout_s)
         assert line is not None  # no slice end: a line or ServeError
         obj = line.obj
-        if obj.get("event") != "ready" or obj.get("protocol") != PROTOCOL:
+        if obj.get("event") != "ready" or obj.get("protocol") != self.protocol:
             raise ServeError(
-                f"{self.label}: expected a ready line of {PROTOCOL}, got {str(obj)[:200]}", self.tail()
+                f"{self.label}: expected a ready line of {self.protocol}, got {str(obj)[:200]}", self.tail()
             )
         vocab = (obj.get("config") or {}).get("vocab_size")
         if not isinstance(vocab, int) or vocab <= 0:

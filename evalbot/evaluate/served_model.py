@@ -94,7 +94,12 @@ def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int)
         if threads:  # the kernel holds the tree to its cores (with the checks' slack), where the box lets it
             meter.cap(threads * REQUEST_CPU_SLACK)
         return served.ServedProcess.start(
-            SIDE_LABEL[side], spec, argv, no_sandbox=ctx.req.options.no_sandbox, meter=meter
+            SIDE_LABEL[side],
+            spec,
+            argv,
+            no_sandbox=ctx.req.options.no_sandbox,
+            meter=meter,
+            protocol=ctx.ws.rules.engine.protocol,
         )
 
     return launch
