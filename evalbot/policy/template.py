@@ -71,6 +71,7 @@ class TemplateFacts:
     rows: tuple[BenchRow, ...]
     placeholders: tuple[str, ...]  # base/head cells that hold no number, as written ("" for empty)
     stated_gain: float | None  # a "+5.1% faster"-style claim outside the table
+    unread_table: str | None = None  # the header of a table that is not a before/after one, where no other is
 
     @property
     def filled_rows(self) -> tuple[BenchRow, ...]:
@@ -129,6 +130,7 @@ def parse_body(body: str | None) -> TemplateFacts:
         rows=tuple(rows),
         placeholders=tuple(placeholders),
         stated_gain=_stated_gain(lines),
+        unread_table=None if table is not None else _first_header(lines),
     )
 
 
@@ -165,26 +167,57 @@ def _is_separator(line: str) -> bool:
     return all(_SEPARATOR_CELL.fullmatch(cell.strip()) for cell in inner.split("|"))
 
 
-def _find_table(lines: list[str]) -> tuple[dict[str, int], list[list[str]]] | None:
-    """The first table whose header names base and head (or change) columns: column indexes and rows."""
+def _tables(lines: list[str]) -> list[tuple[list[str], list[list[str]]]]:
+    """Every markdown table: its header cells and its rows' cells."""
+    out = []
     for i in range(len(lines) - 1):
         if "|" not in lines[i] or not _is_separator(lines[i + 1]):
-            continue
-        columns: dict[str, int] = {}
-        for index, cell in enumerate(_cells(lines[i])):
-            for name, pattern in _COLUMNS:
-                if pattern.search(cell):
-                    columns.setdefault(name, index)
-                    break
-        if not ({"base", "head"} <= columns.keys() or "change" in columns):
             continue
         rows = []
         for line in lines[i + 2 :]:
             if "|" not in line or not line.strip():
                 break
             rows.append(_cells(line))
-        return columns, rows
+        out.append((_cells(lines[i]), rows))
+    return out
+
+
+def _kind(cell: str) -> str | None:
+    """Which of the _COLUMNS a header (or first) cell names."""
+    return next((name for name, pattern in _COLUMNS if pattern.search(cell)), None)
+
+
+def _find_table(lines: list[str]) -> tuple[dict[str, int], list[list[str]]] | None:
+    """The first before/after table, as column indexes and rows: a column per side (the header names base
+    and head, or change, columns), or a row per side (the first cells name base and head rows; each other
+    column is then one context, named in its header), read as if turned a quarter."""
+    for header, rows in _tables(lines):
+        columns: dict[str, int] = {}
+        for index, cell in enumerate(header):
+            kind = _kind(cell)
+            if kind is not None:
+                columns.setdefault(kind, index)
+        if {"base", "head"} <= columns.keys() or "change" in columns:
+            return columns, rows
+        by_side: dict[str, list[str]] = {}
+        for row in rows:
+            kind = _kind(row[0]) if row else None
+            if kind in ("base", "head", "change"):
+                by_side.setdefault(kind, row)
+        if {"base", "head"} <= by_side.keys():
+            turned = [
+                [header[j], *(by_side[k][j] if j < len(by_side[k]) else "" for k in ("base", "head")),
+                 by_side["change"][j] if "change" in by_side and j < len(by_side["change"]) else ""]
+                for j in range(1, len(header))
+            ]  # fmt: skip
+            return {"context": 0, "base": 1, "head": 2, "change": 3}, turned
     return None
+
+
+def _first_header(lines: list[str]) -> str | None:
+    """The first table's header line, as written again from its cells (None: no table)."""
+    tables = _tables(lines)
+    return ("| " + " | ".join(tables[0][0]) + " |")[:200] if tables else None
 
 
 def _row(columns: dict[str, int], cells: list[str]) -> tuple[BenchRow, list[str]]:
@@ -278,6 +311,11 @@ def problem(facts: TemplateFacts) -> str | None:
         return "the description has no Tested box"
     if not facts.tested:
         return "the Tested box is not ticked"
+    if not facts.table_found and facts.unread_table is not None:
+        return (
+            f"its table ({facts.unread_table}) is not a before/after table: it needs a column per side "
+            "(main, base or before; PR, head or after) or a row per side, with the tok/s of each"
+        )
     if not facts.table_found:
         return "the description has no before/after table"
     if not facts.filled_rows:

@@ -408,7 +408,33 @@ class TestTemplate:
         for command in commands:  # the template a contributor sees says the same as the bot's comment
             assert command in TEMPLATE
         d = template.check(make_pr(body=FREE_TEXT_BODY), rules)
-        assert all(c in said(d) for c in commands) and "decode_tps" in said(d)
+        assert all(c in said(d) for c in commands) and "tokens per second" in said(d)
+
+    def test_a_row_per_side_reads_as_a_column_per_side(self, rules):
+        """A contest's own before/after table, one row per side and a column per context (#38): the same
+        claims as the column-per-side layout, and such a PR is not labelled needs-benchmark."""
+        body = """- [x] Tested: I ran the benchmark below on `main` and on this branch
+
+| decode tok/s | ctx 128 | 4k |
+|---|--:|--:|
+| main (before) | 41.2 | 1,038.0 tok/s |
+| this PR (after) | **43.5** | 1,090.2 |
+| change | +5.6% | +5.0% |
+"""
+        facts = parse_body(body)
+        assert [(r.context, r.base_tps, r.head_tps, r.change) for r in facts.rows] == [
+            (128, 41.2, 43.5, pytest.approx(0.056)), (4096, 1038.0, 1090.2, pytest.approx(0.05))]  # fmt: skip
+        assert template.check(make_pr(body=body), rules) is None
+
+    def test_a_table_it_cannot_read_is_named_in_the_notice(self, rules):
+        body = "- [x] Tested: I ran the benchmark\n\n| run | tok/s |\n|---|---|\n| 1 | 40.1 |\n| 2 | 42.0 |\n"
+        d = template.check(make_pr(body=body), rules)
+        assert d is not None and "its table (| run | tok/s |) is not a before/after table" in d.reason
+        assert "a row per side" in d.reason
+        hostile = body.replace("| run | tok/s |", "| @maintainers [x](http://evil) | tok/s |")
+        text = said(template.check(make_pr(body=hostile), rules))
+        # the PR's text is escaped: no mention, no link
+        assert "@maintainers" not in text and "@&#8203;maintainers" in text and "](http://" not in text
 
     def test_change_column_only_and_other_spellings(self):
         body = """- [x] benchmarked on my box
