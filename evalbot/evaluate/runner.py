@@ -142,10 +142,14 @@ def _provenance(req: EvalRequest, ws: Workspace, seed: int, corpus: Path) -> Pro
 def _reproduce(req: EvalRequest, ws: Workspace, seed: int) -> str:
     """The command that runs this evaluation again on a maintainer's box."""
     o = req.options
+    own = (Path(ws.repo) / "rules").resolve() == Path(ws.rules.source_dir).resolve()
     return (
         f"evalbot evaluate --repo {ws.repo} --base {req.base_sha} --head {req.head_sha} "
         f"--profile {req.profile.name} --seed {seed}"
+        + ("" if own else f" --rules {ws.rules.source_dir}")  # rules other than the checkout's own
         + ("" if o.spec else " --no-spec")
+        + (f" --spec-drafter {o.spec_drafter}" if o.spec and o.spec_drafter != "ngram" else "")
+        + ("" if o.accuracy else " --no-accuracy")
         + (f" --max-pairs {o.max_pairs}" if o.max_pairs else "")
     )
 
