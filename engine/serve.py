@@ -78,7 +78,12 @@ STREAMS = ("token", "ends")
 
 
 class RequestError(ValueError):
-    """A request that does not follow the protocol; the message says which field and why."""
+    """A request that does not follow the protocol; the message says which field and why, and `rid` is
+    the request's id where it has a readable one (its error line then names it)."""
+
+    def __init__(self, message: str, rid: str | None = None):
+        super().__init__(message)
+        self.rid = rid
 
 
 def _ints(value: Any, field: str, vocab: int, minimum: int = 1) -> list[int]:
@@ -114,11 +119,13 @@ def parse_request(line: bytes) -> dict[str, Any]:
     if not isinstance(req, dict):
         raise RequestError("a request is a JSON object")
     op = req.get("op")
-    if op not in OPS:
-        raise RequestError(f"op: expected one of {', '.join(OPS)}, got {op!r}")
+    if op == "shutdown":
+        return req
     rid = req.get("id", "")
-    if op != "shutdown" and (not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID_CHARS):
+    if not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID_CHARS:
         raise RequestError(f"id: expected a string of 1-{MAX_ID_CHARS} characters, got {rid!r}")
+    if op not in OPS:
+        raise RequestError(f"op: expected one of {', '.join(OPS)}, got {op!r}", rid)
     return req
 
 
@@ -354,6 +361,7 @@ def serve(args: argparse.Namespace, stdin: IO[bytes] | None = None, out: IO[str]
                 return 0
             server.handle(req)
         except (RequestError, ValueError) as exc:
+            rid = rid if rid is not None else getattr(exc, "rid", None)
             server.send({"id": rid, "event": "error", "message": str(exc)[:2000]})
 
 

@@ -12,6 +12,7 @@ from evalbot.cli import (
     bot_cmd,
     copycat_cmd,
     dashboard_cmd,
+    engine_cmd,
     evaluate_cmd,
     receipt_cmd,
     render_cmd,
@@ -50,5 +51,6 @@ main.add_command(evaluate_cmd.evaluate)
 main.add_command(calibrate)
 main.add_command(dashboard_cmd.dashboard)
 main.add_command(copycat_cmd.copycat)
+main.add_command(engine_cmd.engine)
 for _command in bot_cmd.COMMANDS:
     main.add_command(_command)

@@ -1,0 +1,181 @@
+"""The conformance kit (`evalbot engine check`, #38 part 2) on real processes: a stand-in engine that keeps
+every requirement, broken ones that each break one (and are named for it), and a tiny engine written in C,
+compiled here, that nobody wrote in Python."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from evalbot.evaluate import conformance, sandbox, served
+
+PY = sys.executable
+
+ENGINE = """
+import json, os, sys
+PROTOCOL = os.environ.get("BREAK") == "protocol" and "evalbot.serve/0" or "evalbot.serve/1"
+BREAK = os.environ.get("BREAK", "")
+V = 100
+def send(o):
+    sys.stdout.write(json.dumps(o) + "\\n"); sys.stdout.flush()
+def toks(prompt, n):
+    s = sum(prompt)
+    out = [(s + 7 * i) % V for i in range(n)]
+    if BREAK == "vocab" and n > 8:
+        out[-1] = V + 3
+    return out
+send({"event": "ready", "protocol": PROTOCOL, "config": {"vocab_size": V}, "ops": ["generate", "prefill"]})
+if BREAK == "chatty":
+    send({"event": "log", "message": "warming up"})
+held = None
+for line in sys.stdin:
+    if BREAK == "crash":
+        sys.stderr.write("Segmentation fault (core dumped)\\n"); sys.stderr.flush(); os._exit(139)
+    req = json.loads(line)
+    op, rid = req.get("op"), req.get("id")
+    if op == "shutdown":
+        break
+    if op == "prefill":
+        held = list(req["prompt_ids"])
+        send({"id": rid, "event": "done", "n": len(held)})
+        continue
+    if op != "generate":
+        send({"id": rid, "event": "error", "message": f"unknown op {op!r}"})
+        continue
+    prompt = (held or []) + req["prompt_ids"] if req.get("continue") else req["prompt_ids"]
+    held = None
+    out = toks(prompt, req["max_new"])
+    if req.get("stream") == "ends":
+        send({"id": rid, "tok": out[0]}); send({"id": rid, "toks": out[1:]})
+    else:
+        for t in out:
+            send({"id": rid, "tok": t})
+    send({"id": rid, "event": "done", "n": len(out)})
+"""
+
+
+def starter(tmp_path: Path, argv: list[str], env: dict[str, str] | None = None):
+    def start() -> served.ServedProcess:
+        spec = sandbox.SandboxSpec(
+            ro_binds=(), scratch=tmp_path, workdir=tmp_path, env={"PATH": "/usr/bin:/bin", **(env or {})},
+            limits=sandbox.Limits(max_output_bytes=1 << 20, timeout_s=60),
+        )  # fmt: skip
+        return served.ServedProcess.start(conformance.LABEL, spec, argv, no_sandbox=True)
+
+    return start
+
+
+def run_kit(tmp_path: Path, brk: str = "") -> dict[str, conformance.Outcome]:
+    path = tmp_path / "engine.py"
+    path.write_text(textwrap.dedent(ENGINE))
+    got = conformance.check(starter(tmp_path, [PY, str(path)], {"BREAK": brk}), timeout_s=10)
+    print("\n".join(o.line() for o in got))
+    return {o.id: o for o in got}
+
+
+def test_an_engine_that_keeps_the_protocol_passes_every_requirement(tmp_path):
+    got = run_kit(tmp_path)
+    assert [o.id for o in got.values() if not o.passed] == []
+    assert [r[0] for r in conformance.REQUIREMENTS] == list(got)
+
+
+@pytest.mark.parametrize(
+    "brk, failing, reason",
+    [
+        ("protocol", "ready", "expected a ready line of evalbot.serve/1"),
+        ("chatty", "nothing-unasked", "a line came with no request asked"),
+        ("vocab", "tokens-in-vocabulary", "103"),
+        ("crash", "generate-token-stream", "Segmentation fault"),
+    ],
+)
+def test_a_broken_engine_is_named_for_each_requirement_it_breaks(tmp_path, brk, failing, reason):
+    got = run_kit(tmp_path, brk)
+    assert not got[failing].passed and reason in (got[failing].failure or ""), got[failing].line()
+    if brk == "vocab":  # one thing broken: every other requirement still passes
+        assert [o.id for o in got.values() if not o.passed] == [failing]
+
+
+C_ENGINE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#define V 100
+static long held = -1;
+static long sum_ids(const char *s) {
+    const char *p = strstr(s, "\"prompt_ids\"");
+    long sum = 0;
+    if (!p) return 0;
+    p = strchr(p, '[');
+    while (p && *p && *p != ']') {
+        char *end;
+        long v = strtol(p + 1, &end, 10);
+        if (end == p + 1) break;
+        sum += v;
+        p = end;
+    }
+    return sum;
+}
+static void str_field(const char *s, const char *key, char *out, size_t cap) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(s, pat);
+    out[0] = 0;
+    if (!p || !(p = strchr(p + strlen(pat), '"'))) return;
+    size_t i = 0;
+    for (p++; *p && *p != '"' && i + 1 < cap; p++) out[i++] = *p;
+    out[i] = 0;
+}
+int main(void) {
+    static char line[1 << 20];
+    char id[80], op[32];
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("{\"event\":\"ready\",\"protocol\":\"evalbot.serve/1\",\"config\":{\"vocab_size\":%d},"
+           "\"ops\":[\"generate\",\"prefill\"]}\n", V);
+    while (fgets(line, sizeof line, stdin)) {
+        str_field(line, "op", op, sizeof op);
+        str_field(line, "id", id, sizeof id);
+        if (!strcmp(op, "shutdown")) return 0;
+        if (!strcmp(op, "prefill")) {
+            held = sum_ids(line);
+            printf("{\"id\":\"%s\",\"event\":\"done\",\"n\":0}\n", id);
+            continue;
+        }
+        if (strcmp(op, "generate")) {
+            printf("{\"id\":\"%s\",\"event\":\"error\",\"message\":\"unknown op\"}\n", id);
+            continue;
+        }
+        const char *m = strstr(line, "\"max_new\":");
+        int n = m ? atoi(m + 10) : 0;
+        long s = sum_ids(line);
+        if (strstr(line, "\"continue\":true") && held >= 0) s += held;
+        held = -1;
+        int ends = strstr(line, "\"stream\":\"ends\"") != NULL;
+        for (int i = 0; i < n; i++) {
+            long t = (s + 7L * i) % V;
+            if (!ends) printf("{\"id\":\"%s\",\"tok\":%ld}\n", id, t);
+            else if (i == 0) printf("{\"id\":\"%s\",\"tok\":%ld}\n{\"id\":\"%s\",\"toks\":[", id, t, id);
+            else printf("%s%ld", i > 1 ? "," : "", t);
+        }
+        if (ends) printf("]}\n");
+        printf("{\"id\":\"%s\",\"event\":\"done\",\"n\":%d}\n", id, n);
+    }
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_a_tiny_engine_written_in_c_passes_the_kit(tmp_path):
+    """An outside engine, not Python: a C program compiled here, speaking evalbot.serve/1 on stdio."""
+    src = tmp_path / "engine.c"
+    src.write_text(C_ENGINE)
+    binary = tmp_path / "engine"
+    subprocess.run(["cc", "-O1", "-o", str(binary), str(src)], check=True, capture_output=True)
+    got = conformance.check(starter(tmp_path, [str(binary)]), timeout_s=10)
+    print("\n".join(o.line() for o in got))
+    assert [o.line() for o in got if not o.passed] == []
