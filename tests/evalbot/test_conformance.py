@@ -179,3 +179,65 @@ def test_a_tiny_engine_written_in_c_passes_the_kit(tmp_path):
     got = conformance.check(starter(tmp_path, [str(binary)]), timeout_s=10)
     print("\n".join(o.line() for o in got))
     assert [o.line() for o in got if not o.passed] == []
+
+
+# ------------------------------------------------------------------ `evalbot engine check`, as a maintainer runs it
+
+
+def _contest_repo(tmp_path: Path, protocol: str = "evalbot.serve/1") -> Path:
+    """A contest repository nobody here wrote: its engine is the Python package `tinyengine` (the stand-in
+    above, started as `python -m tinyengine --shape S`), declared in its own rules/engine.yaml."""
+    from evalbot.rules import default_rules_dir
+
+    repo = tmp_path / "contest"
+    (repo / "tinyengine").mkdir(parents=True)
+    (repo / "tinyengine" / "__init__.py").write_text("")
+    (repo / "tinyengine" / "__main__.py").write_text(
+        textwrap.dedent(ENGINE).replace('"evalbot.serve/1"', repr(protocol))
+    )
+    (repo / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "tinyengine"\nversion = "0.1"\n\n[tool.setuptools]\npackages = ["tinyengine"]\n'
+    )
+    shutil.copytree(default_rules_dir(), repo / "rules")
+    (repo / "rules" / "engine.yaml").write_text(
+        "protocol: evalbot.serve/1\nbuild: {package: tinyengine}\nserve:\n"
+        '  argv: ["{python}", "-m", "tinyengine"]\n  model_file: ["--model", "{model}"]\n'
+        '  random_weights: ["--shape", "{shape}"]\n'
+        'contributor: {bench: "python -m tinyengine.bench --ctx {ctx}"}\n'
+    )
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
+                 ["-c", "user.name=m", "-c", "user.email=m@x", "commit", "-q", "-m", "engine"]):  # fmt: skip
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+    return repo
+
+
+def _engine_check(repo: Path, tmp_path: Path, *extra: str):
+    from click.testing import CliRunner
+
+    from evalbot.cli import main
+
+    sandboxed = [] if sandbox.sandbox_available() else ["--no-sandbox"]
+    return CliRunner().invoke(main, ["engine", "check", "--repo", str(repo), "--work-dir", str(tmp_path / "w"),
+                                     "--timeout", "20", *sandboxed, *extra])  # fmt: skip
+
+
+def test_engine_check_builds_and_checks_an_outside_engine_as_its_engine_yaml_declares(tmp_path):
+    got = _engine_check(_contest_repo(tmp_path), tmp_path, "--shape", "any")
+    assert got.exit_code == 0, got.output
+    assert "all 11 requirements of evalbot.serve/1 hold" in got.output
+    assert got.output.count("PASS  ") == 11
+
+
+def test_engine_check_names_the_requirement_a_broken_engine_fails(tmp_path):
+    got = _engine_check(_contest_repo(tmp_path, protocol="evalbot.serve/0"), tmp_path, "--shape", "any")
+    assert got.exit_code == 1, got.output
+    assert "FAIL  ready" in got.output and "expected a ready line of evalbot.serve/1" in got.output
+    assert "requirements failed: ready" in got.output
+
+
+def test_engine_check_passes_on_this_repositorys_engine(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    got = _engine_check(root, tmp_path, "--shape", "qwen3-tiny")
+    assert got.exit_code == 0, got.output
+    assert "all 11 requirements of evalbot.serve/1 hold" in got.output
