@@ -11,6 +11,7 @@ site-packages, where there is no rules/, and its first evalbot step failed.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -255,3 +256,23 @@ def test_the_pages_workflow_builds_the_dashboard_as_written_from_its_non_editabl
     log = "\n".join(runner.log)
     assert "building the dashboard from an empty one" in log
     assert (workspace / "site" / "index.html").is_file(), log
+
+
+def test_the_wheel_carries_every_template_and_data_file_of_evalbot(tmp_path):
+    """A non-editable install has only what the wheel carries: every template (the notices' folder was
+    missing, so an installed bot could not write a needs-benchmark comment) and every prompt corpus."""
+    import zipfile
+
+    env = {**os.environ, **OFFLINE_PIP}
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(ROOT)],
+                   check=True, env=env, capture_output=True, cwd=tmp_path)  # fmt: skip
+    (wheel,) = tmp_path.glob("evalbot-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    wanted = {
+        str(p.relative_to(ROOT))
+        for folder in ("evalbot/templates", "evalbot/data")
+        for p in (ROOT / folder).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and not p.name.startswith(".")
+    }
+    assert wanted and sorted(wanted - shipped) == []
+    assert "evalbot/evaluate/gpu_probe.py" in shipped  # the GPU idle probe, run by its path
