@@ -6,11 +6,15 @@ the API. `uses:` steps are played by the test: the checkout is a copy of the wor
 and `gh` is a stand-in that finds no earlier run (the artifact restore then starts an empty store).
 
 What these caught: the poll workflow installed `.[bot]` non-editable, so `default_rules_dir()` pointed into
-site-packages, where there is no rules/, and its first evalbot step failed.
+site-packages, where there is no rules/, and its first evalbot step failed; and the wheel left out the
+notices' templates, so an installed bot could not write a needs-benchmark comment. The eval workflow now
+installs the harness non-editable too, and runs here as written (a PR that is SKIPPED before any build:
+a measured evaluation through it runs on a GPU box, bench/calibrate_gpu_device.sh MODE=workflow).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -50,8 +54,10 @@ def evaluate(expr: str, ctx: dict[str, Any]) -> Any:
         if len(parts) == 2:
             a, b = (evaluate(p, ctx) for p in parts)
             return (str(a) != str(b)) if op == "!=" else (str(a) == str(b))
-    if expr == "always()":
+    if expr in ("always()", "true"):
         return True
+    if expr == "false":
+        return False
     if expr.startswith("'") and expr.endswith("'"):
         return expr[1:-1]
     value: Any = ctx
@@ -125,7 +131,7 @@ class Runner:
         self.log: list[str] = []
 
     def run_job(self, job: dict[str, Any], stop_after: str | None = None) -> None:
-        assert evaluate(job.get("if", "true"), self.ctx) not in (False, ""), "the job would be skipped"
+        assert evaluate(str(job.get("if", "true")), self.ctx) not in (False, ""), "the job would be skipped"
         for step in job["steps"]:
             if "uses" in step:
                 continue  # played by the test: checkout, setup-python, cache (a miss), artifacts
@@ -276,3 +282,80 @@ def test_the_wheel_carries_every_template_and_data_file_of_evalbot(tmp_path):
     }
     assert wanted and sorted(wanted - shipped) == []
     assert "evalbot/evaluate/gpu_probe.py" in shipped  # the GPU idle probe, run by its path
+
+
+def test_the_eval_workflow_runs_as_written_and_signs_what_it_decided(tmp_path, setup_python):
+    """evalbot-eval.yml's steps on a self-hosted runner: the inputs checked, the PR's head fetched as
+    objects, the harness installed into a venv on the box's interpreter (not editable), `evalbot evaluate`
+    from a neutral folder under the box lock with the checkout's rules and the runner's key. The PR edits
+    the rules, so it is SKIPPED before anything is built: a decided result the workflow passes (exit 0), its
+    receipt signed by the runner's key."""
+    workspace = tmp_path / "workspace"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(workspace)], check=True)
+    git = ["git", "-C", str(workspace), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run([*git, "checkout", "-q", "-B", "main"], check=True)
+    for path in ("rules", "evalbot", "tests", ".github", "pyproject.toml"):  # the working tree, as committed
+        src, dst = ROOT / path, workspace / path
+        if src.is_dir():
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dst)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "main", "--allow-empty"], check=True)
+    base = subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    subprocess.run([*git, "checkout", "-q", "-b", "pr"], check=True)
+    (workspace / "rules" / "gates.yaml").write_text(
+        (workspace / "rules" / "gates.yaml").read_text() + "\n# looser\n"
+    )
+    subprocess.run([*git, "commit", "-qam", "loosen the gates"], check=True)
+    head = subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    # the GitHub remote: the PR's head under refs/pull/1/head, as GitHub keeps it; the checkout is base_sha
+    remote = tmp_path / "server" / "contest" / "engine.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(workspace), str(remote)], check=True)
+    subprocess.run(["git", "-C", str(remote), "update-ref", "refs/pull/1/head", head], check=True)
+    subprocess.run(["git", "-C", str(remote), "branch", "-q", "-D", "pr"], check=True)
+    subprocess.run([*git, "checkout", "-q", "--detach", base], check=True)
+    subprocess.run([*git, "branch", "-q", "-D", "pr"], check=True)
+    subprocess.run([*git, "remote", "set-url", "origin", remote.as_uri()], check=True)
+    # the runner's key, in its environment as the README's operators' section says
+    key, pub = tmp_path / "runner-key.pem", tmp_path / "runner-key.pub"
+    subprocess.run([sys.executable, "-m", "evalbot", "receipt", "keygen", str(key), str(pub)], check=True,
+                   capture_output=True, cwd=ROOT)  # fmt: skip
+    wf = yaml.safe_load((WORKFLOWS / "evalbot-eval.yml").read_text())
+    inputs = {"pr": "1", "head_sha": head, "base_sha": base, "profile": "cpu", "request_id": "req-0000abcd",
+              "exclude_runner": "", "box": ""}  # fmt: skip
+    summary = tmp_path / "step_summary.md"
+    # pip's build isolation would fetch a setuptools from PyPI for the install; offline, the venv's own
+    # (Python 3.11 seeds one too old to build a wheel) is shadowed by this environment's
+    tools = tmp_path / "buildtools"
+    tools.mkdir()
+    purelib = Path(sysconfig.get_path("purelib"))
+    for name in ("setuptools", "_distutils_hack", *(p.name for p in purelib.glob("setuptools-*.dist-info"))):
+        (tools / name).symlink_to(purelib / name)
+    offline_build = {"PYTHONPATH": str(tools)}
+    runner = Runner(
+        tmp_path, workspace, setup_python,
+        {"GITHUB_SERVER_URL": (tmp_path / "server").as_uri(), "GITHUB_REPOSITORY": "contest/engine",
+         "RUNNER_NAME": "box-1", "EVALBOT_RUNNER_KEY_FILE": str(key), "EVALBOT_PYTHON": sys.executable,
+         "EVALBOT_LOCK_FILE": str(tmp_path / "eval.lock"), "GITHUB_STEP_SUMMARY": str(summary), **OFFLINE_PIP,
+         **offline_build},
+        {"github": {"token": "ghs_job"}, "inputs": inputs, "secrets": {}, "vars": {}},
+    )  # fmt: skip
+    runner.run_job(wf["jobs"]["evaluate"])
+    out = Path(runner.temp) / "evalbot-out"
+    result = json.loads((out / "result.json").read_text())
+    assert result["verdict"]["status"] == "SKIPPED" and "rules/gates.yaml" in result["verdict"]["reasons"][0]
+    assert runner.ctx["steps"]["evaluate"]["outputs"]["status"] == "4"
+    assert "SKIPPED" in summary.read_text()  # the report, in the job's summary
+    installed = Path(runner.temp) / "evalbot-venv" / "bin"
+    shown = subprocess.run([installed / "python", "-c", "import evalbot; print(evalbot.__file__)"],
+                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "site-packages" in shown and str(workspace) not in shown, shown
+    verify = subprocess.run([installed / "evalbot", "receipt", "verify", str(out / "receipt.json"), "--key", str(pub)],
+                            capture_output=True, text=True)  # fmt: skip
+    assert verify.returncode == 0, verify.stdout + verify.stderr
