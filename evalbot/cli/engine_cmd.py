@@ -41,7 +41,7 @@ def check(repo: Path, rev: str, rules_dir: Path | None, shape: str | None, model
     spec = rules.engine
     if model is None and shape is None:
         shapes = [
-            m.name for p in rules.profiles if p.device == device for m in p.models if m.source != "registry"
+            m.name for p in rules.profiles if p.device == device for m in p.models if m.source == "shape"
         ]
         if not shapes:
             raise click.UsageError(f"the rules' {device} profiles name no shape with random weights: pass "

@@ -233,7 +233,9 @@ def audit_answers(
 
 
 def fetch_models(ctx: RunContext, profile: Profile) -> dict[str, Path]:
-    """Registry models fetched and verified by main's fetcher (trusted, outside the sandbox: it needs the network)."""
+    """Registry models fetched and verified by main's fetcher (trusted, outside the sandbox: it needs the
+    network); model files on the runner checked against their pinned digest, computed here."""
+    files = _runner_files(ctx, profile)
     names = [m.name for m in profile.models if m.source == "registry"]
     if ctx.req.options.spec and ctx.req.options.spec_drafter == "draft":
         names += [ctx.ws.rules.spec_pair.target.name, ctx.ws.rules.spec_pair.draft.name]
@@ -262,7 +264,43 @@ def fetch_models(ctx: RunContext, profile: Profile) -> dict[str, Path]:
         digest = sha_of(ctx, path)
         if name in pinned and pinned[name] != digest:
             raise _harness_failed("models", f"{name} has sha256 {digest}, rules pin {pinned[name]}")
+    return out | files
+
+
+def _runner_files(ctx: RunContext, profile: Profile) -> dict[str, Path]:
+    """The models.yaml entries that name a file on the runner, each read whole and its digest compared with
+    the pinned one (never a .sha256 file beside it: anyone who can write the folder could write that)."""
+    refs = [m for m in profile.models if m.source == "file"]
+    if ctx.req.options.spec and ctx.req.options.spec_drafter == "draft":
+        refs += [
+            m for m in (ctx.ws.rules.spec_pair.target, ctx.ws.rules.spec_pair.draft) if m.source == "file"
+        ]
+    out: dict[str, Path] = {}
+    for ref in refs:
+        path = Path(ref.path or "")
+        if not path.is_file():
+            raise _harness_failed(
+                "models", f"{ref.name}: the rules name the file {path}, which this runner lacks"
+            )
+        ctx.log(f"checking {ref.name} ({path})")
+        digest = file_digest(path)
+        if digest != ref.sha256:
+            raise _harness_failed(
+                "models", f"{ref.name}: {path} has sha256 {digest}, the rules pin {ref.sha256}"
+            )
+        out[ref.name] = path
     return out
+
+
+def file_digest(path: Path) -> str:
+    """A file's sha256, read whole."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def sha_of(ctx: RunContext, path: Path) -> str:
@@ -271,10 +309,4 @@ def sha_of(ctx: RunContext, path: Path) -> str:
     try:
         return side.read_text().split()[1]
     except (OSError, IndexError):
-        import hashlib
-
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-        return h.hexdigest()
+        return file_digest(path)

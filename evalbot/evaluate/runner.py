@@ -235,12 +235,13 @@ def _harness(ctx: RunContext, corpus: Path, seed: int, rec: _Record) -> _Harness
     ctx.model_paths = dict(models)
     draws = prompts.draw(corpus, seed, n_chars=8 * max(c.ctx for c in profile.contexts) + 4000, k=2)
     prompt_files = prompts.write_prompt_files(draws, ctx.scratch / "prompts")
-    shas = {name: sha_of(ctx, path) for name, path in models.items()}
+    on_runner = {m.name: m.sha256 for m in profile.models if m.source == "file"}  # checked whole just now
+    shas = {name: on_runner.get(name) or sha_of(ctx, path) for name, path in models.items()}
     references: dict[str, Path] = {}
     identities: dict[str, Any] = {}
     try:
         for ref in profile.models if ctx.req.options.accuracy else ():
-            if ref.source == "registry":
+            if ref.has_weights:
                 references[ref.name], identities[ref.name] = llama_reference(
                     ctx, models[ref.name], prompt_files[1]
                 )
@@ -309,7 +310,7 @@ def _measure(ctx: RunContext, harness: _Harness, corpus: Path, seed: int) -> _Re
     out = _Results()
     try:
         for ref in ctx.req.profile.models:
-            registry = ref.source == "registry"
+            registry = ref.has_weights  # a model file: its own tokenizer's prompts, the reference
             engine = ctx.ws.rules.engine  # how the contest's engine takes its model (engine.yaml)
             args = (
                 engine.model_args(model=str(harness.models[ref.name]))

@@ -286,11 +286,11 @@ def bench_profile(rules: Rules) -> Profile:
 def bench_commands(rules: Rules) -> tuple[str, ...]:
     """The local commands, one per scored context, whose decode_tps fill the table (main, then branch)."""
     profile = bench_profile(rules)
-    model = next((m for m in profile.models if m.source == "registry"), profile.models[0])
+    model = next((m for m in profile.models if m.has_weights), profile.models[0])
     engine = rules.engine  # engine.yaml: the contest's own model arguments and bench command
     args = (
-        engine.model_args(model=model.name)
-        if model.source == "registry"
+        engine.model_args(model=model.path or model.name)
+        if model.has_weights
         else engine.model_args(shape=model.name)
     )
     what = " ".join(args)

@@ -297,6 +297,17 @@ def _model(f: _File, node: yaml.Node, field: str, registry_only: bool = False) -
         f.fail(
             node, field, "expected a registry model with 'registry' and 'sha256', got a random-weight shape"
         )
+    if "file" in keys:  # a model file on the runner, pinned: evalbot checks its digest, nothing fetches it
+        m = f.mapping(node, field, ("name", "file", "sha256"))
+        path = f.text(m["file"], f"{field}.file", what="an absolute path to the model file on the runner")
+        if not path.startswith("/") or "/../" in f"{path}/":
+            f.fail(m["file"], f"{field}.file", f"expected an absolute path without '..', got {path!r}")
+        return ModelRef(
+            f.text(m["name"], f"{field}.name", _NAME, "a model name"),
+            "file",
+            f.sha256(m["sha256"], f"{field}.sha256"),
+            path,
+        )
     if "registry" in keys or registry_only:
         m = f.mapping(node, field, ("registry", "sha256"))
         return ModelRef(
@@ -307,7 +318,8 @@ def _model(f: _File, node: yaml.Node, field: str, registry_only: bool = False) -
     if "shape" in keys:
         m = f.mapping(node, field, ("shape",))
         return ModelRef(f.text(m["shape"], f"{field}.shape", _NAME, "a shape name"), "shape", None)
-    f.fail(node, field, "expected a mapping with 'registry' and 'sha256', or with 'shape' alone")
+    f.fail(node, field, "expected a mapping with 'registry' and 'sha256', with 'name', 'file' and 'sha256', "
+           "or with 'shape' alone")  # fmt: skip
 
 
 def _models(f: _File, root: yaml.Node, profiles: list[Profile]) -> tuple[tuple[Profile, ...], SpecPair]:

@@ -183,11 +183,18 @@ class Quiet:
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A registry model pinned by sha256, or a named shape with random weights (sha256 None)."""
+    """A model pinned by sha256, from the registry or a file on the runner, or a named shape with random
+    weights (sha256 None)."""
 
     name: str
-    source: str  # "registry" | "shape"
+    source: str  # "registry" | "file" | "shape"
     sha256: str | None
+    path: str | None = None  # a file on the runner (source "file"): absolute
+
+    @property
+    def has_weights(self) -> bool:
+        """A real model file (registry or on the runner): tokenized prompts, the reference, the audit."""
+        return self.source in ("registry", "file")
 
 
 @dataclass(frozen=True)

@@ -788,3 +788,25 @@ def test_no_module_of_evalbot_starts_this_repositorys_engine_by_name():
         ):
             offenders.append(str(path.relative_to(root)))
     assert offenders == []
+
+
+def test_a_model_file_on_the_runner_is_named_by_its_absolute_path_and_pinned(rules_dir):
+    """#38 part 3: a contest names its own GGUF on the runner's disk, pinned by its sha256."""
+    sha = "ab" * 32
+    text = (rules_dir / "models.yaml").read_text()
+    old = "    - shape: qwen3-1.7b\n"
+    assert text.count(old) == 1
+    (rules_dir / "models.yaml").write_text(
+        text.replace(old, f"    - {{name: qwen-7b, file: /models/qwen-7b.gguf, sha256: {sha}}}\n")
+    )
+    gpu = next(p for p in load_rules(rules_dir).profiles if p.name == "gpu")
+    (ref,) = [m for m in gpu.models if m.source == "file"]
+    assert (ref.name, ref.path, ref.sha256, ref.has_weights) == ("qwen-7b", "/models/qwen-7b.gguf", sha, True)
+    for bad, message in (("models/qwen.gguf", "expected an absolute path"), ("/m/../etc/x", "without '..'")):
+        (rules_dir / "models.yaml").write_text(
+            text.replace(old, f"    - {{name: q, file: {bad}, sha256: {sha}}}\n")
+        )
+        err = load_error(rules_dir)
+        assert err.field.endswith(".file") and message in err.message and err.line is not None
+    (rules_dir / "models.yaml").write_text(text.replace(old, "    - {name: q, file: /m/q.gguf}\n"))
+    assert "sha256" in str(load_error(rules_dir))
