@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import click
@@ -39,6 +40,7 @@ def check(repo: Path, rev: str, rules_dir: Path | None, shape: str | None, model
     """Build REV's engine as the judge does and check it against every requirement of its protocol."""
     rules = load_rules_or_exit(rules_dir, repo)
     spec = rules.engine
+    toolchain = [Path(p) for p in spec.toolchain]
     if model is None and shape is None:
         shapes = [
             m.name for p in rules.profiles if p.device == device for m in p.models if m.source == "shape"
@@ -58,21 +60,22 @@ def check(repo: Path, rev: str, rules_dir: Path | None, shape: str | None, model
             raise click.ClickException(f"cannot check out {rev}: {exc}") from exc
         click.echo(f"building {rev} ({wt.sha[:12]}) as the judge does ...", err=True)
         built = builds.build_env(wt, root / "venvs", python=sys.executable, log_dir=root / "logs",
-                                 timeout_s=1800, import_name=spec.package,
-                                 confine=None if no_sandbox else confine_build)  # fmt: skip
+                                 timeout_s=1800, import_name=spec.package, commands=spec.commands,
+                                 confine=None if no_sandbox else partial(confine_build, extra=toolchain))  # fmt: skip
         if not built.ok or built.venv is None:
             click.echo(built.log_tail, err=True)
             raise click.ClickException(f"the build failed ({built.failure_stage}): {built.message}")
         model_args = spec.model_args(model=str(model)) if model is not None else spec.model_args(shape=shape)
-        argv = spec.serve_argv(model_args, python=str(built.venv / "bin" / "python"), max_seq="4096",
-                               device=device, warmup="1")  # fmt: skip
+        argv = spec.serve_argv(model_args, python=str(built.venv / "bin" / "python"),
+                               tree=str(built.venv / builds.TREE), max_seq="4096", device=device,
+                               warmup="1")  # fmt: skip
         scratch = root / "serve"
         scratch.mkdir(parents=True, exist_ok=True)
         env = sandbox.scrub_env(os.environ) | {
             "HOME": str(scratch), "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(scratch / ".cache"),
             "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
         }  # fmt: skip
-        binds = [built.venv, *([model.resolve().parent] if model is not None else [])]
+        binds = [built.venv, *toolchain, *([model.resolve().parent] if model is not None else [])]
         serve_spec = sandbox.SandboxSpec(
             ro_binds=tuple(ro_binds(binds)), scratch=scratch, workdir=scratch, env=env,
             limits=sandbox.Limits(timeout_s=timeout_s * 20, max_output_bytes=64 << 20),

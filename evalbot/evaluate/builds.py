@@ -38,7 +38,7 @@ import shutil
 import subprocess
 import time
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,6 +58,7 @@ TOOLCHAIN = "toolchain"  # the environment's fault
 
 # (argv, the build's temp dir) -> the argv that runs it confined, with that dir as the only writable place
 Confine = Callable[[list[str], Path], list[str]]
+TREE = "tree"  # in a built venv: the revision's tree as its build commands left it (engine.yaml's {tree})
 
 _BRIDGE_PTH = "_evalbot_toolchain.pth"
 _PROBE_TIMEOUT_S = 60.0
@@ -131,7 +132,12 @@ def build_environ(environ: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-def cache_key(tree_sha: str, toolchain: Mapping[str, Any], import_name: str) -> dict[str, Any]:
+def cache_key(
+    tree_sha: str,
+    toolchain: Mapping[str, Any],
+    import_name: str | None,
+    commands: Sequence[Sequence[str]] = (),
+) -> dict[str, Any]:
     """What a cached venv depends on: the tree, the interpreter's identity and the shared packages."""
     dists = "\n".join(toolchain["distributions"]).encode()
     return {
@@ -143,6 +149,7 @@ def cache_key(tree_sha: str, toolchain: Mapping[str, Any], import_name: str) -> 
         "prefix": toolchain["prefix"],
         "distributions_sha256": hashlib.sha256(dists).hexdigest(),
         "import_name": import_name,
+        **({"commands": [list(c) for c in commands]} if commands else {}),
     }
 
 
@@ -166,8 +173,9 @@ def build_env(
     python: str | Path,
     log_dir: Path,
     timeout_s: float,
-    import_name: str,
+    import_name: str | None,
     confine: Confine | None = None,
+    commands: Sequence[Sequence[str]] = (),
 ) -> BuildResult:
     """Build worktree into a venv under cache_root (reused when its key matches); never raises for a failed build."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -179,14 +187,16 @@ def build_env(
     with open(log_path, "w", encoding="utf-8", errors="replace") as log:
         try:
             toolchain = _probe(python, log, deadline)
-            key = cache_key(worktree.tree_sha, toolchain, import_name)
+            key = cache_key(worktree.tree_sha, toolchain, import_name, commands)
             key_sha = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
             final = cache_root / f"{worktree.tree_sha[:16]}-{key_sha[:16]}"
             cached = _venv_intact(final, key_sha)
             if cached:
                 log.write(f"reusing {final} (key {key_sha}); its build log is {final / 'build.log'}\n")
             else:
-                _build(worktree, final, key, key_sha, toolchain, import_name, log, deadline, confine)
+                _build(
+                    worktree, final, key, key_sha, toolchain, import_name, log, deadline, confine, commands
+                )
         except _StageFailed as f:
             failure = f
         except OSError as e:
@@ -254,10 +264,11 @@ def _build(
     key: Mapping[str, Any],
     key_sha: str,
     toolchain: Mapping[str, Any],
-    import_name: str,
+    import_name: str | None,
     log: IO[str],
     deadline: float,
     confine: Confine | None = None,
+    commands: Sequence[Sequence[str]] = (),
 ) -> None:
     cache_root = final.parent
     cache_root.mkdir(parents=True, exist_ok=True)
@@ -286,17 +297,28 @@ def _build(
             log.write(f"shared from the toolchain venv: {', '.join(bridged)}\n")
 
         shutil.copytree(worktree.path, src, symlinks=True)  # pip builds in tree; keep the checkout clean
-        _check_pyproject(src, log)
-        run(
-            "pip",
-            BUILD,
-            [vpy, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-             "--ignore-installed", "--no-cache-dir", "--progress-bar", "off",
-             "--no-warn-script-location", str(src)],
-        )  # fmt: skip
-        # pip byte-compiles too, but ignores syntax errors; compileall exits non-zero on them.
-        run("compile", BUILD, [vpy, "-m", "compileall", "-q", str(site_dir)])
-        run("smoke", BUILD, [vpy, "-I", "-c", f"import {import_name}"])
+        if import_name is not None:
+            _check_pyproject(src, log)
+            run(
+                "pip",
+                BUILD,
+                [vpy, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                 "--ignore-installed", "--no-cache-dir", "--progress-bar", "off",
+                 "--no-warn-script-location", str(src)],
+            )  # fmt: skip
+            # pip byte-compiles too, but ignores syntax errors; compileall exits non-zero on them.
+            run("compile", BUILD, [vpy, "-m", "compileall", "-q", str(site_dir)])
+            run("smoke", BUILD, [vpy, "-I", "-c", f"import {import_name}"])
+        fields = {"python": vpy, "jobs": str(os.cpu_count() or 1)}
+        for i, template in enumerate(commands):  # the engine's own build (engine.yaml), in its tree's copy
+            cmd = [a.format_map(fields) for a in template]
+            run(
+                f"command {i + 1}",
+                BUILD,
+                ["/bin/sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", str(src), *cmd],
+            )
+        if commands:
+            src.rename(venv / TREE)  # what the commands built, served read-only as {tree}
 
         _relocate(venv, final)
         log.flush()

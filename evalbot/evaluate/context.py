@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,20 +156,26 @@ def sandboxed_python(
     )
 
 
-def confine_build(argv: list[str], writable: Path) -> list[str]:
-    """A revision's build step under bubblewrap: no network, only its temp dir writable, no secrets."""
+def confine_build(argv: list[str], writable: Path, extra: Sequence[Path] = ()) -> list[str]:
+    """A revision's build step under bubblewrap: no network, only its temp dir writable, no secrets; `extra`
+    read-only (engine.yaml's toolchain paths, such as a CUDA toolkit)."""
     env = builds.build_environ(sandbox.scrub_env(os.environ)) | {
         "HOME": str(writable),
         "TMPDIR": str(writable / "tmp"),
     }
     spec = sandbox.SandboxSpec(
-        ro_binds=tuple(ro_binds([])),
+        ro_binds=tuple(ro_binds(list(extra))),
         scratch=writable,
         workdir=writable,
         env=env,
         limits=sandbox.Limits(cpu_seconds=3600, memory_bytes=16 << 30),
     )
     return sandbox.bwrap_argv(spec, argv)
+
+
+def toolchain_paths(ctx: RunContext) -> list[Path]:
+    """engine.yaml's toolchain: read-only paths the build and the serving engine may read."""
+    return [Path(p) for p in ctx.ws.rules.engine.toolchain]
 
 
 def ro_binds(model_dirs: list[Path]) -> list[Path]:

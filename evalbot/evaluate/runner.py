@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from evalbot.evaluate.context import (
     Workspace,
     confine_build,
     ro_binds,
+    toolchain_paths,
 )
 from evalbot.evaluate.harness import harness_drift, harness_fingerprint
 from evalbot.evaluate.reference import fetch_models, llama_reference, sha_of
@@ -198,7 +200,8 @@ def _build(ctx: RunContext, side: Side, wt: checkout.Worktree) -> None:
         log_dir=ctx.ws.work_root / "logs",
         timeout_s=1800,
         import_name=ctx.ws.rules.engine.package,
-        confine=None if ctx.req.options.no_sandbox else confine_build,
+        commands=ctx.ws.rules.engine.commands,
+        confine=None if ctx.req.options.no_sandbox else partial(confine_build, extra=toolchain_paths(ctx)),
     )
     ctx.sides[side] = SideBuild(side, wt, b)
     if not b.ok:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalbot import verdict
-from evalbot.evaluate import abtest, audit, compile_cache, cpumeter, device_idle, prompts, served
+from evalbot.evaluate import abtest, audit, builds, compile_cache, cpumeter, device_idle, prompts, served
 from evalbot.evaluate.ab_block import Launch
 from evalbot.evaluate.ab_samples import Prompts, Run, Sample, SideError, throughput
 from evalbot.evaluate.ab_sampling import REQUEST_CPU_SLACK
-from evalbot.evaluate.context import SIDE_LABEL, RunContext, SideFailed, sandbox_spec
+from evalbot.evaluate.context import SIDE_LABEL, RunContext, SideFailed, sandbox_spec, toolchain_paths
 from evalbot.evaluate.freezing import FREEZER
 from evalbot.evaluate.reference import accuracy_served, audit_answers
 from evalbot.evaluate.schedule import run_alone
@@ -78,13 +78,14 @@ def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int)
             ctx,
             venv,
             scratch,
-            [ctx.scratch / "prompts"],
+            [ctx.scratch / "prompts", *toolchain_paths(ctx)],
             ctx.req.profile.measurement.time_budget_s + ctx.run_timeout_s,
             side_root=root,
         )
         argv = ctx.ws.rules.engine.serve_argv(  # engine.yaml's serve template
             model_args,
             python=str(venv / "bin" / "python"),
+            tree=str(venv / builds.TREE),
             max_seq=str(max_seq),
             device=ctx.profile_device,
             warmup=str(max(1, warmup)),

@@ -342,7 +342,8 @@ class Dispatch:
 
 PROTOCOLS = ("evalbot.serve/1",)
 # what a serving argv may name, filled in by the harness for each process
-SERVE_FIELDS = ("python", "max_seq", "device", "warmup")
+SERVE_FIELDS = ("python", "tree", "max_seq", "device", "warmup")
+BUILD_FIELDS = ("python", "jobs")  # what a build command may name: the side's venv interpreter, the cores
 
 
 @dataclass(frozen=True)
@@ -352,11 +353,17 @@ class EngineSpec:
     and the local benchmark command contributors run (the needs-benchmark notice names it)."""
 
     protocol: str
-    package: str  # imported in the side's built venv once it is built (a smoke check)
-    argv: tuple[str, ...]  # placeholders: SERVE_FIELDS
+    package: str | None  # pip-installed from the tree and imported in the side's venv (a smoke check)
+    argv: tuple[str, ...]  # placeholders: SERVE_FIELDS ({tree}: the built tree, kept read-only)
     model_file: tuple[str, ...]  # a model file on the runner: {model}
     random_weights: tuple[str, ...]  # a shape with random weights: {shape}
     bench: str  # {model_args}, {ctx}, {runs}
+    # run in order in the sandbox, in a copy of the tree (after the package's install), no network:
+    # a compiled engine's build. Placeholders: BUILD_FIELDS
+    commands: tuple[tuple[str, ...], ...] = ()
+    toolchain: tuple[
+        str, ...
+    ] = ()  # absolute read-only paths the build and the engine may read (a CUDA toolkit)
 
     def serve_argv(self, model_args: list[str], **fields: str) -> list[str]:
         """The serving process's argv: the template filled in, then the model's arguments."""
@@ -513,6 +520,7 @@ def _plain(value: Any) -> Any:
 
 __all__ = [
     "AUTOMERGE_ENV",
+    "BUILD_FIELDS",
     "DEVICES",
     "DISPATCH_MODES",
     "FILES",

@@ -15,6 +15,7 @@ from typing import Any
 from evalbot.rules.reader import _MODULE, _did_you_mean, _File, _join, _Node
 from evalbot.rules.schema import (
     _LOGIN,
+    BUILD_FIELDS,
     DISPATCH_MODES,
     PROTOCOLS,
     SERVE_FIELDS,
@@ -291,7 +292,37 @@ def _template(
 
 def _engine(f: _File, root: _Node) -> EngineSpec:
     m = f.mapping(root, "engine", ("protocol", "build", "serve", "contributor"))
-    build = f.mapping(m["build"], "engine.build", ("package",))
+    build_keys = [k for k, _, _ in f.items(m["build"], "engine.build")]
+    for key in build_keys:
+        if key not in ("package", "commands", "toolchain"):
+            f.fail(
+                m["build"],
+                f"engine.build.{key}",
+                "unknown key; expected one of: package, commands, toolchain",
+            )
+    if not {"package", "commands"} & set(build_keys):
+        f.fail(m["build"], "engine.build", "expected a package to install, build commands, or both")
+    build = f.mapping(m["build"], "engine.build", build_keys)
+    commands = (
+        tuple(
+            _template(f, node, _join("engine.build.commands", i), BUILD_FIELDS)
+            for i, node in enumerate(f.sequence(build["commands"], "engine.build.commands"))
+        )
+        if "commands" in build
+        else ()
+    )
+    toolchain = []
+    for i, node in enumerate(
+        f.sequence(build["toolchain"], "engine.build.toolchain") if "toolchain" in build else []
+    ):
+        path = f.text(node, _join("engine.build.toolchain", i), what="an absolute path")
+        if not path.startswith("/") or "/../" in f"{path}/" or path.rstrip("/") in ("", "/home", "/root"):
+            f.fail(
+                node,
+                _join("engine.build.toolchain", i),
+                f"expected an absolute path of a toolchain, got {path!r}",
+            )
+        toolchain.append(path)
     serve = f.mapping(m["serve"], "engine.serve", ("argv", "model_file", "random_weights"))
     contributor = f.mapping(m["contributor"], "engine.contributor", ("bench",))
     node = contributor["bench"]
@@ -300,11 +331,15 @@ def _engine(f: _File, root: _Node) -> EngineSpec:
     _needs(f, node, "engine.contributor.bench", seen, ("ctx",))
     return EngineSpec(
         protocol=f.choice(m["protocol"], "engine.protocol", PROTOCOLS, "a protocol evalbot speaks"),
-        package=f.text(build["package"], "engine.build.package", _PACKAGE, "a Python package name"),
+        package=f.text(build["package"], "engine.build.package", _PACKAGE, "a Python package name")
+        if "package" in build
+        else None,
         argv=_template(f, serve["argv"], "engine.serve.argv", SERVE_FIELDS),
         model_file=_template(f, serve["model_file"], "engine.serve.model_file", ("model",), ("model",)),
         random_weights=_template(
             f, serve["random_weights"], "engine.serve.random_weights", ("shape",), ("shape",)
         ),
         bench=bench,
+        commands=commands,
+        toolchain=tuple(toolchain),
     )

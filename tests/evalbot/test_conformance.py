@@ -289,3 +289,38 @@ def test_engine_check_builds_a_compiled_engine_as_the_judge_does(tmp_path):
     got = _engine_check(repo, tmp_path, "--shape", "any")
     assert got.exit_code == 0, got.output
     assert "all 11 requirements of evalbot.serve/1 hold" in got.output
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_engine_check_runs_a_compiled_engines_declared_build_commands(tmp_path):
+    """No Python package at all: engine.yaml's build commands compile the engine in the tree's copy, in the
+    build sandbox, and its argv starts the binary from {tree} (read-only at serve time)."""
+    repo = _contest_repo(tmp_path)
+    for path in (repo / "tinyengine", repo / "pyproject.toml"):
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    (repo / "src").mkdir()
+    (repo / "src" / "serve.c").write_text(C_ENGINE)
+    (repo / "rules" / "engine.yaml").write_text(
+        "protocol: evalbot.serve/1\n"
+        "build:\n"
+        '  commands:\n    - ["mkdir", "-p", "out"]\n    - ["cc", "-O2", "-o", "out/serve", "src/serve.c"]\n'
+        'serve:\n  argv: ["{tree}/out/serve"]\n  model_file: ["{model}"]\n  random_weights: ["{shape}"]\n'
+        'contributor: {bench: "make bench CTX={ctx}"}\n'
+    )
+    for args in (
+        ["add", "-A"],
+        ["-c", "user.name=m", "-c", "user.email=m@x", "commit", "-q", "-m", "cmake-less"],
+    ):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+    got = _engine_check(repo, tmp_path, "--shape", "any")
+    assert got.exit_code == 0, got.output
+    assert "all 11 requirements of evalbot.serve/1 hold" in got.output and "/tree/out/serve" in got.output
+    # a build command that fails is the build's failure, named by its step, with its output
+    (repo / "src" / "serve.c").write_text("int main( {")
+    for args in (
+        ["add", "-A"],
+        ["-c", "user.name=m", "-c", "user.email=m@x", "commit", "-q", "-m", "broken"],
+    ):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+    got = _engine_check(repo, tmp_path, "--shape", "any")
+    assert got.exit_code == 1 and "the build failed (build): command 2 step failed" in got.output, got.output

@@ -450,7 +450,7 @@ MALFORMED = [
         '"--max-seq", "{max_seq}"',
         '"--max-seq", "{max_tokens}"',
         "engine.serve.argv[5]",
-        "unknown placeholder {max_tokens}; expected only: {python}, {max_seq}, {device}, {warmup}",
+        "unknown placeholder {max_tokens}; expected only: {python}, {tree}, {max_seq}, {device}, {warmup}",
         id="engine-argv-placeholder",
     ),
     pytest.param(
@@ -810,3 +810,44 @@ def test_a_model_file_on_the_runner_is_named_by_its_absolute_path_and_pinned(rul
         assert err.field.endswith(".file") and message in err.message and err.line is not None
     (rules_dir / "models.yaml").write_text(text.replace(old, "    - {name: q, file: /m/q.gguf}\n"))
     assert "sha256" in str(load_error(rules_dir))
+
+
+@pytest.mark.parametrize(
+    "build, field, message",
+    [
+        ("{}", "engine.build", "expected a package to install, build commands, or both"),
+        ("{package: engine, cmake: [x]}", "engine.build.cmake", "unknown key"),
+        ('{commands: [["make", "-j{cores}"]]}', "engine.build.commands[0][1]", "unknown placeholder {cores}"),
+        ("{commands: [[]]}", "engine.build.commands[0]", "expected at least one argument"),
+        ('{commands: [["make"]], toolchain: [opt/cuda]}', "engine.build.toolchain[0]", "absolute path"),
+        (
+            '{commands: [["make"]], toolchain: ["/"]}',
+            "engine.build.toolchain[0]",
+            "absolute path of a toolchain",
+        ),
+    ],
+)
+def test_a_bad_build_declaration_names_its_line_and_field(rules_dir, build, field, message):
+    line = edit(
+        rules_dir,
+        "engine.yaml",
+        "build:\n  # the built tree is installed",
+        f"build: {build}\n  # the built tree is installed",
+    )
+    text = (rules_dir / "engine.yaml").read_text().replace("\n  package: engine\n", "\n", 1)
+    (rules_dir / "engine.yaml").write_text(text)
+    err = load_error(rules_dir)
+    assert err.field == field and message in err.message and err.line is not None and err.line >= line, str(
+        err
+    )
+
+
+def test_build_commands_and_a_toolchain_are_declared_and_hashed(rules_dir):
+    text = (rules_dir / "engine.yaml").read_text()
+    (rules_dir / "engine.yaml").write_text(text.replace(
+        "  package: engine\n",
+        '  package: engine\n  commands:\n    - ["cmake", "--build", "build", "-j{jobs}"]\n  toolchain: [/opt/cuda]\n',
+    ))  # fmt: skip
+    e = load_rules(rules_dir).engine
+    assert e.commands == (("cmake", "--build", "build", "-j{jobs}"),) and e.toolchain == ("/opt/cuda",)
+    assert load_rules(rules_dir).rules_hash != load_rules(default_rules_dir()).rules_hash
