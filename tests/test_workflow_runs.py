@@ -359,3 +359,66 @@ def test_the_eval_workflow_runs_as_written_and_signs_what_it_decided(tmp_path, s
     verify = subprocess.run([installed / "evalbot", "receipt", "verify", str(out / "receipt.json"), "--key", str(pub)],
                             capture_output=True, text=True)  # fmt: skip
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_init_sets_a_contest_up_whose_workflows_install_the_pinned_evalbot(tmp_path, setup_python):
+    """`evalbot init` from a non-editable install writes the rules, the PR template and the workflows
+    into a contest repository that holds no evalbot; its poll workflow then installs the pinned evalbot
+    (here a file URL to this checkout), reads the contest's own rules, and dispatches the open PR."""
+    from tests.evalbot.test_dispatch import RUN_NAME, WORKFLOW
+    from tests.evalbot.test_poller_actions import BODY, _actions_rules_dir
+
+    env = {**os.environ, **OFFLINE_PIP}
+    subprocess.run([setup_python / "python", "-m", "pip", "install", "-q", str(ROOT)], check=True, env=env,
+                   capture_output=True, cwd=tmp_path)  # fmt: skip
+    contest = tmp_path / "contest"
+    (contest / "myengine").mkdir(parents=True)
+    (contest / "myengine" / "__init__.py").write_text("")
+    spec = f"evalbot @ {ROOT.as_uri()}"
+    init = [setup_python / "evalbot", "init", str(contest), "--evalbot", spec]
+    got = subprocess.run(init, capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert got.returncode == 0, got.stdout + got.stderr
+    poll = (contest / ".github" / "workflows" / "evalbot-poll.yml").read_text()
+    assert f"'evalbot[bot] @ {ROOT.as_uri()}'" in poll and "'.[bot]'" not in poll
+    for name in ("evalbot-eval.yml", "pages.yml"):
+        assert "'.[bot]'" not in (contest / ".github" / "workflows" / name).read_text()
+    assert (contest / "rules" / "engine.yaml").is_file() and (
+        contest / ".github" / "PULL_REQUEST_TEMPLATE.md"
+    ).is_file()
+    again = subprocess.run(init, capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert again.returncode != 0 and "pass --force" in again.stderr  # nothing overwritten unasked
+    bad = subprocess.run([*init[:-1], "evilpkg==1.0"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert bad.returncode != 0 and "a pip requirement for evalbot" in bad.stderr
+
+    shutil.copy(_actions_rules_dir(tmp_path, "cpu") / "dispatch.yaml", contest / "rules" / "dispatch.yaml")
+    assert not (contest / "evalbot").exists() and not (contest / "pyproject.toml").exists()
+    wf = yaml.safe_load(poll)
+    with serve() as double:
+        st = double.state
+        st.add_workflow(WORKFLOW, run_name=RUN_NAME)
+        server = tmp_path / "server"
+        repo = BareRepo.create(server / f"{double.repo}.git", {"engine/model.py": "x = 1\n"}, when=st.now)
+        st.clone_url = repo.url
+        add_git_pull(st, repo, 1, {"engine/model.py": "x = 2  # faster\n"}, author_login="alice", body=BODY)
+        fresh = tmp_path / "fresh-python"
+        subprocess.run([sys.executable, "-m", "venv", str(fresh)], check=True)
+        subprocess.run(
+            [fresh / "bin" / "python", "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=True
+        )
+        site = next((fresh / "lib").glob("python3*/site-packages"))
+        (site / "_test_env.pth").write_text(sysconfig.get_path("purelib") + "\n")
+        (tmp_path / "job").mkdir()
+        runner = Runner(
+            tmp_path / "job", contest, fresh / "bin",
+            {"GITHUB_API_URL": double.base_url, "GITHUB_SERVER_URL": server.as_uri(),
+             "GITHUB_REPOSITORY": double.repo, **OFFLINE_PIP},
+            {"github": {"token": "ghs_job", "ref": "refs/heads/main", "repository": double.repo},
+             "inputs": {"restore_from_run": "", "start_empty": "false"}, "secrets": {}, "vars": {},
+             "steps": {"cache": {"outputs": {"cache-matched-key": ""}}}},
+        )  # fmt: skip
+        runner.run_job(wf["jobs"]["poll"])
+        (run,) = st.runs.values()
+        assert run.inputs["pr"] == "1", run.inputs
+        shown = subprocess.run([fresh / "bin" / "python", "-c", "import evalbot; print(evalbot.__file__)"],
+                               cwd=tmp_path, capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert shown.startswith(str(fresh)), shown  # the pinned evalbot, installed by the workflow

@@ -14,6 +14,7 @@ from evalbot.cli import (
     dashboard_cmd,
     engine_cmd,
     evaluate_cmd,
+    init_cmd,
     receipt_cmd,
     render_cmd,
     rules_cmd,
@@ -52,5 +53,6 @@ main.add_command(calibrate)
 main.add_command(dashboard_cmd.dashboard)
 main.add_command(copycat_cmd.copycat)
 main.add_command(engine_cmd.engine)
+main.add_command(init_cmd.init)
 for _command in bot_cmd.COMMANDS:
     main.add_command(_command)

@@ -1,0 +1,72 @@
+"""`evalbot init DEST --evalbot SPEC`: set a contest repository up to be judged by evalbot.
+
+It writes into DEST the rules (`rules/`, `engine.yaml` among them, to edit for DEST's engine), the PR
+template, and the three workflows. Each workflow installs the pinned evalbot that SPEC names, not the
+repository it runs in, and reads its rules from DEST's checkout. Nothing already in DEST is overwritten
+without `--force`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+
+WORKFLOWS = ("evalbot-poll.yml", "evalbot-eval.yml", "pages.yml")
+TEMPLATE = ".github/PULL_REQUEST_TEMPLATE.md"
+# the shipped workflows install the repository they run in (this one is evalbot's own contest)
+_LOCAL_INSTALL = re.compile(r"'\.\[bot\]'")
+_SPEC = re.compile(r"evalbot(\[[a-z,]+\])?\s*(==|@|>=|~=)\s*[^'\"\s][^'\"]*")
+
+
+def pin_installs(workflow: str, spec: str) -> str:
+    """A shipped workflow with its install of the checkout's evalbot replaced by the pinned SPEC. Pure."""
+    if "[bot]" not in spec:
+        spec = spec.replace("evalbot", "evalbot[bot]", 1)
+    return _LOCAL_INSTALL.sub(lambda _m: f"'{spec}'", workflow)
+
+
+def shipped_root() -> Path:
+    """Where the shipped rules, workflows and PR template are: the installed data folder, or evalbot's own
+    checkout when it runs from one."""
+    for root in (Path(sys.prefix) / "share" / "evalbot", Path(__file__).resolve().parents[2]):
+        if (root / "rules" / "profiles.yaml").is_file() and (
+            root / ".github" / "workflows" / WORKFLOWS[0]
+        ).is_file():
+            return root
+    raise click.ClickException("this evalbot carries no rules or workflows to copy (a broken install?)")
+
+
+@click.command()
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--evalbot", "spec", required=True, metavar="SPEC",
+              help="the pinned evalbot the workflows install, a pip requirement: "
+                   "'evalbot==1.2.0' or 'evalbot @ git+https://github.com/ORG/evalbot@<sha>'")  # fmt: skip
+@click.option("--force", is_flag=True, help="overwrite files DEST already has")
+def init(dest: Path, spec: str, force: bool) -> None:
+    """Write evalbot's rules, PR template and workflows into the contest repository DEST."""
+    if not _SPEC.fullmatch(spec.strip()):
+        raise click.BadParameter(
+            f"expected a pip requirement for evalbot, got {spec!r}", param_hint="--evalbot"
+        )
+    root = shipped_root()
+    files: dict[Path, str] = {}
+    for path in sorted((root / "rules").glob("*.yaml")):
+        files[Path("rules") / path.name] = path.read_text(encoding="utf-8")
+    for name in WORKFLOWS:
+        text = (root / ".github" / "workflows" / name).read_text(encoding="utf-8")
+        files[Path(".github/workflows") / name] = pin_installs(text, spec.strip())
+    files[Path(TEMPLATE)] = (root / TEMPLATE).read_text(encoding="utf-8")
+    there = [str(p) for p in files if (dest / p).exists()]
+    if there and not force:
+        raise click.ClickException(f"{dest} already has {', '.join(there)}: pass --force to overwrite them")
+    for rel, text in files.items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_text(text, encoding="utf-8")
+        click.echo(f"wrote {dest / rel}")
+    click.echo(
+        "next: describe your engine in rules/engine.yaml and its models in rules/models.yaml, check it "
+        f"with `evalbot engine check --repo {dest}`, then follow docs/adopt.md for the runner and the keys"
+    )
