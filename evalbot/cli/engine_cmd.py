@@ -60,7 +60,7 @@ def check(repo: Path, rev: str, rules_dir: Path | None, shape: str | None, model
             raise click.ClickException(f"cannot check out {rev}: {exc}") from exc
         click.echo(f"building {rev} ({wt.sha[:12]}) as the judge does ...", err=True)
         built = builds.build_env(wt, root / "venvs", python=sys.executable, log_dir=root / "logs",
-                                 timeout_s=1800, import_name=spec.package, commands=spec.commands,
+                                 timeout_s=1800, import_name=spec.package, commands=spec.commands, toolchain_paths=spec.toolchain,
                                  confine=None if no_sandbox else partial(confine_build, extra=toolchain))  # fmt: skip
         if not built.ok or built.venv is None:
             click.echo(built.log_tail, err=True)

@@ -137,6 +137,7 @@ def cache_key(
     toolchain: Mapping[str, Any],
     import_name: str | None,
     commands: Sequence[Sequence[str]] = (),
+    toolchain_paths: Sequence[str] = (),
 ) -> dict[str, Any]:
     """What a cached venv depends on: the tree, the interpreter's identity and the shared packages."""
     dists = "\n".join(toolchain["distributions"]).encode()
@@ -150,6 +151,7 @@ def cache_key(
         "distributions_sha256": hashlib.sha256(dists).hexdigest(),
         "import_name": import_name,
         **({"commands": [list(c) for c in commands]} if commands else {}),
+        **({"toolchain_paths": list(toolchain_paths)} if toolchain_paths else {}),
     }
 
 
@@ -176,6 +178,7 @@ def build_env(
     import_name: str | None,
     confine: Confine | None = None,
     commands: Sequence[Sequence[str]] = (),
+    toolchain_paths: Sequence[str] = (),
 ) -> BuildResult:
     """Build worktree into a venv under cache_root (reused when its key matches); never raises for a failed build."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -187,7 +190,7 @@ def build_env(
     with open(log_path, "w", encoding="utf-8", errors="replace") as log:
         try:
             toolchain = _probe(python, log, deadline)
-            key = cache_key(worktree.tree_sha, toolchain, import_name, commands)
+            key = cache_key(worktree.tree_sha, toolchain, import_name, commands, toolchain_paths)
             key_sha = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
             final = cache_root / f"{worktree.tree_sha[:16]}-{key_sha[:16]}"
             cached = _venv_intact(final, key_sha)

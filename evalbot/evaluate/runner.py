@@ -201,6 +201,7 @@ def _build(ctx: RunContext, side: Side, wt: checkout.Worktree) -> None:
         timeout_s=1800,
         import_name=ctx.ws.rules.engine.package,
         commands=ctx.ws.rules.engine.commands,
+        toolchain_paths=ctx.ws.rules.engine.toolchain,
         confine=None if ctx.req.options.no_sandbox else partial(confine_build, extra=toolchain_paths(ctx)),
     )
     ctx.sides[side] = SideBuild(side, wt, b)

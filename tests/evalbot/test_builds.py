@@ -463,3 +463,17 @@ def test_a_toolchain_venv_layered_on_a_venv_shares_both(repo, cache, tmp_path):
 
     assert imports("chained_pkg") and imports("engine")
     assert not imports("shadow_of_main")
+
+
+def test_the_build_key_covers_the_declared_build_and_its_toolchain():
+    """engine.yaml's build commands and toolchain paths are part of what a cached venv depends on: a changed
+    command or a new toolkit path builds anew instead of reusing a build made otherwise."""
+    from evalbot.evaluate.builds import cache_key
+
+    tc = {"distributions": [], "implementation": "cpython", "version": "3.11", "interpreter": "/p",
+          "interpreter_resolved": "/p", "prefix": "/"}  # fmt: skip
+    plain = cache_key("t" * 40, tc, "engine")
+    built = cache_key("t" * 40, tc, "engine", [["make"]])
+    assert plain != built != cache_key("t" * 40, tc, "engine", [["make", "-j8"]])
+    assert built != cache_key("t" * 40, tc, "engine", [["make"]], ["/usr/local/cuda"])
+    assert plain == cache_key("t" * 40, tc, "engine", (), ())  # nothing declared: the key as before
