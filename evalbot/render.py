@@ -372,6 +372,16 @@ def render_notice(
                            author=author, lines=list(lines))  # fmt: skip
 
 
+def render_pr_template(
+    commands: Iterable[str], model: str, contexts: Iterable[int], paths: Iterable[str]
+) -> str:
+    """The repository's PR template: the local benchmark commands, the before/after table the bot reads
+    (a row per scored context), and the paths a PR must leave alone; all from the rules."""
+    template = _environment().get_template("pull_request_template.md.j2")
+    return template.render(commands=list(commands), model=model, contexts=list(contexts),
+                           paths=[f"`{p}`" for p in paths])  # fmt: skip
+
+
 def render_prose(prose: Iterable[Prose]) -> str:
     """The rules' prose for a PR (markdown), each from its template under ``templates/notices/``, in order."""
     env = _environment()

@@ -14,6 +14,11 @@ from pathlib import Path
 
 import click
 
+from evalbot.cli.options import load_rules_or_exit
+from evalbot.policy.template import bench_commands, template_table
+from evalbot.render import render_pr_template
+from evalbot.rules import Rules
+
 WORKFLOWS = ("evalbot-poll.yml", "evalbot-eval.yml", "pages.yml")
 TEMPLATE = ".github/PULL_REQUEST_TEMPLATE.md"
 # the shipped workflows install the repository they run in (this one is evalbot's own contest)
@@ -26,6 +31,12 @@ def pin_installs(workflow: str, spec: str) -> str:
     if "[bot]" not in spec:
         spec = spec.replace("evalbot", "evalbot[bot]", 1)
     return _LOCAL_INSTALL.sub(lambda _m: f"'{spec}'", workflow)
+
+
+def pr_template(rules: Rules) -> str:
+    """The PR template the rules call for: their bench commands, table and sensitive paths."""
+    model, contexts = template_table(rules)
+    return render_pr_template(bench_commands(rules), model, contexts, rules.policy.sensitive_paths)
 
 
 def shipped_root() -> Path:
@@ -58,7 +69,9 @@ def init(dest: Path, spec: str, force: bool) -> None:
     for name in WORKFLOWS:
         text = (root / ".github" / "workflows" / name).read_text(encoding="utf-8")
         files[Path(".github/workflows") / name] = pin_installs(text, spec.strip())
-    files[Path(TEMPLATE)] = (root / TEMPLATE).read_text(encoding="utf-8")
+    files[Path(TEMPLATE)] = pr_template(
+        load_rules_or_exit(root / "rules")
+    )  # `evalbot rules pr-template` after edits
     there = [str(p) for p in files if (dest / p).exists()]
     if there and not force:
         raise click.ClickException(f"{dest} already has {', '.join(there)}: pass --force to overwrite them")
@@ -68,5 +81,7 @@ def init(dest: Path, spec: str, force: bool) -> None:
         click.echo(f"wrote {dest / rel}")
     click.echo(
         "next: describe your engine in rules/engine.yaml and its models in rules/models.yaml, check it "
-        f"with `evalbot engine check --repo {dest}`, then follow docs/adopt.md for the runner and the keys"
+        f"with `evalbot engine check --repo {dest}`, write the PR template for them with `evalbot rules "
+        "pr-template rules/ --out .github/PULL_REQUEST_TEMPLATE.md`, then follow docs/adopt.md for the runner "
+        "and the keys"
     )

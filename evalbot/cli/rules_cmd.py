@@ -24,3 +24,20 @@ def check(directory: Path | None) -> None:
     click.echo(f"tiers: {tiers}; no-regression >= {r.gates.no_regression.min_ratio}x main")
     for p in r.profiles:
         click.echo(f"profile {p.name}: contexts {', '.join(str(c.ctx) for c in p.contexts)}")
+
+
+@rules.command("pr-template")
+@click.argument("directory", required=False, type=EXISTING_DIR)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write it there (default: print it)")  # fmt: skip
+def pr_template_cmd(directory: Path | None, out: Path | None) -> None:
+    """The PR template these rules call for: the engine's bench commands, the table the bot reads, the
+    paths a PR must leave alone."""
+    from evalbot.cli.init_cmd import pr_template
+
+    text = pr_template(load_rules_or_exit(directory))
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        out.write_text(text, encoding="utf-8")
+        click.echo(f"wrote {out}")

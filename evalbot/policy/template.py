@@ -300,6 +300,13 @@ def bench_commands(rules: Rules) -> tuple[str, ...]:
     )
 
 
+def template_table(rules: Rules) -> tuple[str, tuple[int, ...]]:
+    """The PR template table's model and contexts: the bench profile's, one row per scored context."""
+    profile = bench_profile(rules)
+    model = next((m for m in profile.models if m.has_weights), profile.models[0])
+    return model.name, tuple(profile.scored_contexts)
+
+
 def problem(facts: TemplateFacts) -> str | None:
     """What keeps the description from counting as a local measurement; None when it does."""
     if facts.tested is None and not facts.table_found:

@@ -621,3 +621,19 @@ class TestIntake:
         assert d.evaluate and d.stopped_by is None
         assert [x.rule for x in d.decisions] == ["template", "areas"]
         assert d.labels_add == ("area:kernels", "needs-benchmark") and "no gain" in said(d)
+
+
+def test_the_shipped_pr_template_is_the_one_the_rules_call_for():
+    """`.github/PULL_REQUEST_TEMPLATE.md` is `evalbot rules pr-template rules/`: the bench commands of
+    engine.yaml, a row per scored context, the sensitive paths of policy.yaml (a rules change that leaves
+    the template behind fails here; regenerate it with that command)."""
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from evalbot.cli import main
+
+    root = Path(__file__).resolve().parents[2]
+    got = CliRunner().invoke(main, ["rules", "pr-template", str(root / "rules")])
+    assert got.exit_code == 0, got.output
+    assert got.output == (root / ".github" / "PULL_REQUEST_TEMPLATE.md").read_text()
