@@ -174,11 +174,9 @@ def checkout(dest: Path) -> Path:
     return dest
 
 
-@pytest.fixture(scope="module")
-def setup_python(tmp_path_factory) -> Path:
-    """actions/setup-python's interpreter: a fresh venv, no evalbot in it. Its third-party packages are this
-    test environment's (a .pth), so the workflow's install finds its requirements satisfied offline."""
-    venv = tmp_path_factory.mktemp("setup-python") / "venv"
+def fresh_python(venv: Path) -> Path:
+    """actions/setup-python's interpreter: a fresh venv, no evalbot in it; its bin folder. Its third-party
+    packages are this test environment's (a .pth), so a workflow's install finds them satisfied offline."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     # Python 3.11's venv seeds a setuptools too old to build a wheel: the build uses this environment's
     subprocess.run([venv / "bin" / "python", "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=True)
@@ -188,6 +186,33 @@ def setup_python(tmp_path_factory) -> Path:
     return venv / "bin"
 
 
+@pytest.fixture(scope="module")
+def setup_python(tmp_path_factory) -> Path:
+    return fresh_python(tmp_path_factory.mktemp("setup-python") / "venv")
+
+
+def poll_runner(tmp_path: Path, double, workspace: Path, python_bin: Path) -> Runner:
+    """A runner for evalbot-poll.yml against the double, whose contest has one open PR (#1) and the
+    evaluation workflow to dispatch it to."""
+    from tests.evalbot.test_dispatch import RUN_NAME, WORKFLOW
+    from tests.evalbot.test_poller_actions import BODY
+
+    st = double.state
+    st.add_workflow(WORKFLOW, run_name=RUN_NAME)
+    server = tmp_path / "server"  # GITHUB_SERVER_URL: where the runner's git finds owner/name.git
+    repo = BareRepo.create(server / f"{double.repo}.git", {"engine/model.py": "x = 1\n"}, when=st.now)
+    st.clone_url = repo.url
+    add_git_pull(st, repo, 1, {"engine/model.py": "x = 2  # faster\n"}, author_login="alice", body=BODY)
+    return Runner(
+        tmp_path, workspace, python_bin,
+        {"GITHUB_API_URL": double.base_url, "GITHUB_SERVER_URL": server.as_uri(),
+         "GITHUB_REPOSITORY": double.repo, **OFFLINE_PIP},
+        {"github": {"token": "ghs_job", "ref": "refs/heads/main", "repository": double.repo},
+         "inputs": {"restore_from_run": "", "start_empty": "false"}, "secrets": {}, "vars": {},
+         "steps": {"cache": {"outputs": {"cache-matched-key": ""}}}},
+    )  # fmt: skip
+
+
 OFFLINE_PIP = {"PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
@@ -195,8 +220,7 @@ def test_the_poll_workflow_runs_as_written_from_its_non_editable_install(tmp_pat
     """evalbot-poll.yml's steps, one after the other, against the GitHub double: the install (non-editable),
     the refusal of local mode, the state, the artifact restore (none: an empty store), and the poll, which
     dispatches the open PR's evaluation to evalbot-eval.yml."""
-    from tests.evalbot.test_dispatch import RUN_NAME, WORKFLOW
-    from tests.evalbot.test_poller_actions import BODY, _actions_rules_dir
+    from tests.evalbot.test_poller_actions import _actions_rules_dir
 
     workspace = checkout(tmp_path / "workspace")
     # the contest's maintainer put its rules in actions mode, with the runner's public key
@@ -204,19 +228,7 @@ def test_the_poll_workflow_runs_as_written_from_its_non_editable_install(tmp_pat
     wf = yaml.safe_load((WORKFLOWS / "evalbot-poll.yml").read_text())
     with serve() as double:
         st = double.state
-        st.add_workflow(WORKFLOW, run_name=RUN_NAME)
-        server = tmp_path / "server"  # GITHUB_SERVER_URL: where the runner's git finds owner/name.git
-        repo = BareRepo.create(server / f"{double.repo}.git", {"engine/model.py": "x = 1\n"}, when=st.now)
-        st.clone_url = repo.url
-        add_git_pull(st, repo, 1, {"engine/model.py": "x = 2  # faster\n"}, author_login="alice", body=BODY)
-        runner = Runner(
-            tmp_path, workspace, setup_python,
-            {"GITHUB_API_URL": double.base_url, "GITHUB_SERVER_URL": server.as_uri(),
-             "GITHUB_REPOSITORY": double.repo, **OFFLINE_PIP},
-            {"github": {"token": "ghs_job", "ref": "refs/heads/main", "repository": double.repo},
-             "inputs": {"restore_from_run": "", "start_empty": "false"}, "secrets": {}, "vars": {},
-             "steps": {"cache": {"outputs": {"cache-matched-key": ""}}}},
-        )  # fmt: skip
+        runner = poll_runner(tmp_path, double, workspace, setup_python)
         runner.run_job(wf["jobs"]["poll"])
         log = "\n".join(runner.log)
         # the install is not editable: evalbot runs from site-packages, the rules from the checkout
@@ -365,8 +377,7 @@ def test_init_sets_a_contest_up_whose_workflows_install_the_pinned_evalbot(tmp_p
     """`evalbot init` from a non-editable install writes the rules, the PR template and the workflows
     into a contest repository that holds no evalbot; its poll workflow then installs the pinned evalbot
     (here a file URL to this checkout), reads the contest's own rules, and dispatches the open PR."""
-    from tests.evalbot.test_dispatch import RUN_NAME, WORKFLOW
-    from tests.evalbot.test_poller_actions import BODY, _actions_rules_dir
+    from tests.evalbot.test_poller_actions import _actions_rules_dir
 
     env = {**os.environ, **OFFLINE_PIP}
     subprocess.run([setup_python / "python", "-m", "pip", "install", "-q", str(ROOT)], check=True, env=env,
@@ -395,27 +406,9 @@ def test_init_sets_a_contest_up_whose_workflows_install_the_pinned_evalbot(tmp_p
     wf = yaml.safe_load(poll)
     with serve() as double:
         st = double.state
-        st.add_workflow(WORKFLOW, run_name=RUN_NAME)
-        server = tmp_path / "server"
-        repo = BareRepo.create(server / f"{double.repo}.git", {"engine/model.py": "x = 1\n"}, when=st.now)
-        st.clone_url = repo.url
-        add_git_pull(st, repo, 1, {"engine/model.py": "x = 2  # faster\n"}, author_login="alice", body=BODY)
-        fresh = tmp_path / "fresh-python"
-        subprocess.run([sys.executable, "-m", "venv", str(fresh)], check=True)
-        subprocess.run(
-            [fresh / "bin" / "python", "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=True
-        )
-        site = next((fresh / "lib").glob("python3*/site-packages"))
-        (site / "_test_env.pth").write_text(sysconfig.get_path("purelib") + "\n")
         (tmp_path / "job").mkdir()
-        runner = Runner(
-            tmp_path / "job", contest, fresh / "bin",
-            {"GITHUB_API_URL": double.base_url, "GITHUB_SERVER_URL": server.as_uri(),
-             "GITHUB_REPOSITORY": double.repo, **OFFLINE_PIP},
-            {"github": {"token": "ghs_job", "ref": "refs/heads/main", "repository": double.repo},
-             "inputs": {"restore_from_run": "", "start_empty": "false"}, "secrets": {}, "vars": {},
-             "steps": {"cache": {"outputs": {"cache-matched-key": ""}}}},
-        )  # fmt: skip
+        fresh = tmp_path / "fresh-python"
+        runner = poll_runner(tmp_path / "job", double, contest, fresh_python(fresh))
         runner.run_job(wf["jobs"]["poll"])
         (run,) = st.runs.values()
         assert run.inputs["pr"] == "1", run.inputs

@@ -113,15 +113,8 @@ def test_a_quick_round_trip_between_slow_ones_is_not_idle():
 
 # ------------------------------------------------------------------ the device double
 
-PROBE_DOUBLE = """
-import json, os, sys, time
-sys.path.insert(0, {probe_dir!r})
-import gpu_probe  # the real drain (the probe imports nothing of evalbot)
-
-DEVICE = os.environ[{env!r}]
-IDLE_NS = 15_000  # a tiny kernel and a sync on an idle device
-
-
+# the device double, one function both stand-ins read it with
+BUSY_UNTIL = """
 def busy_until():
     # "until [pid]": work queued until then by that process; a process that ended took its work with it
     try:
@@ -133,7 +126,18 @@ def busy_until():
         return int(until)
     except (FileNotFoundError, ValueError, IndexError, OSError):
         return 0
+"""
 
+PROBE_DOUBLE = """
+import json, os, sys, time
+sys.path.insert(0, {probe_dir!r})
+import gpu_probe  # the real drain (the probe imports nothing of evalbot)
+
+DEVICE = os.environ[{env!r}]
+IDLE_NS = 15_000  # a tiny kernel and a sync on an idle device
+
+
+{busy_until}
 
 def round_trip():
     # while another context's work is queued, our kernel waits for a time slice; else it is quick
@@ -177,18 +181,7 @@ def send(o):
     sys.stdout.flush()
 
 
-def busy_until():
-    # "until [pid]": work queued until then by that process; a process that ended took its work with it
-    try:
-        with open(DEVICE) as f:
-            until, *owner = f.read().split()
-        stat = "/proc/" + owner[0] + "/stat" if owner else ""
-        if stat and (not os.path.exists(stat) or open(stat).read().rsplit(")", 1)[1].split()[0] in "ZX"):
-            return 0
-        return int(until)
-    except (FileNotFoundError, ValueError, IndexError, OSError):
-        return 0
-
+{busy_until}
 
 def wait_device():
     while (until := busy_until()) > (now := time.monotonic_ns()):
@@ -224,13 +217,16 @@ for line in sys.stdin:
     queue(LAST_MS)
     send({"id": rid, "event": "done", "n": n})
 """
+ENGINE = ENGINE.replace("{busy_until}", BUSY_UNTIL)
 
 
 def device_double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Write the stand-in probe, make it the probe `Probe.start` runs, and return the device file (idle)."""
     probe = tmp_path / "probe_double.py"
     probe.write_text(
-        textwrap.dedent(PROBE_DOUBLE).format(probe_dir=str(Path(gpu_probe.__file__).parent), env=DEVICE_ENV)
+        textwrap.dedent(PROBE_DOUBLE).format(
+            probe_dir=str(Path(gpu_probe.__file__).parent), env=DEVICE_ENV, busy_until=BUSY_UNTIL
+        )
     )
     monkeypatch.setattr(device_idle, "PROBE", probe)
     device = tmp_path / "device"
