@@ -75,7 +75,7 @@ def check(repo: Path, rev: str, rules_dir: Path | None, shape: str | None, model
             "HOME": str(scratch), "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(scratch / ".cache"),
             "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
         }  # fmt: skip
-        binds = [built.venv, *toolchain, *([model.resolve().parent] if model is not None else [])]
+        binds = [built.venv, *toolchain, *([model.resolve()] if model is not None else [])]  # the file alone
         serve_spec = sandbox.SandboxSpec(
             ro_binds=tuple(ro_binds(binds)), scratch=scratch, workdir=scratch, env=env,
             limits=sandbox.Limits(timeout_s=timeout_s * 20, max_output_bytes=64 << 20),

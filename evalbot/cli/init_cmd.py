@@ -23,7 +23,8 @@ WORKFLOWS = ("evalbot-poll.yml", "evalbot-eval.yml", "pages.yml")
 TEMPLATE = ".github/PULL_REQUEST_TEMPLATE.md"
 # the shipped workflows install the repository they run in (this one is evalbot's own contest)
 _LOCAL_INSTALL = re.compile(r"'\.\[bot\]'")
-_SPEC = re.compile(r"evalbot(\[[a-z,]+\])?\s*(==|@|>=|~=)\s*[^'\"\s][^'\"]*")
+# one line, no quote: it goes verbatim into a single-quoted word of each workflow's shell step
+_SPEC = re.compile(r"evalbot(\[[a-z,]+\])? ?(==|@|>=|~=) ?[^'\"\s\\][^'\"\x00-\x1f\\]*")
 
 
 def pin_installs(workflow: str, spec: str) -> str:

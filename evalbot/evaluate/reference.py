@@ -292,6 +292,12 @@ def _runner_files(ctx: RunContext, profile: Profile) -> dict[str, Path]:
     return out
 
 
+def model_binds(models: dict[str, Path], on_runner: set[str]) -> list[Path]:
+    """What the sandbox may read of the models: a fetched model's cache folder (the fetcher's own), but of a
+    file on the runner only the file: its folder may hold anything (a home directory, the runner's key)."""
+    return [path if name in on_runner else path.parent for name, path in models.items()]
+
+
 def file_digest(path: Path) -> str:
     """A file's sha256, read whole."""
     import hashlib

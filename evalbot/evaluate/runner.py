@@ -28,7 +28,7 @@ from evalbot.evaluate.context import (
     toolchain_paths,
 )
 from evalbot.evaluate.harness import harness_drift, harness_fingerprint
-from evalbot.evaluate.reference import fetch_models, llama_reference, sha_of
+from evalbot.evaluate.reference import fetch_models, llama_reference, model_binds, sha_of
 from evalbot.evaluate.served_model import measure_model
 from evalbot.model import (
     AccuracyResult,
@@ -235,7 +235,9 @@ def _harness(ctx: RunContext, corpus: Path, seed: int, rec: _Record) -> _Harness
         models = fetch_models(ctx, profile)
     except SideFailed as exc:
         raise _Stop(exc.failure) from exc
-    ctx.ro_binds = ro_binds([p.parent for p in models.values()])
+    pair = ctx.ws.rules.spec_pair
+    files = {m.name for m in (*profile.models, pair.target, pair.draft) if m.source == "file"}
+    ctx.ro_binds = ro_binds(model_binds(models, files))
     ctx.model_paths = dict(models)
     draws = prompts.draw(corpus, seed, n_chars=8 * max(c.ctx for c in profile.contexts) + 4000, k=2)
     prompt_files = prompts.write_prompt_files(draws, ctx.scratch / "prompts")

