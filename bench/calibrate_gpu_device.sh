@@ -13,7 +13,10 @@
 #
 # PROFILE=cpu (with MODE=calibrate) times the shipped cpu profile on this box's CPU instead, the model swapped for
 # CPU_SHAPE (qwen2.5-0.5b: the real shape, random fp32 weights; the box has no GGUF), under `taskset -c CPUS`
-# (default 2,3: a 2-core box's worth of the machine's cores).
+# (default 2,3: a 2-core box's worth of the machine's cores). PARALLEL=N runs N such calibrations at once, the
+# i-th on vCPUs 2+2i,3+2i with its own state and work dirs (calib_i.json, calib_i.log): N A/A runs in one call,
+# each a 2-core box with tenants beside it (their quiet check then counts the other runs' cores as its own
+# limit allows: max_other_cores 2N). CPU_SLICE_S overrides the cpu profile's measurement.slice_s.
 #
 # Knobs (env): SHAPE (qwen3-8b), CTXS ("4096 16384"), PAIRS_PER_BLOCK (8), MIN_BLOCKS (4), MAX_PAIRS (32),
 # RUNS (1), DECODE (128), DEVICE (cuda; cpu for a dry run of the script), STREAM (ends), SYNTH_K (16), WARM (1: untimed requests per context and side a block), BUDGET (seconds the command may take, default 540).
@@ -35,6 +38,7 @@ WARM=${WARM:-1}
 PROFILE=${PROFILE:-gpu}
 CPU_SHAPE=${CPU_SHAPE:-qwen2.5-0.5b}
 CPUS=${CPUS:-2,3}
+PARALLEL=${PARALLEL:-1}
 T0=$(date +%s)
 
 # into the interpreter's own environment: the builds' venvs see it through --system-site-packages (a
@@ -91,6 +95,17 @@ s = open(p).read()
 s = re.sub(r"(  gpu:\n)(    - shape: .*\n)+", lambda m: m.group(1) + f"    - shape: {sys.argv[1]}\n", s)
 s = re.sub(r"(  cpu:\n)(    - .*\n(      .*\n)*)+", lambda m: m.group(1) + f"    - shape: {sys.argv[2]}\n", s)
 open(p, "w").write(s)
+PY
+[ "$PROFILE" = cpu ] && python3 - "$PARALLEL" "${CPU_SLICE_S:-}" <<'PY'
+import re, sys
+p = "/tmp/rules/profiles.yaml"
+s = open(p).read()
+head, cpu = s.split("\ncpu:\n", 1)
+if int(sys.argv[1]) > 1:
+    cpu = re.sub(r"max_other_cores: [0-9.]+", f"max_other_cores: {2 * int(sys.argv[1])}", cpu)
+if sys.argv[2]:
+    cpu = re.sub(r"slice_s: [0-9.]+", f"slice_s: {sys.argv[2]}", cpu)
+open(p, "w").write(head + "\ncpu:\n" + cpu)
 PY
 python3 -m evalbot rules check /tmp/rules 2>&1 | tail -2
 export GIT_AUTHOR_NAME=x GIT_AUTHOR_EMAIL=x@x GIT_COMMITTER_NAME=x GIT_COMMITTER_EMAIL=x@x
@@ -153,6 +168,14 @@ PY
   /tmp/evalbot-venv/bin/evalbot receipt verify "$out/receipt.json" --key /tmp/runner-key.pub 2>&1 | tee -a "$OUT/workflow.log"
   cp "$out"/* "$OUT/" 2>/dev/null
   grep -v " pair " "$OUT/workflow.log" | tail -30; cat "$out/report.md" 2>/dev/null | head -60
+elif [ "$PROFILE" = cpu ] && [ "$PARALLEL" -gt 1 ]; then
+  for i in $(seq 0 $((PARALLEL - 1))); do
+    (timeout "$LEFT" taskset -c "$((2 + 2 * i)),$((3 + 2 * i))" python3 -m evalbot calibrate --repo . --rev HEAD --runs "$RUNS" \
+      --profile cpu --rules /tmp/rules --no-spec --no-accuracy $SANDBOX --state "/tmp/state_$i.db" --work-dir "/tmp/work_$i" \
+      --box h200 --json > "$OUT/calib_$i.json" 2> "$OUT/calib_$i.log"; echo "calibrate $i exit $?") &
+  done
+  wait
+  for i in $(seq 0 $((PARALLEL - 1))); do grep -E "over [0-9]+ blocks|INCONCLUSIVE|PASS|REJECT|error" "$OUT/calib_$i.log" | tail -6; done
 else
   pin=() && [ "$PROFILE" = cpu ] && pin=(taskset -c "$CPUS")
   timeout "$LEFT" "${pin[@]}" python3 -m evalbot calibrate --repo . --rev HEAD --runs "$RUNS" --profile "$PROFILE" --rules /tmp/rules \
