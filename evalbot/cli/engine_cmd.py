@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from evalbot.cli.options import load_rules_or_exit, repo_option, rules_option
-from evalbot.evaluate import builds, checkout, conformance, sandbox, served
+from evalbot.evaluate import builds, checkout, conformance, protocols, sandbox, served
 from evalbot.evaluate.context import confine_build, ro_binds
 
 
@@ -66,16 +66,23 @@ def check(repo: Path, rev: str, rules_dir: Path | None, shape: str | None, model
             click.echo(built.log_tail, err=True)
             raise click.ClickException(f"the build failed ({built.failure_stage}): {built.message}")
         model_args = spec.model_args(model=str(model)) if model is not None else spec.model_args(shape=shape)
+        port = protocols.port_for(spec.protocol, not no_sandbox)
         argv = spec.serve_argv(model_args, python=str(built.venv / "bin" / "python"),
                                tree=str(built.venv / builds.TREE), max_seq="4096", device=device,
-                               warmup="1")  # fmt: skip
+                               warmup="1", port=port)  # fmt: skip
+        how = protocols.serving(spec.protocol, argv, port)
         scratch = root / "serve"
         scratch.mkdir(parents=True, exist_ok=True)
         env = sandbox.scrub_env(os.environ) | {
             "HOME": str(scratch), "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(scratch / ".cache"),
             "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
         }  # fmt: skip
-        binds = [built.venv, *toolchain, *([model.resolve()] if model is not None else [])]  # the file alone
+        binds = [
+            built.venv,
+            *toolchain,
+            *how.binds,
+            *([model.resolve()] if model is not None else []),
+        ]  # the file alone
         serve_spec = sandbox.SandboxSpec(
             ro_binds=tuple(ro_binds(binds)), scratch=scratch, workdir=scratch, env=env,
             limits=sandbox.Limits(timeout_s=timeout_s * 20, max_output_bytes=64 << 20),
@@ -83,10 +90,10 @@ def check(repo: Path, rev: str, rules_dir: Path | None, shape: str | None, model
         )  # fmt: skip
 
         def start() -> served.ServedProcess:
-            return served.ServedProcess.start(conformance.LABEL, serve_spec, argv, no_sandbox=no_sandbox,
+            return served.ServedProcess.start(conformance.LABEL, serve_spec, how.argv, no_sandbox=no_sandbox,
                                               protocol=spec.protocol)  # fmt: skip
 
-        click.echo(f"serving: {' '.join(argv)}", err=True)
+        click.echo(f"serving: {' '.join(how.argv)}", err=True)
         outcomes = conformance.check(start, timeout_s)
     for o in outcomes:
         click.echo(o.line())

@@ -13,7 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalbot import verdict
-from evalbot.evaluate import abtest, audit, builds, compile_cache, cpumeter, device_idle, prompts, served
+from evalbot.evaluate import (
+    abtest,
+    audit,
+    builds,
+    compile_cache,
+    cpumeter,
+    device_idle,
+    prompts,
+    protocols,
+    served,
+)
 from evalbot.evaluate.ab_block import Launch
 from evalbot.evaluate.ab_samples import Prompts, Run, Sample, SideError, throughput
 from evalbot.evaluate.ab_sampling import REQUEST_CPU_SLACK
@@ -74,21 +84,25 @@ def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int)
         assert venv is not None
         scratch, root = serve_dirs(ctx, side)
         ctx.serve_scratch[side] = scratch
-        spec = sandbox_spec(
-            ctx,
-            venv,
-            scratch,
-            [ctx.scratch / "prompts", *toolchain_paths(ctx)],
-            ctx.req.profile.measurement.time_budget_s + ctx.run_timeout_s,
-            side_root=root,
-        )
-        argv = ctx.ws.rules.engine.serve_argv(  # engine.yaml's serve template
+        engine = ctx.ws.rules.engine
+        port = protocols.port_for(engine.protocol, not ctx.req.options.no_sandbox)
+        argv = engine.serve_argv(  # engine.yaml's serve template
             model_args,
             python=str(venv / "bin" / "python"),
             tree=str(venv / builds.TREE),
             max_seq=str(max_seq),
             device=ctx.profile_device,
             warmup=str(max(1, warmup)),
+            port=port,
+        )
+        how = protocols.serving(engine.protocol, argv, port)
+        spec = sandbox_spec(
+            ctx,
+            venv,
+            scratch,
+            [ctx.scratch / "prompts", *toolchain_paths(ctx), *how.binds],
+            ctx.req.profile.measurement.time_budget_s + ctx.run_timeout_s,
+            side_root=root,
         )
         meter = cpumeter.make_meter(side.value)
         threads = ctx.req.profile.measurement.threads
@@ -97,10 +111,10 @@ def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int)
         return served.ServedProcess.start(
             SIDE_LABEL[side],
             spec,
-            argv,
+            how.argv,
             no_sandbox=ctx.req.options.no_sandbox,
             meter=meter,
-            protocol=ctx.ws.rules.engine.protocol,
+            protocol=engine.protocol,
         )
 
     return launch

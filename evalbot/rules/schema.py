@@ -340,9 +340,12 @@ class Dispatch:
     max_attempts: int = 3
 
 
-PROTOCOLS = ("evalbot.serve/1",)
-# what a serving argv may name, filled in by the harness for each process
-SERVE_FIELDS = ("python", "tree", "max_seq", "device", "warmup")
+# evalbot.serve/1: JSON lines on stdin and stdout; llama-server/1: llama.cpp's HTTP server on {port}, behind the
+# harness's relay (docs/protocol.md)
+PROTOCOLS = ("evalbot.serve/1", "llama-server/1")
+HTTP_PROTOCOLS = ("llama-server/1",)
+# what a serving argv may name, filled in by the harness for each process ({port}: an HTTP engine's port)
+SERVE_FIELDS = ("python", "tree", "max_seq", "device", "warmup", "port")
 BUILD_FIELDS = ("python", "jobs")  # what a build command may name: the side's venv interpreter, the cores
 
 
@@ -524,6 +527,7 @@ __all__ = [
     "DEVICES",
     "DISPATCH_MODES",
     "FILES",
+    "HTTP_PROTOCOLS",
     "LOGIN",
     "PROTOCOLS",
     "SERVE_FIELDS",

@@ -17,6 +17,7 @@ from evalbot.rules.schema import (
     _LOGIN,
     BUILD_FIELDS,
     DISPATCH_MODES,
+    HTTP_PROTOCOLS,
     PROTOCOLS,
     SERVE_FIELDS,
     Area,
@@ -329,12 +330,20 @@ def _engine(f: _File, root: _Node) -> EngineSpec:
     bench = f.text(node, "engine.contributor.bench")
     seen = _placeholders(f, node, "engine.contributor.bench", bench, ("model_args", "ctx", "runs"))
     _needs(f, node, "engine.contributor.bench", seen, ("ctx",))
+    protocol = f.choice(m["protocol"], "engine.protocol", PROTOCOLS, "a protocol evalbot speaks")
+    argv = _template(f, serve["argv"], "engine.serve.argv", SERVE_FIELDS)
+    if protocol in HTTP_PROTOCOLS and not any("{port}" in a for a in argv):
+        f.fail(
+            serve["argv"],
+            "engine.serve.argv",
+            f"a {protocol} engine must listen on {{port}}: name it in the argv",
+        )
     return EngineSpec(
-        protocol=f.choice(m["protocol"], "engine.protocol", PROTOCOLS, "a protocol evalbot speaks"),
+        protocol=protocol,
         package=f.text(build["package"], "engine.build.package", _PACKAGE, "a Python package name")
         if "package" in build
         else None,
-        argv=_template(f, serve["argv"], "engine.serve.argv", SERVE_FIELDS),
+        argv=argv,
         model_file=_template(f, serve["model_file"], "engine.serve.model_file", ("model",), ("model",)),
         random_weights=_template(
             f, serve["random_weights"], "engine.serve.random_weights", ("shape",), ("shape",)

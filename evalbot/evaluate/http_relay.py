@@ -1,0 +1,366 @@
+"""The HTTP relay: a trusted program the harness starts inside an engine's sandbox, in front of an engine that
+serves HTTP (llama.cpp's `llama-server`, protocol `llama-server/1` in engine.yaml), so that the harness
+speaks `evalbot.serve/1` to it as to any engine (docs/protocol.md).
+
+It starts the engine's own argv as its child (stdin closed, stdout sent to stderr, so the engine has no
+handle on the protocol pipe), waits for its `/health`, prints the ready line and then turns each request line
+into HTTP on the sandbox's private loopback, forwarding every streamed token the moment it arrives: the
+harness timestamps the relay's lines, the freezer holds the relay and the engine as one tree, and the
+cgroup's CPU clock counts both. Before the engine starts, the relay makes itself non-dumpable, so the
+engine (same user, same sandbox) cannot ptrace it, read or write its memory, or reach its pipes through
+/proc; the engine can only kill it, which fails its own side.
+
+| evalbot.serve/1 | llama-server |
+|---|---|
+| `generate` | `POST /completion`, the prompt as token ids, greedy (`top_k` 1), `ignore_eos`, streamed with `return_tokens` |
+| `prefill`, then `generate` with `continue` | `POST /completion` with `n_predict` 0 and `cache_prompt`, then the prompt and the continuation token with `cache_prompt`: only the new token is evaluated at decode time |
+| `tokenize` | `POST /tokenize` (no special tokens), cut at `max_tokens` |
+| `score` | one `POST /completion` a position (the prefix cached), `n_probs` = TOP_K: argmax, margin, top-1 and the logprob of the next id (`save`: a float32 [P, V] file with the TOP_K log-probs of each position and the rest of the mass spread evenly over the other ids) |
+
+It imports nothing outside the standard library (it runs with `-I` from the harness's interpreter, whatever
+the engine's toolchain) and nothing of evalbot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import ctypes
+import http.client
+import json
+import math
+import re
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+PROTOCOL = "llama-server/1"
+OPS = ("generate", "prefill", "tokenize", "score", "shutdown")
+TOP_K = 64  # log-probs asked a position for `score` (llama-server's n_probs)
+HEALTH_POLL_S = 0.05
+PR_SET_DUMPABLE = 4
+SAVE_NAME = re.compile(r"[a-z0-9_-]{1,40}\.npy")
+
+
+class RequestError(ValueError):
+    """A request the relay cannot turn into HTTP; its error line names the request's id."""
+
+
+class EngineError(RuntimeError):
+    """The engine's HTTP answer broke what llama-server promises (status, JSON, token ids)."""
+
+
+def greedy_body(prompt: list[int], n_predict: int, stream: bool, cache_prompt: bool) -> dict[str, Any]:
+    """A /completion body: the prompt as ids, greedy, exactly n_predict tokens. Pure."""
+    return {
+        "prompt": prompt,
+        "n_predict": n_predict,
+        "stream": stream,
+        "return_tokens": True,
+        "cache_prompt": cache_prompt,
+        "id_slot": 0,
+        "temperature": 0.0,
+        "top_k": 1,
+        "samplers": ["top_k"],
+        "ignore_eos": True,
+    }
+
+
+def sse_events(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a server-sent event stream (`data: {...}` lines), until `[DONE]` or its end."""
+    for raw in lines:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError as exc:
+            raise EngineError(f"a streamed chunk is not JSON: {data[:120]!r}") from exc
+        if not isinstance(obj, dict):
+            raise EngineError(f"a streamed chunk is not an object: {data[:120]!r}")
+        if "error" in obj:
+            raise EngineError(f"the engine answered an error: {str(obj['error'])[:200]}")
+        yield obj
+
+
+def chunk_tokens(obj: dict[str, Any], vocab: int) -> list[int]:
+    """The token ids one streamed chunk carries (`tokens`, from return_tokens). Pure."""
+    toks = obj.get("tokens", [])
+    if not isinstance(toks, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in toks
+    ):
+        raise EngineError(f"a chunk's tokens are not ids below {vocab}: {str(toks)[:120]}")
+    return toks
+
+
+def position_score(probs: dict[str, Any], target: int) -> tuple[int, float, bool, float]:
+    """argmax, margin (top-1 less top-2 logprob), top-1 and the target's logprob from one position's
+    `completion_probabilities` entry; a target outside the top K gets the K-th logprob (an upper bound).
+    Pure."""
+    top = probs.get("top_logprobs")
+    if not isinstance(top, list) or len(top) < 2:
+        raise EngineError(f"a position came back without its top log-probs: {str(probs)[:160]}")
+    ids = [int(t["id"]) for t in top]
+    lps = [float(t["logprob"]) for t in top]
+    lp = lps[ids.index(target)] if target in ids else lps[-1]
+    return ids[0], lps[0] - lps[1], ids[0] == target, lp
+
+
+def dense_row(top: list[tuple[int, float]], vocab: int) -> array.array[float]:
+    """A position's log-probs over the whole vocabulary (float32) from its top K: the K as given, the rest
+    of the mass spread evenly over the other ids (a floor well under the K-th where the K hold nearly all).
+    Pure."""
+    mass = sum(math.exp(lp) for _, lp in top)
+    rest = max(1.0 - mass, 1e-12) / max(vocab - len(top), 1)
+    row = array.array("f", [math.log(rest)]) * vocab
+    for i, lp in top:
+        row[i] = lp
+    return row
+
+
+def write_npy(path: Path, rows: list[array.array[float]], vocab: int) -> None:
+    """A little-endian float32 .npy of shape [P, V] (format 1.0), written without numpy."""
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': ({len(rows)}, {vocab}), }}"
+    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+    with path.open("wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+        for row in rows:
+            if sys.byteorder != "little":
+                row = array.array("f", row)
+                row.byteswap()
+            f.write(row.tobytes())
+
+
+class Relay:
+    """One engine behind HTTP; `answer` turns a request into protocol lines on `out`."""
+
+    def __init__(self, port: int, out: Any):
+        self.port = port
+        self.out = out
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=None)
+        self.vocab = 0
+        self.prefilled: list[int] | None = None
+
+    def emit(self, obj: dict[str, Any]) -> None:
+        self.out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self.out.flush()
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> http.client.HTTPResponse:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        # a connection a request: the server may close one after a stream, and a loopback connect is
+        # tens of microseconds, the same for both sides
+        self.conn.close()
+        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=None)
+        self.conn.request(method, path, body=data, headers=headers)
+        resp = self.conn.getresponse()
+        if resp.status != 200:
+            text = resp.read()[:300]
+            raise EngineError(f"{method} {path}: HTTP {resp.status}: {text!r}")
+        return resp
+
+    def json_call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        raw = self.call(method, path, body).read()
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise EngineError(f"{method} {path}: not JSON: {raw[:120]!r}") from exc
+
+    def wait_ready(self, child: subprocess.Popen[bytes]) -> None:
+        """Poll /health until it answers 200 (the harness bounds how long); the child's exit ends it."""
+        while True:
+            if child.poll() is not None:
+                raise SystemExit(
+                    f"relay: the engine exited with status {child.returncode} before it was ready"
+                )
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    conn.close()
+                    return
+                conn.close()
+            except (OSError, http.client.HTTPException):
+                pass
+            time.sleep(HEALTH_POLL_S)
+
+    def ready(self) -> None:
+        models = self.json_call("GET", "/v1/models")
+        try:
+            meta = models["data"][0]["meta"]
+            vocab = int(meta["n_vocab"])
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise SystemExit(f"relay: /v1/models named no n_vocab: {str(models)[:200]}") from exc
+        self.vocab = vocab
+        props = self.json_call("GET", "/props")
+        ident = {
+            k: props.get(k) for k in ("build_info", "model_path", "total_slots") if isinstance(props, dict)
+        }
+        self.emit(
+            {
+                "event": "ready",
+                "protocol": PROTOCOL,
+                "config": {"vocab_size": vocab, "n_ctx": meta.get("n_ctx_train")},
+                "ops": list(OPS[:-1]),
+                "engine": ident,
+                "relay": "evalbot http_relay",
+            }
+        )
+
+    # ------------------------------------------------------------------ ops
+    def ids(self, req: dict[str, Any], field: str, minimum: int = 1) -> list[int]:
+        v = req.get(field)
+        if not isinstance(v, list) or len(v) < minimum:
+            raise RequestError(f"{field}: expected a list of at least {minimum} token ids")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab for t in v):
+            raise RequestError(f"{field}: every id must be an integer in [0, {self.vocab})")
+        return v
+
+    def answer(self, req: dict[str, Any]) -> None:
+        rid, op = req["id"], req.get("op")
+        prefilled, self.prefilled = self.prefilled, None  # any request drops a prefilled prompt
+        if op == "prefill":
+            prompt = self.ids(req, "prompt_ids")
+            self.json_call("POST", "/completion", greedy_body(prompt, 0, False, True))
+            self.prefilled = prompt
+            self.emit({"id": rid, "event": "done", "n": 0})
+        elif op == "generate":
+            self.generate(rid, req, prefilled)
+        elif op == "tokenize":
+            text, cap = req.get("text"), req.get("max_tokens")
+            if not isinstance(text, str) or not isinstance(cap, int) or cap < 1:
+                raise RequestError("tokenize: expected text (a string) and max_tokens (a positive integer)")
+            got = self.json_call("POST", "/tokenize", {"content": text, "add_special": False})
+            toks = got.get("tokens") if isinstance(got, dict) else None
+            if not isinstance(toks, list) or not all(isinstance(t, int) for t in toks):
+                raise EngineError(f"/tokenize gave no token ids: {str(got)[:160]}")
+            self.emit({"id": rid, "event": "done", "ids": toks[:cap]})
+        elif op == "score":
+            self.score(rid, req)
+        else:
+            raise RequestError(f"unknown op {op!r}; this relay answers {', '.join(OPS)}")
+
+    def generate(self, rid: str, req: dict[str, Any], prefilled: list[int] | None) -> None:
+        ids = self.ids(req, "prompt_ids")
+        max_new = req.get("max_new")
+        if not isinstance(max_new, int) or isinstance(max_new, bool) or not 1 <= max_new <= 1 << 16:
+            raise RequestError("max_new: expected an integer from 1")
+        ends = req.get("stream") == "ends"
+        if req.get("continue"):
+            if prefilled is None:
+                raise RequestError("continue: no prefilled prompt (prefill must come just before)")
+            prompt, cached = prefilled + ids, True
+        else:
+            prompt, cached = ids, False
+        resp = self.call("POST", "/completion", greedy_body(prompt, max_new, True, cached))
+        n, rest = 0, []
+        for obj in sse_events(iter(resp.readline, b"")):
+            for t in chunk_tokens(obj, self.vocab):
+                if n >= max_new:
+                    raise EngineError(f"the engine streamed more than the {max_new} tokens asked")
+                n += 1
+                if not ends or n == 1:
+                    self.emit({"id": rid, "tok": t})
+                else:
+                    rest.append(t)
+            if obj.get("stop"):
+                break
+        resp.read()
+        if ends and rest:
+            self.emit({"id": rid, "toks": rest})
+        self.emit({"id": rid, "event": "done", "n": n})
+
+    def score(self, rid: str, req: dict[str, Any]) -> None:
+        ids = self.ids(req, "ids", 2)
+        start = req.get("from")
+        if not isinstance(start, int) or not 1 <= start < len(ids):
+            raise RequestError(f"from: expected an integer in [1, {len(ids)})")
+        save = req.get("save")
+        if save is not None and (not isinstance(save, str) or not SAVE_NAME.fullmatch(save)):
+            raise RequestError("save: expected a file name like head.npy")
+        out: dict[str, list[Any]] = {"argmax": [], "margin": [], "top1": [], "logprob": []}
+        rows: list[array.array[float]] = []
+        for i in range(start - 1, len(ids) - 1):
+            body = greedy_body(ids[: i + 1], 1, False, True) | {
+                "n_probs": TOP_K,
+                "post_sampling_probs": False,
+            }
+            got = self.json_call("POST", "/completion", body)
+            probs = got.get("completion_probabilities") if isinstance(got, dict) else None
+            if not isinstance(probs, list) or not probs:
+                raise EngineError(f"position {i}: no completion_probabilities")
+            am, margin, top1, lp = position_score(probs[0], ids[i + 1])
+            for k, v in zip(out, (am, margin, top1, lp), strict=True):
+                out[k].append(v)
+            if save:
+                top = [(int(t["id"]), float(t["logprob"])) for t in probs[0]["top_logprobs"]]
+                rows.append(dense_row(top, self.vocab))
+        if save:
+            write_npy(Path(save), rows, self.vocab)
+        self.emit({"id": rid, "event": "done", **out})
+
+
+def make_undumpable() -> None:
+    """prctl(PR_SET_DUMPABLE, 0): no process of the same user may ptrace this one or open its /proc files."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise SystemExit(f"relay: prctl(PR_SET_DUMPABLE) failed: errno {ctypes.get_errno()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="evalbot.serve/1 in front of an engine's llama-server")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("engine", nargs=argparse.REMAINDER, help="-- then the engine's argv")
+    args = ap.parse_args(argv)
+    engine = args.engine[1:] if args.engine[:1] == ["--"] else args.engine
+    if not engine:
+        ap.error("the engine's argv is missing")
+    make_undumpable()
+    out = sys.stdout
+    child = subprocess.Popen(engine, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), close_fds=True)
+    relay = Relay(args.port, out)
+    try:
+        relay.wait_ready(child)
+        relay.ready()
+        for line in sys.stdin:
+            try:
+                req = json.loads(line)
+            except ValueError:
+                relay.emit({"event": "error", "message": f"a request line is not JSON: {line[:80]!r}"})
+                continue
+            if not isinstance(req, dict):
+                relay.emit({"event": "error", "message": "a request must be a JSON object"})
+                continue
+            if req.get("op") == "shutdown":
+                break
+            rid = req.get("id")
+            if not isinstance(rid, str) or not 1 <= len(rid) <= 64:
+                relay.emit({"event": "error", "message": "id: expected a string of 1-64 characters"})
+                continue
+            try:
+                relay.answer(req)
+            except RequestError as exc:
+                relay.emit({"id": rid, "event": "error", "message": str(exc)})
+            except (EngineError, OSError, http.client.HTTPException) as exc:
+                # the engine broke llama-server's contract: say so on stderr and end, failing its side
+                print(f"relay: request {rid}: {exc}", file=sys.stderr, flush=True)
+                return 3
+    finally:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The HTTP protocol (`llama-server/1`, #38 part 2): the harness's relay in front of an engine that serves
+HTTP, against a stand-in llama-server (tests/fixtures/llama_server_double.py) through the conformance kit,
+sandboxed where bubblewrap works, and what the relay refuses: a token past the vocabulary, more tokens
+than asked, and an engine that reaches for the relay through /proc."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evalbot.evaluate import conformance, http_relay, protocols, sandbox, served
+from evalbot.evaluate.context import ro_binds
+from evalbot.rules import RulesError
+from evalbot.rules.load import load_rules
+from evalbot.rules.schema import default_rules_dir
+
+DOUBLE = Path(__file__).resolve().parents[1] / "fixtures" / "llama_server_double.py"
+PROTOCOL = "llama-server/1"
+
+
+def starter(tmp_path: Path, brk: str = "", sandboxed: bool = False):
+    port = protocols.port_for(PROTOCOL, sandboxed)
+    engine = [sys.executable, "-I", str(DOUBLE), "--port", port, *(["--break", brk] if brk else [])]
+    how = protocols.serving(PROTOCOL, engine, port)
+
+    def start() -> served.ServedProcess:
+        spec = sandbox.SandboxSpec(
+            ro_binds=tuple(ro_binds([DOUBLE, *how.binds])), scratch=tmp_path, workdir=tmp_path,
+            env={"PATH": "/usr/bin:/bin"}, limits=sandbox.Limits(max_output_bytes=1 << 20, timeout_s=60),
+        )  # fmt: skip
+        return served.ServedProcess.start(conformance.LABEL, spec, how.argv, no_sandbox=not sandboxed,
+                                          protocol=PROTOCOL)  # fmt: skip
+
+    return start
+
+
+def run_kit(tmp_path: Path, brk: str = "", sandboxed: bool = False) -> dict[str, conformance.Outcome]:
+    got = conformance.check(starter(tmp_path, brk, sandboxed), timeout_s=20)
+    print("\n".join(o.line() for o in got))
+    return {o.id: o for o in got}
+
+
+def test_an_http_engine_behind_the_relay_passes_every_requirement(tmp_path):
+    got = run_kit(tmp_path)
+    assert [o.id for o in got.values() if not o.passed] == []
+    assert not any(o.skipped for o in got.values())
+
+
+@pytest.mark.skipif(not sandbox.sandbox_available(), reason="needs bubblewrap")
+def test_the_relay_and_its_engine_run_in_the_sandbox_on_its_own_loopback(tmp_path):
+    got = run_kit(tmp_path, sandboxed=True)
+    assert [o.id for o in got.values() if not o.passed] == []
+
+
+@pytest.mark.parametrize("sandboxed", [False, True])
+def test_an_engine_cannot_reach_the_relay_through_proc(tmp_path, sandboxed):
+    """The engine runs as the relay's child, as the same user: the relay made itself non-dumpable first, so
+    its pipes, memory and environment are closed to it, and a forged ready line never reaches the harness."""
+    if sandboxed and not sandbox.sandbox_available():
+        pytest.skip("needs bubblewrap")
+    if not sandboxed and os.geteuid() == 0:
+        pytest.skip("root may ptrace any process of the host: unsandboxed, the relay guards only a user's")
+    p = starter(tmp_path, "proc-attack", sandboxed)()
+    try:
+        ready = p.wait_ready(20)
+        assert ready.get("relay") == "evalbot http_relay" and "forged" not in ready
+        got = p.request({"op": "generate", "prompt_ids": [1, 2, 3], "max_new": 4}, 20)
+        assert len(got.tokens) == 4
+    finally:
+        p.close()
+    attack = json.loads((tmp_path / "attack.json").read_text())
+    assert all(v.startswith("refused") for v in attack.values()), attack
+
+
+@pytest.mark.parametrize(
+    "brk, failing, reason",
+    [
+        ("vocab", "tokens-in-vocabulary", "below 100"),
+        ("extra", "generate-token-stream", "more than the"),
+    ],
+)
+def test_an_http_engine_that_breaks_its_contract_fails_the_requirement(tmp_path, brk, failing, reason):
+    got = run_kit(tmp_path, brk)
+    assert not got[failing].passed and reason in (got[failing].failure or ""), got[failing].line()
+
+
+def test_score_answers_teacher_forced_and_saves_every_positions_log_probs(tmp_path):
+    p = starter(tmp_path)()
+    try:
+        p.wait_ready(20)
+        ids = [5, 9, 2, 7, 1, 3]
+        got = p.request({"op": "score", "ids": ids, "from": 2, "save": "s.npy"}, 20)
+    finally:
+        p.close()
+    want = [(sum(ids[: i + 1]) * 7 + i + 1) % 100 for i in range(1, len(ids) - 1)]
+    assert got.summary["argmax"] == want
+    assert got.summary["top1"] == [w == ids[i + 2] for i, w in enumerate(want)]
+    assert got.summary["margin"] == pytest.approx([math.log(0.9) - math.log(0.05)] * len(want))
+    rows = np.load(tmp_path / "s.npy")
+    assert rows.shape == (len(want), 100) and rows.dtype == np.float32
+    assert list(rows.argmax(1)) == want
+    assert np.exp(rows.astype(np.float64)).sum(1) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_sse_events_stop_at_done_and_refuse_garbage():
+    lines = [b": comment\n", b'data: {"tokens": [1]}\n', b"\n", b"data: [DONE]\n", b'data: {"tokens": [2]}\n']
+    assert list(http_relay.sse_events(iter(lines))) == [{"tokens": [1]}]
+    with pytest.raises(http_relay.EngineError, match="not JSON"):
+        list(http_relay.sse_events(iter([b"data: {oops\n"])))
+    with pytest.raises(http_relay.EngineError, match="answered an error"):
+        list(http_relay.sse_events(iter([b'data: {"error": {"message": "slot busy"}}\n'])))
+
+
+def test_chunk_tokens_refuse_ids_outside_the_vocabulary_and_non_integers():
+    assert http_relay.chunk_tokens({"tokens": [0, 99]}, 100) == [0, 99]
+    for bad in ([100], [-1], [True], ["3"], 3):
+        with pytest.raises(http_relay.EngineError):
+            http_relay.chunk_tokens({"tokens": bad}, 100)
+
+
+def test_the_greedy_body_asks_exactly_n_tokens_greedily_from_ids():
+    body = http_relay.greedy_body([1, 2], 5, True, False)
+    assert body["prompt"] == [1, 2] and body["n_predict"] == 5 and body["ignore_eos"] is True
+    assert body["top_k"] == 1 and body["samplers"] == ["top_k"] and body["return_tokens"] is True
+
+
+def test_a_dense_row_keeps_the_top_k_and_spreads_the_rest_of_the_mass(tmp_path):
+    row = http_relay.dense_row([(3, math.log(0.5)), (7, math.log(0.3))], 10)
+    assert row[3] == pytest.approx(math.log(0.5)) and row[0] == pytest.approx(math.log(0.2 / 8))
+    http_relay.write_npy(tmp_path / "r.npy", [row, row], 10)
+    assert np.load(tmp_path / "r.npy").shape == (2, 10)
+
+
+def test_the_relay_answers_a_request_it_cannot_turn_into_http_with_an_error_for_its_id():
+    out = io.StringIO()
+    relay = http_relay.Relay(1, out)
+    relay.vocab = 100
+    for req, why in (
+        ({"id": "a", "op": "generate", "prompt_ids": [1], "max_new": 0}, "max_new"),
+        ({"id": "b", "op": "generate", "prompt_ids": [1], "max_new": 2, "continue": True}, "no prefilled"),
+        ({"id": "c", "op": "score", "ids": [1, 2], "from": 1, "save": "../x.npy"}, "save"),
+        ({"id": "d", "op": "spec"}, "unknown op"),
+    ):
+        with pytest.raises(http_relay.RequestError, match=why):
+            relay.answer(req)
+
+
+def _engine_yaml(tmp_path: Path, argv: str) -> Path:
+    rules = tmp_path / str(abs(hash(argv))) / "rules"
+    shutil.copytree(default_rules_dir(), rules)
+    (rules / "engine.yaml").write_text(
+        "protocol: llama-server/1\nbuild: {commands: [[make]]}\nserve:\n"
+        f"  argv: {argv}\n  model_file: ['-m', '{{model}}']\n  random_weights: ['--shape', '{{shape}}']\n"
+        "contributor: {bench: 'llama-bench -p {ctx}'}\n"
+    )
+    return rules
+
+
+def test_an_http_engine_must_listen_on_the_port_the_harness_names(tmp_path):
+    with pytest.raises(RulesError, match=r"engine.yaml:4.*must listen on \{port\}"):
+        load_rules(_engine_yaml(tmp_path, "['{tree}/build/bin/llama-server', '-c', '{max_seq}']"))
+    rules = load_rules(_engine_yaml(tmp_path, "['{tree}/build/bin/llama-server', '--port', '{port}']"))
+    assert rules.engine.protocol == PROTOCOL
