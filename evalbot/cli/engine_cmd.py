@@ -69,7 +69,7 @@ def check(repo: Path, rev: str, rules_dir: Path | None, shape: str | None, model
         port = protocols.port_for(spec.protocol, not no_sandbox)
         argv = spec.serve_argv(model_args, python=str(built.venv / "bin" / "python"),
                                tree=str(built.venv / builds.TREE), max_seq="4096", device=device,
-                               warmup="1", port=port)  # fmt: skip
+                               warmup="1", port=port, threads="1")  # fmt: skip
         how = protocols.serving(spec.protocol, argv, port)
         scratch = root / "serve"
         scratch.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,14 @@ from evalbot.evaluate import (
 from evalbot.evaluate.ab_block import Launch
 from evalbot.evaluate.ab_samples import Prompts, Run, Sample, SideError, throughput
 from evalbot.evaluate.ab_sampling import REQUEST_CPU_SLACK
-from evalbot.evaluate.context import SIDE_LABEL, RunContext, SideFailed, sandbox_spec, toolchain_paths
+from evalbot.evaluate.context import (
+    SIDE_LABEL,
+    RunContext,
+    SideFailed,
+    sandbox_spec,
+    toolchain_paths,
+    usable_cores,
+)
 from evalbot.evaluate.freezing import FREEZER
 from evalbot.evaluate.reference import accuracy_served, audit_answers
 from evalbot.evaluate.schedule import run_alone
@@ -94,6 +101,7 @@ def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int)
             device=ctx.profile_device,
             warmup=str(max(1, warmup)),
             port=port,
+            threads=str(ctx.engine_threads or usable_cores()),
         )
         how = protocols.serving(engine.protocol, argv, port)
         spec = sandbox_spec(

@@ -71,6 +71,15 @@ def load_rules(directory: str | Path) -> Rules:
     automerge = _automerge(*docs["automerge"], tiers, known)
     dispatch = _dispatch(*docs["dispatch"], [p.name for p in profiles])
     engine = _engine(*docs["engine"])
+    shapes = sorted({m.name for p in profiles for m in p.models if m.source == "shape"})
+    if shapes and not engine.random_weights:
+        raise RulesError(
+            str(root / "models.yaml"),
+            None,
+            "models",
+            f"the shape(s) {', '.join(shapes)} need random weights, and engine.yaml's engine serves none "
+            "(no serve.random_weights): name a model file instead",
+        )
     rules = Rules(
         tiers, gates, profiles, spec_pair, copycat, policy, labels, automerge, dispatch, engine, root, ""
     )

@@ -344,8 +344,9 @@ class Dispatch:
 # harness's relay (docs/protocol.md)
 PROTOCOLS = ("evalbot.serve/1", "llama-server/1")
 HTTP_PROTOCOLS = ("llama-server/1",)
-# what a serving argv may name, filled in by the harness for each process ({port}: an HTTP engine's port)
-SERVE_FIELDS = ("python", "tree", "max_seq", "device", "warmup", "port")
+# what a serving argv may name, filled in by the harness for each process ({port}: an HTTP engine's port,
+# {threads}: the CPU threads the profile gives each engine, else the cores the evaluation may use)
+SERVE_FIELDS = ("python", "tree", "max_seq", "device", "warmup", "port", "threads")
 BUILD_FIELDS = ("python", "jobs")  # what a build command may name: the side's venv interpreter, the cores
 
 
@@ -359,7 +360,7 @@ class EngineSpec:
     package: str | None  # pip-installed from the tree and imported in the side's venv (a smoke check)
     argv: tuple[str, ...]  # placeholders: SERVE_FIELDS ({tree}: the built tree, kept read-only)
     model_file: tuple[str, ...]  # a model file on the runner: {model}
-    random_weights: tuple[str, ...]  # a shape with random weights: {shape}
+    random_weights: tuple[str, ...]  # a shape with random weights: {shape} (empty: it serves none)
     bench: str  # {model_args}, {ctx}, {runs}
     # run in order in the sandbox, in a copy of the tree (after the package's install), no network:
     # a compiled engine's build. Placeholders: BUILD_FIELDS
@@ -376,6 +377,10 @@ class EngineSpec:
         """The model's arguments: a file on the runner (`model`) or a shape with random weights."""
         if model is not None:
             return [a.format_map({"model": model}) for a in self.model_file]
+        if not self.random_weights:
+            raise ValueError(
+                f"engine.yaml's engine serves no random weights (no serve.random_weights): not {shape}"
+            )
         return [a.format_map({"shape": shape}) for a in self.random_weights]
 
 

@@ -324,7 +324,20 @@ def _engine(f: _File, root: _Node) -> EngineSpec:
                 f"expected an absolute path of a toolchain, got {path!r}",
             )
         toolchain.append(path)
-    serve = f.mapping(m["serve"], "engine.serve", ("argv", "model_file", "random_weights"))
+    serve_keys = [k for k, _, _ in f.items(m["serve"], "engine.serve")]
+    for key in serve_keys:
+        if key not in ("argv", "model_file", "random_weights"):
+            f.fail(
+                m["serve"],
+                f"engine.serve.{key}",
+                "unknown key; expected one of: argv, model_file, random_weights",
+            )
+    # random_weights is optional: an engine that only loads model files (llama-server) leaves it out
+    serve = f.mapping(
+        m["serve"],
+        "engine.serve",
+        ["argv", "model_file", *(["random_weights"] if "random_weights" in serve_keys else [])],
+    )
     contributor = f.mapping(m["contributor"], "engine.contributor", ("bench",))
     node = contributor["bench"]
     bench = f.text(node, "engine.contributor.bench")
@@ -347,7 +360,9 @@ def _engine(f: _File, root: _Node) -> EngineSpec:
         model_file=_template(f, serve["model_file"], "engine.serve.model_file", ("model",), ("model",)),
         random_weights=_template(
             f, serve["random_weights"], "engine.serve.random_weights", ("shape",), ("shape",)
-        ),
+        )
+        if "random_weights" in serve
+        else (),
         bench=bench,
         commands=commands,
         toolchain=tuple(toolchain),

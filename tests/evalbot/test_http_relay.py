@@ -169,3 +169,11 @@ def test_an_http_engine_must_listen_on_the_port_the_harness_names(tmp_path):
         load_rules(_engine_yaml(tmp_path, "['{tree}/build/bin/llama-server', '-c', '{max_seq}']"))
     rules = load_rules(_engine_yaml(tmp_path, "['{tree}/build/bin/llama-server', '--port', '{port}']"))
     assert rules.engine.protocol == PROTOCOL
+
+
+def test_an_engine_without_random_weights_is_refused_where_the_rules_name_a_shape(tmp_path):
+    rules = _engine_yaml(tmp_path, "['llama-server', '--port', '{port}']")
+    text = (rules / "engine.yaml").read_text()
+    (rules / "engine.yaml").write_text(text.replace("  random_weights: ['--shape', '{shape}']\n", ""))
+    with pytest.raises(RulesError, match=r"models.yaml: models: the shape\(s\) .* engine serves none"):
+        load_rules(rules)

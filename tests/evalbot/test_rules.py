@@ -434,7 +434,7 @@ MALFORMED = [
         "protocol: evalbot.serve/1",
         "protocol: openai/1",
         "engine.protocol",
-        "expected a protocol evalbot speaks (one of: evalbot.serve/1), got 'openai/1'",
+        "expected a protocol evalbot speaks (one of: evalbot.serve/1, llama-server/1), got 'openai/1'",
         id="engine-protocol",
     ),
     pytest.param(
