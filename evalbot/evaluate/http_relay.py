@@ -90,13 +90,12 @@ def sse_events(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:
         yield obj
 
 
-def chunk_tokens(obj: dict[str, Any], vocab: int) -> list[int]:
-    """The token ids one streamed chunk carries (`tokens`, from return_tokens). Pure."""
+def chunk_tokens(obj: dict[str, Any]) -> list[Any]:
+    """The tokens one streamed chunk carries (`tokens`, from return_tokens), passed on as the engine sent
+    them: the harness checks every token line of every engine alike (an integer, below the vocab). Pure."""
     toks = obj.get("tokens", [])
-    if not isinstance(toks, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in toks
-    ):
-        raise EngineError(f"a chunk's tokens are not ids below {vocab}: {str(toks)[:120]}")
+    if not isinstance(toks, list):
+        raise EngineError(f"a chunk's tokens are not a list: {str(toks)[:120]}")
     return toks
 
 
@@ -262,9 +261,7 @@ class Relay:
         resp = self.call("POST", "/completion", greedy_body(prompt, max_new, True, cached))
         n, rest = 0, []
         for obj in sse_events(iter(resp.readline, b"")):
-            for t in chunk_tokens(obj, self.vocab):
-                if n >= max_new:
-                    raise EngineError(f"the engine streamed more than the {max_new} tokens asked")
+            for t in chunk_tokens(obj):
                 n += 1
                 if not ends or n == 1:
                     self.emit({"id": rid, "tok": t})

@@ -52,6 +52,7 @@ class ServedProcess:
     ready: dict[str, Any] = field(default_factory=dict)
     lines: queue.Queue[Line | ServeError | None] = field(default_factory=queue.Queue)
     stderr_tail: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=256))
+    stderr_reader: threading.Thread | None = None
     frozen: bool = False
     broken: bool = False  # it broke the protocol (or ran out of time): close() does not wait on it
     max_output_bytes: int = 64 << 20
@@ -88,7 +89,8 @@ class ServedProcess:
             meter.root_pid = proc.pid
         sp = cls(label, proc, max_output_bytes=spec.limits.max_output_bytes, meter=meter, protocol=protocol)
         threading.Thread(target=sp._read_stdout, daemon=True).start()
-        threading.Thread(target=sp._read_stderr, daemon=True).start()
+        sp.stderr_reader = threading.Thread(target=sp._read_stderr, daemon=True)
+        sp.stderr_reader.start()
         return sp
 
     # -------------------------------------------------------------- reading (threads)
@@ -234,6 +236,8 @@ class ServedProcess:
                 code = self.proc.wait(timeout=5)
             except Exception:
                 code = None
+            if self.stderr_reader is not None:  # its last words: what it wrote on stderr before it ended
+                self.stderr_reader.join(timeout=2)
             raise ServeError(
                 f"{self.label}: the serving process ended"
                 + (f": it {describe(code)}" if code is not None else ""),
