@@ -51,7 +51,7 @@ def sliced_pairs(times: list[float], slice_s: float, tokens: int) -> list[float]
     for t in times:
         sides[turn].append(t)
         used += t
-        if used >= slice_s:
+        if used >= slice_s or len(sides[turn]) >= tokens:  # a turn ends with its slice or its request
             turn, used = 1 - turn, 0.0
         if len(sides[0]) >= tokens and len(sides[1]) >= tokens:
             a, b = sides[0][:tokens], sides[1][:tokens]
