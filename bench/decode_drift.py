@@ -69,22 +69,32 @@ def anon_huge_kb() -> int | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--shape", help="a real shape with random weights instead of --model (a box without the GGUF)")
+    ap.add_argument(
+        "--shape", help="a real shape with random weights instead of --model (a box without the GGUF)"
+    )
     ap.add_argument("--seconds", type=float, default=150)
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=400, help="decode steps per prompt")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the cpu profile: 1)")
-    ap.add_argument("--probe-iters", type=int, default=40, help="64x64 matmuls of the compute probe a step (0: none)")
+    ap.add_argument(
+        "--probe-iters", type=int, default=40, help="64x64 matmuls of the compute probe a step (0: none)"
+    )
     ap.add_argument("--label", default="")
     ap.add_argument("--out")
     args = ap.parse_args()
     import torch
 
-    from engine.generate import Session, load, load_random  # the bench may import the engine; the bot never does
+    from engine.generate import (  # the bench may import the engine; the bot never does
+        Session,
+        load,
+        load_random,
+    )
 
     torch.set_num_threads(args.threads)
     max_pos = args.ctx + args.tokens + 8
-    model = load_random(args.shape, "cpu", max_pos=max_pos) if args.shape else load(args.model, max_pos=max_pos)
+    model = (
+        load_random(args.shape, "cpu", max_pos=max_pos) if args.shape else load(args.model, max_pos=max_pos)
+    )
     session = Session(model, max_pos)
     pinned = sorted(os.sched_getaffinity(0))
     cpu = pinned[0] if len(pinned) == 1 else None
@@ -124,7 +134,9 @@ def main() -> None:
         for w in (1, 2, 4, 8, 16, 24, 48, 96, 192)
     ]
     stolen = (steal[-1][1] - steal[0][1]) / hz if len(steal) > 1 else 0.0
-    print(f"{len(times)} steps of {1e3 * step:.1f} ms, {args.threads} thread(s), ctx {args.ctx}, cpus {pinned}")
+    print(
+        f"{len(times)} steps of {1e3 * step:.1f} ms, {args.threads} thread(s), ctx {args.ctx}, cpus {pinned}"
+    )
     print(f"steal {stolen:.2f} s of {steal[-1][0] if steal else 0:.0f} s; AnonHugePages {anon_huge_kb()} kB")
     print("| window (steps) | window (s) | Allan deviation |")
     print("|--:|--:|--:|")

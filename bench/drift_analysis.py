@@ -93,14 +93,19 @@ def correlation(a: dict[int, float], b: dict[int, float]) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("traces", nargs="+")
-    ap.add_argument("--tokens", type=int, default=24, help="decode tokens a side a pair (the cpu profile: 24)")
+    ap.add_argument(
+        "--tokens", type=int, default=24, help="decode tokens a side a pair (the cpu profile: 24)"
+    )
     ap.add_argument("--slices", type=float, nargs="+", default=[0.1, 0.25, 0.5, 1.0, 1e9])
     ap.add_argument("--out")
     args = ap.parse_args()
     out: dict = {"traces": {}, "correlations": {}}
     loaded = {p: json.loads(Path(p).read_text()) for p in args.traces}
-    print("| trace | cpus | steps | median step | sd log step | slow steps | preempted | core slow | memory | "
-          + " | ".join(f"pairs sd / robust @ {'whole' if s >= 1e8 else f'{s} s'}" for s in args.slices) + " |")
+    print(
+        "| trace | cpus | steps | median step | sd log step | slow steps | preempted | core slow | memory | "
+        + " | ".join(f"pairs sd / robust @ {'whole' if s >= 1e8 else f'{s} s'}" for s in args.slices)
+        + " |"
+    )
     print("|---|---|--:|--:|--:|--:|--:|--:|--:|" + "--:|" * len(args.slices))
     for path, tr in loaded.items():
         slow = slow_steps(tr)
