@@ -5,7 +5,7 @@
 # Each run: `evalbot calibrate --runs 1 --no-spec --no-accuracy` on this checkout's HEAD with the repository's
 # rules, measurement.slice_s replaced; then the MDE of each context per run, and their medians per setting.
 set -uo pipefail
-out=${1:?OUT_DIR}; rounds=${2:?ROUNDS}; shift 2
+out=$(realpath -m "${1:?OUT_DIR}"); rounds=${2:?ROUNDS}; shift 2
 root=$(git rev-parse --show-toplevel); bot="$root/.venv/bin/evalbot"
 mkdir -p "$out"; tmp=$(mktemp -d /tmp/cpu-slice.XXXX)
 for s in "$@"; do
@@ -19,7 +19,8 @@ for i in $(seq 1 "$rounds"); do
     (cd "$tmp" && "$bot" calibrate --repo "$root" --rev HEAD --runs 1 --profile cpu --rules "$tmp/rules-$s" \
       --no-spec --no-accuracy --box "$(hostname)" --state "$tmp/aa.db" --work-dir "$tmp/work" --json \
       > "$out/s${s}_$i.json" 2> "$out/s${s}_$i.err")
-    echo "$(date -u +%H:%M:%S) slice $s run $i: exit $? in $(( $(date +%s) - t0 )) s" | tee -a "$out/log.txt"
+    rc=$?
+    echo "$(date -u +%H:%M:%S) slice $s run $i: exit $rc in $(( $(date +%s) - t0 )) s" | tee -a "$out/log.txt"
   done
 done
 python3 - "$out" "$@" <<'PY'
