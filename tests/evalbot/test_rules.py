@@ -701,12 +701,12 @@ def test_the_engines_threads_follow_the_profile_else_this_process_cpus(tmp_path)
 def test_a_profile_may_slice_its_pairs_and_a_bad_slice_names_its_line(rules_dir):
     rules = load_rules(rules_dir)
     assert rules.profile("gpu").measurement.slice_s is None  # absent: whole requests
-    assert rules.profile("cpu").measurement.slice_s == 0.5  # shipped: half-second turns
+    assert rules.profile("cpu").measurement.slice_s == 0.25  # shipped: quarter-second turns
     for bad in ("0", "0.01", "-1", "fast", "1000"):
-        line = edit(rules_dir, "profiles.yaml", "    slice_s: 0.5\n", f"    slice_s: {bad}\n")
+        line = edit(rules_dir, "profiles.yaml", "    slice_s: 0.25\n", f"    slice_s: {bad}\n")
         err = load_error(rules_dir)
         assert err.line == line and "slice_s" in err.field, bad
-        edit(rules_dir, "profiles.yaml", f"    slice_s: {bad}\n", "    slice_s: 0.5\n")
+        edit(rules_dir, "profiles.yaml", f"    slice_s: {bad}\n", "    slice_s: 0.25\n")
 
 
 def test_a_profile_may_start_its_processes_at_once_and_a_bad_start_names_its_line(rules_dir):
