@@ -38,6 +38,7 @@ ENTRY_MODULES = {
     "engine.registry": "`make models` runs `python -m engine.registry fetch`",
     "engine.synthetic": "`python -m engine.synthetic PATH` writes a tiny random model (README)",
     "evalbot.evaluate.gpu_probe": "the harness runs it by its path on a GPU box (evaluate/device_idle.py)",
+    "evalbot.evaluate.http_relay": "the harness runs it by its path inside an HTTP engine's sandbox (evaluate/protocols.py)",
 }
 # `{{ x.name }}`, `attribute="name"`: the attributes the templates read
 _TEMPLATE_NAME = re.compile(r"\.\s*([A-Za-z_]\w*)|attribute\s*=\s*[\"']([A-Za-z_]\w*)[\"']")
