@@ -291,19 +291,20 @@ def _template(
     return tuple(out)
 
 
+def _some_of(f: _File, node: _Node, field: str, allowed: Sequence[str]) -> dict[str, _Node]:
+    """The values of a mapping whose keys are some of `allowed` (an unknown key fails, with the list)."""
+    present = [k for k, _, _ in f.items(node, field)]
+    for key in present:
+        if key not in allowed:
+            f.fail(node, f"{field}.{key}", f"unknown key; expected one of: {', '.join(allowed)}")
+    return f.mapping(node, field, present)
+
+
 def _engine(f: _File, root: _Node) -> EngineSpec:
     m = f.mapping(root, "engine", ("protocol", "build", "serve", "contributor"))
-    build_keys = [k for k, _, _ in f.items(m["build"], "engine.build")]
-    for key in build_keys:
-        if key not in ("package", "commands", "toolchain"):
-            f.fail(
-                m["build"],
-                f"engine.build.{key}",
-                "unknown key; expected one of: package, commands, toolchain",
-            )
-    if not {"package", "commands"} & set(build_keys):
+    build = _some_of(f, m["build"], "engine.build", ("package", "commands", "toolchain"))
+    if not {"package", "commands"} & set(build):
         f.fail(m["build"], "engine.build", "expected a package to install, build commands, or both")
-    build = f.mapping(m["build"], "engine.build", build_keys)
     commands = (
         tuple(
             _template(f, node, _join("engine.build.commands", i), BUILD_FIELDS)
@@ -324,20 +325,11 @@ def _engine(f: _File, root: _Node) -> EngineSpec:
                 f"expected an absolute path of a toolchain, got {path!r}",
             )
         toolchain.append(path)
-    serve_keys = [k for k, _, _ in f.items(m["serve"], "engine.serve")]
-    for key in serve_keys:
-        if key not in ("argv", "model_file", "random_weights"):
-            f.fail(
-                m["serve"],
-                f"engine.serve.{key}",
-                "unknown key; expected one of: argv, model_file, random_weights",
-            )
     # random_weights is optional: an engine that only loads model files (llama-server) leaves it out
-    serve = f.mapping(
-        m["serve"],
-        "engine.serve",
-        ["argv", "model_file", *(["random_weights"] if "random_weights" in serve_keys else [])],
-    )
+    serve = _some_of(f, m["serve"], "engine.serve", ("argv", "model_file", "random_weights"))
+    for key in ("argv", "model_file"):
+        if key not in serve:
+            f.fail(m["serve"], f"engine.serve.{key}", "missing; a serving engine needs argv and model_file")
     contributor = f.mapping(m["contributor"], "engine.contributor", ("bench",))
     node = contributor["bench"]
     bench = f.text(node, "engine.contributor.bench")
