@@ -44,6 +44,7 @@ TOP_K = 64  # log-probs asked a position for `score` (llama-server's n_probs)
 HEALTH_POLL_S = 0.05
 PR_SET_DUMPABLE = 4
 SAVE_NAME = re.compile(r"[a-z0-9_-]{1,40}\.npy")
+MAX_EVENT_BYTES = 1 << 20  # a streamed line longer than this is no llama-server chunk
 
 
 class RequestError(ValueError):
@@ -71,8 +72,11 @@ def greedy_body(prompt: list[int], n_predict: int, stream: bool, cache_prompt: b
 
 
 def sse_events(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a server-sent event stream (`data: {...}` lines), until `[DONE]` or its end."""
+    """The JSON objects of a server-sent event stream (`data: {...}` lines), until `[DONE]` or its end;
+    a line of MAX_EVENT_BYTES without its end is refused (read no further into the relay's memory)."""
     for raw in lines:
+        if len(raw) >= MAX_EVENT_BYTES and not raw.endswith(b"\n"):
+            raise EngineError(f"a streamed line runs past {MAX_EVENT_BYTES >> 20} MiB")
         line = raw.strip()
         if not line.startswith(b"data:"):
             continue
@@ -166,7 +170,9 @@ class Relay:
         return resp
 
     def json_call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        raw = self.call(method, path, body).read()
+        raw = self.call(method, path, body).read(MAX_EVENT_BYTES * 16 + 1)
+        if len(raw) > MAX_EVENT_BYTES * 16:
+            raise EngineError(f"{method} {path}: an answer past {MAX_EVENT_BYTES * 16 >> 20} MiB")
         try:
             return json.loads(raw)
         except ValueError as exc:
@@ -260,7 +266,7 @@ class Relay:
             prompt, cached = ids, False
         resp = self.call("POST", "/completion", greedy_body(prompt, max_new, True, cached))
         n, rest = 0, []
-        for obj in sse_events(iter(resp.readline, b"")):
+        for obj in sse_events(iter(lambda: resp.readline(MAX_EVENT_BYTES), b"")):
             for t in chunk_tokens(obj):
                 n += 1
                 if not ends or n == 1:

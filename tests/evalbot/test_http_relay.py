@@ -115,6 +115,8 @@ def test_sse_events_stop_at_done_and_refuse_garbage():
     assert list(http_relay.sse_events(iter(lines))) == [{"tokens": [1]}]
     with pytest.raises(http_relay.EngineError, match="not JSON"):
         list(http_relay.sse_events(iter([b"data: {oops\n"])))
+    with pytest.raises(http_relay.EngineError, match="runs past 1 MiB"):
+        list(http_relay.sse_events(iter([b"data: " + b"7" * http_relay.MAX_EVENT_BYTES])))
     with pytest.raises(http_relay.EngineError, match="answered an error"):
         list(http_relay.sse_events(iter([b'data: {"error": {"message": "slot busy"}}\n'])))
 
