@@ -147,7 +147,7 @@ class Relay:
     def __init__(self, port: int, out: Any):
         self.port = port
         self.out = out
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=None)
+        self.conn: http.client.HTTPConnection | None = None  # the last request's, closed by the next
         self.vocab = 0
         self.prefilled: list[int] | None = None
 
@@ -160,7 +160,8 @@ class Relay:
         headers = {"Content-Type": "application/json"} if data is not None else {}
         # a connection a request: the server may close one after a stream, and a loopback connect is
         # tens of microseconds, the same for both sides
-        self.conn.close()
+        if self.conn is not None:
+            self.conn.close()
         self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=None)
         self.conn.request(method, path, body=data, headers=headers)
         resp = self.conn.getresponse()
