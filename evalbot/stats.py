@@ -66,6 +66,7 @@ class PairedEstimate:
     mde: float  # minimum detectable gain at 80% power, as a fraction (0.01 = 1%)
     p_value: float  # one-sided, for "head is faster than base"
     confidence: float  # the interval's coverage, e.g. 0.95
+    df: int  # the interval's degrees of freedom (pairs - 1, blocks - 1, or blocks - 2 in a crossover)
 
     @property
     def gain(self) -> float:
@@ -318,6 +319,7 @@ def _from_se(mean: float, se: float, df: int, sd: float, n_pairs: int, confidenc
         mde=minimum_detectable_effect(se, df, alpha=(1.0 - confidence) / 2.0),
         p_value=p_value,
         confidence=confidence,
+        df=df,
     )
 
 

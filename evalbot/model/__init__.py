@@ -314,6 +314,7 @@ class ContextEstimate:
     regression: bool
     guarded: bool
     scored: bool
+    df: int | None = None  # the interval's degrees of freedom (None: a record from before it was kept)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,12 @@ from evalbot.verdict.gates import accuracy_gates, audit_bar, audit_gates, audit_
 
 # head-side failures that are the environment's fault, not the contributor's
 INFRA_STAGES = frozenset({"toolchain", "gpu", "box", "sandbox", "harness", "network", "disk"})
+# The fewest degrees of freedom an interval needs to decide a tier or a regression. Equal code earns a tier
+# when its t statistic clears the interval's quantile and an MDE's worth more (about 2.3 standard errors
+# past the floor's quantile): with 1 degree of freedom (2 blocks' means) the t tails are Cauchy's and that
+# happens in about 1.2% of A/A runs (CI read +11.1% [+7.8%, +14.4%] on equal code, 2026-12-06); with 2,
+# 0.5%; with 4 (the shipped profiles' least), 0.14%.
+MIN_DF = 2
 
 
 def decide(m: Measurements, rules: Rules) -> Verdict:
@@ -114,7 +120,11 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
     unresolved = _unresolved(estimates, scored, best, rules)
     if unresolved:
         reasons = tuple(
-            f"inconclusive: at ctx {e.context} {e.metric} reads {e.ratio:.3f}x [{e.ci_low:.3f}, {e.ci_high:.3f}]"
+            f"inconclusive: at ctx {e.context} {e.metric} reads {e.ratio:.3f}x [{e.ci_low:.3f}, {e.ci_high:.3f}] "
+            f"from too few process blocks ({e.df} degree{'s' if e.df != 1 else ''} of freedom, {e.n} pairs): "
+            f"an interval needs {MIN_DF} to decide a tier, none or a regression; the PR will be measured again"
+            if _thin(e)
+            else f"inconclusive: at ctx {e.context} {e.metric} reads {e.ratio:.3f}x [{e.ci_low:.3f}, {e.ci_high:.3f}]"
             f", below the {rules.gates.no_regression.min_ratio:.2f}x bar but resolved only to {e.mde:.1%} (MDE, "
             f"{e.n} pairs): too imprecise to call a regression; the PR will be measured again"
             if (e.regression and e.mde <= floor.lower_bound) or e.metric not in DECODE_METRICS
@@ -200,6 +210,8 @@ def no_pair_could_change(throughput: Sequence[ThroughputPairs], rules: Rules) ->
     floors = [1.0 + t.lower_bound for t in rules.tiers]
     bar = rules.gates.no_regression.min_ratio
     for e in estimates:
+        if e.scored and _thin(e):
+            return False
         if e.guarded and e.ci_low < bar < e.ci_high:
             return False
         if (
@@ -216,7 +228,7 @@ def _proven_regression(e: ContextEstimate) -> bool:
     the upper bound at least an MDE below 1. The mirror of a tier's rule (below): equal code reads that slow
     about as rarely as it earns a tier, however noisy the box, where a bare CI below the bar would call 2.5%
     of very noisy A/A runs a regression."""
-    return e.regression and e.ci_high * (1.0 + e.mde) <= 1.0
+    return e.regression and e.ci_high * (1.0 + e.mde) <= 1.0 and not _thin(e)
 
 
 def _unresolved(
@@ -231,11 +243,17 @@ def _unresolved(
     the tier's floor: a 4x speedup read at a 61% MDE earns a +50% tier, and equal code cannot, since its
     CI's lower bound would have to clear the floor by about 2 standard errors more than an MDE's worth).
     Then a scored context whose CI lies wholly above the regression bar is resolved however wide: more
-    pairs there could only raise the tier."""
+    pairs there could only raise the tier. An interval of fewer than MIN_DF degrees of freedom decides
+    nothing (a tier, none, or a regression)."""
     floor = rules.tiers[0].lower_bound
     bar = rules.gates.no_regression.min_ratio
-    earned = best is not None and best.tier is not None and best.mde <= rules.tier(best.tier).lower_bound
-    imprecise = [e for e in scored if e.mde > floor and not (earned and e.ci_low >= bar)]
+    earned = (
+        best is not None
+        and best.tier is not None
+        and best.mde <= rules.tier(best.tier).lower_bound
+        and not _thin(best)
+    )
+    imprecise = [e for e in scored if _thin(e) or (e.mde > floor and not (earned and e.ci_low >= bar))]
     return imprecise + [e for e in estimates if e.regression and e not in imprecise]
 
 
@@ -298,7 +316,13 @@ def _estimate(tp: ThroughputPairs, rules: Rules) -> ContextEstimate:
         regression=cls.regression and tp.guarded,
         guarded=tp.guarded,
         scored=tp.scored,
+        df=est.df,
     )
+
+
+def _thin(e: ContextEstimate) -> bool:
+    """An interval with too few degrees of freedom to decide anything (records before #40 kept none: as read)."""
+    return e.df is not None and e.df < MIN_DF
 
 
 def _median(xs: list[float]) -> float:

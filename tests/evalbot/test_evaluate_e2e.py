@@ -190,7 +190,9 @@ def test_red_team_head_sees_no_secrets_no_network_and_its_fake_json_goes_nowhere
     result = json.loads((out / "result.json").read_text())
     assert result["measurements"]["failures"] == [], proc.stderr[-2000:]  # it ran: no leak, no network
     # no tier; a regression call is allowed (the tiny shape's prefill takes a millisecond, and 2 pairs of it
-    # are what they are): the head is judged on its measured speed, never on the record it printed
+    # are what they are): the head is judged on its measured speed, never on the record it printed. 2 pairs
+    # are 2 blocks, 1 degree of freedom, which decides no tier (CI once read this equal code +11.1%, 95% CI
+    # +7.8% to +14.4%, an M, before verdict.decide.MIN_DF)
     failed = {g["name"] for g in result["verdict"]["gates"] if not g["passed"]}
     assert result["verdict"]["tier"] is None and failed <= {"no regression"}, result["verdict"]["reasons"]
     # the 1e9 tok/s went nowhere: it would read as a ratio of 10^5 and more (the tiny shape's timings are

@@ -185,3 +185,57 @@ def test_a_proven_regression_rejects_however_wide_its_interval():
     by = {e.context: e for e in v.estimates}
     assert by[512].ci_high < RULES.gates.no_regression.min_ratio and by[512].mde > 0.05
     assert v.status is Status.REJECT and RULES.labels.regression in v.labels_add
+
+
+def _blocks(rng: random.Random, n_blocks: int, gain: float, noise: float) -> Measurements:
+    """One pair per block, each block its own process offset, the load order alternating: what `--max-pairs
+    2` measures (2 blocks, 1 degree of freedom) or 4 (a crossover of 4, 2 degrees)."""
+    prov = Provenance(
+        repo="r",
+        base_sha="a" * 40,
+        head_sha="b" * 40,
+        harness_sha="a" * 40,
+        rules_hash=RULES.rules_hash,
+        profile="cpu",
+    )
+    pairs = tuple((10.0, 10.0 * (1 + gain) * math.exp(rng.gauss(0, noise))) for _ in range(n_blocks))
+    tps = tuple(
+        ThroughputPairs(
+            "m",
+            c.ctx,
+            "decode_tps",
+            pairs,
+            guarded=c.guarded,
+            scored=c.scored,
+            blocks=tuple(range(n_blocks)),
+            base_first=tuple(b % 2 == 0 for b in range(n_blocks)),
+        )
+        for c in CPU.contexts
+    )
+    return Measurements(
+        provenance=prov, throughput=tps, accuracy=(AccuracyResult("m", 128, 0.99, 0.001, 1.0),)
+    )
+
+
+def test_two_blocks_decide_nothing_however_far_they_agree():
+    """Equal code in 2 blocks: their means agree by chance often enough (1 degree of freedom: Cauchy tails)
+    that about 1 A/A run in 80 read a tier (CI read +11.1% [+7.8%, +14.4%] on equal code). Such a run is
+    INCONCLUSIVE and says why; nothing it reads earns a tier or a REJECT."""
+    rng = random.Random(40)
+    outcomes = Counter()
+    for _ in range(3000):
+        v = decide(_blocks(rng, 2, 0.0, 0.05), RULES)
+        assert v.tier is None and v.status is not Status.REJECT, v.reasons
+        outcomes[v.status] += 1
+    assert outcomes == {Status.INCONCLUSIVE: 3000}
+    assert "1 degree of freedom" in v.reasons[0] and "needs 2" in v.reasons[0]
+    # the same two blocks reading a 3x speedup or a halving decide nothing either
+    for gain in (2.0, -0.5):
+        v = decide(_blocks(random.Random(1), 2, gain, 0.001), RULES)
+        assert v.status is Status.INCONCLUSIVE and v.tier is None, v.reasons
+
+
+def test_a_crossover_of_four_blocks_still_decides():
+    rng = random.Random(41)
+    assert decide(_blocks(rng, 4, 0.10, 0.002), RULES).tier is not None
+    assert decide(_blocks(rng, 4, -0.5, 0.002), RULES).status is Status.REJECT

@@ -25,7 +25,7 @@ from evalbot.stats import PairedEstimate, classify
 def tier_for_ci_low(rules, ci_low: float) -> str | None:
     """The tier the verdict's rule (stats.classify over the rules' tier bounds) gives an estimate whose
     95% CI starts at ci_low, a ratio (None below the first tier)."""
-    est = PairedEstimate(10, ci_low * 1.01, ci_low, ci_low * 1.02, 0.01, 0.01, 0.01, 0.5, 0.95)
+    est = PairedEstimate(10, ci_low * 1.01, ci_low, ci_low * 1.02, 0.01, 0.01, 0.01, 0.5, 0.95, 9)
     return classify(est, rules.tier_bounds, rules.gates.no_regression.min_ratio).tier
 
 

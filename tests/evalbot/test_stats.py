@@ -312,6 +312,7 @@ def interval(ci_low, ci_high):
         mde=0.01,
         p_value=0.5,
         confidence=0.95,
+        df=9,
     )
 
 
