@@ -47,9 +47,9 @@ $(VENV)/.setup-tools: $(VENV)/.setup-base pyproject.toml
 	touch $@
 
 # The reference (llama-cpp-python) builds from its sdist once, on every core, with the pinned portable
-# flags of engine/reference_build.py (the one place they live), into a wheel cached beside pip's cache.
-$(VENV)/.setup-dev: $(VENV)/.setup-tools engine/reference_build.py
-	$(BIN)/python -m engine.reference_build install
+# flags of evalbot/reference/build.py (the one place they live), into a wheel cached beside pip's cache.
+$(VENV)/.setup-dev: $(VENV)/.setup-tools evalbot/reference/build.py
+	$(BIN)/python -m evalbot.reference.build install
 	touch $@
 
 setup: $(VENV)/.setup-base sandbox
@@ -57,7 +57,7 @@ setup-tools: $(VENV)/.setup-tools
 setup-dev: $(VENV)/.setup-dev sandbox
 
 models: setup
-	$(BIN)/python -m engine.registry fetch $(DEMO_MODEL)
+	$(BIN)/python -m evalbot.reference.registry fetch $(DEMO_MODEL)
 
 # The main job on the embedded default: CPU, the real 0.5B model, a local git repository, no GitHub
 # token. The bot builds main and a contributor's branch from source, runs them sandboxed and
@@ -108,7 +108,7 @@ test-clock:
 test-setup: setup-dev test-models browser
 
 test-models: $(VENV)/.setup-base
-	$(BIN)/python -m engine.registry fetch $(DEMO_MODEL) qwen2.5-coder-1.5b
+	$(BIN)/python -m evalbot.reference.registry fetch $(DEMO_MODEL) qwen2.5-coder-1.5b
 
 # The edit loop: lint, then the unit tests on every core as `make test` runs them. Without the tests that
 # need what only `make test` sets up (the models, llama.cpp) or that take minutes: those marked timing

@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--anchor", action="store_true", help="time each process against one long-lived anchor")
     ap.add_argument("--out")
     args = ap.parse_args()
-    from engine.registry import resolve  # the bench may import the engine; the bot never does
+    from evalbot.reference.registry import resolve
 
     model = None if args.shape else resolve(args.model)
     weights = (

@@ -177,7 +177,7 @@ def main() -> None:
     ap.add_argument("--no-sandbox", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
-    from engine.registry import resolve  # the bench may import the engine; the bot never does
+    from evalbot.reference.registry import resolve
 
     model = resolve(args.model)
     rules = load_rules(default_rules_dir())

@@ -23,9 +23,9 @@ from engine import generate as gen
 from engine import ops, options, serve
 from engine import speculative as spec
 from engine.gguf import GGUFError
+from engine.model_file import ModelFileError
 from engine.prompts import tokens_of_length
 from engine.protocol import emit, make_record
-from engine.registry import FetchError
 from engine.sampling import SamplingParams
 from engine.shapes import SHAPES
 from engine.speculative import DEFAULT_BLOCK
@@ -367,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--model",
             required=model_required,
-            help="registry name (see python -m engine.registry list) or GGUF path",
+            help="GGUF path, or the name of a model evalbot fetched (python -m evalbot.reference.registry list)",
         )
         p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
         p.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "serve", False):
             return serve.serve(args)
         emit(args.func(args))
-    except (FetchError, GGUFError, TokenizerError, ValueError, OSError) as exc:
+    except (ModelFileError, GGUFError, TokenizerError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -15,7 +15,7 @@ from engine.cuda_graph import GraphedBlock, GraphedDecode
 from engine.gguf import GGUFFile
 from engine.kv_cache import KVCache
 from engine.model import Transformer, load_transformer
-from engine.registry import model_sha256, resolve
+from engine.model_file import model_sha256, resolve
 from engine.sampling import SamplingParams, make_generator, sample
 from engine.shapes import random_transformer, shape_config, shape_digest
 from engine.tokenizer import Tokenizer

@@ -368,7 +368,7 @@ def serve(args: argparse.Namespace, stdin: IO[bytes] | None = None, out: IO[str]
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The `serve` subcommand of `python -m engine`."""
     p = sub.add_parser("serve", help="load once, then answer JSON-lines requests on stdin (evalbot.serve/1)")
-    p.add_argument("--model", help="registry name or GGUF path")
+    p.add_argument("--model", help="GGUF path, or the name of a model evalbot fetched")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0)
     options.add_random_weights(p)

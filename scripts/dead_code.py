@@ -32,10 +32,10 @@ MIN_CONFIDENCE = 60
 IGNORE_DECORATORS = ["@*.command", "@*.group", "@click.*"]
 # Modules another process runs with `python -m` (the console script and `__main__` modules are found):
 ENTRY_MODULES = {
-    "engine.compare": "the harness runs main's `python -m engine.compare` (evalbot/evaluate/reference.py)",
-    "engine.reference": "the harness runs `python -m engine.reference` for llama.cpp's scores",
-    "engine.reference_build": "`make setup-dev` runs `python -m engine.reference_build install`",
-    "engine.registry": "`make models` runs `python -m engine.registry fetch`",
+    "evalbot.reference.__main__": "the harness runs `python -m evalbot.reference score|audit` (evaluate/reference.py)",
+    "evalbot.reference.compare": "`python -m evalbot.reference.compare REF TEST` sets two score files side by side",
+    "evalbot.reference.build": "`make setup-dev` runs `python -m evalbot.reference.build install`",
+    "evalbot.reference.registry": "`make models` and the harness run `python -m evalbot.reference.registry fetch`",
     "engine.synthetic": "`python -m engine.synthetic PATH` writes a tiny random model (README)",
     "evalbot.evaluate.gpu_probe": "the harness runs it by its path on a GPU box (evaluate/device_idle.py)",
     "evalbot.evaluate.http_relay": "the harness runs it by its path inside an HTTP engine's sandbox (evaluate/protocols.py)",

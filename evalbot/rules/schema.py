@@ -344,6 +344,9 @@ class Dispatch:
 # harness's relay (docs/protocol.md)
 PROTOCOLS = ("evalbot.serve/1", "llama-server/1")
 HTTP_PROTOCOLS = ("llama-server/1",)
+# who provides the reference tools (the llama.cpp scores and audit answers, the KL comparison, the registry's
+# fetcher): evalbot itself, or main's build package as `<package>.reference`, `.compare` and `.registry`
+REFERENCES = ("evalbot", "main")
 # what a serving argv may name, filled in by the harness for each process ({port}: an HTTP engine's port,
 # {threads}: the CPU threads the profile gives each engine, else the cores the evaluation may use)
 SERVE_FIELDS = ("python", "tree", "max_seq", "device", "warmup", "port", "threads")
@@ -368,6 +371,7 @@ class EngineSpec:
     toolchain: tuple[
         str, ...
     ] = ()  # absolute read-only paths the build and the engine may read (a CUDA toolkit)
+    reference: str = "evalbot"  # REFERENCES: whose reference tools the harness runs (trusted either way)
 
     def serve_argv(self, model_args: list[str], **fields: str) -> list[str]:
         """The serving process's argv: the template filled in, then the model's arguments."""

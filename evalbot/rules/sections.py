@@ -19,6 +19,7 @@ from evalbot.rules.schema import (
     DISPATCH_MODES,
     HTTP_PROTOCOLS,
     PROTOCOLS,
+    REFERENCES,
     SERVE_FIELDS,
     Area,
     Automerge,
@@ -301,7 +302,10 @@ def _some_of(f: _File, node: _Node, field: str, allowed: Sequence[str]) -> dict[
 
 
 def _engine(f: _File, root: _Node) -> EngineSpec:
-    m = f.mapping(root, "engine", ("protocol", "build", "serve", "contributor"))
+    m = _some_of(f, root, "engine", ("protocol", "build", "serve", "contributor", "reference"))
+    for key in ("protocol", "build", "serve", "contributor"):
+        if key not in m:
+            f.fail(root, f"engine.{key}", "missing; engine.yaml needs protocol, build, serve and contributor")
     build = _some_of(f, m["build"], "engine.build", ("package", "commands", "toolchain"))
     if not {"package", "commands"} & set(build):
         f.fail(m["build"], "engine.build", "expected a package to install, build commands, or both")
@@ -358,4 +362,20 @@ def _engine(f: _File, root: _Node) -> EngineSpec:
         bench=bench,
         commands=commands,
         toolchain=tuple(toolchain),
+        reference=_reference(f, m, build),
     )
+
+
+def _reference(f: _File, m: dict[str, _Node], build: dict[str, _Node]) -> str:
+    """engine.yaml's `reference`: evalbot's own (the default), or main's, which needs main's build package."""
+    if "reference" not in m:
+        return "evalbot"
+    who = f.choice(m["reference"], "engine.reference", REFERENCES, "who provides the reference tools")
+    if who == "main" and "package" not in build:
+        f.fail(
+            m["reference"],
+            "engine.reference",
+            "main's reference tools are its build package's modules (<package>.reference, .compare, "
+            ".registry): name the package in engine.build.package, or use evalbot's",
+        )
+    return who

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from engine.registry import model_sha256
+from evalbot.reference.registry import model_sha256
 
 ENVELOPE = {"schema", "command", "engine", "model_sha256", "device", "config", "timings", "counts"}
 
@@ -120,4 +120,8 @@ def test_bad_model_file_is_a_clear_error(tmp_path, content, needle):
 
 def test_unknown_model_name():
     proc = run("bench", "--model", "no-such-model", "--ctx", "8", check=False)
-    assert proc.returncode == 2 and "registry names" in proc.stderr
+    assert (
+        proc.returncode == 2
+        and "no such model file 'no-such-model'" in proc.stderr
+        and "registry fetch" in proc.stderr
+    )

@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.compare import compare_logprobs
 from engine.generate import Session
 from engine.prompts import corpus_text
+from evalbot.reference.compare import compare_logprobs
 
-reference = pytest.importorskip("engine.reference")
+reference = pytest.importorskip("evalbot.reference.llama")
 pytest.importorskip("llama_cpp")
 pytestmark = [pytest.mark.reference, pytest.mark.slow]
 

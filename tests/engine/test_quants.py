@@ -11,7 +11,7 @@ import torch
 
 from engine import quants
 from engine.quants import SUPPORTED, UnsupportedTensorType, dequantize
-from engine.registry import cached_path
+from evalbot.reference.registry import cached_path
 
 T = gguf.GGMLQuantizationType
 
@@ -38,7 +38,9 @@ FP16_FIELDS = {
 def model_path() -> Path:
     path = cached_path("qwen2.5-coder-0.5b")
     if not path.is_file():
-        pytest.skip(f"model not cached at {path} (python -m engine.registry fetch qwen2.5-coder-0.5b)")
+        pytest.skip(
+            f"model not cached at {path} (python -m evalbot.reference.registry fetch qwen2.5-coder-0.5b)"
+        )
     return path
 
 

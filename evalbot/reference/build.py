@@ -10,9 +10,9 @@ The wheel is built once per (version, flags) into a cache directory named by the
 own cache (pip's wheel cache keys on the sdist's URL alone, so it would hand back a build made with
 other flags). ``identity()`` is what every score record, cache key, report and receipt carries.
 
-    python -m engine.reference_build install     # build (once) and install the pinned wheel here
-    python -m engine.reference_build identity    # the installed build's identity, as JSON
-    python -m engine.reference_build check-isa   # disassemble libggml*.so: no zmm or tmm register
+    python -m evalbot.reference.build install     # build (once) and install the pinned wheel here
+    python -m evalbot.reference.build identity    # the installed build's identity, as JSON
+    python -m evalbot.reference.build check-isa   # disassemble libggml*.so: no zmm or tmm register
 """
 
 from __future__ import annotations
@@ -322,7 +322,7 @@ def install(log=print) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m engine.reference_build", description=__doc__.splitlines()[0]
+        prog="python -m evalbot.reference.build", description=__doc__.splitlines()[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("install", help="build (once, cached) and install the pinned portable wheel")
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             folder = args.lib_dir or installed_lib_dir()
             if folder is None:
                 raise BuildFailure(
-                    "llama-cpp-python is not installed; run: python -m engine.reference_build install"
+                    "llama-cpp-python is not installed; run: python -m evalbot.reference.build install"
                 )
             offenders = scan_folder(folder)
             if offenders:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import reference_build as rb
+from evalbot.reference import build as rb
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ def test_the_flags_turn_native_off_and_pin_x86_64_v3():
 
 def test_the_makefile_installs_through_the_one_place_that_holds_the_flags():
     makefile = (ROOT / "Makefile").read_text()
-    assert "engine.reference_build install" in makefile
+    assert "evalbot.reference.build install" in makefile
     assert "GGML_" not in makefile and "CMAKE_ARGS" not in makefile  # no second copy of the flags
     assert "llama-cpp-python==" not in (ROOT / "pyproject.toml").read_text()  # no unpinned-flags route in
 
@@ -70,7 +70,7 @@ def test_system_info_features_and_portability_problems():
 
 def test_check_isa_on_a_folder_without_libraries_is_a_clear_error(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "engine.reference_build", "check-isa", "--lib-dir", str(tmp_path)],
+        [sys.executable, "-m", "evalbot.reference.build", "check-isa", "--lib-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=ROOT,

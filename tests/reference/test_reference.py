@@ -1,4 +1,4 @@
-"""engine.reference against the real Qwen2.5-Coder-0.5B file: score (with its cache), greedy generate, bench."""
+"""evalbot.reference against the real Qwen2.5-Coder-0.5B file: score (with its cache), greedy generate, bench."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from engine import reference
-from engine.registry import FetchError, resolve
+from evalbot.reference import cli as reference
+from evalbot.reference import llama
+from evalbot.reference.registry import FetchError, resolve
 
 MODEL = "qwen2.5-coder-0.5b"
 POSITIONS = 64
@@ -26,7 +27,7 @@ def model_path():
     try:
         return resolve(MODEL)  # resolved before the cache root moves to a temporary directory
     except FetchError:
-        pytest.skip(f"{MODEL} is not fetched (python -m engine.registry fetch {MODEL})")
+        pytest.skip(f"{MODEL} is not fetched (python -m evalbot.reference.registry fetch {MODEL})")
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +60,11 @@ def scored(model_path, tmp_path_factory):
 
 
 def test_missing_llama_cpp_is_a_clear_error():
-    code = "import sys; sys.modules['llama_cpp'] = None; from engine.reference import main; sys.exit(main(sys.argv[1:]))"
-    argv = ["bench", "--model", "x.gguf", "--ctx", "8"]
+    code = "import sys; sys.modules['llama_cpp'] = None; from evalbot.reference.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = ["bench", "--model", "x.gguf", "--text-file", "t.txt", "--ctx", "8"]
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert "python -m engine.reference_build install" in proc.stderr
+    assert "python -m evalbot.reference.build install" in proc.stderr
 
 
 @needs_llama
@@ -97,15 +98,15 @@ def test_second_score_is_a_cache_hit_with_identical_output(scored):
 
 def test_cache_key_depends_on_every_input():
     build = {"llama_cpp_python": "0.3.36", "cmake_args": "-DGGML_NATIVE=OFF", "lib_sha256": "c" * 64}
-    base = reference.cache_key("a" * 64, build, False, [1, 2, 3])
-    assert base == reference.cache_key("a" * 64, dict(build), False, [1, 2, 3])
+    base = llama.cache_key("a" * 64, build, False, [1, 2, 3])
+    assert base == llama.cache_key("a" * 64, dict(build), False, [1, 2, 3])
     others = [
-        reference.cache_key("b" * 64, build, False, [1, 2, 3]),
-        reference.cache_key("a" * 64, build | {"llama_cpp_python": "0.3.37"}, False, [1, 2, 3]),
-        reference.cache_key("a" * 64, build | {"cmake_args": "-DGGML_NATIVE=ON"}, False, [1, 2, 3]),
-        reference.cache_key("a" * 64, build | {"lib_sha256": "d" * 64}, False, [1, 2, 3]),
-        reference.cache_key("a" * 64, build, True, [1, 2, 3]),
-        reference.cache_key("a" * 64, build, False, [1, 2, 4]),
+        llama.cache_key("b" * 64, build, False, [1, 2, 3]),
+        llama.cache_key("a" * 64, build | {"llama_cpp_python": "0.3.37"}, False, [1, 2, 3]),
+        llama.cache_key("a" * 64, build | {"cmake_args": "-DGGML_NATIVE=ON"}, False, [1, 2, 3]),
+        llama.cache_key("a" * 64, build | {"lib_sha256": "d" * 64}, False, [1, 2, 3]),
+        llama.cache_key("a" * 64, build, True, [1, 2, 3]),
+        llama.cache_key("a" * 64, build, False, [1, 2, 4]),
     ]
     assert base not in others and len(set(others)) == 6
 
@@ -123,7 +124,7 @@ def test_too_few_tokens_is_a_clear_error(model_path, tmp_path, capsys):
 @needs_llama
 def test_generate_returns_the_requested_tokens(model_path, scored):
     prompt = scored[0][0][1]["token_ids"][:16]
-    out = reference.greedy_generate(model_path, prompt, 6, n_threads=1)
+    out = llama.greedy_generate(model_path, prompt, 6, n_threads=1)
     assert len(out["token_ids"]) == 6 and len(out["margins"]) == 6
     assert all(0 <= t < N_VOCAB for t in out["token_ids"]) and all(m >= 0 for m in out["margins"])
     # greedy from the scored prefix continues as the teacher-forced argmax did at its last position
@@ -135,14 +136,14 @@ def test_generate_returns_the_requested_tokens(model_path, scored):
 @needs_llama
 def test_bench_reports_positive_finite_throughput(model_path, scored):
     prompt = scored[0][0][1]["token_ids"][:16]
-    out = reference.bench_ids(model_path, prompt, 3, runs=2, warmup=0, n_threads=1)
+    out = llama.bench_ids(model_path, prompt, 3, runs=2, warmup=0, n_threads=1)
     for key in ("prefill_tps", "decode_tps"):
         assert math.isfinite(out[key]) and out[key] > 0
     assert len(out["prefill_tps_runs"]) == 2 and out["config"]["logits_all"] is False
 
 
 def test_the_audit_gives_each_tokens_gap_below_llamas_top1(model_path, tmp_path, monkeypatch):
-    from engine import reference_llama
+    from evalbot.reference import llama as reference_llama
 
     monkeypatch.setenv("EVALBOT_CACHE", str(tmp_path))  # no cached answer from an earlier run
     prompt = [9707, 11, 1879, 0, 576, 374, 264]
@@ -155,3 +156,27 @@ def test_the_audit_gives_each_tokens_gap_below_llamas_top1(model_path, tmp_path,
     assert got["gap"][0] == 0.0 and got["argmax"][0] == top  # the top-1 itself: no gap
     assert got["gap"][1] >= got["margin"][1] and got["gap"][1] > 1.0  # an unlikely token: far below
     assert len(got["gap"]) == len(got["margin"]) == 3
+
+
+@needs_llama
+def test_llama_cpps_tokenizer_reads_the_prompt_corpus_as_the_engine_does(model_path):
+    """The reference tokenizes the text it scores with llama.cpp's own tokenizer (no engine's is at hand).
+    On every file of the prompt corpus it gives this repository's engine's ids: the switch from the
+    engine's tokenizer changed no accuracy text."""
+    from engine.gguf import GGUFFile
+    from engine.tokenizer import Tokenizer
+    from evalbot.reference.llama import load_tokenizer
+
+    ours = load_tokenizer(model_path)
+    gf = GGUFFile(model_path)
+    try:
+        engine = Tokenizer.from_metadata(gf.metadata)
+    finally:
+        gf.close()
+    files = sorted(p for p in resources.files("evalbot").joinpath("data/prompts/v1").iterdir() if p.is_file())
+    assert len(files) >= 10
+    for f in files:
+        text = f.read_text(encoding="utf-8")
+        assert ours.encode(text) == engine.encode(text), f.name
+    assert ours.decode(ours.encode("def fib(n):\n    return n")) == "def fib(n):\n    return n"
+    assert ours.eot_ids and all(t in range(151936) for t in ours.eot_ids)

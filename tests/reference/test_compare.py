@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.compare import CompareError, check_same_tokens, compare_files, compare_logprobs, main
+from evalbot.reference.compare import CompareError, check_same_tokens, compare_files, compare_logprobs, main
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -153,3 +153,36 @@ def test_cli_refuses_non_finite_log_probs(tmp_path):
     _write_score(tmp_path / "test.npy", bad, [1, 2, 3, 4, 5, 6])
     with pytest.raises(CompareError, match="non-finite log-probs at position 3"):
         compare_files(tmp_path / "ref.npy", tmp_path / "test.npy")
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "objects",  # a pickle: np.load never unpickles, so it cannot run code in the harness
+        "ints",  # numbers, but not log-probs
+        "complex",  # floats' shape, not floats
+        "truncated",  # a header that claims more than the file holds
+        "text",  # no .npy at all
+    ],
+)
+def test_an_engines_garbage_score_file_is_refused_as_data(tmp_path, garbage):
+    """evalbot's comparison runs in the harness's own process: what an engine wrote is read as data only,
+    and anything but a float array of the reference's shape is a clear error (the side's failure)."""
+    ref, _ = _random_case(p=5, v=20)
+    ids = [1, 2, 3, 4, 5, 6]
+    _write_score(tmp_path / "ref.npy", ref, ids)
+    test = tmp_path / "test.npy"
+    if garbage == "objects":
+        np.save(test, np.array([{"__reduce__": 1}] * 5, dtype=object), allow_pickle=True)
+    elif garbage == "ints":
+        np.save(test, np.zeros((5, 20), dtype=np.int32))
+    elif garbage == "complex":
+        np.save(test, np.zeros((5, 20), dtype=np.complex64))
+    elif garbage == "truncated":
+        np.save(test, ref)
+        test.write_bytes(test.read_bytes()[:200])
+    else:
+        test.write_text("not an array\n")
+    test.with_name("test.npy.json").write_text(json.dumps({"token_ids": ids}))
+    with pytest.raises(CompareError, match=f"{test}"):
+        compare_files(tmp_path / "ref.npy", test)

@@ -1,17 +1,19 @@
-"""The llama.cpp reference's command line (the library is `engine.reference_llama`): score, greedy generate,
+"""The llama.cpp reference's command line (the library is `evalbot.reference.llama`): score, greedy generate,
 audit and bench, in the engine's protocol.
 
-Each command mirrors ``python -m engine`` and prints one JSON record (engine.protocol) on stdout, so that
-``engine.compare`` can set the two side by side. Text is tokenized with the engine's own tokenizer, never
-llama.cpp's, so both sides see the same token ids; flash attention is pinned off and recorded. Score results
+Each command prints one JSON record (evalbot.reference.record) on stdout, so that
+``python -m evalbot.reference.compare`` can set an engine's scores beside the reference's. Text is tokenized
+with llama.cpp's own tokenizer (the engines then score the reference's token ids, never their own), and
+flash attention is pinned off and recorded. Score results
 are deterministic and cached under ``$EVALBOT_CACHE/reference`` (else ``~/.cache/evalbot/reference``), keyed
 by the model's sha256, the reference build's identity (version, pinned flags, sha256 of its libraries:
-``engine.reference_build``), the flash-attention setting and the token ids. A llama.cpp that is not the
+``evalbot.reference.build``), the flash-attention setting and the token ids. A llama.cpp that is not the
 pinned portable build (a native one, with AVX-512 or AMX compiled in) is refused with the reason.
 
-    python -m engine.reference score --model qwen2.5-coder-0.5b --text-file engine/data/corpus.txt --positions 256 --out ref.npy
-    python -m engine.reference generate --model qwen2.5-coder-0.5b --prompt "def fib(n):" --max-new 32
-    python -m engine.reference bench --model qwen2.5-coder-0.5b --ctx 512 --gen 32 --runs 3
+    python -m evalbot.reference score --model qwen2.5-coder-0.5b --text-file T.txt --positions 256 --out ref.npy
+    python -m evalbot.reference audit --model M.gguf --requests requests.jsonl --out answers.jsonl
+    python -m evalbot.reference generate --model qwen2.5-coder-0.5b --prompt "def fib(n):" --max-new 32
+    python -m evalbot.reference bench --model qwen2.5-coder-0.5b --text-file T.txt --ctx 512 --gen 32 --runs 3
 """
 
 from __future__ import annotations
@@ -25,27 +27,19 @@ from typing import Any
 
 import numpy as np
 
-from engine.protocol import emit, make_record
-from engine.reference_llama import (  # noqa: F401 (the library's names, as `engine.reference` has always offered them)
+from evalbot.reference.llama import (
     ENGINE_NAME,
     FLASH_ATTN,
     ReferenceFailure,
-    ScoreResult,
-    aligned_ctx,
     audit_sequences,
     bench_ids,
     build_identity,
-    cache_key,
-    default_threads,
     greedy_generate,
-    llama_cpp_module,
     load_tokenizer,
-    log_softmax_rows,
-    open_llama,
-    reference_cache_dir,
     score_ids,
 )
-from engine.registry import FetchError, model_sha256, resolve
+from evalbot.reference.record import emit, make_record
+from evalbot.reference.registry import FetchError, model_sha256, resolve
 
 
 def _ids_from(path: str) -> list[int]:
@@ -120,8 +114,6 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
     sha = model_sha256(path)
     tok = load_tokenizer(path)
     if args.prompt_ids is not None:
-        if args.chat:
-            raise ReferenceFailure("--chat applies to --prompt or --prompt-file, not to --prompt-ids")
         try:
             prompt_ids = json.loads(args.prompt_ids)
         except ValueError as exc:
@@ -131,8 +123,6 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
         text = tok.decode(prompt_ids)
     else:
         text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else args.prompt
-        if args.chat:
-            text = tok.apply_chat_template([{"role": "user", "content": text}])
         prompt_ids = tok.encode(text)
     out = greedy_generate(
         path,
@@ -148,7 +138,7 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
         engine=ENGINE_NAME,
         model_sha256=sha,
         device="cpu",
-        config={**out["config"], "temperature": 0.0, "chat": bool(args.chat), "stop": bool(args.stop)},
+        config={**out["config"], "temperature": 0.0, "stop": bool(args.stop)},
         timings=t,
         counts={"prompt_tokens": len(prompt_ids), "new_tokens": len(ids), "decode_steps": decode_steps},
         prompt=text,
@@ -164,11 +154,14 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
-    from engine.prompts import tokens_of_length
-
+    if args.ctx <= 0:
+        raise ReferenceFailure(f"--ctx must be positive, got {args.ctx}")
     path = resolve(args.model)
     sha = model_sha256(path)
-    prompt = tokens_of_length(load_tokenizer(path), args.ctx)
+    ids = load_tokenizer(path).encode(Path(args.text_file).read_text(encoding="utf-8"))
+    if not ids:
+        raise ReferenceFailure(f"{args.text_file} tokenizes to nothing")
+    prompt = (ids * -(-args.ctx // len(ids)))[: args.ctx]  # tiled if short, then cut
     out = bench_ids(path, prompt, args.gen, runs=args.runs, warmup=args.warmup, n_threads=args.threads)
     return make_record(
         "bench",
@@ -181,7 +174,7 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
             "gen": args.gen,
             "runs": args.runs,
             "warmup": args.warmup,
-            "prompt": "engine/data/corpus.txt tiled",
+            "prompt": f"{args.text_file} tiled",
         },
         timings=out.pop("timings"),
         counts={"ctx": args.ctx, "gen": args.gen, "runs": args.runs},
@@ -229,19 +222,21 @@ def cmd_audit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine.reference", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m evalbot.reference", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
-            "--model", required=True, help="registry name (see python -m engine.registry list) or GGUF path"
+            "--model",
+            required=True,
+            help="registry name (see python -m evalbot.reference.registry list) or GGUF path",
         )
         p.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: all usable cores)")
 
     s = sub.add_parser("score", help="teacher-forced full-vocabulary log-probabilities")
     common(s)
     src = s.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text-file", help="text to tokenize with the engine's tokenizer")
+    src.add_argument("--text-file", help="text to tokenize (with llama.cpp's tokenizer)")
     src.add_argument(
         "--ids-from", metavar="REF.json", help="take token_ids from a score record (or its .npy)"
     )
@@ -258,7 +253,6 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--prompt-ids", metavar="JSON", help="prompt token ids as a JSON list (no template applied)"
     )
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--max-new", type=int, default=64)
     g.add_argument("--no-stop", dest="stop", action="store_false", help="do not stop at end-of-turn tokens")
     g.set_defaults(func=cmd_generate)
@@ -271,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="prefill and decode throughput at a context length")
     common(b)
+    b.add_argument("--text-file", required=True, help="text whose tokens (tiled if short) make the context")
     b.add_argument("--ctx", type=int, required=True, help="context tokens before decoding")
     b.add_argument("--gen", type=int, default=32, help="decode steps timed after the context")
     b.add_argument("--runs", type=int, default=1)

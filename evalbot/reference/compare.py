@@ -6,7 +6,7 @@ is summed over the full vocabulary in float64, a block of rows at a time; ``kl_m
 terms with log p_ref > −16, as llama.cpp's ``perplexity --kl-divergence`` does. The JSON record goes to
 stdout, a readable table to stderr.
 
-    python -m engine.compare ref.npy test.npy
+    python -m evalbot.reference.compare ref.npy test.npy
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.protocol import emit, make_record
+from evalbot.reference.record import emit, make_record
 
 LLAMA_LOGP_FLOOR = -16.0  # llama.cpp's cut-off for KL terms
 _ROW_CHUNK = 16  # rows per float64 block: 16 x 151936 x 8 B is about 19 MB per array
@@ -97,9 +97,11 @@ def load_score(path: str | Path) -> tuple[np.ndarray, dict[str, Any]]:
     path = Path(path)
     sidecar = Path(f"{path}.json")
     try:
-        arr = np.load(path, mmap_mode="r")
+        arr = np.load(path, mmap_mode="r")  # never pickles; a header that claims more than the file fails
     except (OSError, ValueError) as exc:
         raise CompareError(f"cannot read {path}: {exc}") from exc
+    if arr.dtype.kind != "f" or arr.dtype.itemsize > 8:
+        raise CompareError(f"{path}: expected float32 or float64 log-probs, got {arr.dtype}")
     try:
         record = json.loads(sidecar.read_text())
     except (OSError, ValueError) as exc:
@@ -197,7 +199,9 @@ def compare_files(ref_path: str | Path, test_path: str | Path) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.compare", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m evalbot.reference.compare", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("ref", metavar="REF.npy", help="reference score output (its .npy.json next to it)")
     parser.add_argument("test", metavar="TEST.npy", help="score output under test")
     parser.add_argument(

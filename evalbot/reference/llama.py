@@ -1,9 +1,9 @@
 """The llama.cpp reference as a library (through llama-cpp-python): open a pinned portable build, score,
 greedy-generate, audit and bench token ids, with the score and audit caches.
 
-`engine.reference` is its command line. Scores are deterministic and cached under ``$EVALBOT_CACHE/reference``
+`python -m evalbot.reference` is its command line. Scores are deterministic and cached under ``$EVALBOT_CACHE/reference``
 (else ``~/.cache/evalbot/reference``), keyed by the model's sha256, the reference build's identity (version,
-pinned flags, sha256 of its libraries: ``engine.reference_build``), the flash-attention setting and the token
+pinned flags, sha256 of its libraries: ``evalbot.reference.build``), the flash-attention setting and the token
 ids. A llama.cpp that is not the pinned portable build (a native one, with AVX-512 or AMX compiled in) is
 refused with the reason.
 """
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from engine import reference_build
-from engine.registry import cache_dir, model_sha256
+from evalbot.reference import build as reference_build
+from evalbot.reference.registry import cache_dir, model_sha256
 
 ENGINE_NAME = "llama.cpp"
 FLASH_ATTN = False  # llama-cpp-python's default; the CLI's "auto" differs by ~4e-4 nats, so it is pinned
@@ -34,7 +34,7 @@ _ROW_CHUNK = 16  # rows per float64 block when normalizing: 16 x 151936 x 8 B is
 _KEY_SCHEMA = "evalbot.reference.score/2"
 _INSTALL_HINT = (
     "llama-cpp-python is not installed; build and install the pinned portable reference with: "
-    "python -m engine.reference_build install (from source: 5-25 minutes on 2 cores, cached after)"
+    "python -m evalbot.reference.build install (from source: 5-25 minutes on 2 cores, cached after)"
 )
 
 
@@ -73,7 +73,7 @@ def build_identity() -> dict[str, Any]:
         raise ReferenceFailure(
             "the installed llama.cpp is not the pinned portable reference build: "
             + "; ".join(problems)
-            + ". Rebuild it with: python -m engine.reference_build install"
+            + ". Rebuild it with: python -m evalbot.reference.build install"
         )
     return ident
 
@@ -124,16 +124,36 @@ def log_softmax_rows(logits: np.ndarray) -> np.ndarray:
     return out
 
 
-def load_tokenizer(model_path: Path) -> Any:
-    """The engine's tokenizer for a GGUF file (the reference must score the engine's token ids)."""
-    from engine.gguf import GGUFFile
-    from engine.tokenizer import Tokenizer
+class LlamaTokenizer:
+    """llama.cpp's own tokenizer of a GGUF file (its vocabulary only: no weights are loaded). The reference
+    tokenizes the text it scores itself, so no engine's tokenizer is needed: each engine then scores the
+    reference's token ids."""
 
-    gf = GGUFFile(model_path)
-    try:
-        return Tokenizer.from_metadata(gf.metadata)
-    finally:
-        gf.close()
+    def __init__(self, model_path: Path) -> None:
+        self._llm = llama_cpp_module().Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+
+    def encode(self, text: str) -> list[int]:
+        """The text's token ids, a BOS first where the model's vocabulary asks for one; special tokens'
+        text is read as text."""
+        return [int(t) for t in self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._llm.detokenize(list(ids)).decode("utf-8", errors="replace")
+
+    @property
+    def eot_ids(self) -> frozenset[int]:
+        """The tokens that end a turn (end of generation, end of text)."""
+        vocab = llama_cpp_module().llama_model_get_vocab(self._llm.model)
+        found = {self._llm.token_eos(), llama_cpp_module().llama_vocab_eot(vocab)}
+        return frozenset(int(t) for t in found if t is not None and t >= 0)
+
+    def close(self) -> None:
+        _close(self._llm)
+
+
+def load_tokenizer(model_path: Path) -> LlamaTokenizer:
+    """llama.cpp's tokenizer for a GGUF file."""
+    return LlamaTokenizer(model_path)
 
 
 def open_llama(
@@ -158,7 +178,7 @@ def open_llama(
         "logits_all": logits_all,
         "n_threads": n_threads,
         "llama_cpp": llama_cpp.__version__,
-        "tokenizer": "engine.tokenizer",
+        "tokenizer": "llama.cpp",
         "reference_build": build_identity(),
     }
     return llm, config

