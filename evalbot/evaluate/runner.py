@@ -278,7 +278,7 @@ def _check_drift(ctx: RunContext) -> None:
     """The harness, as the head's venv will import it, must be main's byte for byte: packaging
     (pyproject.toml, setup.py, package data, a .pth file) can put other bytes in place of a file the PR
     never touched; such a PR is never run."""
-    modules = ctx.ws.rules.policy.harness_modules
+    modules = ctx.ws.rules.harness_modules
     if not modules:
         return
     try:

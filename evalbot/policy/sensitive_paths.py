@@ -57,7 +57,7 @@ def harness_hits(paths: Iterable[str], rules: Rules) -> tuple[str, ...]:
         dict.fromkeys(
             (
                 *sensitive_hits(paths, rules.policy.sensitive_paths),
-                *module_hits(paths, rules.policy.harness_modules),
+                *module_hits(paths, rules.harness_modules),
             )
         )
     )

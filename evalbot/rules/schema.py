@@ -420,6 +420,16 @@ class Rules:
     source_dir: Path
     rules_hash: str
 
+    @property
+    def harness_modules(self) -> tuple[str, ...]:
+        """policy.harness_modules, and where main brings the reference tools (engine.yaml `reference: main`)
+        their three modules too: a PR that could change them would change its own yardstick."""
+        mine = self.policy.harness_modules
+        if self.engine.reference != "main" or self.engine.package is None:
+            return mine
+        tools = tuple(f"{self.engine.package}.{tool}" for tool in ("reference", "compare", "registry"))
+        return (*mine, *(t for t in tools if t not in mine))
+
     def owned(self, family: LabelFamily) -> frozenset[str]:
         """The labels of one family (see LabelFamily)."""
         lab = self.labels

@@ -870,3 +870,16 @@ def test_the_reference_tools_are_evalbots_unless_engine_yaml_names_mains(rules_d
     )
     err = str(load_error(rules_dir))
     assert "engine.reference" in err and "engine.build.package" in err
+
+
+def test_mains_own_reference_tools_are_harness_modules(rules_dir):
+    """With `reference: main`, main's reference, compare and registry modules are the yardstick: a PR that
+    touches or shadows them is skipped, and a built head must import them byte for byte as main does."""
+    from evalbot.policy.sensitive_paths import harness_hits
+
+    paths = ["engine/reference.py", "engine/compare/__init__.py", "engine/registry.py", "engine/model.py"]
+    assert harness_hits(paths, load_rules(rules_dir)) == ()  # evalbot's reference: engine files like any
+    edit(rules_dir, "engine.yaml", "reference: evalbot\n", "reference: main\n")
+    rules = load_rules(rules_dir)
+    assert {"engine.reference", "engine.compare", "engine.registry"} <= set(rules.harness_modules)
+    assert harness_hits(paths, rules) == tuple(paths[:3])
