@@ -12,7 +12,7 @@ NPROC := $(shell nproc 2>/dev/null || echo 2)
 DEMO_MODEL ?= qwen2.5-coder-0.5b
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-clock test-setup test-models check setup setup-tools setup-dev models lint clean sandbox browser
+.PHONY: demo demo-llama test test-clock test-setup test-models check setup setup-tools setup-dev models lint clean sandbox browser
 
 # bubblewrap is the sandbox untrusted engine code runs in; without it `evalbot evaluate` refuses to run PR code
 sandbox:
@@ -36,14 +36,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # torch is installed first and pinned: 2.13.0 is the CPU build on disk; a looser pin pulls CUDA.
-$(VENV)/.setup-base: pyproject.toml | $(BIN)/python
+# evalbot (the root pyproject, which ships evalbot only) and the demo engine it judges (engine-dist/), side by side
+$(VENV)/.setup-base: pyproject.toml engine-dist/pyproject.toml | $(BIN)/python
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[engine,bot]'
+	$(PIP) install -e ./engine-dist -e '.[bot]'
 	touch $@
 
 # The dev tools (pytest, ruff, mypy, import-linter, actionlint ...): all that lint and the unit tests need.
 $(VENV)/.setup-tools: $(VENV)/.setup-base pyproject.toml
-	$(PIP) install -e '.[engine,bot,dev]'
+	$(PIP) install -e ./engine-dist -e '.[bot,dev]'
 	touch $@
 
 # The reference (llama-cpp-python) builds from its sdist once, on every core, with the pinned portable
@@ -71,6 +72,21 @@ demo: setup-dev models
 	  --max-pairs 6 --out $(DEMO_DIR)/out || status=$$?; \
 	  echo; cat $(DEMO_DIR)/out/report.md; echo; echo "evalbot evaluate exit status: $$status (0 PASS, 1 REJECT, 3 INFRA_ERROR, 4 SKIPPED, 5 INCONCLUSIVE)"; \
 	  test $$status -ne 3 -a -f $(DEMO_DIR)/out/report.md
+
+# llama.cpp, an engine nobody here wrote, judged as a contest (#38): main is the llama.cpp that the
+# reference's sdist vendors, served by its own llama-server behind the harness's relay; the PR is a real
+# change to its CPU decode path (the Q4_K dot product's AVX2 kernel off). The two llama-server builds are
+# cached by tree in $(LLAMA_DEMO_DIR)/work; the report and the timings land in $(LLAMA_DEMO_DIR)/out.
+LLAMA_DEMO_DIR ?= .demo-llama
+demo-llama: setup-dev models
+	rm -rf $(LLAMA_DEMO_DIR)/contest $(LLAMA_DEMO_DIR)/out && mkdir -p $(LLAMA_DEMO_DIR)
+	PATH="$(abspath $(BIN)):$$PATH" bash bench/llama_contest.sh $(LLAMA_DEMO_DIR)/contest
+	@status=0; start=$$(date +%s); $(BIN)/evalbot evaluate --repo $(LLAMA_DEMO_DIR)/contest --base main \
+	  --head pr/q4k-no-avx2 --profile cpu --no-spec --work-dir $(LLAMA_DEMO_DIR)/work \
+	  --out $(LLAMA_DEMO_DIR)/out || status=$$?; \
+	  echo; cat $(LLAMA_DEMO_DIR)/out/report.md; echo; \
+	  echo "evalbot evaluate exit status: $$status after $$(( $$(date +%s) - start )) s"; \
+	  test $$status -ne 3 -a -f $(LLAMA_DEMO_DIR)/out/report.md
 
 # ruff (lint and format), mypy, the import contracts and the workflows: the dev tools only, no llama.cpp
 lint: setup-tools

@@ -23,7 +23,7 @@ def dry_run(target: str, tmp_path: Path) -> str:
 @pytest.mark.parametrize("target", ["lint", "check"])
 def test_lint_and_check_install_the_dev_tools_and_never_build_llama_cpp_nor_fetch_a_model(tmp_path, target):
     out = dry_run(target, tmp_path)
-    assert "install -e '.[engine,bot,dev]'" in out and "ruff check" in out and "lint-imports" in out
+    assert "install -e ./engine-dist -e '.[bot,dev]'" in out and "ruff check" in out and "lint-imports" in out
     assert "evalbot.reference.build" not in out and "evalbot.reference.registry fetch" not in out
 
 

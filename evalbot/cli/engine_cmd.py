@@ -61,7 +61,7 @@ def check(repo: Path, rev: str, rules_dir: Path | None, shape: str | None, model
         click.echo(f"building {rev} ({wt.sha[:12]}) as the judge does ...", err=True)
         built = builds.build_env(wt, root / "venvs", python=sys.executable, log_dir=root / "logs",
                                  timeout_s=1800, import_name=spec.package, commands=spec.commands, toolchain_paths=spec.toolchain,
-                                 confine=None if no_sandbox else partial(confine_build, extra=toolchain))  # fmt: skip
+                                 project=spec.project, confine=None if no_sandbox else partial(confine_build, extra=toolchain))  # fmt: skip
         if not built.ok or built.venv is None:
             click.echo(built.log_tail, err=True)
             raise click.ClickException(f"the build failed ({built.failure_stage}): {built.message}")
@@ -70,7 +70,10 @@ def check(repo: Path, rev: str, rules_dir: Path | None, shape: str | None, model
         argv = spec.serve_argv(model_args, python=str(built.venv / "bin" / "python"),
                                tree=str(built.venv / builds.TREE), max_seq="4096", device=device,
                                warmup="1", port=port, threads="1")  # fmt: skip
-        how = protocols.serving(spec.protocol, argv, port)
+        try:
+            how = protocols.serving(spec.protocol, argv, port, model)
+        except protocols.ProtocolError as exc:
+            raise click.ClickException(str(exc)) from exc
         scratch = root / "serve"
         scratch.mkdir(parents=True, exist_ok=True)
         env = sandbox.scrub_env(os.environ) | {

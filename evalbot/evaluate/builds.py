@@ -138,6 +138,7 @@ def cache_key(
     import_name: str | None,
     commands: Sequence[Sequence[str]] = (),
     toolchain_paths: Sequence[str] = (),
+    project: str = ".",
 ) -> dict[str, Any]:
     """What a cached venv depends on: the tree, the interpreter's identity and the shared packages."""
     dists = "\n".join(toolchain["distributions"]).encode()
@@ -152,6 +153,7 @@ def cache_key(
         "import_name": import_name,
         **({"commands": [list(c) for c in commands]} if commands else {}),
         **({"toolchain_paths": list(toolchain_paths)} if toolchain_paths else {}),
+        **({"project": project} if project != "." else {}),
     }
 
 
@@ -179,6 +181,7 @@ def build_env(
     confine: Confine | None = None,
     commands: Sequence[Sequence[str]] = (),
     toolchain_paths: Sequence[str] = (),
+    project: str = ".",
 ) -> BuildResult:
     """Build worktree into a venv under cache_root (reused when its key matches); never raises for a failed build."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -190,7 +193,7 @@ def build_env(
     with open(log_path, "w", encoding="utf-8", errors="replace") as log:
         try:
             toolchain = _probe(python, log, deadline)
-            key = cache_key(worktree.tree_sha, toolchain, import_name, commands, toolchain_paths)
+            key = cache_key(worktree.tree_sha, toolchain, import_name, commands, toolchain_paths, project)
             key_sha = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
             final = cache_root / f"{worktree.tree_sha[:16]}-{key_sha[:16]}"
             cached = _venv_intact(final, key_sha)
@@ -198,8 +201,9 @@ def build_env(
                 log.write(f"reusing {final} (key {key_sha}); its build log is {final / 'build.log'}\n")
             else:
                 _build(
-                    worktree, final, key, key_sha, toolchain, import_name, log, deadline, confine, commands
-                )
+                    worktree, final, key, key_sha, toolchain, import_name, log, deadline, confine, commands,
+                    project,
+                )  # fmt: skip
         except _StageFailed as f:
             failure = f
         except OSError as e:
@@ -272,6 +276,7 @@ def _build(
     deadline: float,
     confine: Confine | None = None,
     commands: Sequence[Sequence[str]] = (),
+    project: str = ".",
 ) -> None:
     cache_root = final.parent
     cache_root.mkdir(parents=True, exist_ok=True)
@@ -300,14 +305,14 @@ def _build(
             log.write(f"shared from the toolchain venv: {', '.join(bridged)}\n")
 
         shutil.copytree(worktree.path, src, symlinks=True)  # pip builds in tree; keep the checkout clean
-        if import_name is not None:
-            _check_pyproject(src, log)
+        if import_name is not None:  # the Python project at `project` (engine.yaml) in the tree's copy
+            _check_pyproject(src / project, log)
             run(
                 "pip",
                 BUILD,
                 [vpy, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
                  "--ignore-installed", "--no-cache-dir", "--progress-bar", "off",
-                 "--no-warn-script-location", str(src)],
+                 "--no-warn-script-location", str(src / project)],
             )  # fmt: skip
             # pip byte-compiles too, but ignores syntax errors; compileall exits non-zero on them.
             run("compile", BUILD, [vpy, "-m", "compileall", "-q", str(site_dir)])

@@ -1,6 +1,7 @@
 """The HTTP relay: a trusted program the harness starts inside an engine's sandbox, in front of an engine that
-serves HTTP (llama.cpp's `llama-server`, protocol `llama-server/1` in engine.yaml), so that the harness
-speaks `evalbot.serve/1` to it as to any engine (docs/protocol.md).
+serves HTTP (llama.cpp's `llama-server`, protocol `llama-server/1` in engine.yaml, or any server of
+OpenAI-compatible completions that returns token ids, `openai-completions/1`), so that the harness speaks
+`evalbot.serve/1` to it as to any engine (docs/protocol.md).
 
 It starts the engine's own argv as its child (stdin closed, stdout sent to stderr, so the engine has no
 handle on the protocol pipe), waits for its `/health`, prints the ready line and then turns each request line
@@ -16,6 +17,15 @@ engine (same user, same sandbox) cannot ptrace it, read or write its memory, or 
 | `prefill`, then `generate` with `continue` | `POST /completion` with `n_predict` 0 and `cache_prompt`, then the prompt and the continuation token with `cache_prompt`: only the new token is evaluated at decode time |
 | `tokenize` | `POST /tokenize` (no special tokens), cut at `max_tokens` |
 | `score` | one `POST /completion` a position (the prefix cached), `n_probs` = TOP_K: argmax, margin, top-1 and the logprob of the next id (`save`: a float32 [P, V] file with the TOP_K log-probs of each position and the rest of the mass spread evenly over the other ids) |
+
+| evalbot.serve/1 | OpenAI-compatible completions (`openai-completions/1`) |
+|---|---|
+| `generate` | `POST /v1/completions`, the prompt as token ids, greedy (`temperature` 0, `top_k` 1), `ignore_eos`, streamed; each chunk's token ids from `choices[0].token_ids` (vLLM's `return_token_ids`), `logprobs.content[].id` (llama-server) or `logprobs.tokens` as `token_id:N` (vLLM's `return_tokens_as_token_ids`); a chunk with text and none of them fails the side |
+| `tokenize` | `POST /tokenize` (vLLM's `prompt`, llama-server's `content`; no special tokens), cut at `max_tokens` |
+| `score` | one `POST /v1/completions` a position, `max_tokens` 1 and `logprobs` = OPENAI_TOP_K, read as above |
+
+No `prefill`: such an engine is timed on the one-part clock. Its vocabulary's size, which the API does not
+give, comes from the harness (`--vocab`, read from the model file).
 
 It imports nothing outside the standard library (it runs with `-I` from the harness's interpreter, whatever
 the engine's toolchain) and nothing of evalbot.
@@ -39,8 +49,12 @@ from pathlib import Path
 from typing import Any
 
 PROTOCOL = "llama-server/1"
+OPENAI = "openai-completions/1"
 OPS = ("generate", "prefill", "tokenize", "score", "shutdown")
+OPENAI_OPS = ("generate", "tokenize", "score", "shutdown")
 TOP_K = 64  # log-probs asked a position for `score` (llama-server's n_probs)
+OPENAI_TOP_K = 20  # the most OpenAI's API gives (and vLLM's default max_logprobs)
+TOKEN_ID = re.compile(r"token_id:(\d{1,9})")
 HEALTH_POLL_S = 0.05
 PR_SET_DUMPABLE = 4
 SAVE_NAME = re.compile(r"[a-z0-9_-]{1,40}\.npy")
@@ -116,6 +130,84 @@ def position_score(probs: dict[str, Any], target: int) -> tuple[int, float, bool
     return ids[0], lps[0] - lps[1], ids[0] == target, lp
 
 
+def openai_body(
+    model: str, prompt: list[int], max_tokens: int, stream: bool, logprobs: int
+) -> dict[str, Any]:
+    """A /v1/completions body: the prompt as ids, greedy, exactly max_tokens tokens, the token ids asked for
+    in each server's way (unknown fields are ignored by both). Pure."""
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "temperature": 0.0,
+        "top_k": 1,
+        "ignore_eos": True,
+        "logprobs": logprobs,
+        "return_token_ids": True,  # vLLM: choices[0].token_ids
+        "return_tokens_as_token_ids": True,  # vLLM: logprobs' tokens as "token_id:N"
+    }
+
+
+def _token_id(tok: Any) -> Any:
+    """`token_id:N` as N; anything else as it came (the harness refuses what is no id)."""
+    m = TOKEN_ID.fullmatch(tok) if isinstance(tok, str) else None
+    return int(m.group(1)) if m else tok
+
+
+def openai_choice(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """A completion chunk's first choice (None for a chunk without one, such as usage). Pure."""
+    choices = obj.get("choices")
+    if choices is None or choices == []:
+        return None
+    if not isinstance(choices, list) or not isinstance(choices[0], dict):
+        raise EngineError(f"a completion's choices are not a list of objects: {str(choices)[:120]}")
+    return choices[0]
+
+
+def openai_tokens(obj: dict[str, Any]) -> list[Any]:
+    """The token ids one streamed completion chunk carries, whichever way the server returns them; a chunk
+    with text but no ids fails (the harness times token ids, never text). Pure."""
+    c = openai_choice(obj)
+    if c is None:
+        return []
+    if isinstance(c.get("token_ids"), list):
+        return list(c["token_ids"])
+    lp = c.get("logprobs")
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        return [e.get("id") if isinstance(e, dict) else e for e in lp["content"]]
+    if isinstance(lp, dict) and isinstance(lp.get("tokens"), list):
+        return [_token_id(t) for t in lp["tokens"]]
+    if c.get("text"):
+        raise EngineError(
+            "a completion chunk carries text but no token ids (ask the server for them: vLLM's "
+            "return_token_ids or return_tokens_as_token_ids, llama-server's logprobs)"
+        )
+    return []
+
+
+def openai_top(c: dict[str, Any]) -> list[tuple[int, float]]:
+    """The first generated position's top log-probs as (id, logprob), best first, from either dialect:
+    llama-server's `logprobs.content[0].top_logprobs` or the legacy `logprobs.top_logprobs[0]` keyed by
+    `token_id:N`. Pure."""
+    lp = c.get("logprobs")
+    top: list[tuple[Any, Any]] = []
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list) and lp["content"]:
+        first = lp["content"][0]
+        entries = first.get("top_logprobs") if isinstance(first, dict) else None
+        top = [(e.get("id"), e.get("logprob")) for e in entries or [] if isinstance(e, dict)]
+    elif isinstance(lp, dict) and isinstance(lp.get("top_logprobs"), list) and lp["top_logprobs"]:
+        first = lp["top_logprobs"][0]
+        top = [(_token_id(k), v) for k, v in first.items()] if isinstance(first, dict) else []
+    try:
+        out = [(int(i), float(v)) for i, v in top if not isinstance(i, bool)]
+    except (TypeError, ValueError) as exc:
+        raise EngineError(f"top log-probs that are not (token id, logprob): {str(top)[:160]}") from exc
+    if len(out) < 2 or len(out) != len(top):
+        raise EngineError(f"a position came back without its top log-probs as token ids: {str(lp)[:160]}")
+    return sorted(out, key=lambda t: -t[1])
+
+
 def dense_row(top: list[tuple[int, float]], vocab: int) -> array.array[float]:
     """A position's log-probs over the whole vocabulary (float32) from its top K: the K as given, the rest
     of the mass spread evenly over the other ids (a floor well under the K-th where the K hold nearly all).
@@ -142,7 +234,9 @@ def write_npy(path: Path, rows: list[array.array[float]], vocab: int) -> None:
 
 
 class Relay:
-    """One engine behind HTTP; `answer` turns a request into protocol lines on `out`."""
+    """One llama-server behind HTTP; `answer` turns a request into protocol lines on `out`."""
+
+    health = "/health"  # polled until it answers 200
 
     def __init__(self, port: int, out: Any):
         self.port = port
@@ -188,7 +282,7 @@ class Relay:
                 )
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                conn.request("GET", "/health")
+                conn.request("GET", self.health)
                 if conn.getresponse().status == 200:
                     conn.close()
                     return
@@ -311,6 +405,106 @@ class Relay:
         self.emit({"id": rid, "event": "done", **out})
 
 
+class OpenAIRelay(Relay):
+    """A server of OpenAI-compatible completions that returns token ids (vLLM, SGLang, llama-server's
+    /v1/completions): no prefill, so the harness times each request in one part."""
+
+    health = "/v1/models"
+
+    def __init__(self, port: int, out: Any, vocab: int):
+        super().__init__(port, out)
+        self.vocab = vocab
+        self.model = ""
+
+    def ready(self) -> None:
+        models = self.json_call("GET", "/v1/models")
+        try:
+            first = models["data"][0]
+            self.model = str(first["id"])
+        except (KeyError, IndexError, TypeError) as exc:
+            raise SystemExit(f"relay: /v1/models named no model: {str(models)[:200]}") from exc
+        self.emit(
+            {
+                "event": "ready",
+                "protocol": OPENAI,
+                "config": {"vocab_size": self.vocab, "max_model_len": first.get("max_model_len")},
+                "ops": list(OPENAI_OPS[:-1]),
+                "engine": {"model": self.model, "owned_by": first.get("owned_by")},
+                "relay": "evalbot http_relay",
+            }
+        )
+
+    def answer(self, req: dict[str, Any]) -> None:
+        rid, op = req["id"], req.get("op")
+        if op == "generate":
+            self.generate(rid, req, None)
+        elif op == "tokenize":
+            text, cap = req.get("text"), req.get("max_tokens")
+            if not isinstance(text, str) or not isinstance(cap, int) or cap < 1:
+                raise RequestError("tokenize: expected text (a string) and max_tokens (a positive integer)")
+            body = {"model": self.model, "prompt": text, "add_special_tokens": False, "content": text,
+                    "add_special": False}  # fmt: skip
+            got = self.json_call("POST", "/tokenize", body)
+            toks = got.get("tokens") if isinstance(got, dict) else None
+            if not isinstance(toks, list) or not all(isinstance(t, int) for t in toks):
+                raise EngineError(f"/tokenize gave no token ids: {str(got)[:160]}")
+            self.emit({"id": rid, "event": "done", "ids": toks[:cap]})
+        elif op == "score":
+            self.score(rid, req)
+        else:
+            raise RequestError(f"unknown op {op!r}; this relay answers {', '.join(OPENAI_OPS)}")
+
+    def generate(self, rid: str, req: dict[str, Any], prefilled: list[int] | None) -> None:
+        ids = self.ids(req, "prompt_ids")
+        max_new = req.get("max_new")
+        if not isinstance(max_new, int) or isinstance(max_new, bool) or not 1 <= max_new <= 1 << 16:
+            raise RequestError("max_new: expected an integer from 1")
+        if req.get("continue"):
+            raise RequestError("continue: this engine answers no prefill")
+        ends = req.get("stream") == "ends"
+        resp = self.call("POST", "/v1/completions", openai_body(self.model, ids, max_new, True, 1))
+        n, rest = 0, []
+        for obj in sse_events(iter(lambda: resp.readline(MAX_EVENT_BYTES), b"")):
+            for t in openai_tokens(obj):
+                n += 1
+                if not ends or n == 1:
+                    self.emit({"id": rid, "tok": t})
+                else:
+                    rest.append(t)
+        resp.read()
+        if ends and rest:
+            self.emit({"id": rid, "toks": rest})
+        self.emit({"id": rid, "event": "done", "n": n})
+
+    def score(self, rid: str, req: dict[str, Any]) -> None:
+        ids = self.ids(req, "ids", 2)
+        start = req.get("from")
+        if not isinstance(start, int) or not 1 <= start < len(ids):
+            raise RequestError(f"from: expected an integer in [1, {len(ids)})")
+        save = req.get("save")
+        if save is not None and (not isinstance(save, str) or not SAVE_NAME.fullmatch(save)):
+            raise RequestError("save: expected a file name like head.npy")
+        out: dict[str, list[Any]] = {"argmax": [], "margin": [], "top1": [], "logprob": []}
+        rows: list[array.array[float]] = []
+        for i in range(start - 1, len(ids) - 1):
+            got = self.json_call(
+                "POST", "/v1/completions", openai_body(self.model, ids[: i + 1], 1, False, OPENAI_TOP_K)
+            )
+            c = openai_choice(got) if isinstance(got, dict) else None
+            if c is None:
+                raise EngineError(f"position {i}: a completion without choices: {str(got)[:160]}")
+            top = openai_top(c)
+            probs = {"top_logprobs": [{"id": t, "logprob": lp} for t, lp in top]}
+            am, margin, top1, lp = position_score(probs, ids[i + 1])
+            for k, v in zip(out, (am, margin, top1, lp), strict=True):
+                out[k].append(v)
+            if save:
+                rows.append(dense_row(top, self.vocab))
+        if save:
+            write_npy(Path(save), rows, self.vocab)
+        self.emit({"id": rid, "event": "done", **out})
+
+
 def make_undumpable() -> None:
     """prctl(PR_SET_DUMPABLE, 0): no process of the same user may ptrace this one or open its /proc files."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -319,17 +513,21 @@ def make_undumpable() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="evalbot.serve/1 in front of an engine's llama-server")
+    ap = argparse.ArgumentParser(description="evalbot.serve/1 in front of an engine's HTTP server")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--protocol", choices=(PROTOCOL, OPENAI), default=PROTOCOL)
+    ap.add_argument("--vocab", type=int, default=0, help="the model's vocabulary size (openai-completions/1)")
     ap.add_argument("engine", nargs=argparse.REMAINDER, help="-- then the engine's argv")
     args = ap.parse_args(argv)
     engine = args.engine[1:] if args.engine[:1] == ["--"] else args.engine
     if not engine:
         ap.error("the engine's argv is missing")
+    if args.protocol == OPENAI and args.vocab < 2:
+        ap.error("--vocab: an OpenAI-compatible server does not say its vocabulary's size; give it")
     make_undumpable()
     out = sys.stdout
     child = subprocess.Popen(engine, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), close_fds=True)
-    relay = Relay(args.port, out)
+    relay = OpenAIRelay(args.port, out, args.vocab) if args.protocol == OPENAI else Relay(args.port, out)
     try:
         relay.wait_ready(child)
         relay.ready()
@@ -353,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
             except RequestError as exc:
                 relay.emit({"id": rid, "event": "error", "message": str(exc)})
             except (EngineError, OSError, http.client.HTTPException) as exc:
-                # the engine broke llama-server's contract: say so on stderr and end, failing its side
+                # the engine broke its server's contract: say so on stderr and end, failing its side
                 print(f"relay: request {rid}: {exc}", file=sys.stderr, flush=True)
                 return 3
     finally:

@@ -125,10 +125,12 @@ def accuracy_served(
     """Each side's serving engine scores the reference's token ids (teacher-forced, every position's full
     log-probabilities written to its scratch), each set against the reference's."""
     try:
-        ids = json.loads(Path(f"{ref}.json").read_text())["token_ids"]
+        record = json.loads(Path(f"{ref}.json").read_text())
+        ids = record["token_ids"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _harness_failed("reference", f"the reference left no token ids: {exc}") from exc
-    ctx.log(f"{name}: accuracy vs llama.cpp over {len(ids) - 1} positions")
+    reference = str(record.get("engine") or "the reference")[:40]
+    ctx.log(f"{name}: accuracy vs {reference} over {len(ids) - 1} positions")
     outs: dict[Side, Path] = {}
     for side, p in procs.items():
         others = [q for s, q in procs.items() if s is not side]
@@ -171,6 +173,7 @@ def accuracy_served(
         float(head_stats["ppl_ratio"]),
         base_top1_agreement=float(base_stats["top1_agreement"]),
         base_kl_mean=float(base_stats["kl_mean"]),
+        reference=reference,
     )
 
 
@@ -183,7 +186,7 @@ def _compare(ctx: RunContext, ref: Path, test: Path, side: Side) -> dict[str, An
             return compare_scores.compare_files(ref, test)
         except (compare_scores.CompareError, ValueError, OSError) as exc:
             raise SideFailed(
-                Failure(side, "accuracy", f"cannot compare with llama.cpp: {exc}"[:600])
+                Failure(side, "accuracy", f"cannot compare with the reference: {exc}"[:600])
             ) from exc
     venv = ctx.sides[Side.BASE].build.venv
     assert venv is not None
@@ -202,7 +205,7 @@ def _compare(ctx: RunContext, ref: Path, test: Path, side: Side) -> dict[str, An
     if res.returncode != 0:
         # different token ids mean the side changed tokenization: that side's fault
         raise SideFailed(
-            Failure(side, "accuracy", "cannot compare with llama.cpp: " + res.stderr.strip()[-500:])
+            Failure(side, "accuracy", "cannot compare with the reference: " + res.stderr.strip()[-500:])
         )
     return json.loads(res.stdout)
 

@@ -202,6 +202,7 @@ def _build(ctx: RunContext, side: Side, wt: checkout.Worktree) -> None:
         import_name=ctx.ws.rules.engine.package,
         commands=ctx.ws.rules.engine.commands,
         toolchain_paths=ctx.ws.rules.engine.toolchain,
+        project=ctx.ws.rules.engine.project,
         confine=None if ctx.req.options.no_sandbox else partial(confine_build, extra=toolchain_paths(ctx)),
     )
     ctx.sides[side] = SideBuild(side, wt, b)

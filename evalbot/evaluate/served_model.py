@@ -82,7 +82,9 @@ def keep_compiles(ctx: RunContext, procs: dict[Side, served.ServedProcess]) -> N
             ctx.log(f"{SIDE_LABEL[side]}'s compile is not kept ({why}): each of its processes compiles anew")
 
 
-def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int) -> Launch:
+def _launcher(
+    ctx: RunContext, model_args: list[str], max_seq: int, warmup: int, model: Path | None
+) -> Launch:
     """Start one side's serving engine as the rules' engine.yaml declares it, sandboxed, in its emptied side
     folder (with a copy of the side's first compile, once kept), with the profile's device."""
 
@@ -103,7 +105,7 @@ def _launcher(ctx: RunContext, model_args: list[str], max_seq: int, warmup: int)
             port=port,
             threads=str(ctx.engine_threads or usable_cores()),
         )
-        how = protocols.serving(engine.protocol, argv, port)
+        how = protocols.serving(engine.protocol, argv, port, model)
         spec = sandbox_spec(
             ctx,
             venv,
@@ -143,7 +145,7 @@ def measure_model(
     m = profile.measurement
     block = ctx.ws.rules.spec_pair.block
     max_seq = max(c.ctx for c in profile.contexts) + m.decode_tokens + block + 8
-    launch = _launcher(ctx, model_args, max_seq, m.warmup_runs)
+    launch = _launcher(ctx, model_args, max_seq, m.warmup_runs, ctx.model_paths.get(name))
     texts = prompts.load_corpus(corpus)
     procs: dict[Side, served.ServedProcess] = {}
 

@@ -115,7 +115,7 @@ class ThroughputPairs:
 
 @dataclass(frozen=True)
 class AccuracyResult:
-    """The head engine's logits against llama.cpp on the same GGUF and tokens."""
+    """The head engine's logits against the reference (llama.cpp) on the same GGUF and tokens."""
 
     model: str
     positions: int
@@ -124,6 +124,7 @@ class AccuracyResult:
     ppl_ratio: float
     base_top1_agreement: float | None = None
     base_kl_mean: float | None = None
+    reference: str = "llama.cpp"  # the reference's name, as its score record gives it
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from evalbot.rules.reader import (
 from evalbot.rules.schema import (
     DEVICES,
     FILES,
+    OPENAI_PROTOCOL,
     STARTS,
     STREAMS,
     AccuracyGate,
@@ -79,6 +80,14 @@ def load_rules(directory: str | Path) -> Rules:
             "models",
             f"the shape(s) {', '.join(shapes)} need random weights, and engine.yaml's engine serves none "
             "(no serve.random_weights): name a model file instead",
+        )
+    if shapes and engine.protocol == OPENAI_PROTOCOL:
+        raise RulesError(
+            str(root / "models.yaml"),
+            None,
+            "models",
+            f"the shape(s) {', '.join(shapes)} have no model file, and an {OPENAI_PROTOCOL} engine's vocabulary "
+            "(which its API does not give) is read from one: name a model file instead",
         )
     rules = Rules(
         tiers, gates, profiles, spec_pair, copycat, policy, labels, automerge, dispatch, engine, root, ""

@@ -342,8 +342,9 @@ class Dispatch:
 
 # evalbot.serve/1: JSON lines on stdin and stdout; llama-server/1: llama.cpp's HTTP server on {port}, behind the
 # harness's relay (docs/protocol.md)
-PROTOCOLS = ("evalbot.serve/1", "llama-server/1")
-HTTP_PROTOCOLS = ("llama-server/1",)
+OPENAI_PROTOCOL = "openai-completions/1"  # OpenAI-compatible completions that return token ids
+PROTOCOLS = ("evalbot.serve/1", "llama-server/1", OPENAI_PROTOCOL)
+HTTP_PROTOCOLS = ("llama-server/1", OPENAI_PROTOCOL)
 # who provides the reference tools (the llama.cpp scores and audit answers, the KL comparison, the registry's
 # fetcher): evalbot itself, or main's build package as `<package>.reference`, `.compare` and `.registry`
 REFERENCES = ("evalbot", "main")
@@ -372,6 +373,7 @@ class EngineSpec:
         str, ...
     ] = ()  # absolute read-only paths the build and the engine may read (a CUDA toolkit)
     reference: str = "evalbot"  # REFERENCES: whose reference tools the harness runs (trusted either way)
+    project: str = "."  # the tree's folder whose pyproject.toml installs the package (a relative path)
 
     def serve_argv(self, model_args: list[str], **fields: str) -> list[str]:
         """The serving process's argv: the template filled in, then the model's arguments."""

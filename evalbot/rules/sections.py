@@ -306,7 +306,7 @@ def _engine(f: _File, root: _Node) -> EngineSpec:
     for key in ("protocol", "build", "serve", "contributor"):
         if key not in m:
             f.fail(root, f"engine.{key}", "missing; engine.yaml needs protocol, build, serve and contributor")
-    build = _some_of(f, m["build"], "engine.build", ("package", "commands", "toolchain"))
+    build = _some_of(f, m["build"], "engine.build", ("package", "project", "commands", "toolchain"))
     if not {"package", "commands"} & set(build):
         f.fail(m["build"], "engine.build", "expected a package to install, build commands, or both")
     commands = (
@@ -363,7 +363,30 @@ def _engine(f: _File, root: _Node) -> EngineSpec:
         commands=commands,
         toolchain=tuple(toolchain),
         reference=_reference(f, m, build),
+        project=_project(f, build),
     )
+
+
+def _project(f: _File, build: dict[str, _Node]) -> str:
+    """engine.build.project: the folder of the tree whose pyproject.toml installs the package (default: the
+    tree's root), a relative path that stays inside the tree."""
+    if "project" not in build:
+        return "."
+    if "package" not in build:
+        f.fail(
+            build["project"],
+            "engine.build.project",
+            "names where the package's project is: name the package too",
+        )
+    path = f.text(build["project"], "engine.build.project", what="a folder of the tree")
+    parts = path.strip("/").split("/")
+    if path.startswith("/") or ".." in parts or not path.strip("/"):
+        f.fail(
+            build["project"],
+            "engine.build.project",
+            f"expected a relative folder inside the tree, got {path!r}",
+        )
+    return "/".join(p for p in parts if p not in ("", ".")) or "."
 
 
 def _reference(f: _File, m: dict[str, _Node], build: dict[str, _Node]) -> str:

@@ -74,7 +74,7 @@ def accuracy_gates(results: Iterable[AccuracyResult], rules: Rules) -> list[Gate
             Gate(
                 "accuracy top-1",
                 a.top1_agreement,
-                f">= {g.top1_min:.2f} vs llama.cpp",
+                f">= {g.top1_min:.2f} vs {a.reference}",
                 a.top1_agreement >= g.top1_min,
                 f"{a.positions} positions",
                 model=a.model,

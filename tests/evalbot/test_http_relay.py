@@ -179,3 +179,118 @@ def test_an_engine_without_random_weights_is_refused_where_the_rules_name_a_shap
     (rules / "engine.yaml").write_text(text.replace("  random_weights: ['--shape', '{shape}']\n", ""))
     with pytest.raises(RulesError, match=r"models.yaml: models: the shape\(s\) .* engine serves none"):
         load_rules(rules)
+
+
+# ---------------------------------------------------------------- openai-completions/1
+
+OPENAI = "openai-completions/1"
+
+
+def tiny_gguf(tmp_path: Path, vocab: int = 100) -> Path:
+    """A GGUF that holds only a tokenizer of `vocab` tokens: where the harness reads an OpenAI-compatible
+    engine's vocabulary from."""
+    from gguf import GGUFWriter
+
+    path = tmp_path / f"vocab{vocab}.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_token_list([f"t{i}".encode() for i in range(vocab)])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def oai_starter(tmp_path: Path, dialect: str, brk: str = ""):
+    port = protocols.port_for(OPENAI, False)
+    engine = [
+        sys.executable,
+        "-I",
+        str(DOUBLE),
+        "--port",
+        port,
+        "--oai",
+        dialect,
+        *(["--break", brk] if brk else []),
+    ]
+    how = protocols.serving(OPENAI, engine, port, tiny_gguf(tmp_path))
+
+    def start() -> served.ServedProcess:
+        spec = sandbox.SandboxSpec(
+            ro_binds=tuple(ro_binds([DOUBLE, *how.binds])), scratch=tmp_path, workdir=tmp_path,
+            env={"PATH": "/usr/bin:/bin"}, limits=sandbox.Limits(max_output_bytes=1 << 20, timeout_s=60),
+        )  # fmt: skip
+        return served.ServedProcess.start(conformance.LABEL, spec, how.argv, no_sandbox=True, protocol=OPENAI)
+
+    return start
+
+
+@pytest.mark.parametrize("dialect", ["llama", "vllm-ids", "vllm-strings"])
+def test_an_openai_compatible_server_passes_every_requirement_in_each_servers_dialect(tmp_path, dialect):
+    """Token ids as llama-server (logprobs.content[].id), vLLM's return_token_ids and vLLM's
+    return_tokens_as_token_ids give them: every requirement of the kit holds; the two-part clock's is
+    skipped, saying the engine answers no prefill."""
+    got = {o.id: o for o in conformance.check(oai_starter(tmp_path, dialect), timeout_s=20)}
+    print("\n".join(o.line() for o in got.values()))
+    assert [o.id for o in got.values() if not o.passed] == []
+    skipped = [o for o in got.values() if o.skipped]
+    assert skipped and all("prefill" in (o.failure or o.line()) for o in skipped)
+
+
+@pytest.mark.parametrize("dialect", ["llama", "vllm-strings"])
+def test_openai_score_reads_the_top_log_probs_as_token_ids(tmp_path, dialect):
+    p = oai_starter(tmp_path, dialect)()
+    try:
+        assert p.wait_ready(20)["protocol"] == OPENAI and p.vocab == 100
+        ids = [5, 9, 2, 7, 1, 3]
+        got = p.request({"op": "score", "ids": ids, "from": 2, "save": "s.npy"}, 20)
+        toks = p.request({"op": "tokenize", "text": "abc", "max_tokens": 2}, 20)
+    finally:
+        p.close()
+    want = [(sum(ids[: i + 1]) * 7 + i + 1) % 100 for i in range(1, len(ids) - 1)]
+    assert got.summary["argmax"] == want
+    assert got.summary["margin"] == pytest.approx([math.log(0.9) - math.log(0.05)] * len(want))
+    assert list(np.load(tmp_path / "s.npy").argmax(1)) == want
+    assert toks.summary["ids"] == [97, 98]
+
+
+def test_an_openai_server_that_streams_text_without_token_ids_fails_its_side(tmp_path):
+    """The harness times token ids, never text: a server that gives none (no return_token_ids) fails,
+    saying how to ask for them."""
+    got = {o.id: o for o in conformance.check(oai_starter(tmp_path, "llama", "text"), timeout_s=20)}
+    stream = got["generate-token-stream"]
+    assert not stream.passed and "carries text but no token ids" in (stream.failure or ""), stream.line()
+    assert "return_token_ids" in (stream.failure or "")  # and how to ask for them
+
+
+def test_an_openai_engines_vocabulary_comes_from_its_model_file(tmp_path):
+    assert protocols.vocab_of(tiny_gguf(tmp_path, 77)) == 77
+    how = protocols.serving(OPENAI, ["vllm", "serve"], "8080", tiny_gguf(tmp_path, 77))
+    assert how.argv[how.argv.index("--vocab") + 1] == "77" and how.argv[-2:] == ["vllm", "serve"]
+    with pytest.raises(protocols.ProtocolError, match="serves a model file"):
+        protocols.serving(OPENAI, ["vllm", "serve"], "8080", None)
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\0" * 20)
+    with pytest.raises(protocols.ProtocolError, match=r"junk\.gguf"):
+        protocols.vocab_of(tmp_path / "junk.gguf")
+
+
+def test_openai_token_ids_are_read_in_every_dialect_and_text_alone_is_refused():
+    ids = http_relay.openai_tokens
+    assert ids({"choices": [{"text": "a", "token_ids": [4, 5]}]}) == [4, 5]
+    assert ids({"choices": [{"text": "a", "logprobs": {"content": [{"id": 6}, {"id": 7}]}}]}) == [6, 7]
+    assert ids({"choices": [{"text": "a", "logprobs": {"tokens": ["token_id:8", "oops"]}}]}) == [8, "oops"]
+    assert ids({"choices": [], "usage": {"completion_tokens": 3}}) == []
+    with pytest.raises(http_relay.EngineError, match="text but no token ids"):
+        ids({"choices": [{"text": "hello", "logprobs": None}]})
+    top = http_relay.openai_top({"logprobs": {"top_logprobs": [{"token_id:3": -2.0, "token_id:9": -0.5}]}})
+    assert top == [(9, -0.5), (3, -2.0)]
+    with pytest.raises(http_relay.EngineError, match=r"not \(token id, logprob\)"):
+        http_relay.openai_top({"logprobs": {"top_logprobs": [{"hello": -0.1, "world": -1.0}]}})
+
+
+def test_an_openai_engine_is_refused_where_the_rules_name_a_shape(tmp_path):
+    rules = _engine_yaml(tmp_path, "['vllm', 'serve', '--port', '{port}']")
+    text = (rules / "engine.yaml").read_text()
+    (rules / "engine.yaml").write_text(text.replace("protocol: llama-server/1", f"protocol: {OPENAI}"))
+    with pytest.raises(RulesError, match=r"models.yaml: models: the shape\(s\) .* no model file"):
+        load_rules(rules)

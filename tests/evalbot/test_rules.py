@@ -883,3 +883,19 @@ def test_mains_own_reference_tools_are_harness_modules(rules_dir):
     rules = load_rules(rules_dir)
     assert {"engine.reference", "engine.compare", "engine.registry"} <= set(rules.harness_modules)
     assert harness_hits(paths, rules) == tuple(paths[:3])
+
+
+def test_the_engines_python_project_may_live_in_a_folder_of_the_tree(rules_dir):
+    """build.project: where the tree's pyproject.toml for the engine lies (this repository's root one is
+    evalbot's own, which ships evalbot only); a path that leaves the tree, or one without a package, fails."""
+    assert load_rules(rules_dir).engine.project == "engine-dist"
+    edit(rules_dir, "engine.yaml", "  project: engine-dist\n", "  project: ./py/engine/\n")
+    assert load_rules(rules_dir).engine.project == "py/engine"
+    for bad in ("/opt/engine", "../elsewhere", "py/../../x", "/"):
+        text = (rules_dir / "engine.yaml").read_text()
+        (rules_dir / "engine.yaml").write_text(text.replace("  project: ./py/engine/\n", f"  project: {bad}\n"))
+        err = str(load_error(rules_dir))
+        assert "engine.build.project" in err and "relative folder inside the tree" in err, bad
+        (rules_dir / "engine.yaml").write_text(text)
+    edit(rules_dir, "engine.yaml", "  project: ./py/engine/\n", "")
+    assert load_rules(rules_dir).engine.project == "."  # the tree's root

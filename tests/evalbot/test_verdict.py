@@ -388,3 +388,19 @@ def test_against_llama_cpp_main_below_the_bar_on_near_ties_sets_it_for_the_head(
         rules,
     )
     assert lazy.status == Status.REJECT and lazy.tier is None
+
+
+def test_the_accuracy_gate_names_the_reference_it_was_held_to():
+    """#38: the reference is evalbot's llama.cpp, or a main's own where llama.cpp cannot run the model: the
+    gate says which, as its score record names it."""
+    from evalbot.model import AccuracyResult
+    from evalbot.verdict.gates import accuracy_gates
+
+    rules = load_rules(default_rules_dir())
+    (ours,) = [
+        g for g in accuracy_gates([AccuracyResult("m", 128, 0.99, 0.01, 1.0)], rules) if "top-1" in g.name
+    ]
+    assert ours.bar.endswith("vs llama.cpp")
+    theirs = AccuracyResult("m", 128, 0.99, 0.01, 1.0, reference="float64 reference")
+    (gate,) = [g for g in accuracy_gates([theirs], rules) if "top-1" in g.name]
+    assert gate.bar.endswith("vs float64 reference") and "llama" not in gate.bar
