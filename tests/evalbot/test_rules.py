@@ -434,7 +434,8 @@ MALFORMED = [
         "protocol: evalbot.serve/1",
         "protocol: openai/1",
         "engine.protocol",
-        "expected a protocol evalbot speaks (one of: evalbot.serve/1, llama-server/1), got 'openai/1'",
+        "expected a protocol evalbot speaks (one of: evalbot.serve/1, llama-server/1, openai-completions/1), "
+        "got 'openai/1'",
         id="engine-protocol",
     ),
     pytest.param(
@@ -832,7 +833,7 @@ def test_a_bad_build_declaration_names_its_line_and_field(rules_dir, build, fiel
         f"build: {build}\n  # the built tree is installed",
     )
     text = (rules_dir / "engine.yaml").read_text().replace("\n  package: engine\n", "\n", 1)
-    (rules_dir / "engine.yaml").write_text(text)
+    (rules_dir / "engine.yaml").write_text(text.replace("\n  project: engine-dist\n", "\n", 1))
     err = load_error(rules_dir)
     assert err.field == field and message in err.message and err.line is not None and err.line >= line, str(
         err
