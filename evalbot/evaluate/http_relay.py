@@ -13,8 +13,8 @@ engine (same user, same sandbox) cannot ptrace it, read or write its memory, or 
 
 | evalbot.serve/1 | llama-server |
 |---|---|
-| `generate` | `POST /completion`, the prompt as token ids, greedy (`top_k` 1), `ignore_eos`, streamed with `return_tokens` |
-| `prefill`, then `generate` with `continue` | `POST /completion` with `n_predict` 0 and `cache_prompt`, then the prompt and the continuation token with `cache_prompt`: only the new token is evaluated at decode time |
+| `generate` | `POST /completion`, the prompt as token ids, greedy (`top_k` 1), `ignore_eos`, streamed with `return_tokens`; a token that ends inside a UTF-8 character gets no chunk (its id never streams): where the count (`tokens_predicted`) runs ahead of the ids, the rest wait for a replay of the request, which gives every id |
+| `prefill`, then `generate` with `continue` | `POST /completion` with `n_predict` 0 and `cache_prompt`, then the prompt and the continuation token with `cache_prompt`, answered whole (its clock ends at its last token): only the new token is evaluated at decode time |
 | `tokenize` | `POST /tokenize` (no special tokens), cut at `max_tokens` |
 | `score` | one `POST /completion` a position (the prefix cached), `n_probs` = TOP_K: argmax, margin, top-1 and the logprob of the next id (`save`: a float32 [P, V] file with the TOP_K log-probs of each position and the rest of the mass spread evenly over the other ids) |
 
@@ -359,21 +359,67 @@ class Relay:
             prompt, cached = prefilled + ids, True
         else:
             prompt, cached = ids, False
-        resp = self.call("POST", "/completion", greedy_body(prompt, max_new, True, cached))
-        n, rest = 0, []
-        for obj in sse_events(iter(lambda: resp.readline(MAX_EVENT_BYTES), b"")):
-            for t in chunk_tokens(obj):
-                n += 1
-                if not ends or n == 1:
-                    self.emit({"id": rid, "tok": t})
-                else:
-                    rest.append(t)
-            if obj.get("stop"):
-                break
+        if cached:  # the continuation: timed from its sending to its last token, so it needs no stream
+            self.emit_tokens(rid, ends, [], self.replay(prompt, max_new))
+            return
+        resp = self.call("POST", "/completion", greedy_body(prompt, max_new, True, False))
+
+        def chunks() -> Iterator[tuple[list[Any], Any]]:
+            for obj in sse_events(iter(lambda: resp.readline(MAX_EVENT_BYTES), b"")):
+                yield chunk_tokens(obj), obj.get("tokens_predicted")
+                if obj.get("stop"):
+                    return
+
+        self.stream_tokens(rid, ends, chunks(), lambda: self.replay(prompt, max_new))
         resp.read()
-        if ends and rest:
+
+    def replay(self, prompt: list[int], max_new: int) -> list[Any]:
+        """The whole greedy answer at once (the prompt cached): every token's id, those the stream withheld
+        too."""
+        got = self.json_call("POST", "/completion", greedy_body(prompt, max_new, False, True))
+        toks = got.get("tokens") if isinstance(got, dict) else None
+        if not isinstance(toks, list):
+            raise EngineError(f"/completion gave no tokens: {str(got)[:160]}")
+        return toks
+
+    def stream_tokens(
+        self, rid: str, ends: bool, chunks: Iterator[tuple[list[Any], Any]], replay: Any
+    ) -> None:
+        """Each chunk's ids forwarded the moment it arrives, until a chunk counts more tokens predicted than
+        ids seen: llama-server sends no chunk for a token that ends inside a UTF-8 character, so its id
+        never comes. From there the rest waits, and a replay of the request (greedy, its prompt cached) gives
+        every id; the ones already sent must be its first."""
+        sent: list[Any] = []  # on their own lines, as they came
+        later: list[Any] = []  # the rest, sent at the end
+        gap = False
+        for toks, predicted in chunks:
+            # a count ahead of the ids seen with this chunk's: a token before them was never sent
+            counted = isinstance(predicted, int) and not isinstance(predicted, bool)
+            gap = gap or (counted and predicted > len(sent) + len(later) + len(toks))
+            for t in toks:
+                if gap or (ends and sent):
+                    later.append(t)
+                else:
+                    self.emit({"id": rid, "tok": t})
+                    sent.append(t)
+        if gap:
+            full = replay()
+            if full[: len(sent)] != sent:
+                raise EngineError(
+                    f"a replay of the request disagrees with its stream: {str(full)[:80]} against {str(sent)[:80]}"
+                )
+            later = full[len(sent) :]
+        self.emit_tokens(rid, ends, sent, later)
+
+    def emit_tokens(self, rid: str, ends: bool, sent: list[Any], later: list[Any]) -> None:
+        """The tokens not yet sent (one a line, or the first on its own and the rest in one line with stream
+        'ends'), then the summary."""
+        for t in later if not ends else later[:1] if not sent else []:
+            self.emit({"id": rid, "tok": t})
+        rest = later[1:] if ends and not sent else later if ends else []
+        if rest:
             self.emit({"id": rid, "toks": rest})
-        self.emit({"id": rid, "event": "done", "n": n})
+        self.emit({"id": rid, "event": "done", "n": len(sent) + len(later)})
 
     def score(self, rid: str, req: dict[str, Any]) -> None:
         ids = self.ids(req, "ids", 2)
@@ -462,19 +508,26 @@ class OpenAIRelay(Relay):
         if req.get("continue"):
             raise RequestError("continue: this engine answers no prefill")
         ends = req.get("stream") == "ends"
-        resp = self.call("POST", "/v1/completions", openai_body(self.model, ids, max_new, True, 1))
-        n, rest = 0, []
-        for obj in sse_events(iter(lambda: resp.readline(MAX_EVENT_BYTES), b"")):
-            for t in openai_tokens(obj):
-                n += 1
-                if not ends or n == 1:
-                    self.emit({"id": rid, "tok": t})
-                else:
-                    rest.append(t)
+        body = openai_body(self.model, ids, max_new, True, 1) | {"stream_options": {"include_usage": True}}
+        resp = self.call("POST", "/v1/completions", body)
+
+        def chunks() -> Iterator[tuple[list[Any], Any]]:
+            for obj in sse_events(iter(lambda: resp.readline(MAX_EVENT_BYTES), b"")):
+                usage = obj.get("usage")
+                yield openai_tokens(obj), usage.get("completion_tokens") if isinstance(usage, dict) else None
+
+        self.stream_tokens(rid, ends, chunks(), lambda: self.replay(ids, max_new))
         resp.read()
-        if ends and rest:
-            self.emit({"id": rid, "toks": rest})
-        self.emit({"id": rid, "event": "done", "n": n})
+
+    def replay(self, prompt: list[int], max_new: int) -> list[Any]:
+        got = self.json_call("POST", "/v1/completions", openai_body(self.model, prompt, max_new, False, 1))
+        toks = openai_tokens(got) if isinstance(got, dict) else []
+        if len(toks) < max_new:
+            raise EngineError(
+                f"{len(toks)} token ids of {max_new}, streamed or not; a llama-server is llama-server/1 (its "
+                "/v1/completions never gives a token that ends inside a UTF-8 character)"
+            )
+        return toks
 
     def score(self, rid: str, req: dict[str, Any]) -> None:
         ids = self.ids(req, "ids", 2)

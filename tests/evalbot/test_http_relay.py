@@ -26,9 +26,9 @@ DOUBLE = Path(__file__).resolve().parents[1] / "fixtures" / "llama_server_double
 PROTOCOL = "llama-server/1"
 
 
-def starter(tmp_path: Path, brk: str = "", sandboxed: bool = False):
+def starter(tmp_path: Path, brk: str = "", sandboxed: bool = False, extra: tuple[str, ...] = ()):
     port = protocols.port_for(PROTOCOL, sandboxed)
-    engine = [sys.executable, "-I", str(DOUBLE), "--port", port, *(["--break", brk] if brk else [])]
+    engine = [sys.executable, "-I", str(DOUBLE), "--port", port, *(["--break", brk] if brk else []), *extra]
     how = protocols.serving(PROTOCOL, engine, port)
 
     def start() -> served.ServedProcess:
@@ -42,8 +42,11 @@ def starter(tmp_path: Path, brk: str = "", sandboxed: bool = False):
     return start
 
 
-def run_kit(tmp_path: Path, brk: str = "", sandboxed: bool = False) -> dict[str, conformance.Outcome]:
-    got = conformance.check(starter(tmp_path, brk, sandboxed), timeout_s=20)
+def run_kit(
+    tmp_path: Path, brk: str = "", sandboxed: bool = False, extra: tuple[str, ...] = ()
+) -> dict[str, conformance.Outcome]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    got = conformance.check(starter(tmp_path, brk, sandboxed, extra), timeout_s=20)
     print("\n".join(o.line() for o in got))
     return {o.id: o for o in got}
 
@@ -201,18 +204,10 @@ def tiny_gguf(tmp_path: Path, vocab: int = 100) -> Path:
     return path
 
 
-def oai_starter(tmp_path: Path, dialect: str, brk: str = ""):
+def oai_starter(tmp_path: Path, dialect: str, brk: str = "", extra: tuple[str, ...] = ()):
     port = protocols.port_for(OPENAI, False)
-    engine = [
-        sys.executable,
-        "-I",
-        str(DOUBLE),
-        "--port",
-        port,
-        "--oai",
-        dialect,
-        *(["--break", brk] if brk else []),
-    ]
+    engine = [sys.executable, "-I", str(DOUBLE), "--port", port, "--oai", dialect]
+    engine += [*(["--break", brk] if brk else []), *extra]
     how = protocols.serving(OPENAI, engine, port, tiny_gguf(tmp_path))
 
     def start() -> served.ServedProcess:
@@ -294,3 +289,42 @@ def test_an_openai_engine_is_refused_where_the_rules_name_a_shape(tmp_path):
     (rules / "engine.yaml").write_text(text.replace("protocol: llama-server/1", f"protocol: {OPENAI}"))
     with pytest.raises(RulesError, match=r"models.yaml: models: the shape\(s\) .* no model file"):
         load_rules(rules)
+
+
+def _chain(prompt: list[int], n: int, vocab: int = 100) -> list[int]:
+    seq, out = list(prompt), []
+    for _ in range(n):
+        out.append((sum(seq) * 7 + len(seq)) % vocab)
+        seq.append(out[-1])
+    return out
+
+
+def test_every_token_id_arrives_though_llama_server_withholds_a_token_that_ends_mid_character(tmp_path):
+    """llama-server sends no chunk for a token that ends inside a UTF-8 character, so its id is never
+    streamed (CI of the llama.cpp contest: "asked for 24 tokens, the engine streamed 20", a REJECT of a
+    side for its server's stream). The relay sees the count run ahead and gives every id in its place,
+    from a replay of the request; a continuation is asked whole (its clock ends at its last token)."""
+    p = starter(tmp_path, extra=("--split-utf8", "3"))()
+    try:
+        p.wait_ready(20)
+        prompt = [5, 9, 2, 7]
+        for stream in ("token", "ends"):
+            body = {"op": "generate", "prompt_ids": prompt, "max_new": 9}
+            got = p.request(body | ({"stream": "ends"} if stream == "ends" else {}), 20)
+            assert list(got.tokens) == _chain(prompt, 9), stream
+        p.request({"op": "prefill", "prompt_ids": prompt}, 20)
+        got = p.request({"op": "generate", "prompt_ids": [11], "max_new": 9, "continue": True}, 20)
+        assert list(got.tokens) == _chain([*prompt, 11], 9)
+    finally:
+        p.close()
+    kit = run_kit(tmp_path / "kit", extra=("--split-utf8", "2"))
+    assert [o.id for o in kit.values() if not o.passed] == []
+
+
+def test_an_openai_server_that_never_gives_a_withheld_tokens_id_fails_saying_so(tmp_path):
+    got = {
+        o.id: o
+        for o in conformance.check(oai_starter(tmp_path, "llama", extra=("--split-utf8", "3")), timeout_s=20)
+    }
+    stream = got["generate-token-stream"]
+    assert not stream.passed and "a llama-server is llama-server/1" in (stream.failure or ""), stream.line()
