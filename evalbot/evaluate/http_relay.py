@@ -323,6 +323,25 @@ class Relay:
             raise RequestError(f"{field}: every id must be an integer in [0, {self.vocab})")
         return v
 
+    def generate_args(self, req: dict[str, Any]) -> tuple[list[int], int]:
+        """A generate's prompt ids and max_new, checked."""
+        ids = self.ids(req, "prompt_ids")
+        max_new = req.get("max_new")
+        if not isinstance(max_new, int) or isinstance(max_new, bool) or not 1 <= max_new <= 1 << 16:
+            raise RequestError("max_new: expected an integer from 1")
+        return ids, max_new
+
+    def score_args(self, req: dict[str, Any]) -> tuple[list[int], int, str | None]:
+        """A score's ids, the first position it scores and the file it saves to, checked."""
+        ids = self.ids(req, "ids", 2)
+        start = req.get("from")
+        if not isinstance(start, int) or not 1 <= start < len(ids):
+            raise RequestError(f"from: expected an integer in [1, {len(ids)})")
+        save = req.get("save")
+        if save is not None and (not isinstance(save, str) or not SAVE_NAME.fullmatch(save)):
+            raise RequestError("save: expected a file name like head.npy")
+        return ids, start, save
+
     def answer(self, req: dict[str, Any]) -> None:
         rid, op = req["id"], req.get("op")
         prefilled, self.prefilled = self.prefilled, None  # any request drops a prefilled prompt
@@ -348,10 +367,7 @@ class Relay:
             raise RequestError(f"unknown op {op!r}; this relay answers {', '.join(OPS)}")
 
     def generate(self, rid: str, req: dict[str, Any], prefilled: list[int] | None) -> None:
-        ids = self.ids(req, "prompt_ids")
-        max_new = req.get("max_new")
-        if not isinstance(max_new, int) or isinstance(max_new, bool) or not 1 <= max_new <= 1 << 16:
-            raise RequestError("max_new: expected an integer from 1")
+        ids, max_new = self.generate_args(req)
         ends = req.get("stream") == "ends"
         if req.get("continue"):
             if prefilled is None:
@@ -422,13 +438,7 @@ class Relay:
         self.emit({"id": rid, "event": "done", "n": len(sent) + len(later)})
 
     def score(self, rid: str, req: dict[str, Any]) -> None:
-        ids = self.ids(req, "ids", 2)
-        start = req.get("from")
-        if not isinstance(start, int) or not 1 <= start < len(ids):
-            raise RequestError(f"from: expected an integer in [1, {len(ids)})")
-        save = req.get("save")
-        if save is not None and (not isinstance(save, str) or not SAVE_NAME.fullmatch(save)):
-            raise RequestError("save: expected a file name like head.npy")
+        ids, start, save = self.score_args(req)
         out: dict[str, list[Any]] = {"argmax": [], "margin": [], "top1": [], "logprob": []}
         rows: list[array.array[float]] = []
         for i in range(start - 1, len(ids) - 1):
@@ -501,10 +511,7 @@ class OpenAIRelay(Relay):
             raise RequestError(f"unknown op {op!r}; this relay answers {', '.join(OPENAI_OPS)}")
 
     def generate(self, rid: str, req: dict[str, Any], prefilled: list[int] | None) -> None:
-        ids = self.ids(req, "prompt_ids")
-        max_new = req.get("max_new")
-        if not isinstance(max_new, int) or isinstance(max_new, bool) or not 1 <= max_new <= 1 << 16:
-            raise RequestError("max_new: expected an integer from 1")
+        ids, max_new = self.generate_args(req)
         if req.get("continue"):
             raise RequestError("continue: this engine answers no prefill")
         ends = req.get("stream") == "ends"
@@ -530,13 +537,7 @@ class OpenAIRelay(Relay):
         return toks
 
     def score(self, rid: str, req: dict[str, Any]) -> None:
-        ids = self.ids(req, "ids", 2)
-        start = req.get("from")
-        if not isinstance(start, int) or not 1 <= start < len(ids):
-            raise RequestError(f"from: expected an integer in [1, {len(ids)})")
-        save = req.get("save")
-        if save is not None and (not isinstance(save, str) or not SAVE_NAME.fullmatch(save)):
-            raise RequestError("save: expected a file name like head.npy")
+        ids, start, save = self.score_args(req)
         out: dict[str, list[Any]] = {"argmax": [], "margin": [], "top1": [], "logprob": []}
         rows: list[array.array[float]] = []
         for i in range(start - 1, len(ids) - 1):

@@ -24,6 +24,7 @@ from evalbot.evaluate.context import RunContext, SideFailed, fresh_scratch, sand
 from evalbot.evaluate.exits import describe_exit
 from evalbot.model import AccuracyResult, Failure, Side
 from evalbot.reference import compare as compare_scores
+from evalbot.reference.registry import sha256_file
 from evalbot.rules import Profile
 
 REFERENCE_TIMEOUT_S = 1800
@@ -318,7 +319,7 @@ def _runner_files(ctx: RunContext, profile: Profile) -> dict[str, Path]:
                 "models", f"{ref.name}: the rules name the file {path}, which this runner lacks"
             )
         ctx.log(f"checking {ref.name} ({path})")
-        digest = file_digest(path)
+        digest = sha256_file(path)
         if digest != ref.sha256:
             raise _harness_failed(
                 "models", f"{ref.name}: {path} has sha256 {digest}, the rules pin {ref.sha256}"
@@ -333,21 +334,10 @@ def model_binds(models: dict[str, Path], on_runner: set[str]) -> list[Path]:
     return [path if name in on_runner else path.parent for name, path in models.items()]
 
 
-def file_digest(path: Path) -> str:
-    """A file's sha256, read whole."""
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def sha_of(ctx: RunContext, path: Path) -> str:
     """A model file's sha256: from the fetcher's .sha256 file beside it, else computed."""
     side = path.with_name(path.name + ".sha256")
     try:
         return side.read_text().split()[1]
     except (OSError, IndexError):
-        return file_digest(path)
+        return sha256_file(path)

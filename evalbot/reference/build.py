@@ -31,6 +31,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from evalbot.reference.registry import sha256_file
+
 VERSION = "0.3.36"
 # The one place the reference's build flags live (the Makefile and CI call `install`, which reads them).
 CMAKE_ARGS = (
@@ -177,20 +179,12 @@ def _libs(folder: Path) -> list[Path]:
     return sorted(found)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def lib_digests(folder: Path) -> dict[str, str]:
     """sha256 of every llama.cpp and ggml shared library in folder, by its shortest name (a wheel holds
     libggml.so, libggml.so.0 and libggml.so.0.25.3 as three copies of one file)."""
     by_digest: dict[str, str] = {}
     for p in _libs(folder):
-        digest = _sha256(p)
+        digest = sha256_file(p)
         name = by_digest.get(digest)
         by_digest[digest] = p.name if name is None or len(p.name) < len(name) else name
     return {name: digest for digest, name in sorted(by_digest.items(), key=lambda kv: kv[1])}
@@ -212,7 +206,7 @@ def installed_matches(wheel: Path) -> bool:
             base = name.rsplit("/", 1)[-1]
             if name.startswith("llama_cpp/lib/") and any(Path(base).match(g) for g in _LIB_GLOB):
                 want[base] = hashlib.sha256(zf.read(name)).hexdigest()
-    have = {_sha256(p) for p in _libs(lib)}
+    have = {sha256_file(p) for p in _libs(lib)}
     return bool(want) and have == set(want.values())
 
 
