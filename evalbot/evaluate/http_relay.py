@@ -45,6 +45,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,10 @@ class EngineError(RuntimeError):
 
 
 def greedy_body(prompt: list[int], n_predict: int, stream: bool, cache_prompt: bool) -> dict[str, Any]:
-    """A /completion body: the prompt as ids, greedy, exactly n_predict tokens. Pure."""
+    """A /completion body: the prompt as ids, greedy, at most n_predict tokens. Not `ignore_eos`: llama-server
+    then biases every end-of-generation token to -inf, and its greedy tokens are no longer the model's
+    (found judging llama.cpp: the decode audit saw <|im_start|> where the model's argmax is <|im_end|>).
+    It stops at one instead, and the relay asks on from there. Pure."""
     return {
         "prompt": prompt,
         "n_predict": n_predict,
@@ -81,7 +85,6 @@ def greedy_body(prompt: list[int], n_predict: int, stream: bool, cache_prompt: b
         "temperature": 0.0,
         "top_k": 1,
         "samplers": ["top_k"],
-        "ignore_eos": True,
     }
 
 
@@ -378,25 +381,49 @@ class Relay:
         if cached:  # the continuation: timed from its sending to its last token, so it needs no stream
             self.emit_tokens(rid, ends, [], self.replay(prompt, max_new))
             return
-        resp = self.call("POST", "/completion", greedy_body(prompt, max_new, True, False))
 
         def chunks() -> Iterator[tuple[list[Any], Any]]:
-            for obj in sse_events(iter(lambda: resp.readline(MAX_EVENT_BYTES), b"")):
-                yield chunk_tokens(obj), obj.get("tokens_predicted")
-                if obj.get("stop"):
-                    return
+            done: list[Any] = []  # the ids of the requests before this one, each ended by an EOG token
+            while len(done) < max_new:
+                body = greedy_body(prompt + done, max_new - len(done), True, bool(done))
+                resp = self.call("POST", "/completion", body)
+                here: list[Any] = []
+                final: dict[str, Any] = {}
+                for obj in sse_events(iter(partial(resp.readline, MAX_EVENT_BYTES), b"")):
+                    toks = chunk_tokens(obj)
+                    here += toks
+                    counted = obj.get("tokens_predicted")
+                    yield (
+                        toks,
+                        len(done) + counted
+                        if isinstance(counted, int) and not isinstance(counted, bool)
+                        else None,
+                    )
+                    if obj.get("stop"):
+                        final = obj
+                        break
+                resp.read()
+                if final.get("stop_type") != "eos" or not here or final.get("tokens_predicted") != len(here):
+                    return  # done, or short of ids (the replay gives them)
+                done += here
 
         self.stream_tokens(rid, ends, chunks(), lambda: self.replay(prompt, max_new))
-        resp.read()
 
     def replay(self, prompt: list[int], max_new: int) -> list[Any]:
-        """The whole greedy answer at once (the prompt cached): every token's id, those the stream withheld
-        too."""
-        got = self.json_call("POST", "/completion", greedy_body(prompt, max_new, False, True))
-        toks = got.get("tokens") if isinstance(got, dict) else None
-        if not isinstance(toks, list):
-            raise EngineError(f"/completion gave no tokens: {str(got)[:160]}")
-        return toks
+        """The whole greedy answer at once (the prompt cached), asked on after each end-of-generation token:
+        every token's id, those the stream withheld too."""
+        out: list[Any] = []
+        while len(out) < max_new:
+            got = self.json_call(
+                "POST", "/completion", greedy_body(prompt + out, max_new - len(out), False, True)
+            )
+            toks = got.get("tokens") if isinstance(got, dict) else None
+            if not isinstance(toks, list):
+                raise EngineError(f"/completion gave no tokens: {str(got)[:160]}")
+            out += toks
+            if got.get("stop_type") != "eos" or not toks:
+                break
+        return out
 
     def stream_tokens(
         self, rid: str, ends: bool, chunks: Iterator[tuple[list[Any], Any]], replay: Any

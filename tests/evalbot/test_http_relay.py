@@ -131,9 +131,9 @@ def test_chunk_tokens_pass_on_what_the_engine_sent_for_the_harness_to_check():
         http_relay.chunk_tokens({"tokens": 3})
 
 
-def test_the_greedy_body_asks_exactly_n_tokens_greedily_from_ids():
+def test_the_greedy_body_asks_n_tokens_greedily_from_ids_never_biasing_the_end_of_generation_away():
     body = http_relay.greedy_body([1, 2], 5, True, False)
-    assert body["prompt"] == [1, 2] and body["n_predict"] == 5 and body["ignore_eos"] is True
+    assert body["prompt"] == [1, 2] and body["n_predict"] == 5 and "ignore_eos" not in body
     assert body["top_k"] == 1 and body["samplers"] == ["top_k"] and body["return_tokens"] is True
 
 
@@ -328,3 +328,26 @@ def test_an_openai_server_that_never_gives_a_withheld_tokens_id_fails_saying_so(
     }
     stream = got["generate-token-stream"]
     assert not stream.passed and "a llama-server is llama-server/1" in (stream.failure or ""), stream.line()
+
+
+@pytest.mark.parametrize("split", ["0", "3"])
+def test_the_relay_gives_the_models_greedy_tokens_through_its_end_of_generation_tokens(tmp_path, split):
+    """llama-server's ignore_eos biases every end-of-generation token to -inf, so its tokens are no longer
+    the model's greedy ones (judging llama.cpp, the decode audit saw <|im_start|> where the model's argmax
+    was <|im_end|>, on main as on the PR: an INFRA_ERROR). The relay asks without it, and on after each
+    such token: the tokens are the greedy chain, the EOG tokens in it, streamed, whole and continued, and
+    though the stream also withholds some."""
+    eog = 69  # the third token of the chain after [5, 9, 2, 7]
+    p = starter(tmp_path, extra=("--eog", str(eog), "--split-utf8", split))()
+    try:
+        p.wait_ready(20)
+        prompt = [5, 9, 2, 7]
+        for stream in ("token", "ends"):
+            body = {"op": "generate", "prompt_ids": prompt, "max_new": 9}
+            got = p.request(body | ({"stream": "ends"} if stream == "ends" else {}), 20)
+            assert list(got.tokens) == _chain(prompt, 9) and eog in got.tokens, stream
+        p.request({"op": "prefill", "prompt_ids": prompt[:3]}, 20)
+        got = p.request({"op": "generate", "prompt_ids": prompt[3:], "max_new": 9, "continue": True}, 20)
+        assert list(got.tokens) == _chain(prompt, 9)
+    finally:
+        p.close()
