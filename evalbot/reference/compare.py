@@ -24,6 +24,7 @@ import numpy as np
 from evalbot.reference.record import emit, make_record
 
 LLAMA_LOGP_FLOOR = -16.0  # llama.cpp's cut-off for KL terms
+_MAX_TOP_K = 1024  # a row with all but at most this many ids at one floor value gives only its top K
 _ROW_CHUNK = 16  # rows per float64 block: 16 x 151936 x 8 B is about 19 MB per array
 
 
@@ -48,21 +49,44 @@ def compare_logprobs(ref: np.ndarray, test: np.ndarray, targets: np.ndarray) -> 
     kl_llama = np.empty(n)
     same_top = np.empty(n, dtype=bool)
     norm_err = np.empty((2, n))
+    lp_t = np.asarray(ref[np.arange(n), targets], dtype=np.float64)
+    lq_t = np.asarray(test[np.arange(n), targets], dtype=np.float64)
+    coarse = 0
     for s in range(0, n, _ROW_CHUNK):
         lp = np.asarray(ref[s : s + _ROW_CHUNK], dtype=np.float64)
         lq = np.asarray(test[s : s + _ROW_CHUNK], dtype=np.float64)
         p = np.exp(lp)
         # A zero-probability ref token contributes nothing, even where test is -inf too (no 0 * nan).
         terms = np.where(p > 0, p * (lp - lq), 0.0)
-        kl[s : s + _ROW_CHUNK] = terms.sum(axis=1)
-        kl_llama[s : s + _ROW_CHUNK] = np.where(lp > LLAMA_LOGP_FLOOR, terms, 0.0).sum(axis=1)
+        # A row that gives only its top K (an HTTP engine's n_probs) spreads the rest of its mass evenly over
+        # one floor value: there KL is taken over the K and one bucket of the rest, for both sides (the
+        # coarse-grained KL, a lower bound of the full one), and a target in the bucket gets its share.
+        bucket = lq == lq.min(axis=1, keepdims=True)
+        truncated = (
+            bucket.sum(axis=1) >= v - _MAX_TOP_K if v > 2 * _MAX_TOP_K else np.zeros(len(lq), dtype=bool)
+        )
+        if truncated.any():
+            p_b = np.where(bucket, p, 0.0).sum(axis=1)
+            q_b = bucket.sum(axis=1) * np.exp(lq.min(axis=1))
+            bucket_term = np.where(p_b > 0, p_b * (np.log(np.maximum(p_b, 1e-300)) - np.log(q_b)), 0.0)
+            terms = np.where(truncated[:, None] & bucket, 0.0, terms)
+            rows = np.flatnonzero(truncated)
+            for r in rows:
+                i = s + r
+                if bucket[r, targets[i]]:  # the target's share of the bucket, on both sides
+                    lp_t[i] = np.log(max(p_b[r], 1e-300)) - np.log(bucket[r].sum())
+                    lq_t[i] = np.log(q_b[r]) - np.log(bucket[r].sum())
+            coarse += len(rows)
+        else:
+            bucket_term = np.zeros(len(lp))
+        kl[s : s + _ROW_CHUNK] = terms.sum(axis=1) + np.where(truncated, bucket_term, 0.0)
+        kl_llama[s : s + _ROW_CHUNK] = np.where(lp > LLAMA_LOGP_FLOOR, terms, 0.0).sum(axis=1) + np.where(
+            truncated, bucket_term, 0.0
+        )
         same_top[s : s + _ROW_CHUNK] = lp.argmax(axis=1) == lq.argmax(axis=1)
         norm_err[0, s : s + _ROW_CHUNK] = np.abs(np.log(p.sum(axis=1)))
         norm_err[1, s : s + _ROW_CHUNK] = np.abs(np.log(np.exp(lq).sum(axis=1)))
 
-    rows = np.arange(n)
-    lp_t = np.asarray(ref[rows, targets], dtype=np.float64)
-    lq_t = np.asarray(test[rows, targets], dtype=np.float64)
     nll_ref, nll_test = -lp_t.mean(), -lq_t.mean()
     delta_p = np.exp(lq_t) - np.exp(lp_t)
     top = float(same_top.mean())
@@ -73,6 +97,7 @@ def compare_logprobs(ref: np.ndarray, test: np.ndarray, targets: np.ndarray) -> 
         "top1_agreement": top,
         "first_top1_mismatch": int(mismatches[0]) if mismatches.size else None,
         "kl_mean": float(kl.mean()),
+        "coarse_positions": coarse,  # rows of only the top K: KL over the K and one bucket of the rest
         # llama.cpp's uncertainty of the mean: the sample standard deviation over sqrt(n - 1)
         "kl_mean_err": float(kl.std() / math.sqrt(n - 1)) if n > 1 else 0.0,
         "kl_median": float(np.median(kl)),
