@@ -294,7 +294,9 @@ def test_the_wheel_carries_every_template_and_data_file_of_evalbot(tmp_path):
     }
     assert wanted and sorted(wanted - shipped) == []
     assert "evalbot/evaluate/gpu_probe.py" in shipped  # the GPU idle probe, run by its path
-    assert "evalbot/reference/llama.py" in shipped and "evalbot/reference/__main__.py" in shipped  # the reference
+    assert (
+        "evalbot/reference/llama.py" in shipped and "evalbot/reference/__main__.py" in shipped
+    )  # the reference
     # evalbot only (#38): a contest's own `engine` package is never shadowed by one the judge installed
     assert {n.split("/")[0].split("-")[0] for n in shipped} == {"evalbot"}, sorted(
         {n.split("/")[0] for n in shipped}

@@ -120,7 +120,9 @@ def write_rules(
     engine = (dest / "engine.yaml").read_text()
     assert engine.count("\nreference: evalbot\n") == 1, "the shipped engine.yaml changed: update write_rules"
     engine = engine.replace("\nreference: evalbot\n", "\nreference: main\n")
-    project = "\n  project: engine-dist\n"  # this repository's engine ships from there; the fixture's from its root
+    project = (
+        "\n  project: engine-dist\n"  # this repository's engine ships from there; the fixture's from its root
+    )
     assert engine.count(project) == 1, "the shipped engine.yaml changed: update write_rules"
     (dest / "engine.yaml").write_text(engine.replace(project, "\n"))
     # The no-regression tolerance scaled to the same noise: the shipped 0.98 is 2% against the fixture's CI

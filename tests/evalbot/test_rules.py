@@ -894,7 +894,9 @@ def test_the_engines_python_project_may_live_in_a_folder_of_the_tree(rules_dir):
     assert load_rules(rules_dir).engine.project == "py/engine"
     for bad in ("/opt/engine", "../elsewhere", "py/../../x", "/"):
         text = (rules_dir / "engine.yaml").read_text()
-        (rules_dir / "engine.yaml").write_text(text.replace("  project: ./py/engine/\n", f"  project: {bad}\n"))
+        (rules_dir / "engine.yaml").write_text(
+            text.replace("  project: ./py/engine/\n", f"  project: {bad}\n")
+        )
         err = str(load_error(rules_dir))
         assert "engine.build.project" in err and "relative folder inside the tree" in err, bad
         (rules_dir / "engine.yaml").write_text(text)
