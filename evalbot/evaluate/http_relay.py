@@ -326,6 +326,20 @@ class Relay:
             raise RequestError(f"{field}: every id must be an integer in [0, {self.vocab})")
         return v
 
+    def tokenize_body(self, text: str) -> dict[str, Any]:
+        return {"content": text, "add_special": False}
+
+    def tokenize(self, rid: str, req: dict[str, Any]) -> None:
+        """POST /tokenize (no special tokens), the ids cut at max_tokens."""
+        text, cap = req.get("text"), req.get("max_tokens")
+        if not isinstance(text, str) or not isinstance(cap, int) or cap < 1:
+            raise RequestError("tokenize: expected text (a string) and max_tokens (a positive integer)")
+        got = self.json_call("POST", "/tokenize", self.tokenize_body(text))
+        toks = got.get("tokens") if isinstance(got, dict) else None
+        if not isinstance(toks, list) or not all(isinstance(t, int) for t in toks):
+            raise EngineError(f"/tokenize gave no token ids: {str(got)[:160]}")
+        self.emit({"id": rid, "event": "done", "ids": toks[:cap]})
+
     def generate_args(self, req: dict[str, Any]) -> tuple[list[int], int]:
         """A generate's prompt ids and max_new, checked."""
         ids = self.ids(req, "prompt_ids")
@@ -356,14 +370,7 @@ class Relay:
         elif op == "generate":
             self.generate(rid, req, prefilled)
         elif op == "tokenize":
-            text, cap = req.get("text"), req.get("max_tokens")
-            if not isinstance(text, str) or not isinstance(cap, int) or cap < 1:
-                raise RequestError("tokenize: expected text (a string) and max_tokens (a positive integer)")
-            got = self.json_call("POST", "/tokenize", {"content": text, "add_special": False})
-            toks = got.get("tokens") if isinstance(got, dict) else None
-            if not isinstance(toks, list) or not all(isinstance(t, int) for t in toks):
-                raise EngineError(f"/tokenize gave no token ids: {str(got)[:160]}")
-            self.emit({"id": rid, "event": "done", "ids": toks[:cap]})
+            self.tokenize(rid, req)
         elif op == "score":
             self.score(rid, req)
         else:
@@ -517,21 +524,17 @@ class OpenAIRelay(Relay):
             }
         )
 
+    def tokenize_body(self, text: str) -> dict[str, Any]:
+        """vLLM's fields and llama-server's (each ignores the other's)."""
+        return {"model": self.model, "prompt": text, "add_special_tokens": False, "content": text,
+                "add_special": False}  # fmt: skip
+
     def answer(self, req: dict[str, Any]) -> None:
         rid, op = req["id"], req.get("op")
         if op == "generate":
             self.generate(rid, req, None)
         elif op == "tokenize":
-            text, cap = req.get("text"), req.get("max_tokens")
-            if not isinstance(text, str) or not isinstance(cap, int) or cap < 1:
-                raise RequestError("tokenize: expected text (a string) and max_tokens (a positive integer)")
-            body = {"model": self.model, "prompt": text, "add_special_tokens": False, "content": text,
-                    "add_special": False}  # fmt: skip
-            got = self.json_call("POST", "/tokenize", body)
-            toks = got.get("tokens") if isinstance(got, dict) else None
-            if not isinstance(toks, list) or not all(isinstance(t, int) for t in toks):
-                raise EngineError(f"/tokenize gave no token ids: {str(got)[:160]}")
-            self.emit({"id": rid, "event": "done", "ids": toks[:cap]})
+            self.tokenize(rid, req)
         elif op == "score":
             self.score(rid, req)
         else:
