@@ -18,6 +18,8 @@ import sys
 from datetime import date
 from pathlib import Path
 
+CORPUS = Path(__file__).resolve().parents[1] / "engine" / "data" / "corpus.txt"
+
 
 def run(module: str, model: str, ctx: int, gen: int, threads: int) -> dict:
     cmd = [
@@ -36,6 +38,8 @@ def run(module: str, model: str, ctx: int, gen: int, threads: int) -> dict:
         "--threads",
         str(threads),
     ]
+    if module == "evalbot.reference":  # the same text the engine tiles into its context
+        cmd += ["--text-file", str(CORPUS)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
@@ -60,7 +64,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
-    sides = {"evalbot engine (fp32 torch)": "engine", "llama-cpp-python": "engine.reference"}
+    sides = {"evalbot engine (fp32 torch)": "engine", "llama-cpp-python": "evalbot.reference"}
     results: dict[tuple[str, int], list[dict]] = {}
     for ctx in args.ctx:
         for r in range(args.rounds):
