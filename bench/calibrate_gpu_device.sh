@@ -17,6 +17,12 @@
 # i-th on vCPUs 2+2i,3+2i with its own state and work dirs (calib_i.json, calib_i.log): N A/A runs in one call,
 # each a 2-core box with tenants beside it (their quiet check then counts the other runs' cores as its own
 # limit allows: max_other_cores 2N). CPU_SLICE_S overrides the cpu profile's measurement.slice_s.
+# CPU_JOBS (PROFILE=cpu) names each slot's job instead, one word a slot, `aa` or `gain`, each with an optional
+# `:SLICE_S` (e.g. "aa:0.1 aa:0.25 gain:0.1 gain:0.25"; PARALLEL is then the number of words): `aa` is one
+# A/A calibration, `gain` one `evaluate` of a genuine bit-identical decode gain of about 1.6% (a main that
+# scores GAIN_ROWS (8832) of the output matrix's rows again at every decode step, demo/cpu-redundant-logits.patch
+# with fewer rows, and a PR that takes that out again). Slots at different turn lengths then meet the same
+# host at the same time. Every slot's JSON and log go into $OUT/slots.tgz (the device returns few files).
 #
 # Knobs (env): SHAPE (qwen3-8b), CTXS ("4096 16384"), PAIRS_PER_BLOCK (8), MIN_BLOCKS (4), MAX_PAIRS (32),
 # RUNS (1), DECODE (128), DEVICE (cuda; cpu for a dry run of the script), STREAM (ends), SYNTH_K (16), WARM (1: untimed requests per context and side a block), BUDGET (seconds the command may take, default 540).
@@ -38,7 +44,11 @@ WARM=${WARM:-1}
 PROFILE=${PROFILE:-gpu}
 CPU_SHAPE=${CPU_SHAPE:-qwen2.5-0.5b}
 CPUS=${CPUS:-2,3}
+CPU_BASE=${CPU_BASE:-2}  # the first vCPU of the parallel slots (slot i: CPU_BASE+2i and the next)
 PARALLEL=${PARALLEL:-1}
+CPU_JOBS=${CPU_JOBS:-}
+GAIN_ROWS=${GAIN_ROWS:-8832}
+[ -n "$CPU_JOBS" ] && PARALLEL=$(wc -w <<< "$CPU_JOBS")
 T0=$(date +%s)
 
 # into the interpreter's own environment: the builds' venvs see it through --system-site-packages (a
@@ -112,6 +122,17 @@ export GIT_AUTHOR_NAME=x GIT_AUTHOR_EMAIL=x@x GIT_COMMITTER_NAME=x GIT_COMMITTER
 # workflow: the narrowed rules are main's own (the workflow reads the rules of base_sha's checkout)
 [ "$MODE" = workflow ] && cp /tmp/rules/profiles.yaml /tmp/rules/models.yaml rules/
 git init -q && git add -A && git commit -qm snapshot && git branch -M main && echo "repo $(git rev-parse --short HEAD)"
+if [[ " $CPU_JOBS" == *" gain"* ]]; then
+  # the PR descends from main (the harness measures the PR merged into main): main carries the redundant
+  # rows, the PR is their revert
+  WS=$PWD && rm -rf /tmp/gainrepo && git clone -q . /tmp/gainrepo && (cd /tmp/gainrepo &&
+    git apply "$WS/demo/cpu-redundant-logits.patch" &&
+    sed -i "s/^HINT_ROWS = 16384 /HINT_ROWS = $GAIN_ROWS /" engine/model.py && grep -q "^HINT_ROWS = $GAIN_ROWS " engine/model.py &&
+    git commit -qam "main: the output matrix's first $GAIN_ROWS rows scored again, unused, at every decode step" &&
+    git checkout -q -b pr && git revert --no-edit HEAD > /dev/null && git checkout -q main &&
+    ! git diff --quiet main pr) || { echo "gain: could not make the PR"; exit 1; }
+  echo "gain: main scores $GAIN_ROWS rows again a decode step; pr takes them out"
+fi
 if [ "$MODE" = synthetic ] || [ "$MODE" = workflow ]; then
   # the PR must descend from main: the harness measures the PR merged into main, and a PR branch that
   # main already contains merges to main itself (an A/A)
@@ -169,13 +190,32 @@ PY
   cp "$out"/* "$OUT/" 2>/dev/null
   grep -v " pair " "$OUT/workflow.log" | tail -30; cat "$out/report.md" 2>/dev/null | head -60
 elif [ "$PROFILE" = cpu ] && [ "$PARALLEL" -gt 1 ]; then
-  for i in $(seq 0 $((PARALLEL - 1))); do
-    (timeout "$LEFT" taskset -c "$((2 + 2 * i)),$((3 + 2 * i))" python3 -m evalbot calibrate --repo . --rev HEAD --runs "$RUNS" \
-      --profile cpu --rules /tmp/rules --no-spec --no-accuracy $SANDBOX --state "/tmp/state_$i.db" --work-dir "/tmp/work_$i" \
-      --box h200 --json > "$OUT/calib_$i.json" 2> "$OUT/calib_$i.log"; echo "calibrate $i exit $?") &
+  jobs=($CPU_JOBS) && [ ${#jobs[@]} -eq 0 ] && for i in $(seq 1 "$PARALLEL"); do jobs+=(aa); done
+  mkdir -p /tmp/slots
+  for i in "${!jobs[@]}"; do
+    kind=${jobs[$i]%%:*} && slice=${jobs[$i]#"$kind"} && slice=${slice#:}
+    rules=/tmp/rules && if [ -n "$slice" ]; then
+      rules=/tmp/rules_$i && cp -r /tmp/rules "$rules" && sed -i "/^cpu:/,\$ s/slice_s: [0-9.]*/slice_s: $slice/" "$rules/profiles.yaml"
+    fi
+    cpus="$((CPU_BASE + 2 * i)),$((CPU_BASE + 1 + 2 * i))"
+    echo "slot $i: $kind, slice_s $(sed -n '/^cpu:/,$ s/.*slice_s: \([0-9.]*\).*/\1/p' "$rules/profiles.yaml"), vCPUs $cpus" | tee -a /tmp/slots/slots.txt
+    if [ "$kind" = gain ]; then
+      (timeout "$LEFT" taskset -c "$cpus" python3 -m evalbot evaluate --repo /tmp/gainrepo --base main --head pr --profile cpu \
+        --rules "$rules" --no-spec --no-accuracy $SANDBOX --out "/tmp/eval_$i" --work-dir "/tmp/work_$i" --seed "$i" \
+        > "/tmp/slots/gain_$i.log" 2>&1; echo "gain $i exit $?"; cp "/tmp/eval_$i/result.json" "/tmp/slots/gain_$i.json" 2>/dev/null) &
+    else
+      (timeout "$LEFT" taskset -c "$cpus" python3 -m evalbot calibrate --repo . --rev HEAD --runs "$RUNS" \
+        --profile cpu --rules "$rules" --no-spec --no-accuracy $SANDBOX --state "/tmp/state_$i.db" --work-dir "/tmp/work_$i" \
+        --box h200 --json > "/tmp/slots/calib_$i.json" 2> "/tmp/slots/calib_$i.log"; echo "calibrate $i exit $?") &
+    fi
   done
   wait
-  for i in $(seq 0 $((PARALLEL - 1))); do grep -E "over [0-9]+ blocks|INCONCLUSIVE|PASS|REJECT|error" "$OUT/calib_$i.log" | tail -6; done
+  lscpu > /tmp/slots/lscpu.txt 2>&1
+  tar czf "$OUT/slots.tgz" -C /tmp/slots .
+  for i in "${!jobs[@]}"; do
+    echo "--- slot $i (${jobs[$i]})"
+    grep -hE "over [0-9]+ blocks|INCONCLUSIVE|PASS|REJECT|error|ctx [0-9]+.*x \[" /tmp/slots/calib_$i.log /tmp/slots/gain_$i.log 2>/dev/null | grep -v " pair " | tail -8
+  done
 else
   pin=() && [ "$PROFILE" = cpu ] && pin=(taskset -c "$CPUS")
   timeout "$LEFT" "${pin[@]}" python3 -m evalbot calibrate --repo . --rev HEAD --runs "$RUNS" --profile "$PROFILE" --rules /tmp/rules \
