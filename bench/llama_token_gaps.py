@@ -1,42 +1,103 @@
-import http.client, json, random, statistics, subprocess, sys, time, os, socket
-S, M = sys.argv[1], sys.argv[2]
-pin = sys.argv[3] if len(sys.argv) > 3 else None
-with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-argv = [S, "--host", "127.0.0.1", "--port", str(port), "-m", M, "-c", "1100", "-np", "1", "-t", "1", "-tb", "1", "--no-webui"]
-if pin: argv = ["taskset", "-c", pin] + argv
-p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-def post(body, stream=False):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    c.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
-    return c.getresponse()
-for _ in range(200):
+"""llama-server's decode token by token (#38): one server (one thread, pinned to a vCPU), 30 streamed
+continuations of random prompts of CTX tokens (the prompt prefilled untimed first), each token's arrival
+time kept; per request the gaps between tokens, the server's page faults and the vCPU's steal. Slow spells
+that span tokens, stalls of one token, faults and steal then each show for what they are.
+
+    CTX=512 python bench/llama_token_gaps.py <build>/bin/llama-server qwen2.5-coder-0.5b.gguf [VCPU]
+
+Nothing else may run on the box meanwhile. Standard library only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    server, model = sys.argv[1], sys.argv[2]
+    cpu = sys.argv[3] if len(sys.argv) > 3 else "1"
+    ctx = int(os.environ.get("CTX", "128"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [
+        "taskset",
+        "-c",
+        cpu,
+        server,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-m",
+        model,
+        "-c",
+        str(2 * ctx + 64),
+        "-np",
+        "1",
+        "-t",
+        "1",
+        "-tb",
+        "1",
+        "--no-webui",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def post(body: dict) -> http.client.HTTPResponse:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        c.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+        return c.getresponse()
+
+    def counters() -> tuple[int, int, int]:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        vcpu = next(
+            line for line in Path("/proc/stat").read_text().splitlines() if line.startswith(f"cpu{cpu} ")
+        ).split()
+        return int(stat[7]), int(stat[9]), int(vcpu[8])  # minflt, majflt, steal (jiffies)
+
     try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=2); c.request("GET", "/health")
-        if c.getresponse().status == 200: break
-    except OSError: pass
-    time.sleep(0.1)
-rng = random.Random(3)
-reqs = []
-for k in range(30):
-    prompt = [rng.randrange(200, 30000) for _ in range(int(os.environ.get("CTX", 128)))]
-    post({"prompt": prompt, "n_predict": 0, "cache_prompt": True}).read()
-    r = post({"prompt": prompt, "n_predict": 24, "top_k": 1, "cache_prompt": True, "stream": True, "return_tokens": True})
-    ts = []
-    def flt():
-        f = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
-        st = [l for l in open("/proc/stat") if l.startswith("cpu1 ")][0].split()
-        return int(f[7]), int(f[9]), int(st[8])
-    f0 = flt()
-    for line in r:
-        if line.startswith(b"data: "):
-            ts.append(time.perf_counter())
-    f1 = flt()
-    print("minflt", f1[0]-f0[0], "majflt", f1[1]-f0[1], "steal_cpu1_jiffies", f1[2]-f0[2])
-    gaps = [1000*(b-a) for a, b in zip(ts, ts[1:])]
-    reqs.append(gaps)
-    print(" ".join(f"{g:.0f}" for g in gaps)); print(f"req {k}: total {sum(gaps):.0f} ms, median gap {statistics.median(gaps):.1f}, min {min(gaps):.1f}, max {max(gaps):.1f}", flush=True)
-p.terminate()
-tot = [sum(g) for g in reqs]
-print("total sd %.2f%%" % (100*statistics.stdev(tot)/statistics.mean(tot)))
-meds = [statistics.median(g) for g in reqs]
-print("median-gap sd %.2f%%" % (100*statistics.stdev(meds)/statistics.mean(meds)))
+        for _ in range(300):
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        rng = random.Random(3)
+        totals = []
+        for k in range(30):
+            prompt = [rng.randrange(200, 30000) for _ in range(ctx)]
+            post({"prompt": prompt, "n_predict": 0, "cache_prompt": True}).read()
+            before = counters()
+            r = post({"prompt": prompt, "n_predict": 24, "top_k": 1, "cache_prompt": True, "stream": True})
+            arrived = [time.perf_counter() for line in r if line.startswith(b"data: ")]
+            after = counters()
+            gaps = [1000 * (b - a) for a, b in itertools.pairwise(arrived)]
+            totals.append(sum(gaps))
+            print(" ".join(f"{g:.0f}" for g in gaps))
+            print(
+                f"req {k}: total {sum(gaps):.0f} ms, median gap {statistics.median(gaps):.1f}, "
+                f"max {max(gaps):.1f}; minflt {after[0] - before[0]} majflt {after[1] - before[1]} "
+                f"steal {after[2] - before[2]} jiffies",
+                flush=True,
+            )
+        print(f"request total sd {100 * statistics.stdev(totals) / statistics.mean(totals):.2f}%")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+if __name__ == "__main__":
+    main()

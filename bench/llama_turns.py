@@ -56,12 +56,29 @@ def task_cpu_ns(pid: int) -> dict[str, int]:
 class Server:
     def __init__(self, binary: str, model: str, ctx: int, cpu: int | None):
         self.port = free_port()
-        argv = [binary, "--host", "127.0.0.1", "--port", str(self.port), "-m", model, "-c", str(ctx),
-                "-np", "1", "-t", "1", "-tb", "1", "--no-webui"]
+        argv = [
+            binary,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-m",
+            model,
+            "-c",
+            str(ctx),
+            "-np",
+            "1",
+            "-t",
+            "1",
+            "-tb",
+            "1",
+            "--no-webui",
+        ]
         if cpu is not None:
             argv = ["taskset", "-c", str(cpu), *argv]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -98,8 +115,16 @@ class Server:
 
 
 def body(prompt: list[int], n: int) -> dict:
-    return {"prompt": prompt, "n_predict": n, "top_k": 1, "temperature": 0, "cache_prompt": True,
-            "stream": False, "return_tokens": True, "ignore_eos": True}
+    return {
+        "prompt": prompt,
+        "n_predict": n,
+        "top_k": 1,
+        "temperature": 0,
+        "cache_prompt": True,
+        "stream": False,
+        "return_tokens": True,
+        "ignore_eos": True,
+    }
 
 
 def timed_pair(servers: list[Server], prompt: list[int], tokens: int, slice_s: float) -> list[dict]:
@@ -146,16 +171,20 @@ def timed_pair(servers: list[Server], prompt: list[int], tokens: int, slice_s: f
     for i, r in enumerate(results):
         assert r is not None
         t = r.get("timings", {})
-        threads_ns = {k: after[i][k] - before[i].get(k, 0) for k in after[i] if after[i][k] - before[i].get(k, 0) > 0}
-        out.append({
-            "wall_s": active[i],
-            "cpu_s": sum(threads_ns.values()) / 1e9,
-            "server_s": (t.get("predicted_ms", 0) + t.get("prompt_ms", 0)) / 1e3,
-            "predicted_ms": t.get("predicted_ms"),
-            "prompt_n": t.get("prompt_n"),
-            "predicted_n": t.get("predicted_n"),
-            "threads_s": {k: v / 1e9 for k, v in sorted(threads_ns.items(), key=lambda kv: -kv[1])[:6]},
-        })
+        threads_ns = {
+            k: after[i][k] - before[i].get(k, 0) for k in after[i] if after[i][k] - before[i].get(k, 0) > 0
+        }
+        out.append(
+            {
+                "wall_s": active[i],
+                "cpu_s": sum(threads_ns.values()) / 1e9,
+                "server_s": (t.get("predicted_ms", 0) + t.get("prompt_ms", 0)) / 1e3,
+                "predicted_ms": t.get("predicted_ms"),
+                "prompt_n": t.get("prompt_n"),
+                "predicted_n": t.get("predicted_n"),
+                "threads_s": {k: v / 1e9 for k, v in sorted(threads_ns.items(), key=lambda kv: -kv[1])[:6]},
+            }
+        )
     return out
 
 
@@ -163,8 +192,12 @@ def spread(pairs: list[list[dict]], key: str) -> dict[str, float]:
     lr = [math.log(p[0][key] / p[1][key]) for p in pairs if p[0][key] and p[1][key]]
     med = statistics.median(lr)
     mad = statistics.median(abs(x - med) for x in lr)
-    return {"sd_pct": 100 * statistics.stdev(lr), "robust_sd_pct": 100 * 1.4826 * mad,
-            "mean_pct": 100 * statistics.fmean(lr), "max_abs_pct": 100 * max(abs(x) for x in lr)}
+    return {
+        "sd_pct": 100 * statistics.stdev(lr),
+        "robust_sd_pct": 100 * 1.4826 * mad,
+        "mean_pct": 100 * statistics.fmean(lr),
+        "max_abs_pct": 100 * max(abs(x) for x in lr),
+    }
 
 
 def main() -> None:
@@ -181,8 +214,10 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    servers = [Server(a.server, a.model, 2 * a.ctx + 64, 0 if a.pin else None),
-               Server(a.server_b or a.server, a.model, 2 * a.ctx + 64, 1 if a.pin else None)]
+    servers = [
+        Server(a.server, a.model, 2 * a.ctx + 64, 0 if a.pin else None),
+        Server(a.server_b or a.server, a.model, 2 * a.ctx + 64, 1 if a.pin else None),
+    ]
     pairs = []
     try:
         for k in range(a.pairs):
@@ -191,16 +226,24 @@ def main() -> None:
             got = timed_pair(order, prompt, a.tokens, a.slice)
             got = got if k % 2 == 0 else got[::-1]
             pairs.append(got)
-            print(f"pair {k}: " + "  ".join(
-                f"{'AB'[i]} wall {g['wall_s']:.3f} cpu {g['cpu_s']:.3f} server {g['server_s']:.3f} "
-                f"prompt_n {g['prompt_n']}" for i, g in enumerate(got)), flush=True)
+            print(
+                f"pair {k}: "
+                + "  ".join(
+                    f"{'AB'[i]} wall {g['wall_s']:.3f} cpu {g['cpu_s']:.3f} server {g['server_s']:.3f} "
+                    f"prompt_n {g['prompt_n']}"
+                    for i, g in enumerate(got)
+                ),
+                flush=True,
+            )
     finally:
         for s in servers:
             s.close()
     summary = {k: spread(pairs, k) for k in ("wall_s", "cpu_s", "server_s")}
     for k, v in summary.items():
-        print(f"{k}: pair sd {v['sd_pct']:.2f}% (robust {v['robust_sd_pct']:.2f}%), mean {v['mean_pct']:+.2f}%, "
-              f"largest {v['max_abs_pct']:.1f}%")
+        print(
+            f"{k}: pair sd {v['sd_pct']:.2f}% (robust {v['robust_sd_pct']:.2f}%), mean {v['mean_pct']:+.2f}%, "
+            f"largest {v['max_abs_pct']:.1f}%"
+        )
     Path(a.out).write_text(json.dumps({"args": vars(a), "pairs": pairs, "summary": summary}, indent=1))
 
 
