@@ -191,7 +191,7 @@ PY
   grep -v " pair " "$OUT/workflow.log" | tail -30; cat "$out/report.md" 2>/dev/null | head -60
 elif [ "$PROFILE" = cpu ] && [ "$PARALLEL" -gt 1 ]; then
   jobs=($CPU_JOBS) && [ ${#jobs[@]} -eq 0 ] && for i in $(seq 1 "$PARALLEL"); do jobs+=(aa); done
-  mkdir -p /tmp/slots
+  rm -rf /tmp/slots && mkdir -p /tmp/slots  # a warm machine keeps the last call's
   for i in "${!jobs[@]}"; do
     kind=${jobs[$i]%%:*} && slice=${jobs[$i]#"$kind"} && slice=${slice#:}
     rules=/tmp/rules && if [ -n "$slice" ]; then
