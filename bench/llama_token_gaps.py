@@ -15,43 +15,20 @@ import itertools
 import json
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from llama_turns import Server  # bench/ is the script's path
 
 
 def main() -> None:
     server, model = sys.argv[1], sys.argv[2]
     cpu = sys.argv[3] if len(sys.argv) > 3 else "1"
     ctx = int(os.environ.get("CTX", "128"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [
-        "taskset",
-        "-c",
-        cpu,
-        server,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "-m",
-        model,
-        "-c",
-        str(2 * ctx + 64),
-        "-np",
-        "1",
-        "-t",
-        "1",
-        "-tb",
-        "1",
-        "--no-webui",
-    ]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = Server(server, model, 2 * ctx + 64, int(cpu))  # started, pinned, healthy
+    proc, port = srv.proc, srv.port
 
     def post(body: dict) -> http.client.HTTPResponse:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -66,15 +43,6 @@ def main() -> None:
         return int(stat[7]), int(stat[9]), int(vcpu[8])  # minflt, majflt, steal (jiffies)
 
     try:
-        for _ in range(300):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
         rng = random.Random(3)
         totals = []
         for k in range(30):
@@ -95,8 +63,7 @@ def main() -> None:
             )
         print(f"request total sd {100 * statistics.stdev(totals) / statistics.mean(totals):.2f}%")
     finally:
-        proc.terminate()
-        proc.wait(10)
+        srv.close()
 
 
 if __name__ == "__main__":
