@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from evalbot.model import UTILIZATION_METRIC
 from evalbot.policy.sensitive_paths import harness_hits
 from evalbot.rules import Rules, default_rules_dir, load_rules
 from tests.evalbot.test_rules import tier_for_ci_low
@@ -871,10 +872,17 @@ def test_a_busy_thread_in_the_head_cannot_slow_main(lab: Lab):
     control = evaluate(lab, "speedup", "--no-spec", "--no-accuracy", "--max-pairs", "8")
     run = evaluate(lab, "busy-thread", "--no-spec", "--no-accuracy", "--max-pairs", "8")
     assert run.measurements["failures"] == [], run.measurements["failures"]
-    # two spinning threads on a 2-core box halve main when they run; a shared CI box drifts ~10-20%
+    # Two spinning threads beside main's one on a 2-core box leave main 2/3 of its core: its CPU seconds
+    # per wall second (measured in the same run, so the box's drift cancels) fall to ~0.67, and its rate to
+    # about half. Main's own share is the sharp check; the rate against the control run, an evaluation
+    # earlier, only catches the halving (the box drifted 30% between two runs once, 2026-12-07).
+    share = {e["context"]: e for e in run.verdict["estimates"] if e["metric"] == UTILIZATION_METRIC}
     for ctx, e in run.decode_estimates().items():
+        assert share[ctx]["base_median"] > 0.85, (
+            f"ctx {ctx}: main ran {share[ctx]['base_median']:.2f} of its wall"
+        )
         base = control.decode_estimates()[ctx]["base_median"]
-        assert e["base_median"] > 0.7 * base, (
+        assert e["base_median"] > 0.55 * base, (
             f"ctx {ctx}: main at {e['base_median']:.2f} tok/s, {base:.2f} before"
         )
     _assert_no_fabricated_gain(run)
