@@ -135,7 +135,6 @@ def timed_pair(servers: list[Server], prompt: list[int], tokens: int, slice_s: f
     for s in servers:
         s.complete(body(prompt, 0))
     results: list[dict | None] = [None] * len(servers)
-    threads = []
     for s in servers:
         s.stop()
     before = [task_cpu_ns(s.proc.pid) for s in servers]
@@ -144,20 +143,18 @@ def timed_pair(servers: list[Server], prompt: list[int], tokens: int, slice_s: f
     def ask(i: int) -> None:
         results[i] = servers[i].complete(body([*prompt, first[i]], tokens))
 
+    # the harness's schedule.run_sliced, over plain HTTP servers (it drives evalbot.serve/1 processes)
+    threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(len(servers))]
     turn = 0
     while any(r is None for r in results):
         i = turn % len(servers)
         turn += 1
         if results[i] is not None:
             continue
-        if len(threads) <= i:
-            threads.append(threading.Thread(target=ask, args=(i,), daemon=True))
-            servers[i].cont()
-            t0 = time.monotonic()
+        servers[i].cont()
+        t0 = time.monotonic()
+        if threads[i].ident is None:  # its request goes out at its first turn
             threads[i].start()
-        else:
-            servers[i].cont()
-            t0 = time.monotonic()
         last = sum(r is None for r in results) == 1
         end = None if (last or slice_s <= 0) else t0 + slice_s
         while results[i] is None and (end is None or time.monotonic() < end):
