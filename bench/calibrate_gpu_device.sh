@@ -18,7 +18,8 @@
 # each a 2-core box with tenants beside it (their quiet check then counts the other runs' cores as its own
 # limit allows: max_other_cores 2N). CPU_SLICE_S overrides the cpu profile's measurement.slice_s.
 # CPU_JOBS (PROFILE=cpu) names each slot's job instead, one word a slot, `aa` or `gain`, each with an optional
-# `:SLICE_S` (e.g. "aa:0.1 aa:0.25 gain:0.1 gain:0.25"; PARALLEL is then the number of words): `aa` is one
+# `:SLICE_S` and an optional `:pin` last (both engines pinned to the slot's second vCPU, measurement.pin), e.g.
+# "aa:0.1 aa:0.1:pin gain:0.1 gain:0.1:pin" (PARALLEL is then the number of words): `aa` is one
 # A/A calibration, `gain` one `evaluate` of a genuine bit-identical decode gain of about 1.6% (a main that
 # scores GAIN_ROWS (8832) of the output matrix's rows again at every decode step, demo/cpu-redundant-logits.patch
 # with fewer rows, and a PR that takes that out again). Slots at different turn lengths then meet the same
@@ -193,12 +194,14 @@ elif [ "$PROFILE" = cpu ] && [ "$PARALLEL" -gt 1 ]; then
   jobs=($CPU_JOBS) && [ ${#jobs[@]} -eq 0 ] && for i in $(seq 1 "$PARALLEL"); do jobs+=(aa); done
   rm -rf /tmp/slots && mkdir -p /tmp/slots  # a warm machine keeps the last call's
   for i in "${!jobs[@]}"; do
-    kind=${jobs[$i]%%:*} && slice=${jobs[$i]#"$kind"} && slice=${slice#:}
-    rules=/tmp/rules && if [ -n "$slice" ]; then
-      rules=/tmp/rules_$i && cp -r /tmp/rules "$rules" && sed -i "/^cpu:/,\$ s/slice_s: [0-9.]*/slice_s: $slice/" "$rules/profiles.yaml"
-    fi
+    job=${jobs[$i]} && pin=no && [[ "$job" == *:pin ]] && pin=yes && job=${job%:pin}
+    kind=${job%%:*} && slice=${job#"$kind"} && slice=${slice#:}
+    rules=/tmp/rules_$i && rm -rf "$rules" && cp -r /tmp/rules "$rules"
+    [ -n "$slice" ] && sed -i "/^cpu:/,\$ s/slice_s: [0-9.]*/slice_s: $slice/" "$rules/profiles.yaml"
+    [ "$pin" = yes ] && sed -i "/^cpu:/,\$ s/^    threads: 1$/    threads: 1\n    pin: true/" "$rules/profiles.yaml"
+    [ "$pin" = no ] && sed -i "/^cpu:/,\$ s/^    pin: true$/    pin: false/" "$rules/profiles.yaml"
     cpus="$((CPU_BASE + 2 * i)),$((CPU_BASE + 1 + 2 * i))"
-    echo "slot $i: $kind, slice_s $(sed -n '/^cpu:/,$ s/.*slice_s: \([0-9.]*\).*/\1/p' "$rules/profiles.yaml"), vCPUs $cpus" | tee -a /tmp/slots/slots.txt
+    echo "slot $i: $kind, slice_s $(sed -n '/^cpu:/,$ s/.*slice_s: \([0-9.]*\).*/\1/p' "$rules/profiles.yaml"), pin $(sed -n '/^cpu:/,$ s/^    pin: \(.*\)$/\1/p' "$rules/profiles.yaml"), vCPUs $cpus" | tee -a /tmp/slots/slots.txt
     if [ "$kind" = gain ]; then
       (timeout "$LEFT" taskset -c "$cpus" python3 -m evalbot evaluate --repo /tmp/gainrepo --base main --head pr --profile cpu \
         --rules "$rules" --no-spec --no-accuracy $SANDBOX --out "/tmp/eval_$i" --work-dir "/tmp/work_$i" --seed "$i" \

@@ -207,14 +207,20 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=16)
     ap.add_argument("--slice", type=float, default=0.25)
     ap.add_argument("--pin", action="store_true", help="server A on vCPU 0, B on vCPU 1")
+    ap.add_argument("--same-cpu", type=int, help="both servers on this vCPU, this script on the others")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     rng = random.Random(a.seed)
+    cpus = (0, 1) if a.pin else (a.same_cpu, a.same_cpu)
     servers = [
-        Server(a.server, a.model, 2 * a.ctx + 64, 0 if a.pin else None),
-        Server(a.server_b or a.server, a.model, 2 * a.ctx + 64, 1 if a.pin else None),
+        Server(a.server, a.model, 2 * a.ctx + 64, cpus[0]),
+        Server(a.server_b or a.server, a.model, 2 * a.ctx + 64, cpus[1]),
     ]
+    if a.same_cpu is not None:  # every thread of this script off the servers' vCPU
+        rest = os.sched_getaffinity(0) - {a.same_cpu}
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(tid), rest)
     pairs = []
     try:
         for k in range(a.pairs):

@@ -49,6 +49,7 @@ def start_block(
     base_first: bool = True,
     parallel: bool = False,
     threads: int | None = None,
+    pin: frozenset[int] = frozenset(),
 ) -> dict[Side, ServedProcess]:
     """A fresh serving process per side, main launched first when `base_first`, else the PR; both are frozen
     once both are ready. Serial (the default): the second launches once the first is ready, and the first
@@ -61,7 +62,7 @@ def start_block(
     With `threads` (the profile's per-engine count), a side whose process tree used more CPU than its
     allowance (`load_overuse`) from its launch until both were ready fails: checked once both are ready,
     and when main fails to start, the PR's use is checked first (a PR that starved main's load is blamed,
-    not main)."""
+    not main). With `pin`, both are held to those CPUs once both are ready (module pinning)."""
     procs: dict[Side, ServedProcess] = {}
     launched: dict[Side, float] = {}
     order = (Side.BASE, Side.HEAD) if base_first else (Side.HEAD, Side.BASE)
@@ -91,6 +92,11 @@ def start_block(
                 f"the PR's engine names a vocabulary of {vocab.get(Side.HEAD)} tokens, main's of "
                 f"{vocab.get(Side.BASE)}: the same model has one",
             )
+        for side, p in procs.items() if pin else ():
+            try:
+                p.pin(pin)
+            except ServeError as exc:
+                raise SideError(side, exc.stage, str(exc), exc.tail) from exc
         for p in procs.values():
             p.freeze(drain=False)
         _drain_device(procs)

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from evalbot.evaluate import box, schedule
+from evalbot.evaluate import box, pinning, schedule
 from evalbot.evaluate.ab_block import Launch, Log, close, start_block, warm
 from evalbot.evaluate.ab_design import allocate, design
 from evalbot.evaluate.ab_samples import Prompts, Run, Sample, SideError, estimates, pairs_at
@@ -88,6 +88,9 @@ def measure(
     gpu = profile.device == "cuda"
     contexts = [c.ctx for c in profile.contexts]
     run = Run()
+    pin = pinning.engine_cpus(pinning.usable_cpus(), m.threads) if m.pin and m.threads else frozenset()
+    if pin:
+        log(f"both engines pinned to CPU {pinning.format_cpu_list(pin)} once ready, the harness on the rest")
     start = time.monotonic()
     while True:
         block = run.blocks
@@ -96,7 +99,7 @@ def measure(
             {"block": block + 1, "waited_s": round(waited, 1), **before.as_record(), **box.state()}
         )
         base_first = block % 2 == 0
-        procs = start_block(launch, ready_timeout_s, log, base_first, m.start == "parallel", m.threads)
+        procs = start_block(launch, ready_timeout_s, log, base_first, m.start == "parallel", m.threads, pin)
         run.ready = {s.value: p.ready for s, p in procs.items()}
         counts = allocate(run.samples, contexts, per_block, cap)
         try:

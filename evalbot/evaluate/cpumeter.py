@@ -81,6 +81,17 @@ class CgroupMeter:
         self.cap_cores = cores
         return True
 
+    def pin(self, cpus: str) -> bool:
+        """Hold every task of the cgroup to `cpus` (a kernel CPU list) by cgroup v2's cpuset, which nothing
+        inside can widen; False where the cpuset controller does not reach this cgroup."""
+        try:
+            if self.version == 2 and "cpuset" in (self.path / "cgroup.controllers").read_text().split():
+                (self.path / "cpuset.cpus").write_text(cpus)
+                return True
+        except OSError:
+            pass
+        return False
+
     def read_ns(self) -> int:
         """CPU nanoseconds used in the cgroup so far."""
         if self.version == 1:
@@ -168,6 +179,10 @@ class TreeMeter:
 
     def cap(self, cores: float, root: Path = CGROUP_ROOT) -> bool:
         """No cgroup: nothing to cap with (the harness checks each request's CPU instead)."""
+        return False
+
+    def pin(self, cpus: str) -> bool:
+        """No cgroup: no cpuset (the harness checks each task's affinity instead)."""
         return False
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from evalbot.evaluate import cpumeter, device_idle, freezing, sandbox
+from evalbot.evaluate import cpumeter, device_idle, freezing, pinning, sandbox
 from evalbot.evaluate.pending import Pending
 from evalbot.evaluate.serve_error import ServeError
 from evalbot.evaluate.timed import Line, Timed
@@ -64,6 +64,10 @@ class ServedProcess:
     # when the device was found idle after the last freeze, where it was still busy then (monotonic ns;
     # 0: idle at once, or no probe)
     device_idle_ns: int = 0
+    # the CPUs the harness pinned the tree to (`pin`), and how: pinning.CPUSET (the kernel holds it) or
+    # pinning.AFFINITY (each task's affinity, checked at every thaw); empty: not pinned
+    pinned: frozenset[int] = frozenset()
+    pinned_by: str = ""
     _count: int = 0
     _frozen_cpu_ns: int = -1
     _written_at_freeze: int = -1  # bytes written to stdout when the freeze was confirmed; -1: not frozen
@@ -364,6 +368,30 @@ class ServedProcess:
                 stage="frozen",
             )
 
+    def _tasks(self) -> list[int]:
+        """Every thread of the tree: the cgroup's processes where it has one (a process that left the tree
+        by double fork is still in it), else the kernel's child lists from the root."""
+        if isinstance(self.meter, cpumeter.CgroupMeter):
+            with contextlib.suppress(OSError, ValueError):
+                return [t for pid in self.meter.pids() for t in pinning.tree_tasks(pid)]
+        return pinning.tree_tasks(self.proc.pid)
+
+    def pin(self, cpus: frozenset[int]) -> None:
+        """Hold the whole tree to `cpus` from now on (module pinning): the cgroup's cpuset where the box gives
+        one, and every task's affinity (threads made later inherit it). ServeError (stage 'pin') where the
+        kernel refuses."""
+        by_kernel = self.meter is not None and self.meter.pin(pinning.format_cpu_list(cpus))
+        try:
+            pinning.set_affinity(self._tasks(), cpus)
+        except OSError as exc:
+            raise ServeError(
+                f"{self.label}: could not be pinned to CPUs {pinning.format_cpu_list(cpus)}: {exc}",
+                self.tail(),
+                stage="pin",
+            ) from exc
+        self.pinned = cpus
+        self.pinned_by = pinning.CPUSET if by_kernel else pinning.AFFINITY
+
     def thaw(self, check: bool = True) -> int:
         """Let the tree run again; returns when it was let go (monotonic ns). With `check`, CPU the tree
         used while frozen, past `freezing.cpu_allowance_ns`, or bytes it wrote to its stdout, is the side's
@@ -377,9 +405,17 @@ class ServedProcess:
         if check and self._written_at_freeze >= 0:
             now = self._written_bytes()
             wrote = now - self._written_at_freeze if now >= 0 else 0
+        left = None
+        if check and self.pinned and self.pinned_by != pinning.CPUSET:
+            left = pinning.escaped(self._tasks(), self.pinned)
         self.frozen = False
         self._written_at_freeze = -1
         at = freezing.resume_tree(self.proc.pid, self.meter)
+        if left is not None:
+            self.broken = True
+            raise ServeError(
+                f"{self.label}: left the CPUs it was pinned to: {left}", self.tail(), stage="cpu"
+            )
         if wrote > 0:
             self.broken = True
             raise self._wrote_while_frozen(wrote)

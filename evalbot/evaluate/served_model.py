@@ -20,6 +20,7 @@ from evalbot.evaluate import (
     compile_cache,
     cpumeter,
     device_idle,
+    pinning,
     prompts,
     protocols,
     served,
@@ -259,6 +260,13 @@ def _freeze_notes(procs: Iterable[served.ServedProcess], threads: int | None) ->
             f"this box lets the harness cap no cgroup's CPU, so the {threads} thread"
             f"{'s' if threads != 1 else ''} the profile gives each engine were checked request by request "
             "(prefill and decode), not enforced by the kernel"
+        )
+    pinned = [p for p in procs if p.pinned]
+    if pinned and not all(p.pinned_by == pinning.CPUSET for p in pinned):
+        notes.append(
+            f"both engines were pinned to CPU {pinning.format_cpu_list(pinned[0].pinned)} by each task's "
+            "affinity, which a process can widen, not by a cgroup cpuset this box does not give; every task's "
+            "allowed CPUs were checked at each thaw, and none had left"
         )
     return notes
 

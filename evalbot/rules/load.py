@@ -265,7 +265,7 @@ def _quiet(f: _File, node: yaml.Node, field: str) -> Quiet:
 
 
 _OPTIONAL_MEASUREMENT = ("run_timeout_s", "max_output_mb", "pairs_per_block", "min_blocks", "threads")
-_OPTIONAL_TEXT = ("stream", "start")
+_OPTIONAL_TEXT = ("stream", "start", "pin")
 _OPTIONAL_COUNTS = ("warm_requests",)  # may be 0
 _OPTIONAL_SECONDS = ("slice_s",)
 
@@ -287,6 +287,12 @@ def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:
         optional["stream"] = f.choice(m["stream"], f"{field}.stream", STREAMS, "a stream mode")
     if "start" in m:
         optional["start"] = f.choice(m["start"], f"{field}.start", STARTS, "a start mode")
+    if "pin" in m:
+        optional["pin"] = f.boolean(m["pin"], f"{field}.pin")
+        if optional["pin"] and "threads" not in optional:
+            f.fail(
+                m["pin"], f"{field}.pin", "pinning the engines needs threads: the CPUs each engine is given"
+            )
     min_pairs = f.integer(m["min_pairs"], f"{field}.min_pairs", minimum=2)  # one pair has no spread
     max_pairs = f.integer(m["max_pairs"], f"{field}.max_pairs", minimum=2)
     if max_pairs < min_pairs:

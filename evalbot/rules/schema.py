@@ -165,6 +165,10 @@ class Measurement:
     # load at once). On a 2-core VM with one engine thread each, both were ready in 4.7-5.6 s at once against
     # 11-20 s one after the other (docs/benchmarks.md, #26); with every core per engine two loads fight.
     start: str = "serial"
+    # Both engines of a block on the same `threads` CPUs once they are ready (the last of those the evaluation
+    # may use; the harness keeps the rest): on a VM each vCPU has a speed of its own, and two engines the
+    # scheduler keeps on different ones differ by it (evaluate/pinning.py). Needs `threads`.
+    pin: bool = False
 
 
 STREAMS = ("token", "ends")

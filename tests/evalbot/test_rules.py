@@ -719,6 +719,19 @@ def test_a_profile_may_start_its_processes_at_once_and_a_bad_start_names_its_lin
     assert err.line == line and "start" in err.field and "parallel" in str(err)
 
 
+def test_a_profile_may_pin_both_engines_to_one_cpu_but_only_with_threads(rules_dir):
+    rules = load_rules(rules_dir)
+    assert rules.profile("gpu").measurement.pin is False  # absent: where the scheduler puts them
+    edit(rules_dir, "profiles.yaml", "    threads: 1\n", "    threads: 1\n    pin: true\n")
+    assert load_rules(rules_dir).profile("cpu").measurement.pin is True
+    line = edit(rules_dir, "profiles.yaml", "    pin: true\n", "    pin: 'yes'\n")
+    err = load_error(rules_dir)
+    assert err.line == line and "pin" in err.field and "true or false" in str(err)
+    edit(rules_dir, "profiles.yaml", "    threads: 1\n    pin: 'yes'\n", "    pin: true\n")
+    err = load_error(rules_dir)
+    assert "pin" in err.field and "needs threads" in str(err)
+
+
 # ---------------------------------------------------------------- where the rules are found
 
 
