@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# A/A runs of the cpu profile at several slice lengths, alternated run by run so that the box's drift over
+# A/A runs of the cpu profile at several settings, alternated run by run so that the box's drift over
 # the evening falls on every setting alike (#40, the CPU part). Nothing else may run on the box meanwhile.
-#   bash bench/cpu_slice_compare.sh OUT_DIR ROUNDS SLICE... (e.g. 2 0.5 0.25)
+#   bash bench/cpu_slice_compare.sh OUT_DIR ROUNDS SETTING... (e.g. 2 0.5 0.25, or 2 0.25 0.25:pin)
+# A setting is a slice length, with `:pin` for both engines pinned to one CPU (measurement.pin).
 # Each run: `evalbot calibrate --runs 1 --no-spec --no-accuracy` on this checkout's HEAD with the repository's
-# rules, measurement.slice_s replaced; then the MDE of each context per run, and their medians per setting.
+# rules, measurement.slice_s (and pin) replaced; then the MDE of each context per run, and their medians per
+# setting.
 set -uo pipefail
 out=$(realpath -m "${1:?OUT_DIR}"); rounds=${2:?ROUNDS}; shift 2
 root=$(git rev-parse --show-toplevel); bot="$root/.venv/bin/evalbot"
 mkdir -p "$out"; tmp=$(mktemp -d /tmp/cpu-slice.XXXX)
 for s in "$@"; do
   cp -r "$root/rules" "$tmp/rules-$s"
-  sed -i "s/^    slice_s: [0-9.]*/    slice_s: $s/" "$tmp/rules-$s/profiles.yaml"
-  grep -q "slice_s: $s\$" "$tmp/rules-$s/profiles.yaml" || { echo "cannot set slice_s $s"; exit 1; }
+  sed -i "s/^    slice_s: [0-9.]*/    slice_s: ${s%:pin}/" "$tmp/rules-$s/profiles.yaml"
+  grep -q "slice_s: ${s%:pin}\$" "$tmp/rules-$s/profiles.yaml" || { echo "cannot set slice_s ${s%:pin}"; exit 1; }
+  sed -i "/^cpu:/,\$ s/^    pin: .*$//" "$tmp/rules-$s/profiles.yaml"
+  [[ "$s" == *:pin ]] && sed -i "/^cpu:/,\$ s/^    threads: 1$/    threads: 1\n    pin: true/" "$tmp/rules-$s/profiles.yaml"
+  [[ "$s" == *:pin ]] && { grep -q "^    pin: true" "$tmp/rules-$s/profiles.yaml" || { echo "cannot pin"; exit 1; }; }
 done
 for i in $(seq 1 "$rounds"); do
   for s in "$@"; do
