@@ -22,6 +22,8 @@ from evalbot.evaluate import ab_block, ab_samples, ab_sampling, cpumeter, sandbo
 from evalbot.evaluate.serve_error import ServeError
 from evalbot.model import Side
 
+PIN_REFUSED: set[str] = set()
+
 
 @dataclass
 class Proc:
@@ -49,6 +51,11 @@ class Proc:
         self.events.append(f"freeze {self.label}")
         return 0
 
+    def pin(self, cpus: frozenset[int]) -> None:
+        self.events.append(f"pin {self.label} {sorted(cpus)}")
+        if self.label in PIN_REFUSED:
+            raise ServeError(f"{self.label}: could not be pinned to CPUs 1: EPERM", "", stage="pin")
+
     def close(self) -> None:
         self.events.append(f"close {self.label}")
 
@@ -66,6 +73,26 @@ def _launcher(
         )
 
     return launch
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_pinned_engines_are_pinned_once_both_are_ready_and_before_any_freeze(parallel):
+    events: list[str] = []
+    ab_block.start_block(_launcher(events), 10, lambda _m: None, True, parallel=parallel, pin=frozenset({1}))
+    pins = [i for i, e in enumerate(events) if e.startswith("pin")]
+    readies = [i for i, e in enumerate(events) if e.startswith("ready")]
+    freezes = [i for i, e in enumerate(events) if e.startswith("freeze")]
+    assert [events[i] for i in pins] == ["pin base [1]", "pin head [1]"]  # both sides on the same CPU
+    assert max(readies) < min(pins) and max(pins) < min(freezes)
+
+
+def test_a_side_the_kernel_will_not_pin_is_that_sides_failure(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "PIN_REFUSED", {"head"})
+    events: list[str] = []
+    with pytest.raises(ab_samples.SideError) as info:
+        ab_block.start_block(_launcher(events), 10, lambda _m: None, True, pin=frozenset({1}))
+    assert info.value.side is Side.HEAD and info.value.stage == "pin"
+    assert {e for e in events if e.startswith("close")} == {"close base", "close head"}
 
 
 @pytest.mark.parametrize("base_first", [True, False])
