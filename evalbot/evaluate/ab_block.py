@@ -184,3 +184,38 @@ def warm(
                     run_alone(proc, others, partial(proc.request, body, timeout_s))
                 except ServeError as exc:
                     raise SideError(side, exc.stage, f"a warm-up request failed: {exc}", exc.tail) from exc
+
+
+def request_length(
+    procs: dict[Side, ServedProcess],
+    ctx: int,
+    prompts: Prompts,
+    gen: int,
+    timeout_s: float,
+    stream: str,
+    two: bool,
+    decode_s: float,
+    max_gen: int,
+) -> int:
+    """The tokens a timed request asks for at `ctx` to decode for about `decode_s` seconds of main: main alone
+    answers one untimed request of `gen` tokens on a fresh prompt, and its decode rate on the harness's clock
+    sets the count, at least `gen` and at most `max_gen`. Only main's engine is asked, so the PR cannot move
+    it, and both sides are then asked the same count."""
+    main = procs[Side.BASE]
+    others = [p for s, p in procs.items() if s is not Side.BASE]
+    prompt = prompts.next(ctx)
+    try:
+        if two:
+            run_alone(main, others, partial(main.request, {"op": "prefill", "prompt_ids": prompt}, timeout_s))
+            body = continue_body(continuation(procs), gen, stream)
+        else:
+            body = generate_body(prompt, gen, stream)
+        got = run_alone(main, others, partial(main.request, body, timeout_s))
+    except ServeError as exc:
+        raise SideError(
+            Side.BASE, exc.stage, f"the request that times main's decode failed: {exc}", exc.tail
+        ) from exc
+    rate = got.decode_tps if len(got.tokens) >= 2 else 0.0
+    if not 0 < rate < float("inf"):
+        return gen
+    return max(gen, min(max_gen, round(decode_s * rate)))

@@ -83,6 +83,9 @@ class Run:
     ready: dict[str, dict[str, Any]] = field(default_factory=dict)  # side -> the last ready line
     box_samples: list[dict[str, Any]] = field(default_factory=list)
     two_part: bool | None = None  # requests timed as a prefill and a continuation (main answers 'prefill')
+    # tokens a timed request asks for, per context (measurement.decode_s: from main's rate in the first
+    # block; otherwise decode_tokens everywhere)
+    gen: dict[int, int] = field(default_factory=dict)
 
 
 def estimates(samples: list[Sample], ctx: int, metric: str = "decode") -> stats.PairedEstimate | None:

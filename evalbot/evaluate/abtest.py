@@ -41,7 +41,7 @@ from functools import partial
 from typing import Any
 
 from evalbot.evaluate import box, pinning, schedule
-from evalbot.evaluate.ab_block import Launch, Log, close, start_block, warm
+from evalbot.evaluate.ab_block import Launch, Log, close, request_length, start_block, warm
 from evalbot.evaluate.ab_design import allocate, design
 from evalbot.evaluate.ab_samples import Prompts, Run, Sample, SideError, estimates, pairs_at
 from evalbot.evaluate.ab_sampling import request_overuse, sample
@@ -122,6 +122,8 @@ def measure(
                     m.warm_requests,
                     two,
                 )
+            if not run.gen:
+                run.gen = _lengths(procs, profile, prompts, request_timeout_s, two, log)
             if settled is not None:
                 settled(procs)
             for c in profile.contexts:
@@ -132,7 +134,7 @@ def measure(
                         i,
                         c.ctx,
                         prompts,
-                        m.decode_tokens,
+                        run.gen[c.ctx],
                         request_timeout_s,
                         quiet,
                         gpu,
@@ -201,6 +203,28 @@ def measure(
             log(f"A/B done after {run.blocks} blocks ({elapsed:.0f} s): {why}")
             return run, procs
         close(procs)
+
+
+def _lengths(
+    procs: dict[Side, ServedProcess],
+    profile: Profile,
+    prompts: Prompts,
+    timeout_s: float,
+    two: bool,
+    log: Log,
+) -> dict[int, int]:
+    """Tokens a timed request asks for at each context: `decode_tokens`, or with `decode_s`, that many
+    seconds of main's decode there (`request_length`)."""
+    m = profile.measurement
+    gen = {c.ctx: m.decode_tokens for c in profile.contexts}
+    if m.decode_s is None:
+        return gen
+    for ctx in gen:
+        gen[ctx] = request_length(
+            procs, ctx, prompts, m.decode_tokens, timeout_s, m.stream, two, m.decode_s, m.max_decode_tokens
+        )
+        log(f"ctx {ctx}: {gen[ctx]} tokens a timed request, about {m.decode_s:g} s of main's decode")
+    return gen
 
 
 def _done(run: Run, profile: Profile, half_width: float) -> bool:

@@ -145,7 +145,8 @@ def measure_model(
     the harness's clock; each side's failure is the side's (main's: an infra error)."""
     m = profile.measurement
     block = ctx.ws.rules.spec_pair.block
-    max_seq = max(c.ctx for c in profile.contexts) + m.decode_tokens + block + 8
+    longest = m.max_decode_tokens if m.decode_s is not None else m.decode_tokens
+    max_seq = max(c.ctx for c in profile.contexts) + longest + block + 8
     launch = _launcher(ctx, model_args, max_seq, m.warmup_runs, ctx.model_paths.get(name))
     texts = prompts.load_corpus(corpus)
     procs: dict[Side, served.ServedProcess] = {}

@@ -264,10 +264,17 @@ def _quiet(f: _File, node: yaml.Node, field: str) -> Quiet:
     )
 
 
-_OPTIONAL_MEASUREMENT = ("run_timeout_s", "max_output_mb", "pairs_per_block", "min_blocks", "threads")
+_OPTIONAL_MEASUREMENT = (
+    "run_timeout_s",
+    "max_output_mb",
+    "pairs_per_block",
+    "min_blocks",
+    "threads",
+    "max_decode_tokens",
+)
 _OPTIONAL_TEXT = ("stream", "start", "pin")
 _OPTIONAL_COUNTS = ("warm_requests",)  # may be 0
-_OPTIONAL_SECONDS = ("slice_s",)
+_OPTIONAL_SECONDS = ("slice_s", "decode_s")
 
 
 def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:
@@ -283,6 +290,8 @@ def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:
             optional[k] = f.integer(m[k], f"{field}.{k}", minimum=0)
     if "slice_s" in m:  # a slice must hold a few decode steps, and a signal's latency must not matter
         optional["slice_s"] = f.number(m["slice_s"], f"{field}.slice_s", 0.05, 60)
+    if "decode_s" in m:  # a request of a second at least: a few steps of the slowest engine
+        optional["decode_s"] = f.number(m["decode_s"], f"{field}.decode_s", 0.5, 600)
     if "stream" in m:
         optional["stream"] = f.choice(m["stream"], f"{field}.stream", STREAMS, "a stream mode")
     if "start" in m:
@@ -301,8 +310,15 @@ def _measurement(f: _File, node: yaml.Node, field: str) -> Measurement:
             f"{field}.max_pairs",
             f"expected at least min_pairs ({min_pairs}), got {max_pairs}",
         )
+    decode_tokens = f.integer(m["decode_tokens"], f"{field}.decode_tokens")
+    if optional.get("max_decode_tokens", decode_tokens) < decode_tokens:
+        f.fail(
+            m["max_decode_tokens"],
+            f"{field}.max_decode_tokens",
+            f"expected at least decode_tokens ({decode_tokens}), got {optional['max_decode_tokens']}",
+        )
     return Measurement(
-        decode_tokens=f.integer(m["decode_tokens"], f"{field}.decode_tokens"),
+        decode_tokens=decode_tokens,
         warmup_runs=f.integer(m["warmup_runs"], f"{field}.warmup_runs", minimum=0),
         ci_half_width=f.number(
             m["ci_half_width"], f"{field}.ci_half_width", 0, 1, lo_open=True, hi_open=True

@@ -169,6 +169,13 @@ class Measurement:
     # may use; the harness keeps the rest): on a VM each vCPU has a speed of its own, and two engines the
     # scheduler keeps on different ones differ by it (evaluate/pinning.py). Needs `threads`.
     pin: bool = False
+    # A timed request's length in seconds of main's decode instead of a fixed count: at each context, main
+    # alone answers one untimed request of `decode_tokens` in the first block, and every timed request there
+    # then asks for this many seconds of main's rate (at least `decode_tokens`, at most `max_decode_tokens`),
+    # the same count for both sides. A fast engine's pairs then average as much of the box's noise as a slow
+    # one's. None: `decode_tokens` a request.
+    decode_s: float | None = None
+    max_decode_tokens: int = 256
 
 
 STREAMS = ("token", "ends")

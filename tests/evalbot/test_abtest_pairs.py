@@ -152,3 +152,58 @@ def test_a_failing_warm_up_is_that_sides_failure(monkeypatch):
     with pytest.raises(ab_samples.SideError, match="warm-up") as err:
         ab_block.warm(procs, [16], ab_samples.Prompts(lambda c, s: [s] * c), GEN, 60.0, "token", 1)  # type: ignore[arg-type]
     assert err.value.side is Side.HEAD
+
+
+@dataclass
+class SteadyEngine:
+    """Decodes `gen` tokens at `rate` tok/s on the harness's clock, and records what it was asked."""
+
+    label: str
+    rate: float
+    asked: list[dict] = field(default_factory=list)
+    frozen: bool = False
+    frozen_cpu_ns: int = -1
+    device: None = None
+    device_idle_ns: int = 0
+    vocab: int = 100
+
+    def freeze(self, drain: bool = True) -> None:
+        self.frozen = True
+
+    def thaw(self) -> None:
+        self.frozen = False
+
+    def request(self, body: dict, timeout_s: float) -> Timed:
+        self.asked.append(body)
+        n = body.get("max_new", 1)  # a prefill answers its first token
+        step = int(1e9 / self.rate)
+        arrivals = tuple(1_000 + k * step for k in range(n))
+        return Timed(body, 0, tuple(range(n)), arrivals, tuple((k,) for k in range(n)), {"event": "done"})
+
+
+def _length(
+    main_rate: float, pr_rate: float = 1.0, decode_s: float = 4.0, two: bool = False
+) -> tuple[int, dict]:
+    procs = {Side.BASE: SteadyEngine("main", main_rate), Side.HEAD: SteadyEngine("the PR", pr_rate)}
+    prompts = ab_samples.Prompts(lambda ctx, serial: [serial] * ctx)
+    n = ab_block.request_length(procs, 16, prompts, 24, 60.0, "token", two, decode_s, 256)  # type: ignore[arg-type]
+    return n, procs
+
+
+def test_a_timed_request_lasts_seconds_of_mains_decode_and_only_main_sets_it():
+    n, procs = _length(main_rate=25.0)
+    assert n == 100  # 4 s at 25 tok/s
+    assert procs[Side.HEAD].asked == []  # the PR is never asked: it cannot lengthen or shorten the requests
+    assert [b["max_new"] for b in procs[Side.BASE].asked] == [24]  # one untimed request of decode_tokens
+    assert _length(main_rate=25.0, pr_rate=1000.0)[0] == 100  # however fast the PR is
+
+
+def test_the_request_length_is_held_between_decode_tokens_and_its_cap():
+    assert _length(main_rate=3.0)[0] == 24  # a slow main: never fewer than decode_tokens
+    assert _length(main_rate=500.0)[0] == 256  # a fast one: never more than max_decode_tokens
+
+
+def test_a_two_part_main_is_timed_from_its_continuation():
+    n, procs = _length(main_rate=50.0, decode_s=2.0, two=True)
+    ops = [b.get("op") for b in procs[Side.BASE].asked]
+    assert n == 100 and ops == ["prefill", "generate"] and procs[Side.BASE].asked[1].get("continue") is True

@@ -732,6 +732,23 @@ def test_a_profile_may_pin_both_engines_to_one_cpu_but_only_with_threads(rules_d
     assert "pin" in err.field and "needs threads" in str(err)
 
 
+def test_a_profile_may_time_requests_in_seconds_of_mains_decode_and_a_bad_length_names_its_line(rules_dir):
+    assert load_rules(rules_dir).profile("gpu").measurement.decode_s is None  # absent: decode_tokens
+    edit(rules_dir, "profiles.yaml", "    threads: 1\n", "    threads: 1\n    decode_s: 4\n")
+    m = load_rules(rules_dir).profile("cpu").measurement
+    assert m.decode_s == 4 and m.max_decode_tokens == 256
+    for bad in ("0.1", "-1", "soon"):
+        line = edit(rules_dir, "profiles.yaml", "    decode_s: 4\n", f"    decode_s: {bad}\n")
+        err = load_error(rules_dir)
+        assert err.line == line and "decode_s" in err.field, bad
+        edit(rules_dir, "profiles.yaml", f"    decode_s: {bad}\n", "    decode_s: 4\n")
+    line = edit(
+        rules_dir, "profiles.yaml", "    decode_s: 4\n", "    decode_s: 4\n    max_decode_tokens: 8\n"
+    )
+    err = load_error(rules_dir)
+    assert err.line == line + 1 and "max_decode_tokens" in err.field and "decode_tokens (24)" in str(err)
+
+
 # ---------------------------------------------------------------- where the rules are found
 
 
