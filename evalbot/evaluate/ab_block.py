@@ -215,7 +215,10 @@ def request_length(
         raise SideError(
             Side.BASE, exc.stage, f"the request that times main's decode failed: {exc}", exc.tail
         ) from exc
-    rate = got.decode_tps if len(got.tokens) >= 2 else 0.0
-    if not 0 < rate < float("inf"):
+    # as the pairs are timed (ab_sampling.sample): a continuation from its sending to its last token, a one-part
+    # request from its first token to its last
+    steps, took = (len(got.tokens), got.to_last_s) if two else (len(got.tokens) - 1, got.decode_s)
+    rate = steps / took if steps > 0 and took > 0 else 0.0
+    if not rate > 0:
         return gen
     return max(gen, min(max_gen, round(decode_s * rate)))
