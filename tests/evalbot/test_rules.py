@@ -722,21 +722,21 @@ def test_a_profile_may_start_its_processes_at_once_and_a_bad_start_names_its_lin
 def test_a_profile_may_pin_both_engines_to_one_cpu_but_only_with_threads(rules_dir):
     rules = load_rules(rules_dir)
     assert rules.profile("gpu").measurement.pin is False  # absent: where the scheduler puts them
-    edit(rules_dir, "profiles.yaml", "    threads: 1\n", "    threads: 1\n    pin: true\n")
-    assert load_rules(rules_dir).profile("cpu").measurement.pin is True
+    assert rules.profile("cpu").measurement.pin is True  # shipped: one vCPU for both sides
     line = edit(rules_dir, "profiles.yaml", "    pin: true\n", "    pin: 'yes'\n")
     err = load_error(rules_dir)
     assert err.line == line and "pin" in err.field and "true or false" in str(err)
-    edit(rules_dir, "profiles.yaml", "    threads: 1\n    pin: 'yes'\n", "    pin: true\n")
+    edit(rules_dir, "profiles.yaml", "    pin: 'yes'\n", "    pin: true\n")
+    edit(rules_dir, "profiles.yaml", "    threads: 1\n", "")
     err = load_error(rules_dir)
     assert "pin" in err.field and "needs threads" in str(err)
 
 
 def test_a_profile_may_time_requests_in_seconds_of_mains_decode_and_a_bad_length_names_its_line(rules_dir):
-    assert load_rules(rules_dir).profile("gpu").measurement.decode_s is None  # absent: decode_tokens
-    edit(rules_dir, "profiles.yaml", "    threads: 1\n", "    threads: 1\n    decode_s: 4\n")
-    m = load_rules(rules_dir).profile("cpu").measurement
-    assert m.decode_s == 4 and m.max_decode_tokens == 256
+    rules = load_rules(rules_dir)
+    assert rules.profile("gpu").measurement.decode_s is None  # absent: decode_tokens
+    m = rules.profile("cpu").measurement
+    assert m.decode_s == 4 and m.max_decode_tokens == 256  # shipped: 4 s of main's decode
     for bad in ("0.1", "-1", "soon"):
         line = edit(rules_dir, "profiles.yaml", "    decode_s: 4\n", f"    decode_s: {bad}\n")
         err = load_error(rules_dir)
