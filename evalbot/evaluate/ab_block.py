@@ -14,6 +14,7 @@ from evalbot.evaluate.device_idle import DRAIN_LIMIT_S
 from evalbot.evaluate.schedule import run_alone
 from evalbot.evaluate.serve_error import ServeError
 from evalbot.evaluate.served import ServedProcess
+from evalbot.evaluate.timed import Timed
 from evalbot.model import Side
 
 Launch = Callable[[Side], ServedProcess]
@@ -169,21 +170,32 @@ def warm(
     for ctx in contexts:
         for _ in range(n):
             prompt = prompts.next(ctx)
-            for side, proc in procs.items():
-                others = [p for s, p in procs.items() if s is not side]
+            for side in procs:
                 try:
-                    if two:
-                        run_alone(
-                            proc,
-                            others,
-                            partial(proc.request, {"op": "prefill", "prompt_ids": prompt}, timeout_s),
-                        )
-                        body = continue_body(continuation(procs), gen, stream)
-                    else:
-                        body = generate_body(prompt, gen, stream)
-                    run_alone(proc, others, partial(proc.request, body, timeout_s))
+                    _untimed(procs, side, prompt, gen, timeout_s, stream, two)
                 except ServeError as exc:
                     raise SideError(side, exc.stage, f"a warm-up request failed: {exc}", exc.tail) from exc
+
+
+def _untimed(
+    procs: dict[Side, ServedProcess],
+    side: Side,
+    prompt: list[int],
+    gen: int,
+    timeout_s: float,
+    stream: str,
+    two: bool,
+) -> Timed:
+    """One request of `gen` tokens to one side alone, as a timed one is asked (a prefill and a continuation
+    where `two`); its answer."""
+    proc = procs[side]
+    others = [p for s, p in procs.items() if s is not side]
+    if two:
+        run_alone(proc, others, partial(proc.request, {"op": "prefill", "prompt_ids": prompt}, timeout_s))
+        body = continue_body(continuation(procs), gen, stream)
+    else:
+        body = generate_body(prompt, gen, stream)
+    return run_alone(proc, others, partial(proc.request, body, timeout_s))
 
 
 def request_length(
@@ -201,16 +213,8 @@ def request_length(
     answers one untimed request of `gen` tokens on a fresh prompt, and its decode rate on the harness's clock
     sets the count, at least `gen` and at most `max_gen`. Only main's engine is asked, so the PR cannot move
     it, and both sides are then asked the same count."""
-    main = procs[Side.BASE]
-    others = [p for s, p in procs.items() if s is not Side.BASE]
-    prompt = prompts.next(ctx)
     try:
-        if two:
-            run_alone(main, others, partial(main.request, {"op": "prefill", "prompt_ids": prompt}, timeout_s))
-            body = continue_body(continuation(procs), gen, stream)
-        else:
-            body = generate_body(prompt, gen, stream)
-        got = run_alone(main, others, partial(main.request, body, timeout_s))
+        got = _untimed(procs, Side.BASE, prompts.next(ctx), gen, timeout_s, stream, two)
     except ServeError as exc:
         raise SideError(
             Side.BASE, exc.stage, f"the request that times main's decode failed: {exc}", exc.tail

@@ -90,7 +90,9 @@ def measure(
     run = Run()
     pin = pinning.engine_cpus(pinning.usable_cpus(), m.threads) if m.pin and m.threads else frozenset()
     if pin:
-        log(f"both engines pinned to CPU {pinning.format_cpu_list(pin)} once ready, the harness on the rest")
+        log(
+            f"both engines pinned to CPU {pinning.format_cpu_list(pin)} once ready, the others left to the harness"
+        )
     start = time.monotonic()
     while True:
         block = run.blocks

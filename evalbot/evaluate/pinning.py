@@ -5,7 +5,7 @@ VM a vCPU is a host thread whose speed is its own: its host core's other hyperth
 schedules there, slow it for seconds at a time. A one-thread engine that the guest's scheduler keeps on vCPU 0
 and another kept on vCPU 1 draw two speeds for as long as they stay there: a difference between the sides that
 turns do not cancel, because it is not the box's drift but the place. Pinned, both sides run on the same vCPUs
-(the last `threads` of those the evaluation may use; the harness's own threads keep the rest), so whatever
+(the last `threads` of those the evaluation may use; the first are left to the harness's threads), so whatever
 those are doing falls on both alike.
 
 The pin is set from outside once a process is ready (its load may use every CPU): the kernel's cgroup v2

@@ -10,6 +10,7 @@ from functools import partial
 
 from evalbot.evaluate import ab_samples, ab_sampling, schedule, serve_error, served
 from evalbot.evaluate.context import RunContext
+from evalbot.evaluate.timed import Timed
 from evalbot.model import Side, SpecResult
 from evalbot.rules import Profile
 
@@ -36,6 +37,21 @@ def _plain_pair(
     return out
 
 
+def spec_rate(side: Side, t: Timed) -> float:
+    """A speculative run's decode rate on the harness's clock; SideError where its tokens came in one burst
+    (a rate no decode reaches: they were ready before the first was sent, and an infinite rate is no figure
+    a report can carry)."""
+    rate = t.decode_tps
+    if not rate < ab_sampling.MAX_DECODE_TPS:
+        raise ab_samples.SideError(
+            side,
+            "serve",
+            f"a speculative run's {len(t.tokens)} tokens arrived in {len(t.steps)} line(s) within "
+            f"{t.decode_s * 1e6:.0f} µs: a burst, not a decode",
+        )
+    return rate
+
+
 def spec_served(
     ctx: RunContext,
     profile: Profile,
@@ -52,12 +68,13 @@ def spec_served(
     each run's plain decode is one request of a fresh prompt instead, laid out as the spec run is.
     Also the notes on tau (diagnostics)."""
     g = ctx.ws.rules.gates.spec
-    gen = profile.measurement.decode_tokens
     last = run.blocks - 1
     out, notes = [], []
     for c in profile.contexts:
         if not c.scored:
             continue
+        # as many tokens as the timed requests asked for here: their tokens are the lossless reference
+        gen = run.gen.get(c.ctx, profile.measurement.decode_tokens)
         earlier: dict[tuple[int, int], dict[Side, ab_samples.Sample]] = {}
         # a two-part request's tokens follow a continuation token decoded on its own after the prefill; a
         # spec run prefills prompt and token in one batch, whose rounding may flip a near-tie (seen in
@@ -89,7 +106,7 @@ def spec_served(
                     t = schedule.run_alone(p, others, partial(p.request, req, ctx.run_timeout_s))
                 except serve_error.ServeError as exc:
                     raise ab_samples.SideError(side, exc.stage, str(exc), exc.tail) from exc
-                sp[side].append(t.decode_tps)
+                sp[side].append(spec_rate(side, t))
                 taus[side].append((len(t.tokens) - 1) / max(len(t.steps) - 1, 1))
                 steps[side] += [len(step) for step in t.steps[1:]]
                 if side is Side.HEAD:

@@ -166,7 +166,7 @@ class Measurement:
     # 11-20 s one after the other (docs/benchmarks.md, #26); with every core per engine two loads fight.
     start: str = "serial"
     # Both engines of a block on the same `threads` CPUs once they are ready (the last of those the evaluation
-    # may use; the harness keeps the rest): on a VM each vCPU has a speed of its own, and two engines the
+    # may use; the first are left to the harness): on a VM each vCPU has a speed of its own, and two engines the
     # scheduler keeps on different ones differ by it (evaluate/pinning.py). Needs `threads`.
     pin: bool = False
     # A timed request's length in seconds of main's decode instead of a fixed count: at each context, main
