@@ -373,7 +373,7 @@ class ServedProcess:
         by double fork is still in it), else the kernel's child lists from the root."""
         if isinstance(self.meter, cpumeter.CgroupMeter):
             with contextlib.suppress(OSError, ValueError):
-                return [t for pid in self.meter.pids() for t in pinning.tree_tasks(pid)]
+                return sorted({t for pid in self.meter.pids() for t in pinning.tree_tasks(pid)})
         return pinning.tree_tasks(self.proc.pid)
 
     def pin(self, cpus: frozenset[int]) -> None:
