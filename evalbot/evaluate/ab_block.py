@@ -211,18 +211,22 @@ def request_length(
 ) -> int:
     """The tokens a timed request asks for at `ctx` to decode for about `decode_s` seconds of main: main alone
     answers one untimed request of `gen` tokens on a fresh prompt, and its decode rate on the harness's clock
-    sets the count, at least `gen` and at most `max_gen`. Only main's engine is asked, so the PR cannot move
-    it, and both sides are then asked the same count."""
-    try:
-        got = _untimed(procs, Side.BASE, prompts.next(ctx), gen, timeout_s, stream, two)
-    except ServeError as exc:
-        raise SideError(
-            Side.BASE, exc.stage, f"the request that times main's decode failed: {exc}", exc.tail
-        ) from exc
-    # as the pairs are timed (ab_sampling.sample): a continuation from its sending to its last token, a one-part
-    # request from its first token to its last
-    steps, took = (len(got.tokens), got.to_last_s) if two else (len(got.tokens) - 1, got.decode_s)
-    rate = steps / took if steps > 0 and took > 0 else 0.0
+    sets the count, at least `gen` and at most `max_gen`. Only main's answer counts, so the PR cannot move
+    it, and both sides are then asked the same count. The PR answers the same untimed request (its answer
+    unread), so that neither side meets its first timed request warmer than the other."""
+    prompt = prompts.next(ctx)
+    rate = 0.0
+    for side in (Side.BASE, Side.HEAD):
+        try:
+            got = _untimed(procs, side, prompt, gen, timeout_s, stream, two)
+        except ServeError as exc:
+            what = "the request that times main's decode" if side is Side.BASE else "an untimed request"
+            raise SideError(side, exc.stage, f"{what} failed: {exc}", exc.tail) from exc
+        if side is Side.BASE:
+            # as the pairs are timed (ab_sampling.sample): a continuation from its sending to its last token,
+            # a one-part request from its first token to its last
+            steps, took = (len(got.tokens), got.to_last_s) if two else (len(got.tokens) - 1, got.decode_s)
+            rate = steps / took if steps > 0 and took > 0 else 0.0
     if not rate > 0:
         return gen
     return max(gen, min(max_gen, round(decode_s * rate)))

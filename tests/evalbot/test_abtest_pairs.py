@@ -199,9 +199,11 @@ def _length(
 def test_a_timed_request_lasts_seconds_of_mains_decode_and_only_main_sets_it():
     n, procs = _length(main_rate=25.0)
     assert n == 100  # 4 s at 25 tok/s
-    assert procs[Side.HEAD].asked == []  # the PR is never asked: it cannot lengthen or shorten the requests
-    assert [b["max_new"] for b in procs[Side.BASE].asked] == [24]  # one untimed request of decode_tokens
-    assert _length(main_rate=25.0, pr_rate=1000.0)[0] == 100  # however fast the PR is
+    # one untimed request of decode_tokens to each side, the same prompt: both meet block 1 equally warm
+    assert [b["max_new"] for b in procs[Side.BASE].asked] == [24]
+    assert procs[Side.HEAD].asked == procs[Side.BASE].asked
+    # the PR's answer is not read: however fast or slow it decodes, the length is main's
+    assert _length(main_rate=25.0, pr_rate=1000.0)[0] == _length(main_rate=25.0, pr_rate=0.5)[0] == 100
 
 
 def test_the_request_length_is_held_between_decode_tokens_and_its_cap():
@@ -213,3 +215,4 @@ def test_a_two_part_main_is_timed_from_its_continuation():
     n, procs = _length(main_rate=50.0, decode_s=2.0, two=True)
     ops = [b.get("op") for b in procs[Side.BASE].asked]
     assert n == 100 and ops == ["prefill", "generate"] and procs[Side.BASE].asked[1].get("continue") is True
+    assert [b.get("op") for b in procs[Side.HEAD].asked] == ["prefill", "generate"]
