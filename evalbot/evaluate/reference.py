@@ -22,6 +22,7 @@ from typing import Any
 from evalbot.evaluate import ab_samples, audit, sandbox, schedule, serve_error, served
 from evalbot.evaluate.context import RunContext, SideFailed, fresh_scratch, sandboxed_python
 from evalbot.evaluate.exits import describe_exit
+from evalbot.evaluate.speculative import drafts
 from evalbot.model import AccuracyResult, Failure, Side
 from evalbot.reference import compare as compare_scores
 from evalbot.reference.registry import sha256_file
@@ -274,7 +275,7 @@ def fetch_models(ctx: RunContext, profile: Profile) -> dict[str, Path]:
     the network); model files on the runner checked against their pinned digest, computed here."""
     files = _runner_files(ctx, profile)
     names = [m.name for m in profile.models if m.source == "registry"]
-    if ctx.req.options.spec and ctx.req.options.spec_drafter == "draft":
+    if drafts(ctx):
         names += [ctx.ws.rules.spec_pair.target.name, ctx.ws.rules.spec_pair.draft.name]
     out: dict[str, Path] = {}
     for name in dict.fromkeys(names):
@@ -307,7 +308,7 @@ def _runner_files(ctx: RunContext, profile: Profile) -> dict[str, Path]:
     """The models.yaml entries that name a file on the runner, each read whole and its digest compared with
     the pinned one (never a .sha256 file beside it: anyone who can write the folder could write that)."""
     refs = [m for m in profile.models if m.source == "file"]
-    if ctx.req.options.spec and ctx.req.options.spec_drafter == "draft":
+    if drafts(ctx):
         refs += [
             m for m in (ctx.ws.rules.spec_pair.target, ctx.ws.rules.spec_pair.draft) if m.source == "file"
         ]

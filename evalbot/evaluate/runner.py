@@ -30,6 +30,7 @@ from evalbot.evaluate.context import (
 from evalbot.evaluate.harness import harness_drift, harness_fingerprint
 from evalbot.evaluate.reference import fetch_models, llama_reference, model_binds, sha_of
 from evalbot.evaluate.served_model import measure_model
+from evalbot.evaluate.speculative import drafter_for, drafts
 from evalbot.model import (
     AccuracyResult,
     DecodeAudit,
@@ -316,6 +317,9 @@ def _measure(ctx: RunContext, harness: _Harness, corpus: Path, seed: int) -> _Re
     audit and the gates; a side's failure or a busy box ends them, keeping what was measured."""
     out = _Results()
     try:
+        if drafts(ctx) and not ctx.ws.rules.engine.draft_args:
+            raise SideFailed(Failure(Side.HARNESS, "harness", "the spec runs draft with a draft model, and "
+                                     "engine.yaml's serve.draft does not say how the engine is given one"))  # fmt: skip
         for ref in ctx.req.profile.models:
             registry = ref.has_weights  # a model file: its own tokenizer's prompts, the reference
             engine = ctx.ws.rules.engine  # how the contest's engine takes its model (engine.yaml)
@@ -324,7 +328,12 @@ def _measure(ctx: RunContext, harness: _Harness, corpus: Path, seed: int) -> _Re
                 if registry
                 else engine.model_args(shape=ref.name)
             )
-            got = measure_model(ctx, ctx.req.profile, ref.name, args, corpus, seed, registry,
+            if drafter_for(ctx, ctx.req.profile.name, ref.name) == "draft" and drafts(ctx):
+                # the target's serving engine loads the draft model its spec requests draft with
+                args = [*args, *engine.draft_model_args(str(harness.models[ctx.ws.rules.spec_pair.draft.name]))]
+            # scored where a decode track scores this model (tracks.yaml); a guard is measured, never scored
+            profile = ctx.ws.rules.model_profile(ctx.req.profile, ref.name)
+            got = measure_model(ctx, profile, ref.name, args, corpus, seed, registry,
                                 reference=harness.references.get(ref.name))  # fmt: skip
             out.throughput += got.throughput
             out.audits += got.audits

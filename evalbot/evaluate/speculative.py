@@ -1,4 +1,4 @@
-"""Speculative decoding (the n-gram drafter) on the harness's clock, on the A/B pairs' warm serving processes.
+"""Speculative decoding (the n-gram drafter, or the spec pair's draft model) on the harness's clock, on the A/B pairs' warm serving processes.
 
 Lossless means the very tokens that side's plain decode produced. tau, the tokens per step, decides
 nothing: one that moved beyond the run-to-run noise is shown as a note.
@@ -37,6 +37,25 @@ def _plain_pair(
     return out
 
 
+def drafter_for(ctx: RunContext, profile: str, model: str) -> str:
+    """How this model's spec runs draft: 'draft' (the spec pair's draft model, loaded by the target's serving
+    engine) where a speculative track says so, or `--spec-drafter draft` asks it for the spec pair's target;
+    else 'ngram'."""
+    rules, o = ctx.ws.rules, ctx.req.options
+    if o.spec_drafter == "draft" and model == rules.spec_pair.target.name:
+        return "draft"
+    return rules.spec_drafter(profile, model)
+
+
+def drafts(ctx: RunContext) -> bool:
+    """Whether any spec run of this evaluation drafts with the spec pair's draft model (so it is fetched)."""
+    o, rules = ctx.req.options, ctx.ws.rules
+    if not o.spec or rules.spec_pair.profile != ctx.req.profile.name:
+        return False
+    return any(drafter_for(ctx, ctx.req.profile.name, m.name) == "draft"
+               for m in (*ctx.req.profile.models, rules.spec_pair.target))  # fmt: skip
+
+
 def spec_rate(side: Side, t: Timed, lossless: bool = True) -> float:
     """A speculative run's decode rate on the harness's clock. Where its tokens came in one burst (a rate no
     decode reaches: they were ready before the first was sent), a lossless run fails its side (SideError),
@@ -73,8 +92,10 @@ def spec_served(
     g = ctx.ws.rules.gates.spec
     last = run.blocks - 1
     out, notes = [], []
+    rules = ctx.ws.rules
+    drafter = drafter_for(ctx, profile.name, name)
     for c in profile.contexts:
-        if not c.scored:
+        if c.ctx not in rules.spec_contexts(profile, name):
             continue
         # as many tokens as the timed requests asked for here: their tokens are the lossless reference
         gen = run.gen.get(c.ctx, profile.measurement.decode_tokens)
@@ -102,8 +123,7 @@ def spec_served(
                     "prompt_ids": list(ar.prompt),
                     "max_new": gen,
                     "block": block,
-                    "drafter": "ngram",
-                    "ngram": 3,
+                    **({"drafter": "draft"} if drafter == "draft" else {"drafter": "ngram", "ngram": 3}),
                 }
                 try:
                     t = schedule.run_alone(p, others, partial(p.request, req, ctx.run_timeout_s))
@@ -127,7 +147,7 @@ def spec_served(
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
         result = SpecResult(
             target=name,
-            drafter="ngram-3",
+            drafter="draft " + rules.spec_pair.draft.name if drafter == "draft" else "ngram-3",
             block_size=block,
             runs=len(pairs),
             lossless_runs=lossless,

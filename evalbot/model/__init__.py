@@ -319,6 +319,27 @@ class ContextEstimate:
 
 
 @dataclass(frozen=True)
+class TrackScore:
+    """One model's result in one track (tracks.yaml): the estimate at its strongest scored context, the tier it
+    earned there (None: none), the label it sets (None: the track gives this model none), and a note where
+    the tier is held back (an interval too wide to resolve it)."""
+
+    track: str
+    metric: str  # the track's: "decode" or "spec"
+    model: str
+    tier: str | None
+    label: str | None
+    estimate: ContextEstimate | None  # None: nothing measured for this model in this track
+    note: str = ""
+    overall: bool = True  # counts toward the overall tier
+
+    @property
+    def lower_bound_gain(self) -> float | None:
+        """The 95% CI's lower bound of the gain (a fraction) at the scored context: what a track's round ranks."""
+        return None if self.estimate is None else self.estimate.ci_low - 1
+
+
+@dataclass(frozen=True)
 class Verdict:
     """The decision for one evaluation: status, tier, gates, reasons and the verdict labels it sets."""
 
@@ -337,6 +358,12 @@ class Verdict:
     # the scored context's decode estimate, else the best scored one
     lower_bound_gain: float | None = None  # the 95% CI's lower bound of the decode gain (a fraction) at
     # the scored context, else the best over the scored decode estimates; rounds rank by it
+    scores: tuple[TrackScore, ...] = ()  # per track and model (tracks.yaml), in the rules' order
+
+    def track_gain(self, track: str) -> float | None:
+        """The best lower-bound gain of this track's scored models (what its round ranks), None if none."""
+        return max((g for s in self.scores if s.track == track and (g := s.lower_bound_gain) is not None),
+                   default=None)  # fmt: skip
 
     # Read back from records written before #37 (the store, result.json, receipts) and ignored: the labels
     # to remove were always the verdict family's others, which whoever applies a verdict computes.

@@ -22,6 +22,7 @@ from evalbot.rules.schema import (
     DEVICES,
     FILES,
     OPENAI_PROTOCOL,
+    OPTIONAL_FILES,
     STARTS,
     STREAMS,
     AccuracyGate,
@@ -43,6 +44,7 @@ from evalbot.rules.schema import (
     rules_hash,
 )
 from evalbot.rules.sections import _automerge, _copycat, _dispatch, _engine, _policy
+from evalbot.rules.tracks_load import tracks as _tracks
 
 
 def load_rules(directory: str | Path) -> Rules:
@@ -52,10 +54,10 @@ def load_rules(directory: str | Path) -> Rules:
         raise RulesError(str(root), None, "", "expected a directory of rules files")
     present = sorted(p.name for p in root.iterdir() if p.suffix in (".yaml", ".yml"))
     for name in present:
-        if name not in FILES:
-            hint = _did_you_mean(name, FILES)
+        if name not in FILES + OPTIONAL_FILES:
+            hint = _did_you_mean(name, FILES + OPTIONAL_FILES)
             raise RulesError(
-                str(root / name), None, "", f"unknown rules file{hint}; expected only: {', '.join(FILES)}"
+                str(root / name), None, "", f"unknown rules file{hint}; expected only: {', '.join(FILES + OPTIONAL_FILES)}"
             )
     for name in FILES:
         if name not in present:
@@ -89,8 +91,12 @@ def load_rules(directory: str | Path) -> Rules:
             f"the shape(s) {', '.join(shapes)} have no model file, and an {OPENAI_PROTOCOL} engine's vocabulary "
             "(which its API does not give) is read from one: name a model file instead",
         )
+    tracks = ()
+    if "tracks.yaml" in present:
+        tracks = _tracks(*_compose(root / "tracks.yaml"), profiles, spec_pair, engine,
+                         tuple(t.name for t in tiers), known)  # fmt: skip
     rules = Rules(
-        tiers, gates, profiles, spec_pair, copycat, policy, labels, automerge, dispatch, engine, root, ""
+        tiers, gates, profiles, spec_pair, copycat, policy, labels, automerge, dispatch, engine, root, "", tracks
     )
     return replace(rules, rules_hash=rules_hash(rules))
 
@@ -121,6 +127,8 @@ def _labels(
     f: _File, root: yaml.Node, tier_bounds: list[tuple[str, float]]
 ) -> tuple[tuple[Tier, ...], Labels]:
     status_keys = [fl.name for fl in fields(Labels)]
+    given = {key for key, _, _ in f.items(root, "labels")}
+    status_keys = [k for k in status_keys if k not in _OPTIONAL_LABELS or k in given]
     m = f.mapping(root, "labels", ["tiers", *status_keys])
     tier_names = [name for name, _ in tier_bounds]
     tier_nodes = f.mapping(m["tiers"], "labels.tiers", tier_names)
@@ -136,6 +144,9 @@ def _labels(
     tiers = tuple(Tier(n, b, unique(tier_nodes[n], f"labels.tiers.{n}")) for n, b in tier_bounds)
     labels = Labels(**{key: unique(m[key], f"labels.{key}") for key in status_keys})
     return tiers, labels
+
+
+_OPTIONAL_LABELS = ("copycat_cleared",)  # absent: the dataclass's default name
 
 
 def _label_owners(tiers: tuple[Tier, ...], labels: Labels) -> dict[str, str]:

@@ -8,7 +8,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,9 @@ FILES = (
     "dispatch.yaml",
     "engine.yaml",
 )
+# Read after FILES when present; absent, the default applies (``Rules.scoring``): one decode track, every
+# model of every profile scored at the profile's scored contexts, no label per model.
+OPTIONAL_FILES = ("tracks.yaml",)
 
 
 AUTOMERGE_ENV = "EVALBOT_AUTOMERGE"
@@ -320,6 +323,8 @@ class Labels:
     re_evaluate: str
     inconclusive: str
     hold: str
+    # set by `evalbot clear` on a copycat flag it takes off (optional in labels.yaml: this by default)
+    copycat_cleared: str = "copycat-cleared"
 
 
 @dataclass(frozen=True)
@@ -385,6 +390,7 @@ class EngineSpec:
     ] = ()  # absolute read-only paths the build and the engine may read (a CUDA toolkit)
     reference: str = "evalbot"  # REFERENCES: whose reference tools the harness runs (trusted either way)
     project: str = "."  # the tree's folder whose pyproject.toml installs the package (a relative path)
+    draft_args: tuple[str, ...] = ()  # a draft model for speculative requests: {draft} (empty: none)
 
     def serve_argv(self, model_args: list[str], **fields: str) -> list[str]:
         """The serving process's argv: the template filled in, then the model's arguments."""
@@ -399,6 +405,10 @@ class EngineSpec:
                 f"engine.yaml's engine serves no random weights (no serve.random_weights): not {shape}"
             )
         return [a.format_map({"shape": shape}) for a in self.random_weights]
+
+    def draft_model_args(self, draft: str) -> list[str]:
+        """The arguments that give a serving engine its draft model (a file on the runner)."""
+        return [a.format_map({"draft": draft}) for a in self.draft_args]
 
 
 class LabelFamily(enum.StrEnum):
@@ -432,6 +442,53 @@ class Rules:
     engine: EngineSpec
     source_dir: Path
     rules_hash: str
+    tracks: tuple[Track, ...] = ()  # tracks.yaml; empty: default_tracks (see `scoring`)
+
+    @property
+    def scoring(self) -> tuple[Track, ...]:
+        """The scored tracks: tracks.yaml's, or the default (one decode track over every profile's models)."""
+        return self.tracks or default_tracks(self.profiles)
+
+    def tracks_for(self, profile: str) -> tuple[Track, ...]:
+        """The tracks as they apply to one profile, each with that profile's models only. A profile that no
+        decode track names is scored as profiles.yaml says: every model at its scored contexts, no label."""
+        out = [replace(t, models=t.entries(profile)) for t in self.scoring if t.entries(profile)]
+        if not any(t.metric == DECODE_TRACK for t in out):
+            (default,) = default_tracks(tuple(p for p in self.profiles if p.name == profile))
+            out.insert(0, default)
+        return tuple(out)
+
+    def model_profile(self, profile: Profile, model: str) -> Profile:
+        """The profile as one of its models is measured: its contexts scored where a decode track scores that
+        model (none: the model is a guard, every context guarded and none scored)."""
+        scored = {c for t in self.tracks_for(profile.name) if t.metric == DECODE_TRACK for e in t.models
+                  if e.model == model for c in e.contexts}  # fmt: skip
+        contexts = tuple(replace(c, scored=c.ctx in scored) for c in profile.contexts)
+        return replace(profile, contexts=contexts)
+
+    def spec_contexts(self, profile: Profile, model: str) -> tuple[int, ...]:
+        """Where the spec runs measure a model: the contexts a speculative track scores it at, else its
+        decode-scored contexts (the spec gates alone)."""
+        named = {c for t in self.tracks_for(profile.name) if t.metric == SPEC_TRACK for e in t.models
+                 if e.model == model for c in e.contexts}  # fmt: skip
+        if named:
+            return tuple(c.ctx for c in profile.contexts if c.ctx in named)
+        return self.model_profile(profile, model).scored_contexts
+
+    def spec_drafter(self, profile: str, model: str) -> str:
+        """How a speculative track drafts for this model ('ngram' where no track says 'draft')."""
+        return next((t.drafter for t in self.tracks_for(profile) if t.metric == SPEC_TRACK for e in t.models
+                     if e.model == model), "ngram")  # fmt: skip
+
+    def track_labels(self) -> frozenset[str]:
+        """Every per-model label a track can set (each prefix with each tier and 'none')."""
+        return frozenset(
+            label
+            for t in self.scoring
+            for m in t.models
+            for tier in (*(x.name for x in self.tiers), None)
+            if (label := m.label_for(tier)) is not None
+        )
 
     @property
     def harness_modules(self) -> tuple[str, ...]:
@@ -458,6 +515,7 @@ class Rules:
                         lab.accuracy_fail,
                         lab.spec_fail,
                         lab.gaming,
+                        *self.track_labels(),
                     ]
                 )
             case LabelFamily.ROUND:
@@ -502,6 +560,58 @@ class Rules:
         """0 for no tier, else 1 for the lowest tier up to len(tiers) for the highest."""
         names = [t.name for t in self.tiers]
         return names.index(name) + 1 if name in names else 0
+
+
+# What a track scores: "decode" is autoregressive decode tok/s on the clock the verdict picks (wall or the
+# engine's CPU time); "spec" is speculative decode tok/s on the harness's clock, with AR decode as a floor.
+DECODE_TRACK, SPEC_TRACK = "decode", "spec"
+TRACK_METRICS = (DECODE_TRACK, SPEC_TRACK)
+DRAFTERS = ("ngram", "draft")  # n-gram prompt lookup in the target itself, or models.yaml's spec draft model
+NO_TIER = "none"  # a per-model label's value where the model earned no tier
+
+
+@dataclass(frozen=True)
+class TrackModel:
+    """One model in a track: its profile, the contexts where it is scored (none: a guard, measured and
+    guarded, never scored) and its label's prefix (``<label>:<tier>``, ``<label>:none``; None: no label)."""
+
+    profile: str
+    model: str
+    contexts: tuple[int, ...]
+    label: str | None = None
+
+    @property
+    def guard(self) -> bool:
+        return not self.contexts
+
+    def label_for(self, tier: str | None) -> str | None:
+        return None if self.label is None else f"{self.label}:{tier or NO_TIER}"
+
+
+@dataclass(frozen=True)
+class Track:
+    """A scored track (tracks.yaml): its metric, its models per profile, its drafter (spec only), and
+    whether its results count toward the overall tier label (labels.yaml's tiers)."""
+
+    name: str
+    metric: str
+    models: tuple[TrackModel, ...]
+    drafter: str = "ngram"
+    overall: bool = True
+    implicit: bool = False  # no tracks.yaml entry: profiles.yaml's scored contexts, for whatever was measured
+
+    def entries(self, profile: str) -> tuple[TrackModel, ...]:
+        return tuple(m for m in self.models if m.profile == profile)
+
+    def scored(self, profile: str, model: str) -> tuple[int, ...]:
+        """The contexts where this model is scored in this track on this profile (empty: not scored)."""
+        return next((m.contexts for m in self.models if m.profile == profile and m.model == model), ())
+
+
+def default_tracks(profiles: tuple[Profile, ...]) -> tuple[Track, ...]:
+    """Without tracks.yaml: one decode track scoring every model at its profile's scored contexts."""
+    models = tuple(TrackModel(p.name, m.name, p.scored_contexts) for p in profiles for m in p.models)
+    return (Track(DECODE_TRACK, DECODE_TRACK, models, implicit=True),)
 
 
 RULES_MARKER = "profiles.yaml"  # a folder named rules/ holding this is a contest's rules
@@ -558,7 +668,13 @@ __all__ = [
     "BUILD_FIELDS",
     "DEVICES",
     "DISPATCH_MODES",
+    "DECODE_TRACK",
+    "DRAFTERS",
     "FILES",
+    "NO_TIER",
+    "OPTIONAL_FILES",
+    "SPEC_TRACK",
+    "TRACK_METRICS",
     "HTTP_PROTOCOLS",
     "LOGIN",
     "PROTOCOLS",
@@ -591,9 +707,12 @@ __all__ = [
     "Tier",
     "TimingGate",
     "TinyPr",
+    "Track",
+    "TrackModel",
     "Winnowing",
     "automerge_allowed",
     "default_rules_dir",
+    "default_tracks",
     "is_login",
     "rules_hash",
 ]

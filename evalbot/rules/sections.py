@@ -330,7 +330,7 @@ def _engine(f: _File, root: _Node) -> EngineSpec:
             )
         toolchain.append(path)
     # random_weights is optional: an engine that only loads model files (llama-server) leaves it out
-    serve = _some_of(f, m["serve"], "engine.serve", ("argv", "model_file", "random_weights"))
+    serve = _some_of(f, m["serve"], "engine.serve", ("argv", "model_file", "random_weights", "draft"))
     for key in ("argv", "model_file"):
         if key not in serve:
             f.fail(m["serve"], f"engine.serve.{key}", "missing; a serving engine needs argv and model_file")
@@ -359,6 +359,8 @@ def _engine(f: _File, root: _Node) -> EngineSpec:
         )
         if "random_weights" in serve
         else (),
+        # optional: how a serving engine is given a draft model (a speculative track's drafter 'draft')
+        draft_args=_template(f, serve["draft"], "engine.serve.draft", ("draft",), ("draft",)) if "draft" in serve else (),
         bench=bench,
         commands=commands,
         toolchain=tuple(toolchain),

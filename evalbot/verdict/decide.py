@@ -30,9 +30,11 @@ from evalbot.model import (
     Side,
     Status,
     ThroughputPairs,
+    TrackScore,
     Verdict,
 )
 from evalbot.rules import Rules
+from evalbot.verdict import tracks
 from evalbot.verdict.gates import accuracy_gates, audit_bar, audit_gates, audit_passes, spec_gates
 
 # head-side failures that are the environment's fault, not the contributor's
@@ -84,7 +86,9 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
             reasons=("no throughput was measured",),
             add=(rules.labels.infra_error,),
         )
-    estimates = score_clocks(estimates, rules)
+    profile = m.provenance.profile
+    estimates = score_clocks(tracks.decode_scored(estimates, rules, profile), rules)
+    scores = tracks.track_scores(estimates, tracks.spec_estimates(m.spec, rules), rules, profile)
 
     audits = tuple(m.audits)
     main_audit = [
@@ -115,7 +119,7 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
     if any(g.kind is not GateKind.REGRESSION for g in failed) or any(
         _proven_regression(e) for e in estimates
     ):
-        return _reject(rules, gates, failed, estimates, best, mde)
+        return _reject(rules, gates, failed, estimates, best, mde, scores)
     floor = rules.tiers[0]
     unresolved = _unresolved(estimates, scored, best, rules)
     if unresolved:
@@ -141,13 +145,26 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
             add=(rules.labels.inconclusive,),
             estimates=estimates,
             mde=mde,
+            scores=scores,
         )
-    tier = best.tier if best else None
-    add = [rules.labels.verified]
-    if best is not None and tier:  # a tier comes from a best estimate
-        add.append(rules.tier(tier).label)
+    top = tracks.overall(scores, rules)
+    spec_top = top if top is not None and top.metric != tracks.DECODE_TRACK else None
+    if spec_top is not None and rules.tier_rank(spec_top.tier) <= rules.tier_rank(best.tier if best else None):
+        spec_top = None  # decode earned as much: the overall tier is decode's
+    tier = spec_top.tier if spec_top is not None else (best.tier if best else None)
+    add = [rules.labels.verified, *(s.label for s in scores if s.label)]
+    if spec_top is not None and spec_top.estimate is not None:
+        e = spec_top.estimate
+        add.append(rules.tier(spec_top.tier or "").label)
         reason = (
-            f"{tier}: {best.ratio - 1:+.1%} at ctx {best.context} "
+            f"{tier}: {e.ratio - 1:+.1%} in the {spec_top.track} track ({e.model}, ctx {e.context}; 95% CI "
+            f"{e.ci_low - 1:+.1%} to {e.ci_high - 1:+.1%}); every gate passed"
+        )
+    elif best is not None and tier:  # a tier comes from a best estimate
+        add.append(rules.tier(tier).label)
+        where = f"{best.model}, " if len({s.model for s in scores}) > 1 else ""
+        reason = (
+            f"{tier}: {best.ratio - 1:+.1%} at {where}ctx {best.context} "
             f"(95% CI {best.ci_low - 1:+.1%} to {best.ci_high - 1:+.1%}); every gate passed"
         )
     elif best is not None:
@@ -166,6 +183,8 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
         estimates=estimates,
         best=best if tier else None,
         mde=mde,
+        scores=scores,
+        tier=tier,
     )
 
 
@@ -264,6 +283,7 @@ def _reject(
     estimates: tuple[ContextEstimate, ...],
     best: ContextEstimate | None,
     mde: float | None,
+    scores: tuple[TrackScore, ...] = (),
 ) -> Verdict:
     add = []
     kinds = {g.kind for g in failed}
@@ -284,6 +304,7 @@ def _reject(
         best=best,
         mde=mde,
         keep_tier=False,
+        scores=scores,
     )
 
 
@@ -365,8 +386,10 @@ def _verdict(
     best: ContextEstimate | None = None,
     mde: float | None = None,
     keep_tier: bool = True,
+    scores: tuple[TrackScore, ...] = (),
+    tier: str | None = None,
 ) -> Verdict:
-    tier = best.tier if (best and keep_tier) else None
+    tier = tier if tier is not None else (best.tier if (best and keep_tier) else None)
     return Verdict(
         status=status,
         tier=tier,
@@ -377,4 +400,5 @@ def _verdict(
         estimates=estimates,
         rules_hash=rules.rules_hash,
         mde=mde,
+        scores=scores,
     )

@@ -104,3 +104,21 @@ def test_environment_variables_are_declared_on_their_options(github_double, tmp_
     r = CliRunner().invoke(main, ["poll", "--once", "--api-url", github_double.base_url, "--state", str(other)],
                            env={"GITHUB_TOKEN": "t", "EVALBOT_REPO": ""})  # fmt: skip
     assert r.exit_code != 0 and "which repository?" in r.output
+
+
+def test_clearing_a_copycat_flag_swaps_it_for_copycat_cleared_and_the_screen_leaves_that_alone(bot, github_double):
+    run, _, state = bot
+    pull = github_double.state.pulls[7]
+    pull.labels[:] = ["copycat-warn", "area:kernels"]
+    out = run("clear", "7", "--reason", "independent work: a maintainer compared both")
+    assert "add ['copycat-cleared']" in out
+    assert set(pull.labels) == {"copycat-cleared", "area:kernels"}
+    from evalbot.rules import LabelFamily, default_rules_dir, load_rules
+
+    rules = load_rules(default_rules_dir())
+    # no producer of a poll owns it, so no poll takes it off; and it blocks no merge
+    owned = set().union(*(rules.owned(f) for f in LabelFamily if f is not LabelFamily.CLEARED))
+    assert "copycat-cleared" not in owned and "copycat-cleared" not in rules.automerge.blocking_labels
+    pull.labels[:] = ["flagged:gaming"]  # a gaming flag cleared is no copycat clearance
+    assert "copycat-cleared" not in run("clear", "7", "--reason", "a maintainer looked")
+    assert pull.labels == []

@@ -1,0 +1,115 @@
+"""Scored tracks (tracks.yaml) -> a score per track and model. Pure.
+
+The decode track decides which (model, context) estimates are scored: a model is scored only at its own
+contexts, and every measured model stays guarded wherever its profile guards (a regression on a model the
+PR does not target still rejects it). A speculative track scores the speculative rate that the spec runs
+measured on the harness's clock; its gates (lossless, tau against main, plain decode as a floor) are the
+spec gates, a REJECT when they fail. A tier stands only where the interval resolves it (its MDE at most the
+tier's floor, enough degrees of freedom); otherwise the score names the tier it cannot yet give.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from evalbot import stats
+from evalbot.model import DECODE_METRICS, ContextEstimate, SpecResult, TrackScore
+from evalbot.rules import DECODE_TRACK, SPEC_TRACK, Rules, Track, TrackModel
+
+SPEC_METRIC = "spec_tps"
+MIN_DF = 2  # as verdict.decide's: fewer degrees of freedom decide nothing
+
+
+def decode_scored(estimates: Sequence[ContextEstimate], rules: Rules, profile: str) -> tuple[ContextEstimate, ...]:
+    """The estimates with `scored` only where a decode track of tracks.yaml scores that model at that context;
+    as measured (profiles.yaml's flags) where no decode track names the profile."""
+    named = [t for t in rules.tracks_for(profile) if t.metric == DECODE_TRACK and not t.implicit]
+    if not named:
+        return tuple(estimates)
+    contexts: dict[str, set[int]] = {}
+    for t in named:
+        for e in t.models:
+            contexts.setdefault(e.model, set()).update(e.contexts)
+    return tuple(
+        e if (e.context in contexts.get(e.model, ())) or not e.scored
+        else dataclasses.replace(e, scored=False, tier=None)
+        for e in estimates
+    )  # fmt: skip
+
+
+def spec_estimates(spec: Iterable[SpecResult], rules: Rules) -> tuple[ContextEstimate, ...]:
+    """The speculative rate, PR against main, per (target, context) the spec runs measured (two runs at least)."""
+    out = []
+    for s in spec:
+        if len(s.spec_pairs) < 2 or s.context is None:
+            continue
+        try:
+            est = stats.estimate_design(s.spec_pairs)
+            cls = stats.classify(est, rules.tier_bounds, rules.gates.no_regression.min_ratio)
+        except stats.StatsError:
+            continue
+        bases = sorted(b for b, _ in s.spec_pairs)
+        heads = sorted(h for _, h in s.spec_pairs)
+        out.append(ContextEstimate(
+            model=s.target, context=s.context, metric=SPEC_METRIC, n=est.n, base_median=_median(bases),
+            head_median=_median(heads), ratio=est.ratio, ci_low=est.ci_low, ci_high=est.ci_high, mde=est.mde,
+            tier=cls.tier, regression=False, guarded=False, scored=True, df=est.df,
+        ))  # fmt: skip
+    return tuple(out)
+
+
+def track_scores(
+    estimates: Sequence[ContextEstimate], spec: Sequence[ContextEstimate], rules: Rules, profile: str
+) -> tuple[TrackScore, ...]:
+    """One score per track and scored model of this profile, in the rules' order."""
+    out = []
+    for t in rules.tracks_for(profile):
+        pool = spec if t.metric == SPEC_TRACK else [e for e in estimates if e.metric in DECODE_METRICS]
+        entries = t.models
+        if t.implicit:  # profiles.yaml's scoring, for every model measured (whatever the rules call them)
+            ctxs = tuple(sorted({e.context for e in pool if e.scored}))
+            entries = tuple(TrackModel(profile, m, ctxs) for m in dict.fromkeys(e.model for e in pool))
+        for entry in entries:
+            if entry.guard:
+                continue
+            out.append(_score(t, entry, [e for e in pool if e.model == entry.model and e.scored
+                                         and e.context in entry.contexts], rules))  # fmt: skip
+    return tuple(out)
+
+
+def _score(t: Track, entry: TrackModel, here: list[ContextEstimate], rules: Rules) -> TrackScore:
+    if not here:  # not measured (speculative decoding not run): no label either way
+        return TrackScore(t.name, t.metric, entry.model, None, None, None, "not measured", t.overall)
+    best = max(here, key=lambda e: (rules.tier_rank(e.tier), e.ci_low))
+    tier, note = resolved_tier(best, rules)
+    return TrackScore(t.name, t.metric, entry.model, tier, entry.label_for(tier), best, note, t.overall)
+
+
+def resolved_tier(e: ContextEstimate, rules: Rules) -> tuple[str | None, str]:
+    """The highest tier the estimate both earned (its CI's lower bound) and resolves (its MDE at most the
+    tier's floor), and a note where that is less than its lower bound alone would give."""
+    if e.df is not None and e.df < MIN_DF:
+        return None, f"{e.n} runs: too few to decide a tier"
+    earned = rules.tier_rank(e.tier)
+    for t in reversed(rules.tiers[:earned]):
+        if e.mde <= t.lower_bound:
+            return t.name, "" if t.name == e.tier else f"{e.tier} held back to {t.name}: MDE {e.mde:.1%}"
+    if e.tier is not None:
+        return None, f"{e.tier} held back: MDE {e.mde:.1%} above {rules.tiers[0].name}'s floor"
+    return None, ""
+
+
+def overall(scores: Iterable[TrackScore], rules: Rules) -> TrackScore | None:
+    """The best score of the tracks that count toward the overall tier (None where none earned a tier)."""
+    counted = [s for s in scores if s.overall and s.tier is not None and s.estimate is not None]
+    return max(counted, key=lambda s: (rules.tier_rank(s.tier), s.estimate.ci_low if s.estimate else 0),
+               default=None)  # fmt: skip
+
+
+def _median(xs: list[float]) -> float:
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+__all__ = ["SPEC_METRIC", "decode_scored", "overall", "resolved_tier", "spec_estimates", "track_scores"]

@@ -1,0 +1,209 @@
+"""Scored tracks (rules/tracks.yaml): the rules, a score and a label per model, guards across models, the
+speculative track, and the rules' errors at file:line."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from evalbot.model import (
+    AccuracyResult,
+    Measurements,
+    Provenance,
+    SpecResult,
+    Status,
+    ThroughputPairs,
+)
+from evalbot.rules import LabelFamily, RulesError, default_rules_dir, load_rules
+from evalbot.verdict.decide import decide
+
+SMALL, LARGE = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules(default_rules_dir())
+
+
+@pytest.fixture
+def rules_dir(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(default_rules_dir(), tmp_path / "rules"))
+
+
+def pairs(ratio: float, n: int = 12, noise: float = 0.004, seed: int = 0) -> tuple[tuple[float, float], ...]:
+    rng = random.Random(seed)
+    return tuple((100 * (1 + rng.gauss(0, noise)), 100 * ratio * (1 + rng.gauss(0, noise))) for _ in range(n))
+
+
+def tp(model: str, ctx: int, ratio: float) -> ThroughputPairs:
+    return ThroughputPairs(model, ctx, "decode_tps", pairs(ratio, seed=ctx + len(model)))
+
+
+def meas(profile: str, *tps: ThroughputPairs, spec: tuple[SpecResult, ...] = ()) -> Measurements:
+    prov = Provenance("repo", "a" * 40, "b" * 40, "a" * 40, "0" * 64, profile)
+    acc = tuple(AccuracyResult(m, 128, 0.99, 0.001, 1.0) for m in dict.fromkeys(t.model for t in tps))
+    return Measurements(prov, throughput=tps, accuracy=acc, spec=spec)
+
+
+def both(small: float, large: float) -> Measurements:
+    return meas("cpu-both", *(tp(m, c, r) for m, r in ((SMALL, small), (LARGE, large)) for c in (128, 512)))
+
+
+# ---------------------------------------------------------------- a score and a label per model
+
+
+def test_the_shipped_two_model_profile_gives_a_label_per_model(rules):
+    v = decide(both(1.05, 1.08), rules)
+    assert v.status is Status.PASS and v.tier == "M"  # the overall: the best of the decode track
+    by_model = {s.model: s for s in v.scores}
+    assert (by_model[SMALL].tier, by_model[LARGE].tier) == ("S", "M")
+    assert {"perf-0.5b:S", "perf-1.5b:M", "perf:M", "verified"} == set(v.labels_add)
+    assert set(v.labels_add) <= rules.owned(LabelFamily.VERDICT)  # the next verdict takes them off
+    assert LARGE in v.reasons[0]  # which model earned the overall tier
+
+
+def test_a_model_that_gained_nothing_is_labelled_none(rules):
+    v = decide(both(1.05, 1.0), rules)
+    assert v.status is Status.PASS and {"perf-0.5b:S", "perf-1.5b:none"} <= set(v.labels_add)
+
+
+def test_a_pr_that_speeds_up_one_model_and_slows_the_other_by_5_percent_is_rejected_by_the_guard(rules):
+    v = decide(both(1.10, 0.95), rules)
+    assert v.status is Status.REJECT and "regression" in v.labels_add
+    assert not any(label.startswith(("perf-0.5b", "perf-1.5b", "perf:")) for label in v.labels_add)
+    failed = [g for g in v.gates if not g.passed]
+    assert failed and {g.model for g in failed} == {LARGE}
+
+
+def test_a_guard_model_is_measured_and_guarded_but_never_scored(rules_dir: Path):
+    text = (rules_dir / "tracks.yaml").read_text()
+    (rules_dir / "tracks.yaml").write_text(text.replace(
+        "      qwen2.5-coder-1.5b: {scored: [128, 512], label: perf-1.5b}", "      qwen2.5-coder-1.5b: guard"))
+    rules = load_rules(rules_dir)
+    fast_guard = decide(both(1.0, 1.5), rules)  # the guard's 50% buys nothing
+    assert fast_guard.status is Status.PASS and fast_guard.tier is None
+    assert [s.model for s in fast_guard.scores] == [SMALL]
+    assert decide(both(1.1, 0.9), rules).status is Status.REJECT  # and its regression still rejects
+
+
+def test_a_profile_no_track_names_scores_as_before(rules):
+    v = decide(meas("cpu", tp(SMALL, 128, 1.0), tp(SMALL, 512, 1.05)), rules)
+    assert v.status is Status.PASS and v.tier == "S" and set(v.labels_add) == {"verified", "perf:S"}
+    assert [(s.track, s.model, s.label) for s in v.scores] == [("decode", SMALL, None), ("spec", SMALL, None)]
+    assert v.scores[1].estimate is None  # no spec runs measured: no label either way
+
+
+# ---------------------------------------------------------------- the speculative track
+
+
+def spec(ar: float, sp: float, *, lossless: int = 3, tau: tuple[float, float] = (2.0, 2.0), runs: int = 6,
+         ctx: int = 512) -> SpecResult:  # fmt: skip
+    base_steps, head_steps = (int(tau[0]),) * 40, (int(tau[1]),) * 40
+    return SpecResult(SMALL, "ngram-3", 7, runs, lossless, None if lossless == runs else 3, tau[0], tau[1],
+                      ar_pairs=pairs(ar, runs, seed=1), spec_pairs=pairs(sp, runs, seed=2), context=ctx,
+                      base_tau_runs=(tau[0],) * runs, head_tau_runs=(tau[1],) * runs,
+                      base_tau_steps=base_steps, head_tau_steps=head_steps)  # fmt: skip
+
+
+def cpu_spec(*results: SpecResult, decode: float = 1.0) -> Measurements:
+    return meas("cpu", tp(SMALL, 128, decode), tp(SMALL, 512, decode), spec=results)
+
+
+def test_a_better_drafter_earns_a_speculative_tier_and_no_decode_tier(rules):
+    v = decide(cpu_spec(spec(1.0, 1.25, tau=(2.0, 3.0))), rules)
+    assert v.status is Status.PASS and v.tier is None  # the spec track counts apart (overall: false)
+    [s] = [s for s in v.scores if s.track == "spec"]
+    assert s.tier == "XL" and "perf-spec:XL" in v.labels_add and "perf-spec:none" not in v.labels_add
+    assert not any(label.startswith("perf:") for label in v.labels_add)
+
+
+def test_raising_tau_by_breaking_losslessness_is_rejected(rules):
+    v = decide(cpu_spec(spec(1.0, 1.6, lossless=1, tau=(2.0, 4.0))), rules)
+    assert v.status is Status.REJECT and "spec-fail" in v.labels_add
+    assert not any(label.startswith("perf-spec") for label in v.labels_add)
+
+
+def test_a_speculative_gain_bought_with_an_ar_regression_is_rejected(rules):
+    v = decide(cpu_spec(spec(0.9, 1.3, tau=(2.0, 3.0))), rules)
+    assert v.status is Status.REJECT and any(g.name == "spec AR speed" and not g.passed for g in v.gates)
+
+
+def test_a_speculative_interval_too_wide_for_its_tier_holds_it_back(rules):
+    noisy = replace(spec(1.0, 1.0), spec_pairs=((100, 140), (100, 160), (100, 150)), runs=3)
+    v = decide(cpu_spec(noisy), rules)
+    [s] = [s for s in v.scores if s.track == "spec"]
+    assert s.estimate is not None and s.estimate.tier == "XL" and s.estimate.mde > 0.18  # earned, not resolved
+    assert s.tier is None and "held back" in s.note and "perf-spec:none" in v.labels_add
+
+
+def test_a_spec_track_counted_overall_can_give_the_overall_tier(rules_dir: Path):
+    text = (rules_dir / "tracks.yaml").read_text()
+    (rules_dir / "tracks.yaml").write_text(text.replace("  overall: false", "  overall: true"))
+    v = decide(cpu_spec(spec(1.0, 1.25, tau=(2.0, 3.0))), load_rules(rules_dir))
+    assert v.status is Status.PASS and v.tier == "XL" and "perf:XL" in v.labels_add
+    assert "speculative" in v.reasons[0] or "spec track" in v.reasons[0]
+
+
+# ---------------------------------------------------------------- bad rules at file:line
+
+
+def broken(rules_dir: Path, old: str, new: str) -> tuple[RulesError, int]:
+    path = rules_dir / "tracks.yaml"
+    text = path.read_text()
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new))
+    with pytest.raises(RulesError) as info:
+        load_rules(rules_dir)
+    return info.value, text[: text.index(old)].count("\n") + 1
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "words"),
+    [
+        ("  metric: spec\n", "  metric: tokens\n", "tracks.spec.metric", "expected a track metric"),
+        ("      qwen2.5-coder-1.5b: {scored: [128, 512], label: perf-1.5b}",
+         "      qwen2.5-coder-7b: {scored: [128, 512], label: perf-7b}", "tracks.decode.models.cpu-both.qwen2.5-coder-7b",
+         "expected a model of models.yaml's 'cpu-both' profile"),
+        ("    cpu:\n      qwen2.5-coder-0.5b: {scored: [128, 512], label: perf-spec}",
+         "    cpu:\n      qwen2.5-coder-1.5b: guard", "tracks.spec.models.cpu.qwen2.5-coder-1.5b",
+         "expected a model of models.yaml's 'cpu' profile"),
+        ("    cpu-both:\n", "    cpu-triple:\n", "tracks.decode.models.cpu-triple", "expected a profile of profiles.yaml"),
+        ("label: perf-1.5b}", "label: perf-0.5b}", "tracks.decode.models.cpu-both.qwen2.5-coder-1.5b.label",
+         "already tracks.decode.models.cpu-both.qwen2.5-coder-0.5b.label"),
+        ("label: perf-spec}", "label: perf}", "tracks.spec.models.cpu.qwen2.5-coder-0.5b.label",
+         "'perf:XS' is already labels.tiers.XS"),
+        ("{scored: [128, 512], label: perf-0.5b}", "{scored: [128, 2048], label: perf-0.5b}",
+         "tracks.decode.models.cpu-both.qwen2.5-coder-0.5b.scored[1]", "expected a context of profile 'cpu-both'"),
+        ("  metric: decode\n", "  metric: decode\n  drafter: draft\n", "tracks.decode.drafter", "only a 'spec' track drafts"),
+    ],
+)  # fmt: skip
+def test_a_bad_track_is_refused_at_its_file_and_line(rules_dir: Path, old, new, field, words):
+    err, line = broken(rules_dir, old, new)
+    assert Path(err.file).name == "tracks.yaml" and err.field == field and words in err.message, str(err)
+    assert err.line is not None and line <= err.line <= line + 2, (err.line, line)
+
+
+def test_drafting_with_a_model_needs_the_engine_to_say_how_it_takes_one(rules_dir: Path):
+    engine = rules_dir / "engine.yaml"
+    engine.write_text(engine.read_text().replace('  draft: ["--draft", "{draft}"]\n', ""))
+    path = rules_dir / "tracks.yaml"
+    path.write_text(path.read_text().replace("drafter: ngram", "drafter: draft").replace(
+        "      qwen2.5-coder-0.5b: {scored: [128, 512], label: perf-spec}",
+        "      qwen2.5-coder-0.5b: {scored: [128, 512], label: perf-spec}"))
+    with pytest.raises(RulesError) as info:
+        load_rules(rules_dir)
+    # the spec pair's target is the 1.5B, which the cpu profile does not hold: that is named first
+    assert "drafts for models.yaml's spec target" in str(info.value) or "serve.draft" in str(info.value)
+
+
+def test_without_tracks_yaml_every_model_is_scored_as_profiles_yaml_says(rules_dir: Path):
+    (rules_dir / "tracks.yaml").unlink()
+    rules = load_rules(rules_dir)
+    assert rules.tracks == () and [t.name for t in rules.scoring] == ["decode"]
+    assert rules.track_labels() == frozenset()
+    v = decide(both(1.05, 1.08), rules)
+    assert v.status is Status.PASS and set(v.labels_add) == {"verified", "perf:M"}
