@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from evalbot.model import PullRequest, Status, Verdict, WorkflowRun
-from evalbot.rules import Rules
+from evalbot.rules import DECODE_TRACK, Rules
 
 MERGE_FIRST = "merge_first"
 NEEDS_REBASE = "needs_rebase"
@@ -53,12 +53,15 @@ class RoundDecision:
 
 @dataclass(frozen=True)
 class RoundRanking:
-    """The round against one main: the winner, the ranked PASSes, and every PR's decision."""
+    """The round against one main: the winner, the ranked PASSes, and every PR's decision. Each track ranks
+    apart (merge-first is decided within a track): `winners` names each track's, and `order` puts them
+    first (the decode track's, then the others' in the rules' order), then the rest by decode gain."""
 
     main_sha: str
     merge_first: int | None
     order: tuple[int, ...]  # ranked contenders, best first
     decisions: tuple[RoundDecision, ...]  # by PR number
+    winners: tuple[tuple[str, int], ...] = ()  # (track, PR) per track that has a contender
 
     def decision(self, pr: int) -> RoundDecision:
         """The decision for one PR; KeyError if it was not in the round."""
@@ -66,6 +69,10 @@ class RoundRanking:
             if d.pr == pr:
                 return d
         raise KeyError(pr)
+
+    def tracks_won(self, pr: int) -> tuple[str, ...]:
+        """The tracks whose round this PR leads."""
+        return tuple(t for t, winner in self.winners if winner == pr)
 
 
 def _pct(fraction: float) -> str:
@@ -110,12 +117,16 @@ def rank_round(
             ranked.append((gain, pr))
 
     ranked.sort(key=lambda t: (-t[0], t[1]))
-    order = tuple(pr for _, pr in ranked)
+    winners = _track_winners(ranked, by_pr, rules)
+    leaders = list(dict.fromkeys(pr for _, pr in winners))
+    order = tuple(leaders + [pr for _, pr in ranked if pr not in leaders])
     winner = order[0] if order else None
     for place, (gain, pr) in enumerate(ranked, 1):
         c = by_pr[pr]
-        if pr == winner:
-            reason = f"largest lower-bound gain in the round ({_pct(gain)}): merges first"
+        won = [t for t, w in winners if w == pr]
+        if won:
+            tracks = " and ".join(f"the {t} track" for t in won)
+            reason = f"largest lower-bound gain in {tracks} ({_pct(gain)} decode): merges first"
             decisions[pr] = decide(c, MERGE_FIRST, gain, reason, lab.merge_first)
             continue
         best = ranked[0][0]
@@ -126,7 +137,28 @@ def rank_round(
             "measures this pull request against the new main and credits only its gain over it."
         )
         decisions[pr] = decide(c, NEEDS_REBASE, gain, reason, lab.needs_rebase, comment)
-    return RoundRanking(main_sha, winner, order, tuple(decisions[pr] for pr in sorted(decisions)))
+    return RoundRanking(main_sha, winner, order, tuple(decisions[pr] for pr in sorted(decisions)), winners)
+
+
+def _track_winners(
+    ranked: list[tuple[float, int]], by_pr: dict[int, Contender], rules: Rules
+) -> tuple[tuple[str, int], ...]:
+    """Each track's leader among the ranked PASSes: decode by the decode gain (the ranking itself), every
+    other track by its own lower-bound gain, and only where that track earned the PR a tier (a speculative
+    score of "none" leads nothing). Ties go to the lower PR number."""
+    out: list[tuple[str, int]] = []
+    if ranked:
+        out.append(
+            (next((t.name for t in rules.scoring if t.metric == DECODE_TRACK), DECODE_TRACK), ranked[0][1])
+        )
+    names = list(dict.fromkeys(t.name for t in rules.scoring if t.metric != DECODE_TRACK))
+    for name in names:
+        scored = [(g, pr) for _, pr in ranked
+                  if (g := by_pr[pr].verdict.track_gain(name)) is not None
+                  and any(s.track == name and s.tier for s in by_pr[pr].verdict.scores)]  # fmt: skip
+        if scored:
+            out.append((name, min(scored, key=lambda t: (-t[0], t[1]))[1]))
+    return tuple(out)
 
 
 def approval_needed(paths: Iterable[str], labels: Iterable[str], rules: Rules) -> str | None:

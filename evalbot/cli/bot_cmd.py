@@ -372,10 +372,17 @@ def clear(ctx: Ctx, pr: int, reason: str) -> None:
     flags = rules.owned(LabelFamily.CLEARED)
     present = sorted(set(facts.labels) & flags)
     # a copycat flag taken off leaves its mark: the PR says a maintainer cleared it (and no poll removes it)
-    cleared = {rules.labels.copycat_cleared} if set(present) & {rules.labels.copycat, rules.labels.copycat_warn} else set()
+    cleared = (
+        {rules.labels.copycat_cleared}
+        if set(present) & {rules.labels.copycat, rules.labels.copycat_warn}
+        else set()
+    )
     by = ctx.by
     _say(ctx, f"clear #{pr} at its head {facts.head_sha[:12]} (a later push is screened again)")
-    _say(ctx, f"remove {present or 'no flag labels'} from #{pr}" + (f", add {sorted(cleared)}" if cleared else ""))
+    _say(
+        ctx,
+        f"remove {present or 'no flag labels'} from #{pr}" + (f", add {sorted(cleared)}" if cleared else ""),
+    )
     if facts.state == "closed" and not facts.merged:
         _say(ctx, f"reopen #{pr}")
     remote = ctx.remote()
@@ -389,7 +396,9 @@ def clear(ctx: Ctx, pr: int, reason: str) -> None:
     with ctx.store() as store:  # the publisher's two-phase actions: a crash here is reconciled, not redone
         store.moderation.add_clear(pr, by, reason, head_sha=facts.head_sha)
         publisher = Publisher(gh, store, bot_login=ctx.bot_login, log=lambda line: _say(ctx, line))
-        publisher.labels(pr, facts.head_sha, facts.labels, (set(facts.labels) - flags) | cleared, flags | cleared)
+        publisher.labels(
+            pr, facts.head_sha, facts.labels, (set(facts.labels) - flags) | cleared, flags | cleared
+        )
         if facts.state == "closed" and not facts.merged:
             publisher.reopen(pr, facts.head_sha, f"cleared by {by}: {reason}")
     if changed:

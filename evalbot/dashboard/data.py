@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from evalbot import ledgers, times
 from evalbot.model import ContextEstimate
-from evalbot.store import Calibration, EvaluationRecord, LedgerEntry
+from evalbot.store import Calibration, EvaluationRecord, LedgerEntry, TrackCredit
 
 PER_PAGE = 200  # rows per page of a long list
 MAX_PR_EVALUATIONS = 100  # evaluations listed on a PR's own page, newest first
@@ -97,6 +97,7 @@ class MergeMark:
     author: str
     gain: float | None
     at: datetime
+    tracks: tuple[tuple[str, float | None], ...] = ()  # the tracks whose round it led, with each one's gain
 
 
 def frontier(evaluations: Iterable[EvaluationRecord]) -> list[FrontierSeries]:
@@ -128,14 +129,28 @@ def frontier(evaluations: Iterable[EvaluationRecord]) -> list[FrontierSeries]:
     return sorted(out, key=lambda s: (s.model, s.metric != "decode_tps", s.metric, s.context))
 
 
-def merges(entries: Iterable[LedgerEntry]) -> list[MergeMark]:
-    """The store ledger's merges, oldest first (credits are not merges)."""
+def merges(entries: Iterable[LedgerEntry], credits: Iterable[TrackCredit] = ()) -> list[MergeMark]:
+    """The store ledger's merges, oldest first (credits are not merges), each with the tracks it was
+    credited in."""
+    led: dict[tuple[int, str], list[tuple[str, float | None]]] = defaultdict(list)
+    for c in credits:
+        led[(c.pr, c.sha)].append((c.track, c.gain if _finite(c.gain) else None))
     out = []
     for e in entries:
         at = parse_time(e.at)
         if e.kind == "merge" and at is not None:
-            out.append(MergeMark(e.pr, e.sha, e.author, e.gain if _finite(e.gain) else None, at))
+            gain = e.gain if _finite(e.gain) else None
+            out.append(MergeMark(e.pr, e.sha, e.author, gain, at, tuple(led.get((e.pr, e.sha), ()))))
     return sorted(out, key=lambda m: (m.at, m.pr))
+
+
+def track_tally(marks: Iterable[MergeMark]) -> list[tuple[str, int, tuple[str, ...]]]:
+    """Per track: how many merges it credited, and to whom (first credited first)."""
+    tally: dict[str, list[str]] = defaultdict(list)
+    for mk in marks:
+        for track, _ in mk.tracks:
+            tally[track].append(mk.author)
+    return [(track, len(who), tuple(dict.fromkeys(who))) for track, who in tally.items()]
 
 
 T = TypeVar("T")

@@ -37,6 +37,7 @@ from evalbot.dashboard.data import (
     noise,
     outcome,
     pr_summaries,
+    track_tally,
     verdict_history,
 )
 from evalbot.dashboard.plots import plot_frontier, plot_noise, plot_verdict_history
@@ -153,7 +154,7 @@ def build_site(
     evaluations = store.queue.evaluations()
     summaries = pr_summaries(evaluations)
     series = frontier(evaluations)
-    marks = merges(ledger_rows := store.rounds.ledger())
+    marks = merges(ledger_rows := store.rounds.ledger(), store.rounds.track_credits())
     history = verdict_history(evaluations)
     calibrations = store.calibrations.recorded()
     view = ledger_view(ledger_files or LedgerFiles())
@@ -195,7 +196,7 @@ def build_site(
     for pager, rows in paginate(merge_rows, "frontier", per_page):
         w.page(pager.href(pager.number), "frontier.html.j2", {
             **common, "page": "frontier", "plots": frontier_plots if pager.number == 1 else [],
-            "merges": rows, "pager": pager,
+            "merges": rows, "pager": pager, "tracks": track_tally(marks) if pager.number == 1 else [],
         })  # fmt: skip
     for pager, rows in paginate(summaries, "prs", per_page):
         w.page(

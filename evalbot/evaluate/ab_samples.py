@@ -21,6 +21,12 @@ class SideError(RuntimeError):
         self.side, self.stage, self.tail = side, stage, tail
 
 
+class BurstError(SideError):
+    """A side's tokens arrived together, at a rate no decode reaches: computed before the first was sent, or
+    read late by a stalled reader thread (every line of one read shares its time). The pair is measured
+    again once; a side's second burst in an evaluation is its failure."""
+
+
 @dataclass(frozen=True)
 class Sample:
     """One timed request: what was asked, what came back, and how long it took by the harness's clock."""
@@ -86,6 +92,7 @@ class Run:
     # tokens a timed request asks for, per context (measurement.decode_s: from main's rate in the first
     # block; otherwise decode_tokens everywhere)
     gen: dict[int, int] = field(default_factory=dict)
+    bursts: dict[Side, int] = field(default_factory=dict)  # per side: pairs measured again after a burst
 
 
 def estimates(samples: list[Sample], ctx: int, metric: str = "decode") -> stats.PairedEstimate | None:

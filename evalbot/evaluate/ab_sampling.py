@@ -4,7 +4,7 @@ gives each engine (`request_overuse`). Pure."""
 
 from __future__ import annotations
 
-from evalbot.evaluate.ab_samples import Sample, SideError
+from evalbot.evaluate.ab_samples import BurstError, Sample, SideError
 from evalbot.evaluate.timed import Timed
 from evalbot.model import Side
 
@@ -81,7 +81,7 @@ def sample(
         raise SideError(side, "protocol", "the prefill's answer arrived before the request was sent")
     decode_tps = steps / decode_s if decode_s > 0 else float("inf")
     if decode_tps > MAX_DECODE_TPS:
-        raise SideError(
+        raise BurstError(
             side,
             "serve",
             f"{gen} tokens arrived within {decode_s * 1e6:.0f} µs: a burst, not a "

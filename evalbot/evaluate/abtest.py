@@ -43,7 +43,7 @@ from typing import Any
 from evalbot.evaluate import box, pinning, schedule
 from evalbot.evaluate.ab_block import Launch, Log, close, request_length, start_block, warm
 from evalbot.evaluate.ab_design import allocate, design
-from evalbot.evaluate.ab_samples import Prompts, Run, Sample, SideError, estimates, pairs_at
+from evalbot.evaluate.ab_samples import BurstError, Prompts, Run, Sample, SideError, estimates, pairs_at
 from evalbot.evaluate.ab_sampling import request_overuse, sample
 from evalbot.evaluate.ab_twopart import continuation, continue_body, generate_body, two_part
 from evalbot.evaluate.schedule import run_alone
@@ -278,22 +278,19 @@ def _pair(
             answers = _answers(procs, order, continue_body(prompt[-1], gen, stream), timeout_s, slice_s)
         else:
             answers = _answers(procs, order, generate_body(prompt, gen, stream), timeout_s, slice_s)
-        for side, timed, pre in zip(order, answers, prefills, strict=True):
-            out.append(
-                sample(
-                    side,
-                    ctx,
-                    block,
-                    i,
-                    prompt,
-                    gen,
-                    timed,
-                    base_first=base_first,
-                    went_first=side is order[0],
-                    stream=stream,
-                    prefill=pre,
-                )
-            )
+        try:
+            for side, timed, pre in zip(order, answers, prefills, strict=True):
+                out.append(sample(side, ctx, block, i, prompt, gen, timed, base_first=base_first,
+                                  went_first=side is order[0], stream=stream, prefill=pre))  # fmt: skip
+        except BurstError as exc:
+            # every line of one read shares its time, so a reader thread that a loaded box kept waiting a few
+            # milliseconds reads a fast engine's whole answer as one burst: measured again once, and only a
+            # side's second burst is its own (a burst wins nothing either way: its pair is never kept)
+            run.bursts[exc.side] = run.bursts.get(exc.side, 0) + 1
+            if run.bursts[exc.side] > 1:
+                raise
+            log(f"pair measured again: {exc} (once per side: the next burst fails the side)")
+            continue
         during = box.usage(snap, box.cpu_snapshot(), os.getpid())
         reason = box.busy_reason(during, quiet)
         if reason is None:

@@ -330,7 +330,10 @@ def _measure(ctx: RunContext, harness: _Harness, corpus: Path, seed: int) -> _Re
             )
             if drafter_for(ctx, ctx.req.profile.name, ref.name) == "draft" and drafts(ctx):
                 # the target's serving engine loads the draft model its spec requests draft with
-                args = [*args, *engine.draft_model_args(str(harness.models[ctx.ws.rules.spec_pair.draft.name]))]
+                args = [
+                    *args,
+                    *engine.draft_model_args(str(harness.models[ctx.ws.rules.spec_pair.draft.name])),
+                ]
             # scored where a decode track scores this model (tracks.yaml); a guard is measured, never scored
             profile = ctx.ws.rules.model_profile(ctx.req.profile, ref.name)
             got = measure_model(ctx, profile, ref.name, args, corpus, seed, registry,

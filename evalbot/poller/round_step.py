@@ -78,7 +78,7 @@ class RoundStep:
                 self.bot._relabel(facts[n], {self.bot.rules.labels.merge_first}, owned)
 
             def merge(n: int = number, o: list[str] = outcome) -> None:
-                o.append(self.maybe_merge(facts[n], records[n]))
+                o.append(self.maybe_merge(facts[n], records[n], ranking.tracks_won(n)))
 
             if place:  # the one before was refused: this PASS takes its place in the round
                 self.bot._contained(number, "promoting", promote)
@@ -104,7 +104,7 @@ class RoundStep:
             return ()
         return self.bot.gh.list_workflow_runs(workflow, head_sha=head_sha, limit=20)
 
-    def maybe_merge(self, pr: PullRequest, rec: EvaluationRecord) -> str:
+    def maybe_merge(self, pr: PullRequest, rec: EvaluationRecord, tracks_won: tuple[str, ...] = ()) -> str:
         """Merge a round's winner if everything still holds; 'merged', 'refused' (GitHub said no) or 'no'.
 
         Only what was measured merges, where it was measured: the PR and main are read again first, and
@@ -142,6 +142,10 @@ class RoundStep:
         if result.outcome is MergeOutcome.MERGED:
             gain = rec.verdict.lower_bound_gain
             self.bot.store.rounds.record_ledger("merge", pr.number, rec.key.head_sha, pr.author, gain, gain)
+            for track in tracks_won:  # a PR that led two tracks' rounds is credited in both
+                track_gain = rec.verdict.track_gain(track)
+                self.bot.store.rounds.record_track_credit(track, pr.number, rec.key.head_sha, pr.author,
+                                                          gain if track_gain is None else track_gain)  # fmt: skip
             self.bot.store.rounds.close_round(rec.key.base_sha, pr.number)
             if self.bot.screen is not None:
                 self.bot.screen.mark_merged(pr.number, times.stamp(self.bot.now()))

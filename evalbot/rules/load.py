@@ -41,6 +41,7 @@ from evalbot.rules.schema import (
     SpecPair,
     Tier,
     TimingGate,
+    Track,
     rules_hash,
 )
 from evalbot.rules.sections import _automerge, _copycat, _dispatch, _engine, _policy
@@ -57,7 +58,10 @@ def load_rules(directory: str | Path) -> Rules:
         if name not in FILES + OPTIONAL_FILES:
             hint = _did_you_mean(name, FILES + OPTIONAL_FILES)
             raise RulesError(
-                str(root / name), None, "", f"unknown rules file{hint}; expected only: {', '.join(FILES + OPTIONAL_FILES)}"
+                str(root / name),
+                None,
+                "",
+                f"unknown rules file{hint}; expected only: {', '.join(FILES + OPTIONAL_FILES)}",
             )
     for name in FILES:
         if name not in present:
@@ -91,12 +95,24 @@ def load_rules(directory: str | Path) -> Rules:
             f"the shape(s) {', '.join(shapes)} have no model file, and an {OPENAI_PROTOCOL} engine's vocabulary "
             "(which its API does not give) is read from one: name a model file instead",
         )
-    tracks = ()
+    tracks: tuple[Track, ...] = ()
     if "tracks.yaml" in present:
         tracks = _tracks(*_compose(root / "tracks.yaml"), profiles, spec_pair, engine,
                          tuple(t.name for t in tiers), known)  # fmt: skip
     rules = Rules(
-        tiers, gates, profiles, spec_pair, copycat, policy, labels, automerge, dispatch, engine, root, "", tracks
+        tiers,
+        gates,
+        profiles,
+        spec_pair,
+        copycat,
+        policy,
+        labels,
+        automerge,
+        dispatch,
+        engine,
+        root,
+        "",
+        tracks,
     )
     return replace(rules, rules_hash=rules_hash(rules))
 

@@ -360,7 +360,9 @@ def _engine(f: _File, root: _Node) -> EngineSpec:
         if "random_weights" in serve
         else (),
         # optional: how a serving engine is given a draft model (a speculative track's drafter 'draft')
-        draft_args=_template(f, serve["draft"], "engine.serve.draft", ("draft",), ("draft",)) if "draft" in serve else (),
+        draft_args=_template(f, serve["draft"], "engine.serve.draft", ("draft",), ("draft",))
+        if "draft" in serve
+        else (),
         bench=bench,
         commands=commands,
         toolchain=tuple(toolchain),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from evalbot.rules.reader import _NAME, _File, _join, _Node
 from evalbot.rules.schema import (
-    DECODE_TRACK,
     DRAFTERS,
     NO_TIER,
     SPEC_TRACK,
@@ -42,7 +41,11 @@ def tracks(
         drafter = "ngram"
         if "drafter" in m:
             if metric != SPEC_TRACK:
-                f.fail(m["drafter"], f"{field}.drafter", f"only a {SPEC_TRACK!r} track drafts; this one scores {metric!r}")
+                f.fail(
+                    m["drafter"],
+                    f"{field}.drafter",
+                    f"only a {SPEC_TRACK!r} track drafts; this one scores {metric!r}",
+                )
             drafter = f.choice(m["drafter"], f"{field}.drafter", DRAFTERS, "a drafter")
         overall = f.boolean(m["overall"], f"{field}.overall") if "overall" in m else True
         models = _models(f, m["models"], f"{field}.models", profiles, owners, tier_names)
@@ -72,7 +75,11 @@ def _models(
         pfield = _join(field, profile_name)
         profile = by_name.get(profile_name)
         if profile is None:
-            f.fail(key_node, pfield, f"expected a profile of profiles.yaml (one of: {', '.join(by_name)}), got {profile_name!r}")
+            f.fail(
+                key_node,
+                pfield,
+                f"expected a profile of profiles.yaml (one of: {', '.join(by_name)}), got {profile_name!r}",
+            )
         known = [m.name for m in profile.models]
         ctxs = [c.ctx for c in profile.contexts]
         for model, model_key, entry in f.items(per_profile, pfield):

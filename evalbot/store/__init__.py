@@ -60,7 +60,7 @@ from evalbot.store.lease import (
 )
 from evalbot.store.moderation import BlockEvent, Clear, Hold, Moderation, Strike
 from evalbot.store.queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, EvalKey, EvaluationRecord, Queue
-from evalbot.store.rounds import LedgerEntry, Round, RoundMember, Rounds
+from evalbot.store.rounds import LedgerEntry, Round, RoundMember, Rounds, TrackCredit
 
 
 class Store(ClosedOnExit):
@@ -134,6 +134,7 @@ __all__ = [
     "StoreBusyError",
     "StoreError",
     "Strike",
+    "TrackCredit",
     "action_key",
     "iso",
     "owner_gone",

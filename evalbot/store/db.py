@@ -24,7 +24,7 @@ from evalbot.codec import to_dict
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 BUSY_TIMEOUT_MS = 10_000
 MEMORY = ":memory:"  # as a path: a private store in memory, every table made, gone when it closes
 
@@ -152,6 +152,13 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             expires_at TEXT NOT NULL
         ) STRICT""",
     ),
+    # credits per scored track (tracks.yaml): a merged PR that led a track's round, with that track's gain
+    6: (
+        """CREATE TABLE track_credits (
+            id INTEGER PRIMARY KEY, track TEXT NOT NULL, pr INTEGER NOT NULL, sha TEXT NOT NULL,
+            author TEXT NOT NULL, gain REAL, at TEXT NOT NULL, UNIQUE (track, pr, sha)
+        ) STRICT""",
+    ),
 }
 _TABLES = frozenset(
     [
@@ -172,6 +179,7 @@ _TABLES = frozenset(
         "copycat_lines",
         "copycat_main",
         "leases",
+        "track_credits",
     ]
 )
 

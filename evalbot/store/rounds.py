@@ -41,6 +41,18 @@ class LedgerEntry:
     at: str
 
 
+@dataclass(frozen=True)
+class TrackCredit:
+    """A merged PR credited with a track it led in its round."""
+
+    track: str
+    pr: int
+    sha: str
+    author: str
+    gain: float | None
+    at: str
+
+
 class Rounds:
     """Rounds and the ledger."""
 
@@ -134,6 +146,27 @@ class Rounds:
                 (kind, pr, sha, author, *values, iso(now)),
             )
             return cur.rowcount == 1
+
+    def record_track_credit(self, track: str, pr: int, sha: str, author: str, gain: float | None,
+                            now: datetime | None = None) -> bool:  # fmt: skip
+        """Credit a merged PR with one track it led (its gain in that track); False if already recorded."""
+        _check_text(track, "track")
+        _check_pr(pr)
+        _check_text(sha, "sha")
+        _check_text(author, "author")
+        with self._db.write() as conn:
+            cur = conn.execute(
+                "INSERT INTO track_credits (track, pr, sha, author, gain, at) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                (track, pr, sha, author, _check_gain(gain, "gain"), iso(now)),
+            )
+            return cur.rowcount == 1
+
+    def track_credits(self) -> list[TrackCredit]:
+        """Every track credit, oldest first."""
+        return self._db.records(
+            TrackCredit, "SELECT track, pr, sha, author, gain, at FROM track_credits ORDER BY id", ()
+        )
 
     def ledger(self, author: str | None = None) -> list[LedgerEntry]:
         """Ledger entries, oldest first, optionally of one author."""

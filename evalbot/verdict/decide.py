@@ -149,7 +149,9 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
         )
     top = tracks.overall(scores, rules)
     spec_top = top if top is not None and top.metric != tracks.DECODE_TRACK else None
-    if spec_top is not None and rules.tier_rank(spec_top.tier) <= rules.tier_rank(best.tier if best else None):
+    if spec_top is not None and rules.tier_rank(spec_top.tier) <= rules.tier_rank(
+        best.tier if best else None
+    ):
         spec_top = None  # decode earned as much: the overall tier is decode's
     tier = spec_top.tier if spec_top is not None else (best.tier if best else None)
     add = [rules.labels.verified, *(s.label for s in scores if s.label)]

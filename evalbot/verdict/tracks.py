@@ -21,7 +21,9 @@ SPEC_METRIC = "spec_tps"
 MIN_DF = 2  # as verdict.decide's: fewer degrees of freedom decide nothing
 
 
-def decode_scored(estimates: Sequence[ContextEstimate], rules: Rules, profile: str) -> tuple[ContextEstimate, ...]:
+def decode_scored(
+    estimates: Sequence[ContextEstimate], rules: Rules, profile: str
+) -> tuple[ContextEstimate, ...]:
     """The estimates with `scored` only where a decode track of tracks.yaml scores that model at that context;
     as measured (profiles.yaml's flags) where no decode track names the profile."""
     named = [t for t in rules.tracks_for(profile) if t.metric == DECODE_TRACK and not t.implicit]

@@ -216,3 +216,34 @@ def test_a_two_part_main_is_timed_from_its_continuation():
     ops = [b.get("op") for b in procs[Side.BASE].asked]
     assert n == 100 and ops == ["prefill", "generate"] and procs[Side.BASE].asked[1].get("continue") is True
     assert [b.get("op") for b in procs[Side.HEAD].asked] == ["prefill", "generate"]
+
+
+@dataclass
+class BurstingEngine(CachingEngine):
+    """Answers its first `bursts` requests in one burst (every token at the same instant), then honestly."""
+
+    bursts: int = 1
+
+    def request(self, body: dict, timeout_s: float) -> Timed:
+        t = super().request(body, timeout_s)
+        if self.bursts <= 0:
+            return t
+        self.bursts -= 1
+        return Timed(body, t.sent_ns, t.tokens, (t.arrivals_ns[-1],) * GEN, t.steps, t.summary)
+
+
+def test_one_burst_is_measured_again_and_a_second_burst_fails_the_side(monkeypatch):
+    """A reader thread kept waiting by a loaded box reads a fast engine's whole answer at once (the lines of one
+    read share its time): one burst is measured again on a fresh prompt and its pair is never kept; the same
+    side's second burst in the evaluation is its own failure (an engine that bursts on purpose, every time)."""
+    _fake_box(monkeypatch, busy_attempts=0, clock=[0.0])
+    run, logged = ab_samples.Run(), []
+    procs = {Side.BASE: CachingEngine("main"), Side.HEAD: BurstingEngine("the PR", bursts=1)}
+    prompts = ab_samples.Prompts(lambda ctx, serial: [serial] * ctx)
+    out = abtest._pair(procs, 0, 0, 16, prompts, GEN, 60.0, Quiet(), False, logged.append, run)  # type: ignore[arg-type]
+    assert prompts.served == 2 and run.bursts == {Side.HEAD: 1} and "burst" in logged[0]
+    assert all(s.decode_tps == pytest.approx(10.0) for s in out)  # the kept pair is the honest one
+    procs[Side.HEAD].bursts = 1  # later in the same evaluation: its second burst
+    with pytest.raises(ab_samples.SideError, match="a burst, not a decode") as info:
+        abtest._pair(procs, 0, 1, 16, prompts, GEN, 60.0, Quiet(), False, logged.append, run)  # type: ignore[arg-type]
+    assert info.value.side is Side.HEAD

@@ -106,8 +106,10 @@ def test_environment_variables_are_declared_on_their_options(github_double, tmp_
     assert r.exit_code != 0 and "which repository?" in r.output
 
 
-def test_clearing_a_copycat_flag_swaps_it_for_copycat_cleared_and_the_screen_leaves_that_alone(bot, github_double):
-    run, _, state = bot
+def test_clearing_a_copycat_flag_swaps_it_for_copycat_cleared_and_the_screen_leaves_that_alone(
+    bot, github_double
+):
+    run, _, _ = bot
     pull = github_double.state.pulls[7]
     pull.labels[:] = ["copycat-warn", "area:kernels"]
     out = run("clear", "7", "--reason", "independent work: a maintainer compared both")

@@ -335,7 +335,7 @@ def test_main_moving_between_measurement_and_merge_means_measure_again(contest, 
     contest.pull(1, 0.20)
     real = RoundStep.maybe_merge
 
-    def main_moves_first(self, pr, rec):
+    def main_moves_first(self, pr, rec, *rest):
         contest.repo.commit(
             "main",
             {"README.md": "moved\n"},
@@ -344,7 +344,7 @@ def test_main_moving_between_measurement_and_merge_means_measure_again(contest, 
             when=contest.state.tick(),
         )
         contest.state.refs["main"] = contest.repo.rev("main")
-        return real(self, pr, rec)
+        return real(self, pr, rec, *rest)
 
     monkeypatch.setattr(RoundStep, "maybe_merge", main_moves_first)
     report = contest.bot.poll_once()
@@ -352,6 +352,16 @@ def test_main_moving_between_measurement_and_merge_means_measure_again(contest, 
     assert any("main moved since it was measured" in n for n in report.notes), report.notes
     queued = contest.store.queue.evaluations(pr=1, state="queued")
     assert [q.key.base_sha for q in queued] == [contest.repo.rev("main")]
+
+
+def test_the_merged_winner_is_credited_in_the_track_it_led(contest):
+    contest.pull(1, 0.20)
+    contest.pull(2, 0.05)
+    contest.bot.poll_once()
+    assert contest.state.pulls[1].merged
+    [credit] = contest.store.rounds.track_credits()
+    assert (credit.track, credit.pr, credit.author) == ("decode", 1, contest.state.pulls[1].author)
+    assert credit.gain is not None and credit.gain > 0.1
 
 
 def test_an_unmergeable_winner_gives_way_to_the_next_pass(contest):

@@ -288,3 +288,39 @@ class TestMergeBlocker:
         assert self.check(rules, self.fresh()).why == "auto-merge is disabled in rules/automerge.yaml"
         tests_changed = self.fresh(files=(FileChange("tests/test_speed.py", "modified", 1, 1),))
         assert "maintainer" in self.check(enabled, tests_changed).why
+
+
+# ---------------------------------------------------------------- rounds per track (tracks.yaml)
+
+
+def with_spec(v: Verdict, spec_low: float | None, tier: str | None) -> Verdict:
+    """v with a speculative-track score whose 95% CI starts at spec_low (None: no spec measured)."""
+    from evalbot.model import TrackScore
+
+    decode = TrackScore("decode", "decode", "qwen2.5-coder-0.5b", v.tier, None, v.estimates[-1])
+    spec = TrackScore("spec", "spec", "qwen2.5-coder-0.5b", tier, f"perf-spec:{tier or 'none'}",
+                      None if spec_low is None else replace(est(512, spec_low), metric="spec_tps"), overall=False)  # fmt: skip
+    return replace(v, scores=(decode, spec))
+
+
+def test_each_track_has_its_own_merge_first_and_a_pr_that_leads_two_gets_both(rules):
+    fast = Contender(1, "h1", MAIN, with_spec(verdict(low=1.08, tier="M"), 1.00, None))
+    drafter = Contender(2, "h2", MAIN, with_spec(verdict(low=1.01, tier=None), 1.30, "XL"))
+    slow = Contender(3, "h3", MAIN, with_spec(verdict(low=1.03, tier="XS"), 1.10, "M"))
+    r = rank_round([fast, drafter, slow], MAIN, rules)
+    assert dict(r.winners) == {"decode": 1, "spec": 2}
+    assert r.order[:2] == (1, 2) and r.merge_first == 1
+    assert r.decision(1).role == MERGE_FIRST and r.decision(2).role == MERGE_FIRST
+    assert r.decision(3).role == NEEDS_REBASE
+    assert "spec track" in r.decision(2).reason and "decode track" in r.decision(1).reason
+    both = Contender(4, "h4", MAIN, with_spec(verdict(low=1.12, tier="L"), 1.40, "XL"))
+    r = rank_round([fast, drafter, both], MAIN, rules)
+    assert r.tracks_won(4) == ("decode", "spec") and r.order[0] == 4
+    assert "decode track and the spec track" in r.decision(4).reason
+
+
+def test_a_speculative_score_without_a_tier_leads_no_track(rules):
+    a = Contender(1, "h1", MAIN, with_spec(verdict(low=1.08, tier="M"), 1.15, None))  # held back: no tier
+    b = Contender(2, "h2", MAIN, with_spec(verdict(low=1.03, tier="XS"), None, None))
+    r = rank_round([a, b], MAIN, rules)
+    assert dict(r.winners) == {"decode": 1} and r.decision(2).role == NEEDS_REBASE

@@ -624,7 +624,7 @@ def test_a_version_3_store_moves_every_table_into_the_migrations_and_keeps_its_d
         conn.execute("INSERT INTO strikes (author, pr, reason, at) VALUES ('m', 4, 'copy', ?)", (iso(T0),))
     conn.close()
     with Store(db) as store:
-        assert int(store.meta("schema_version")) == SCHEMA_VERSION == 5
+        assert int(store.meta("schema_version")) == SCHEMA_VERSION == 6
         tables = {r[0] for r in store.db.read("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert {
             "dispatch_runs",
@@ -863,3 +863,20 @@ def test_reader_sees_whole_transactions_while_another_process_writes(tmp_path):
         proc.communicate(timeout=60)
     assert proc.returncode == 0
     assert_consistent(tmp_path, n)
+
+
+def test_track_credits_are_kept_per_track_once_each_and_shown_beside_their_merge(store):
+    from evalbot.dashboard.data import merges, track_tally
+
+    sha = "3" * 40
+    store.rounds.record_ledger("merge", 12, sha, "alice", 0.08, 0.08, now=T0)
+    assert store.rounds.record_track_credit("decode", 12, sha, "alice", 0.08, now=T0)
+    assert store.rounds.record_track_credit("spec", 12, sha, "alice", 0.31, now=T0)
+    assert not store.rounds.record_track_credit("spec", 12, sha, "alice", 0.31)  # a replayed merge: once
+    credits = store.rounds.track_credits()
+    assert [(c.track, c.pr, c.gain) for c in credits] == [("decode", 12, 0.08), ("spec", 12, 0.31)]
+    [mark] = merges(store.rounds.ledger(), credits)
+    assert mark.tracks == (("decode", 0.08), ("spec", 0.31))
+    assert track_tally([mark]) == [("decode", 1, ("alice",)), ("spec", 1, ("alice",))]
+    with pytest.raises(ValueError, match="gain: expected a finite number"):
+        store.rounds.record_track_credit("spec", 12, sha, "alice", float("nan"))

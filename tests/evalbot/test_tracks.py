@@ -81,8 +81,12 @@ def test_a_pr_that_speeds_up_one_model_and_slows_the_other_by_5_percent_is_rejec
 
 def test_a_guard_model_is_measured_and_guarded_but_never_scored(rules_dir: Path):
     text = (rules_dir / "tracks.yaml").read_text()
-    (rules_dir / "tracks.yaml").write_text(text.replace(
-        "      qwen2.5-coder-1.5b: {scored: [128, 512], label: perf-1.5b}", "      qwen2.5-coder-1.5b: guard"))
+    (rules_dir / "tracks.yaml").write_text(
+        text.replace(
+            "      qwen2.5-coder-1.5b: {scored: [128, 512], label: perf-1.5b}",
+            "      qwen2.5-coder-1.5b: guard",
+        )
+    )
     rules = load_rules(rules_dir)
     fast_guard = decide(both(1.0, 1.5), rules)  # the guard's 50% buys nothing
     assert fast_guard.status is Status.PASS and fast_guard.tier is None
@@ -136,7 +140,9 @@ def test_a_speculative_interval_too_wide_for_its_tier_holds_it_back(rules):
     noisy = replace(spec(1.0, 1.0), spec_pairs=((100, 140), (100, 160), (100, 150)), runs=3)
     v = decide(cpu_spec(noisy), rules)
     [s] = [s for s in v.scores if s.track == "spec"]
-    assert s.estimate is not None and s.estimate.tier == "XL" and s.estimate.mde > 0.18  # earned, not resolved
+    assert (
+        s.estimate is not None and s.estimate.tier == "XL" and s.estimate.mde > 0.18
+    )  # earned, not resolved
     assert s.tier is None and "held back" in s.note and "perf-spec:none" in v.labels_add
 
 
@@ -191,9 +197,14 @@ def test_drafting_with_a_model_needs_the_engine_to_say_how_it_takes_one(rules_di
     engine = rules_dir / "engine.yaml"
     engine.write_text(engine.read_text().replace('  draft: ["--draft", "{draft}"]\n', ""))
     path = rules_dir / "tracks.yaml"
-    path.write_text(path.read_text().replace("drafter: ngram", "drafter: draft").replace(
-        "      qwen2.5-coder-0.5b: {scored: [128, 512], label: perf-spec}",
-        "      qwen2.5-coder-0.5b: {scored: [128, 512], label: perf-spec}"))
+    path.write_text(
+        path.read_text()
+        .replace("drafter: ngram", "drafter: draft")
+        .replace(
+            "      qwen2.5-coder-0.5b: {scored: [128, 512], label: perf-spec}",
+            "      qwen2.5-coder-0.5b: {scored: [128, 512], label: perf-spec}",
+        )
+    )
     with pytest.raises(RulesError) as info:
         load_rules(rules_dir)
     # the spec pair's target is the 1.5B, which the cpu profile does not hold: that is named first
