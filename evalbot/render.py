@@ -251,6 +251,12 @@ def _context(verdict: Verdict, measurements: Measurements, signature_status: str
         }
         for s in measurements.spec
     ]
+    regressed = {e.model for e in verdict.estimates if e.regression}
+    scores = [
+        {"s": sc, "e": sc.estimate,
+         "tier": "✗ regression" if sc.model in regressed and sc.metric == "decode" else _score_tier(sc, verdict.status)}
+        for sc in verdict.scores
+    ]  # fmt: skip
     scored_mdes = [e.mde for e in verdict.estimates if e.scored]
     mde = verdict.mde if verdict.mde is not None else max(scored_mdes, default=None)
     reasons = _unique([*verdict.reasons, measurements.skipped_reason or ""])
@@ -265,6 +271,8 @@ def _context(verdict: Verdict, measurements: Measurements, signature_status: str
         "headline": verdict.headline,
         "reasons": reasons,
         "rows": rows,
+        "scores": scores,
+        "box": box_name(measurements.provenance.box),
         "failed_gates": [g for g in gates if not g.passed],
         "accuracy": accuracy,
         "spec": spec,
@@ -278,6 +286,25 @@ def _context(verdict: Verdict, measurements: Measurements, signature_status: str
         "signature_status": signature_status,
         "box_during": box_summary(measurements.box_samples),
     }
+
+
+def _score_tier(score: Any, status: Status) -> str:
+    """A score's tier as the headline shows it: earned only on a PASS (a REJECT withholds every tier)."""
+    if score.estimate is None:
+        return "not measured"
+    if status is not Status.PASS:
+        return f"— ({score.tier} withheld)" if score.tier else "—"
+    return f"**{score.tier}**" if score.tier else "none"
+
+
+def box_name(box: dict[str, Any]) -> str:
+    """The box in a few words: its GPU where it has one, else its CPU and cores."""
+    gpu, cpu, cores = box.get("gpu"), box.get("cpu"), box.get("cores")
+    if gpu:
+        return str(gpu)
+    if cpu:
+        return f"{cpu}" + (f", {cores} cores" if isinstance(cores, int) else "")
+    return ""
 
 
 def box_summary(samples: tuple[dict[str, Any], ...]) -> str:
@@ -347,6 +374,7 @@ class Standing(NamedTuple):
     approval: str = ""  # why it needs a maintainer before it merges
     round: str = ""  # its place in the round
     stopped: str = ""  # why intake does not measure it again
+    merge: str = ""  # why a PASS does not merge itself (auto-merge off)
 
 
 def render_comment(

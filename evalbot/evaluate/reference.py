@@ -13,6 +13,7 @@ at fault (it wrote no scores, or it changed tokenization): that is the side's.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 from functools import partial
@@ -176,6 +177,18 @@ def accuracy_served(
         base_top1_agreement=float(base_stats["top1_agreement"]),
         base_kl_mean=float(base_stats["kl_mean"]),
         reference=reference,
+        ppl=_finite(head_stats.get("ppl_test")),
+        base_ppl=_finite(base_stats.get("ppl_test")),
+        reference_ppl=_finite(head_stats.get("ppl_ref")),
+    )
+
+
+def _finite(value: Any) -> float | None:
+    """A perplexity from a comparison's record (main's own tool may give none, or garbage): a finite number or None."""
+    return (
+        float(value)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        else None
     )
 
 

@@ -125,6 +125,10 @@ class AccuracyResult:
     base_top1_agreement: float | None = None
     base_kl_mean: float | None = None
     reference: str = "llama.cpp"  # the reference's name, as its score record gives it
+    # perplexities over the same tokens: the PR's, main's and the reference's (None: not recorded)
+    ppl: float | None = None
+    base_ppl: float | None = None
+    reference_ppl: float | None = None
 
 
 @dataclass(frozen=True)
@@ -383,8 +387,8 @@ def _headline(v: Verdict) -> ContextEstimate | None:
     scored = [e for e in v.estimates if e.scored]
     at = [e for e in scored if e.context == v.scored_context and e.metric in DECODE_METRICS]
     at = at or [e for e in scored if e.context == v.scored_context]
-    if at:
-        return at[0]
+    if at:  # several models scored there: the one that earned the most
+        return max(at, key=lambda e: e.ci_low)
     return max(scored, key=lambda e: e.ci_low, default=v.estimates[0])
 
 

@@ -64,6 +64,7 @@ class RoundStep:
                     cleared=self.bot.store.moderation.cleared(pr.number, pr.head_sha),
                     round_note=d.comment or "",
                     stopped=p.stopped.get(pr.number, ""),
+                    automerge_env=self.bot.settings.automerge_env,
                 )
                 if decision is not None:
                     self.bot._apply(pr, decision)

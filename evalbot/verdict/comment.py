@@ -17,18 +17,20 @@ STATUS_STATE = {Status.PASS: "success", Status.REJECT: "failure", Status.INFRA_E
 
 
 def verdict_decision(pr: PullRequest, rec: EvaluationRecord, rules: Rules, claim: TemplateFacts, *, cleared: bool,
-                     round_note: str = "", stopped: str = "") -> Decision | None:  # fmt: skip
+                     round_note: str = "", stopped: str = "", automerge_env: bool | None = None) -> Decision | None:  # fmt: skip
     """The Decision that publishes `rec`'s verdict on `pr`; None for a record without one.
 
     `cleared`: a maintainer's `evalbot clear` of this head, which lifts the claim-gap label; `round_note`:
-    the PR's place in its round; `stopped`: why intake does not measure it again."""
+    the PR's place in its round; `stopped`: why intake does not measure it again; `automerge_env`: the
+    operator's flag (None: not known here), which with the rules says whether a PASS can merge itself."""
     v, m = rec.verdict, rec.measurements
     if v is None or m is None:
         return None
     gap = measured_claim_gap(claim, v, rules)
     approval = rounds.approval_needed(pr.paths, pr.labels, rules) if v.status is Status.PASS else None
     standing = render.Standing(claim=gap.reason if gap else "", claim_flagged=bool(gap and gap.flagged),
-                               approval=approval or "", round=round_note, stopped=stopped)  # fmt: skip
+                               approval=approval or "", round=round_note, stopped=stopped,
+                               merge=_merge_note(v, rules, automerge_env))  # fmt: skip
     signature = receipts.signature_status(rec.receipt) if rec.receipt else "unsigned"
     body = render.render_comment(v, m, signature_status=signature, standing=standing)
     # claim-gap is applied, not only written: the rules decide whether it blocks auto-merge
@@ -37,6 +39,17 @@ def verdict_decision(pr: PullRequest, rec: EvaluationRecord, rules: Rules, claim
     status = (state, f"{v.status.value}{' ' + v.tier if v.tier else ''}") if state else None
     owned = rules.owned(LabelFamily.VERDICT) | rules.owned(LabelFamily.CLAIM)
     return Decision((*v.labels_add, *claim_label), tuple(sorted(owned)), comment=body, status=status)
+
+
+def _merge_note(v: Verdict, rules: Rules, automerge_env: bool | None) -> str:
+    """Where a PASS cannot merge itself: which switch is off (the rules' or the operator's)."""
+    if v.status is not Status.PASS or automerge_env is None:
+        return ""
+    if not rules.automerge.enabled:
+        return "auto-merge is off in rules/automerge.yaml: a maintainer merges"
+    if not automerge_env:
+        return "the operator has not turned auto-merge on (EVALBOT_AUTOMERGE=1): a maintainer merges"
+    return ""
 
 
 def measured_claim_gap(claim: TemplateFacts, v: Verdict, rules: Rules) -> ClaimGap | None:

@@ -164,14 +164,14 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
         )
     elif best is not None and tier:  # a tier comes from a best estimate
         add.append(rules.tier(tier).label)
-        where = f"{best.model}, " if len({s.model for s in scores}) > 1 else ""
+        where = f"on {best.model} " if len({s.model for s in scores}) > 1 else ""
         reason = (
-            f"{tier}: {best.ratio - 1:+.1%} at {where}ctx {best.context} "
+            f"{tier}: {best.ratio - 1:+.1%} {where}at ctx {best.context} "
             f"(95% CI {best.ci_low - 1:+.1%} to {best.ci_high - 1:+.1%}); every gate passed"
         )
     elif best is not None:
         reason = (
-            f"no tier: the gain's 95% CI lower bound is {best.ci_low - 1:+.1%} at best "
+            f"no tier: the gain's 95% CI lower bound is {_signed(best.ci_low - 1)} at best "
             f"(ctx {best.context}), below {rules.tiers[0].name}'s {rules.tiers[0].lower_bound:.1%}"
         )
     else:
@@ -341,6 +341,11 @@ def _estimate(tp: ThroughputPairs, rules: Rules) -> ContextEstimate:
         scored=tp.scored,
         df=est.df,
     )
+
+
+def _signed(fraction: float) -> str:
+    """A signed percentage, with two decimals below 1% (one would read "+0.0%")."""
+    return f"{fraction:+.2%}" if abs(fraction) < 0.0095 else f"{fraction:+.1%}"
 
 
 def _thin(e: ContextEstimate) -> bool:

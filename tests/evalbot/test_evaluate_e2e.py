@@ -294,6 +294,7 @@ cpu:
         + LOOSE_QUIET
         + _shipped_profile("gpu")
     )
+    _only_cpu_and_gpu(rules)
     return rules
 
 
@@ -327,6 +328,7 @@ cpu:
         + LOOSE_QUIET
         + _shipped_profile("gpu")
     )  # the spec pair below runs on the gpu profile: not this run's
+    _only_cpu_and_gpu(rules)
     models = (rules / "models.yaml").read_text()
     models = models.replace(
         "    - registry: qwen2.5-coder-0.5b\n      sha256: "
@@ -335,6 +337,16 @@ cpu:
     )
     (rules / "models.yaml").write_text(models.replace("spec:\n  profile: cpu", "spec:\n  profile: gpu"))
     return rules
+
+
+def _only_cpu_and_gpu(rules: Path) -> None:
+    """The shipped rules less the two-model profile (models.yaml names each profile of profiles.yaml exactly)
+    and tracks.yaml (which scores it): these tests rewrite profiles.yaml with cpu and gpu only."""
+    (rules / "tracks.yaml").unlink()
+    models = (rules / "models.yaml").read_text()
+    start = models.index("  cpu-both:\n")
+    end = models.index("\n\n", start)
+    (rules / "models.yaml").write_text(models[:start] + models[end + 1 :])
 
 
 def _shipped_profile(name: str) -> str:

@@ -114,7 +114,12 @@ def write_rules(
     dest.mkdir(parents=True)
     shipped = default_rules_dir()
     for path in shipped.glob("*.yaml"):
-        if path.name not in ("profiles.yaml", "models.yaml", "tiers.yaml"):
+        if path.name not in (
+            "profiles.yaml",
+            "models.yaml",
+            "tiers.yaml",
+            "tracks.yaml",
+        ):  # its own profile, as profiles.yaml scores it
             (dest / path.name).write_text(path.read_text())
     # the fixture's byte-level model is no architecture llama.cpp runs: its main brings its own reference
     # (engine/reference.py, a float64 evaluation of the model's definition), compare and registry

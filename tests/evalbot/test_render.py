@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -372,6 +373,104 @@ def case_inconclusive_noisy_box():
     return v, m, "unsigned"
 
 
+# --- #39: the contest's cases, decided by verdict.decide under the shipped rules ---------------------
+
+
+def _paired(ratio, n=12, base=40.0, noise=0.004, seed=0):
+    import random as _random
+
+    rng = _random.Random(seed)
+    return tuple((round(base * (1 + rng.gauss(0, noise)), 3), round(base * ratio * (1 + rng.gauss(0, noise)), 3))
+                 for _ in range(n))  # fmt: skip
+
+
+def _two_models(small, large, **prov):
+    tps = tuple(
+        ThroughputPairs(model, ctx, "decode_tps", _paired(ratio, base=base, seed=ctx + i))
+        for i, (model, ratio, base) in enumerate(((MODEL, small, 41.0), (TARGET, large, 14.2)))
+        for ctx in (128, 512)
+    )
+    acc = (
+        AccuracyResult(MODEL, 128, 0.984, 0.0021, 1.004, 0.984, 0.0021, ppl=9.412, base_ppl=9.405, reference_ppl=9.374),
+        AccuracyResult(TARGET, 128, 0.991, 0.0012, 1.002, 0.991, 0.0012, ppl=7.118, base_ppl=7.118, reference_ppl=7.104),
+    )  # fmt: skip
+    provenance = replace(_provenance(**prov), profile="cpu-both", model_sha256s={MODEL: MODEL_SHA, TARGET: TARGET_SHA},
+                         box={"cpu": "Intel Xeon Platinum 8481C", "cores": 2, "os": "Linux 6.8", "gpu": None})  # fmt: skip
+    return Measurements(
+        provenance=provenance, throughput=tps, accuracy=acc, reproduce=_reproduce(prov.get("pr", 42))
+    )
+
+
+def case_pass_two_models():
+    """Both registry models on the cpu-both profile: a label per model, the overall label the best, absolute
+    figures beside main's, PPL as PR / main, the box named, and auto-merge off said."""
+    from evalbot.rules import default_rules_dir, load_rules
+    from evalbot.verdict.decide import decide
+
+    m = _two_models(
+        1.045, 1.075, pr=81, title="Fuse the dequant into the matvec", author="erin", branch="fuse"
+    )
+    v = decide(m, load_rules(default_rules_dir()))
+    assert v.status is Status.PASS and {"perf-0.5b:S", "perf-1.5b:M", "perf:M"} <= set(v.labels_add)
+    standing = render.Standing(merge="auto-merge is off in rules/automerge.yaml: a maintainer merges")
+    return v, m, SIGNED, standing
+
+
+def case_reject_guard_other_model():
+    """The 0.5B 10% faster, the 1.5B 5% slower: the guard on the other model REJECTs."""
+    from evalbot.rules import default_rules_dir, load_rules
+    from evalbot.verdict.decide import decide
+
+    m = _two_models(
+        1.10, 0.95, pr=82, title="Special-case the 0.5B's head dim", author="mallory", branch="hd64"
+    )
+    v = decide(m, load_rules(default_rules_dir()))
+    assert v.status is Status.REJECT and "regression" in v.labels_add
+    return v, m, SIGNED
+
+
+def case_pass_spec_tier():
+    """A better drafter: speculative tok/s up 25% with tau up and plain decode unchanged, lossless in every
+    run: a speculative tier and no decode tier."""
+    from evalbot.rules import default_rules_dir, load_rules
+    from evalbot.verdict.decide import decide
+
+    spec = tuple(
+        SpecResult(
+            MODEL,
+            "ngram-3",
+            7,
+            6,
+            6,
+            None,
+            2.10,
+            2.85,
+            ar_pairs=_paired(1.0, 6, seed=ctx),
+            spec_pairs=_paired(1.25, 6, base=63.0, seed=ctx + 1),
+            context=ctx,
+            base_tau_runs=(2.1,) * 6,
+            head_tau_runs=(2.85,) * 6,
+            base_tau_steps=(2,) * 60,
+            head_tau_steps=(3,) * 60,
+        )
+        for ctx in (128, 512)
+    )
+    m = Measurements(
+        provenance=_provenance(
+            pr=83, title="N-gram drafter: longest suffix first", author="frank", branch="ngram"
+        ),
+        throughput=tuple(
+            ThroughputPairs(MODEL, c, "decode_tps", _paired(1.0, seed=c + 7)) for c in (128, 512)
+        ),
+        accuracy=(AccuracyResult(MODEL, 128, 0.984, 0.0021, 1.004, 0.984, 0.0021, ppl=9.41, base_ppl=9.41),),
+        spec=spec,
+        reproduce=_reproduce(83),
+    )
+    v = decide(m, load_rules(default_rules_dir()))
+    assert v.status is Status.PASS and v.tier is None and "perf-spec:XL" in v.labels_add
+    return v, m, SIGNED
+
+
 CASES = {
     "inconclusive_noisy_box": case_inconclusive_noisy_box,
     "reject_guarded_regression": case_guarded_regression,
@@ -379,12 +478,17 @@ CASES = {
     "infra_error_toolchain": case_infra_error,
     "reject_accuracy": case_accuracy_failure,
     "pass_injection": case_pass_injection,
+    "pass_two_models": case_pass_two_models,
+    "reject_guard_other_model": case_reject_guard_other_model,
+    "pass_spec_tier": case_pass_spec_tier,
 }
 
 
 def _render(name):
-    verdict, measurements, signature = CASES[name]()
-    return render.render_comment(verdict, measurements, signature_status=signature)
+    verdict, measurements, signature, *standing = CASES[name]()
+    return render.render_comment(
+        verdict, measurements, signature_status=signature, standing=(standing or [None])[0]
+    )
 
 
 def _outside_fences(text):

@@ -335,3 +335,27 @@ def test_a_sliced_pair_names_the_side_that_failed(tmp_path):
     finally:
         a.close()
         b.close()
+
+
+def test_an_engines_own_clock_is_news_only_where_the_prs_disagrees_and_mains_agrees():
+    """Frozen turns put every engine's own decode time far from the harness's: a note saying so about main
+    (on every report) alarms and decides nothing. Only the PR's clock disagreeing alone is noted."""
+    from evalbot.evaluate.served_model import _diagnostics
+
+    def side(which: Side, reported_s: float) -> ab_samples.Sample:
+        t = _timed(32, gap_ns=20_000_000, first_after_ns=50_000_000)  # 0.62 s of decode by the harness
+        t = timed.Timed(
+            t.request,
+            t.sent_ns,
+            t.tokens,
+            t.arrivals_ns,
+            t.steps,
+            {"n": 32, "timings": {"decode_s": reported_s}},
+        )
+        return ab_sampling.sample(which, 128, 0, 0, [1] * 128, 32, t)
+
+    both_off = [side(Side.BASE, 0.3), side(Side.HEAD, 0.3)]
+    assert _diagnostics(both_off, 0.2) == []
+    head_off = [side(Side.BASE, 0.62), side(Side.HEAD, 0.3)]
+    [note] = _diagnostics(head_off, 0.2)
+    assert note.startswith("the PR's engine reports decode times 52% away") and "main's agree" in note
