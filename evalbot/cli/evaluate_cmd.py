@@ -51,7 +51,7 @@ EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED:
     type=click.Choice(["ngram", "draft"]),
     default="ngram",
     show_default=True,
-    help="n-gram lookup on the profile's model, or the rules' draft/target model pair",
+    help="how the spec pair's target drafts: n-gram lookup, or models.yaml's draft model (loaded by the target's engine: engine.yaml serve.draft); tracks.yaml may say draft for its own models",
 )
 @click.option("--accuracy/--no-accuracy", default=True, help="run the llama.cpp accuracy gates")
 @click.option(

@@ -70,7 +70,7 @@ def _shipped_profiles() -> list[str]:
 profile_option = click.option(
     "--profile", default=None, metavar="PROFILE",
     shell_complete=lambda _ctx, _param, incomplete: [n for n in _shipped_profiles() if n.startswith(incomplete)],
-    help="a profile of the rules' profiles.yaml (shipped: cpu, gpu); default: the one the rules judge PRs on "
+    help="a profile of the rules' profiles.yaml (shipped: cpu, cpu-both, gpu); default: the one the rules judge PRs on "
          "(dispatch.yaml's profile)",
 )  # fmt: skip
 

@@ -317,6 +317,14 @@ def _measure(ctx: RunContext, harness: _Harness, corpus: Path, seed: int) -> _Re
     audit and the gates; a side's failure or a busy box ends them, keeping what was measured."""
     out = _Results()
     try:
+        target = ctx.ws.rules.spec_pair.target.name
+        if (
+            ctx.req.options.spec
+            and ctx.req.options.spec_drafter == "draft"
+            and target not in {m.name for m in ctx.req.profile.models}
+        ):
+            raise SideFailed(Failure(Side.HARNESS, "harness", f"--spec-drafter draft drafts for models.yaml's spec "
+                                     f"target {target}, which profile {ctx.req.profile.name} does not measure"))  # fmt: skip
         if drafts(ctx) and not ctx.ws.rules.engine.draft_args:
             raise SideFailed(Failure(Side.HARNESS, "harness", "the spec runs draft with a draft model, and "
                                      "engine.yaml's serve.draft does not say how the engine is given one"))  # fmt: skip

@@ -39,7 +39,7 @@ from evalbot.evaluate.context import (
 from evalbot.evaluate.freezing import FREEZER
 from evalbot.evaluate.reference import accuracy_served, audit_answers
 from evalbot.evaluate.schedule import run_alone
-from evalbot.evaluate.speculative import spec_served
+from evalbot.evaluate.speculative import spec_here, spec_served
 from evalbot.model import AccuracyResult, DecodeAudit, Failure, Side, SpecResult, ThroughputPairs
 from evalbot.rules import Profile
 
@@ -202,7 +202,7 @@ def measure_model(
         audits = audit.judge(name, judge_name, chosen, answers, gate.near_tie)
         spec: list[SpecResult] = []
         tau_notes: list[str] = []
-        if ctx.req.options.spec and ctx.ws.rules.spec_pair.profile == ctx.req.profile.name:
+        if ctx.req.options.spec and spec_here(ctx):
             spec, tau_notes = spec_served(ctx, profile, name, procs, run, block, pool)
         accuracy = accuracy_served(ctx, name, procs, reference) if reference is not None else None
         return ModelResult(

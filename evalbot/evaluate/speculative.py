@@ -12,7 +12,7 @@ from evalbot.evaluate import ab_samples, ab_sampling, schedule, serve_error, ser
 from evalbot.evaluate.context import RunContext
 from evalbot.evaluate.timed import Timed
 from evalbot.model import Side, SpecResult
-from evalbot.rules import Profile
+from evalbot.rules import SPEC_TRACK, Profile
 
 
 def _plain_pair(
@@ -47,13 +47,18 @@ def drafter_for(ctx: RunContext, profile: str, model: str) -> str:
     return rules.spec_drafter(profile, model)
 
 
+def spec_here(ctx: RunContext) -> bool:
+    """Whether speculative decoding runs on this evaluation's profile: models.yaml's spec profile, or one a
+    speculative track scores."""
+    rules, name = ctx.ws.rules, ctx.req.profile.name
+    return rules.spec_pair.profile == name or any(t.metric == SPEC_TRACK for t in rules.tracks_for(name))
+
+
 def drafts(ctx: RunContext) -> bool:
     """Whether any spec run of this evaluation drafts with the spec pair's draft model (so it is fetched)."""
-    o, rules = ctx.req.options, ctx.ws.rules
-    if not o.spec or rules.spec_pair.profile != ctx.req.profile.name:
+    if not ctx.req.options.spec or not spec_here(ctx):
         return False
-    return any(drafter_for(ctx, ctx.req.profile.name, m.name) == "draft"
-               for m in (*ctx.req.profile.models, rules.spec_pair.target))  # fmt: skip
+    return any(drafter_for(ctx, ctx.req.profile.name, m.name) == "draft" for m in ctx.req.profile.models)
 
 
 def spec_rate(side: Side, t: Timed, lossless: bool = True) -> float:

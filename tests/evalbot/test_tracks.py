@@ -197,18 +197,13 @@ def test_drafting_with_a_model_needs_the_engine_to_say_how_it_takes_one(rules_di
     engine = rules_dir / "engine.yaml"
     engine.write_text(engine.read_text().replace('  draft: ["--draft", "{draft}"]\n', ""))
     path = rules_dir / "tracks.yaml"
-    path.write_text(
-        path.read_text()
-        .replace("drafter: ngram", "drafter: draft")
-        .replace(
-            "      qwen2.5-coder-0.5b: {scored: [128, 512], label: perf-spec}",
-            "      qwen2.5-coder-0.5b: {scored: [128, 512], label: perf-spec}",
-        )
-    )
-    with pytest.raises(RulesError) as info:
+    path.write_text(path.read_text() + (
+        "\nspec-draft:\n  metric: spec\n  drafter: draft\n  models:\n"
+        "    cpu-both:\n      qwen2.5-coder-1.5b: {scored: [512], label: perf-spec-1.5b}\n"))  # fmt: skip
+    with pytest.raises(
+        RulesError, match=r"tracks.spec-draft.drafter: drafter 'draft' needs engine.yaml's serve.draft"
+    ):
         load_rules(rules_dir)
-    # the spec pair's target is the 1.5B, which the cpu profile does not hold: that is named first
-    assert "drafts for models.yaml's spec target" in str(info.value) or "serve.draft" in str(info.value)
 
 
 def test_without_tracks_yaml_every_model_is_scored_as_profiles_yaml_says(rules_dir: Path):
@@ -218,3 +213,43 @@ def test_without_tracks_yaml_every_model_is_scored_as_profiles_yaml_says(rules_d
     assert rules.track_labels() == frozenset()
     v = decide(both(1.05, 1.08), rules)
     assert v.status is Status.PASS and set(v.labels_add) == {"verified", "perf:M"}
+
+
+# ---------------------------------------------------------------- where spec runs, and with which drafter
+
+
+def _ctx(rules, profile: str, *, spec: bool = True, drafter: str = "ngram"):
+    from types import SimpleNamespace
+
+    from evalbot.model import RunOptions
+
+    return SimpleNamespace(ws=SimpleNamespace(rules=rules), req=SimpleNamespace(
+        profile=rules.profile(profile), options=RunOptions(spec=spec, spec_drafter=drafter)))  # fmt: skip
+
+
+def test_a_spec_track_with_a_draft_model_drafts_for_the_target_on_its_own_profile(rules_dir: Path):
+    from evalbot.evaluate.speculative import drafter_for, drafts, spec_here
+
+    path = rules_dir / "tracks.yaml"
+    path.write_text(path.read_text() + (
+        "\nspec-draft:\n  metric: spec\n  drafter: draft\n  overall: false\n  models:\n"
+        "    cpu-both:\n      qwen2.5-coder-1.5b: {scored: [512], label: perf-spec-1.5b}\n"))  # fmt: skip
+    rules = load_rules(rules_dir)
+    both = _ctx(rules, "cpu-both")
+    assert spec_here(both) and drafts(
+        both
+    )  # a spec track scores cpu-both, though the spec pair's profile is cpu
+    assert drafter_for(both, "cpu-both", LARGE) == "draft" and drafter_for(both, "cpu-both", SMALL) == "ngram"
+    assert rules.spec_contexts(rules.profile("cpu-both"), LARGE) == (512,)
+    assert rules.engine.draft_model_args("/m/draft.gguf") == ["--draft", "/m/draft.gguf"]
+    assert not drafts(_ctx(rules, "cpu-both", spec=False))  # --no-spec: nothing drafts, nothing is fetched
+    assert not drafts(_ctx(rules, "cpu"))  # the cpu profile's spec track drafts by n-grams
+
+
+def test_a_draft_model_drafts_only_for_the_spec_pairs_target(rules_dir: Path):
+    path = rules_dir / "tracks.yaml"
+    path.write_text(path.read_text() + (
+        "\nspec-draft:\n  metric: spec\n  drafter: draft\n  models:\n"
+        "    cpu-both:\n      qwen2.5-coder-0.5b: {scored: [512], label: perf-spec-0.5b}\n"))  # fmt: skip
+    with pytest.raises(RulesError, match="drafts for models.yaml's spec target 'qwen2.5-coder-1.5b' only"):
+        load_rules(rules_dir)
