@@ -251,5 +251,7 @@ def test_a_draft_model_drafts_only_for_the_spec_pairs_target(rules_dir: Path):
     path.write_text(path.read_text() + (
         "\nspec-draft:\n  metric: spec\n  drafter: draft\n  models:\n"
         "    cpu-both:\n      qwen2.5-coder-0.5b: {scored: [512], label: perf-spec-0.5b}\n"))  # fmt: skip
-    with pytest.raises(RulesError, match=r"drafts for models\.yaml's spec target 'qwen2\.5-coder-1\.5b' only"):
+    with pytest.raises(
+        RulesError, match=r"drafts for models\.yaml's spec target 'qwen2\.5-coder-1\.5b' only"
+    ):
         load_rules(rules_dir)
