@@ -95,6 +95,14 @@ class Run:
     bursts: dict[Side, int] = field(default_factory=dict)  # per side: pairs measured again after a burst
 
 
+def forgive_burst(run: Run, exc: BurstError, log: Callable[[str], None], what: str) -> None:
+    """A side's first burst in an evaluation is measured again (logged, with `what` was); its second is raised."""
+    run.bursts[exc.side] = run.bursts.get(exc.side, 0) + 1
+    if run.bursts[exc.side] > 1:
+        raise exc
+    log(f"{what} measured again: {exc} (once per side: the next burst fails the side)")
+
+
 def estimates(samples: list[Sample], ctx: int, metric: str = "decode") -> stats.PairedEstimate | None:
     pairs, blocks, base_first = pairs_at(samples, ctx, metric)
     if len(set(blocks)) < 2:

@@ -43,7 +43,16 @@ from typing import Any
 from evalbot.evaluate import box, pinning, schedule
 from evalbot.evaluate.ab_block import Launch, Log, close, request_length, start_block, warm
 from evalbot.evaluate.ab_design import allocate, design
-from evalbot.evaluate.ab_samples import BurstError, Prompts, Run, Sample, SideError, estimates, pairs_at
+from evalbot.evaluate.ab_samples import (
+    BurstError,
+    Prompts,
+    Run,
+    Sample,
+    SideError,
+    estimates,
+    forgive_burst,
+    pairs_at,
+)
 from evalbot.evaluate.ab_sampling import request_overuse, sample
 from evalbot.evaluate.ab_twopart import continuation, continue_body, generate_body, two_part
 from evalbot.evaluate.schedule import run_alone
@@ -286,10 +295,7 @@ def _pair(
             # every line of one read shares its time, so a reader thread that a loaded box kept waiting a few
             # milliseconds reads a fast engine's whole answer as one burst: measured again once, and only a
             # side's second burst is its own (a burst wins nothing either way: its pair is never kept)
-            run.bursts[exc.side] = run.bursts.get(exc.side, 0) + 1
-            if run.bursts[exc.side] > 1:
-                raise
-            log(f"pair measured again: {exc} (once per side: the next burst fails the side)")
+            forgive_burst(run, exc, log, "pair")
             continue
         during = box.usage(snap, box.cpu_snapshot(), os.getpid())
         reason = box.busy_reason(during, quiet)

@@ -71,7 +71,7 @@ def spec_rate(side: Side, t: Timed, lossless: bool = True) -> float:
         return rate
     if side is Side.HEAD and not lossless and t.to_last_s > 0:
         return len(t.tokens) / t.to_last_s
-    raise ab_samples.SideError(
+    raise ab_samples.BurstError(
         side,
         "serve",
         f"a speculative run's {len(t.tokens)} tokens arrived in {len(t.steps)} line(s) within "
@@ -130,12 +130,19 @@ def spec_served(
                     "block": block,
                     **({"drafter": "draft"} if drafter == "draft" else {"drafter": "ngram", "ngram": 3}),
                 }
-                try:
-                    t = schedule.run_alone(p, others, partial(p.request, req, ctx.run_timeout_s))
-                except serve_error.ServeError as exc:
-                    raise ab_samples.SideError(side, exc.stage, str(exc), exc.tail) from exc
-                same = side is Side.BASE or list(t.tokens) == list(ar.tokens)
-                sp[side].append(spec_rate(side, t, same))
+                while True:
+                    try:
+                        t = schedule.run_alone(p, others, partial(p.request, req, ctx.run_timeout_s))
+                    except serve_error.ServeError as exc:
+                        raise ab_samples.SideError(side, exc.stage, str(exc), exc.tail) from exc
+                    same = side is Side.BASE or list(t.tokens) == list(ar.tokens)
+                    try:
+                        rate = spec_rate(side, t, same)
+                    except ab_samples.BurstError as exc:  # a stalled reader, once a side (as the A/B pairs)
+                        ab_samples.forgive_burst(run, exc, ctx.log, "speculative run")
+                        continue
+                    break
+                sp[side].append(rate)
                 taus[side].append((len(t.tokens) - 1) / max(len(t.steps) - 1, 1))
                 steps[side] += [len(step) for step in t.steps[1:]]
                 if side is Side.HEAD:
