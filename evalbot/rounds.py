@@ -230,11 +230,13 @@ def may_automerge(
     if missing:
         return False, f"missing required label(s): {', '.join(missing)}"
     names = [t.name for t in rules.tiers]
-    if verdict.tier not in names:
+    # the overall tier, or a tier another track earned (a speculative track's winner merges on its own tier)
+    tier = max((verdict.tier, *(s.tier for s in verdict.scores if s.tier)), key=rules.tier_rank)
+    if tier not in names:
         return False, f"no tier; auto-merge needs at least {am.min_tier}"
-    if names.index(verdict.tier) < names.index(am.min_tier):
-        return False, f"tier {verdict.tier} is below the auto-merge minimum {am.min_tier}"
-    return True, f"PASS at tier {verdict.tier}, head {measured_sha[:12]} as measured, no blocking label"
+    if names.index(tier) < names.index(am.min_tier):
+        return False, f"tier {tier} is below the auto-merge minimum {am.min_tier}"
+    return True, f"PASS at tier {tier}, head {measured_sha[:12]} as measured, no blocking label"
 
 
 @dataclass(frozen=True)

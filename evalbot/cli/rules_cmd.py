@@ -24,6 +24,17 @@ def check(directory: Path | None) -> None:
     click.echo(f"tiers: {tiers}; no-regression >= {r.gates.no_regression.min_ratio}x main")
     for p in r.profiles:
         click.echo(f"profile {p.name}: contexts {', '.join(str(c.ctx) for c in p.contexts)}")
+        for t in r.tracks_for(p.name):
+            for e in t.models:
+                where = (
+                    "guard (measured, never scored)"
+                    if e.guard
+                    else f"scored at {', '.join(map(str, e.contexts))}"
+                )
+                label = f", label {e.label}:<tier>" if e.label else ""
+                drafter = f", drafts by {t.drafter}" if t.metric == "spec" else ""
+                overall = "" if t.overall else ", apart from the overall tier"
+                click.echo(f"  {t.name} ({t.metric}) {e.model}: {where}{label}{drafter}{overall}")
 
 
 @rules.command("pr-template")

@@ -24,7 +24,7 @@ class SideError(RuntimeError):
 class BurstError(SideError):
     """A side's tokens arrived together, at a rate no decode reaches: computed before the first was sent, or
     read late by a stalled reader thread (every line of one read shares its time). The pair is measured
-    again once; a side's second burst in an evaluation is its failure."""
+    again (`forgive_burst`), up to BURSTS_FORGIVEN times a side in an evaluation."""
 
 
 @dataclass(frozen=True)
@@ -95,12 +95,20 @@ class Run:
     bursts: dict[Side, int] = field(default_factory=dict)  # per side: pairs measured again after a burst
 
 
+# Bursts a side may have in one evaluation, each measured again, before the next is its failure. A burst
+# never counts (its pair or spec run is discarded and measured again, on a fresh prompt where it is a pair),
+# so a side gains nothing from one; the cap only bounds the time an engine that bursts on purpose costs. A
+# loaded 2-core box kept the reader waiting twice in one fixture evaluation (2026-12-07).
+BURSTS_FORGIVEN = 3
+
+
 def forgive_burst(run: Run, exc: BurstError, log: Callable[[str], None], what: str) -> None:
-    """A side's first burst in an evaluation is measured again (logged, with `what` was); its second is raised."""
+    """A side's first BURSTS_FORGIVEN bursts in an evaluation are measured again (logged, with what `what`
+    was); the next one is raised."""
     run.bursts[exc.side] = run.bursts.get(exc.side, 0) + 1
-    if run.bursts[exc.side] > 1:
+    if run.bursts[exc.side] > BURSTS_FORGIVEN:
         raise exc
-    log(f"{what} measured again: {exc} (once per side: the next burst fails the side)")
+    log(f"{what} measured again: {exc} ({run.bursts[exc.side]} of {BURSTS_FORGIVEN} a side may have)")
 
 
 def estimates(samples: list[Sample], ctx: int, metric: str = "decode") -> stats.PairedEstimate | None:

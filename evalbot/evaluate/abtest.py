@@ -281,12 +281,12 @@ def _pair(
         prefills: list[Timed | None] = [None] * len(order)
         if two:
             prefills = list(
-                _answers(procs, order, {"op": "prefill", "prompt_ids": prompt}, timeout_s, slice_s)
+                answer_pair(procs, order, {"op": "prefill", "prompt_ids": prompt}, timeout_s, slice_s)
             )
             prompt = [*prompt, continuation(procs)]  # drawn now: no engine could know it before
-            answers = _answers(procs, order, continue_body(prompt[-1], gen, stream), timeout_s, slice_s)
+            answers = answer_pair(procs, order, continue_body(prompt[-1], gen, stream), timeout_s, slice_s)
         else:
-            answers = _answers(procs, order, generate_body(prompt, gen, stream), timeout_s, slice_s)
+            answers = answer_pair(procs, order, generate_body(prompt, gen, stream), timeout_s, slice_s)
         try:
             for side, timed, pre in zip(order, answers, prefills, strict=True):
                 out.append(sample(side, ctx, block, i, prompt, gen, timed, base_first=base_first,
@@ -317,7 +317,7 @@ def _pair(
         box.wait_until_quiet(quiet, with_gpu=gpu, log=log)
 
 
-def _answers(
+def answer_pair(
     procs: dict[Side, ServedProcess],
     order: tuple[Side, Side],
     body: dict[str, Any],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from evalbot.evaluate import ab_samples, ab_sampling, schedule, serve_error, served
+from evalbot.evaluate import ab_samples, ab_sampling, abtest, schedule, serve_error, served
 from evalbot.evaluate.context import RunContext
 from evalbot.evaluate.timed import Timed
 from evalbot.model import Side, SpecResult
@@ -94,7 +94,6 @@ def spec_served(
     produced; plain speed comes from those timed requests. Where the requests were timed in two parts,
     each run's plain decode is one request of a fresh prompt instead, laid out as the spec run is.
     Also the notes on tau (diagnostics)."""
-    g = ctx.ws.rules.gates.spec
     last = run.blocks - 1
     out, notes = [], []
     rules = ctx.ws.rules
@@ -111,49 +110,48 @@ def spec_served(
         for smp in run.samples if not run.two_part else ():
             if smp.context == c.ctx and smp.block != last:
                 earlier.setdefault((smp.block, smp.pair), {})[smp.side] = smp
-        pairs = [v for _, v in sorted(earlier.items()) if len(v) == 2][: g.runs]
-        while (
-            len(pairs) < g.runs
-        ):  # too few earlier pairs (a small --max-pairs): plain-decode new prompts here
+        runs = rules.spec_runs(profile.name, name)
+        pairs = [v for _, v in sorted(earlier.items()) if len(v) == 2][:runs]
+        while len(pairs) < runs:  # too few earlier pairs (a small --max-pairs): plain-decode new prompts here
             pairs.append(_plain_pair(ctx, procs, pool, c.ctx, gen))
         sp: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
         taus: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
         steps: dict[Side, list[int]] = {Side.BASE: [], Side.HEAD: []}
         lossless, first_div = 0, None
         for r, pair in enumerate(pairs):
-            for side in (Side.BASE, Side.HEAD) if r % 2 == 0 else (Side.HEAD, Side.BASE):
-                p, others, ar = procs[side], [q for s2, q in procs.items() if s2 is not side], pair[side]
-                req = {
-                    "op": "spec",
-                    "prompt_ids": list(ar.prompt),
-                    "max_new": gen,
-                    "block": block,
-                    **({"drafter": "draft"} if drafter == "draft" else {"drafter": "ngram", "ngram": 3}),
+            order = (Side.BASE, Side.HEAD) if r % 2 == 0 else (Side.HEAD, Side.BASE)
+            req = {
+                "op": "spec",
+                "prompt_ids": list(pair[Side.BASE].prompt),  # both sides' plain decode had this prompt
+                "max_new": gen,
+                "block": block,
+                **({"drafter": "draft"} if drafter == "draft" else {"drafter": "ngram", "ngram": 3}),
+            }
+            while (
+                True
+            ):  # both sides answer as an A/B pair does: in turns of slice_s where the profile has them
+                answers = dict(zip(order, abtest.answer_pair(procs, order, req, ctx.run_timeout_s,
+                                                             profile.measurement.slice_s), strict=True))  # fmt: skip
+                same = {
+                    s: s is Side.BASE or list(t.tokens) == list(pair[s].tokens) for s, t in answers.items()
                 }
-                while True:
-                    try:
-                        t = schedule.run_alone(p, others, partial(p.request, req, ctx.run_timeout_s))
-                    except serve_error.ServeError as exc:
-                        raise ab_samples.SideError(side, exc.stage, str(exc), exc.tail) from exc
-                    same = side is Side.BASE or list(t.tokens) == list(ar.tokens)
-                    try:
-                        rate = spec_rate(side, t, same)
-                    except ab_samples.BurstError as exc:  # a stalled reader, once a side (as the A/B pairs)
-                        ab_samples.forgive_burst(run, exc, ctx.log, "speculative run")
-                        continue
-                    break
-                sp[side].append(rate)
+                try:
+                    rates = {s: spec_rate(s, t, same[s]) for s, t in answers.items()}
+                except ab_samples.BurstError as exc:  # a stalled reader, once a side (as the A/B pairs)
+                    ab_samples.forgive_burst(run, exc, ctx.log, "speculative run")
+                    continue
+                break
+            for side, t in answers.items():
+                sp[side].append(rates[side])
                 taus[side].append((len(t.tokens) - 1) / max(len(t.steps) - 1, 1))
                 steps[side] += [len(step) for step in t.steps[1:]]
-                if side is Side.HEAD:
-                    if same:
-                        lossless += 1
-                    else:
-                        at = next(
-                            (i for i, (x, y) in enumerate(zip(ar.tokens, t.tokens, strict=False)) if x != y),
-                            min(len(ar.tokens), len(t.tokens)),
-                        )
-                        first_div = at if first_div is None else min(first_div, at)
+            t, ar = answers[Side.HEAD], pair[Side.HEAD]
+            if same[Side.HEAD]:
+                lossless += 1
+            else:
+                at = next((i for i, (x, y) in enumerate(zip(ar.tokens, t.tokens, strict=False)) if x != y),
+                          min(len(ar.tokens), len(t.tokens)))  # fmt: skip
+                first_div = at if first_div is None else min(first_div, at)
         if not pairs:
             continue
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731

@@ -475,6 +475,13 @@ class Rules:
             return tuple(c.ctx for c in profile.contexts if c.ctx in named)
         return self.model_profile(profile, model).scored_contexts
 
+    def spec_runs(self, profile: str, model: str) -> int:
+        """Speculative runs per context for this model: gates.spec.runs, or more where a speculative track
+        scoring it asks for more (a rate needs more pairs than a pass/fail gate)."""
+        asked = [t.runs for t in self.tracks_for(profile) if t.metric == SPEC_TRACK and t.runs
+                 for e in t.models if e.model == model]  # fmt: skip
+        return max([self.gates.spec.runs, *asked])
+
     def spec_drafter(self, profile: str, model: str) -> str:
         """How a speculative track drafts for this model ('ngram' where no track says 'draft')."""
         return next((t.drafter for t in self.tracks_for(profile) if t.metric == SPEC_TRACK for e in t.models
@@ -599,6 +606,7 @@ class Track:
     drafter: str = "ngram"
     overall: bool = True
     implicit: bool = False  # no tracks.yaml entry: profiles.yaml's scored contexts, for whatever was measured
+    runs: int | None = None  # spec only: speculative runs per context (at least gates.spec.runs)
 
     def entries(self, profile: str) -> tuple[TrackModel, ...]:
         return tuple(m for m in self.models if m.profile == profile)

@@ -35,7 +35,7 @@ def tracks(
         if not _NAME.fullmatch(name):
             f.fail(key_node, field, f"expected a track name (letters, digits, '.', '_', '-'), got {name!r}")
         present = [k for k, _, _ in f.items(node, field)]
-        optional = [k for k in ("drafter", "overall") if k in present]
+        optional = [k for k in ("drafter", "overall", "runs") if k in present]
         m = f.mapping(node, field, ("metric", "models", *optional))
         metric = f.choice(m["metric"], f"{field}.metric", TRACK_METRICS, "a track metric")
         drafter = "ngram"
@@ -48,12 +48,21 @@ def tracks(
                 )
             drafter = f.choice(m["drafter"], f"{field}.drafter", DRAFTERS, "a drafter")
         overall = f.boolean(m["overall"], f"{field}.overall") if "overall" in m else True
+        runs = None
+        if "runs" in m:
+            if metric != SPEC_TRACK:
+                f.fail(
+                    m["runs"],
+                    f"{field}.runs",
+                    f"only a {SPEC_TRACK!r} track has runs; a decode track's pairs are the profile's",
+                )
+            runs = f.integer(m["runs"], f"{field}.runs", minimum=2)
         models = _models(f, m["models"], f"{field}.models", profiles, owners, tier_names)
         if not models:
             f.fail(m["models"], f"{field}.models", "expected at least one model, got none")
         if metric == SPEC_TRACK:
             _check_spec(f, m["models"], field, models, spec_pair, engine, drafter)
-        out.append(Track(name, metric, tuple(models), drafter, overall))
+        out.append(Track(name, metric, tuple(models), drafter, overall, runs=runs))
     if not out:
         f.fail(root, "tracks", "expected at least one track, got none")
     if not any(t.overall for t in out):

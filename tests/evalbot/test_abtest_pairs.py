@@ -232,10 +232,10 @@ class BurstingEngine(CachingEngine):
         return Timed(body, t.sent_ns, t.tokens, (t.arrivals_ns[-1],) * GEN, t.steps, t.summary)
 
 
-def test_one_burst_is_measured_again_and_a_second_burst_fails_the_side(monkeypatch):
+def test_a_burst_is_measured_again_and_an_engine_that_keeps_bursting_fails(monkeypatch):
     """A reader thread kept waiting by a loaded box reads a fast engine's whole answer at once (the lines of one
-    read share its time): one burst is measured again on a fresh prompt and its pair is never kept; the same
-    side's second burst in the evaluation is its own failure (an engine that bursts on purpose, every time)."""
+    read share its time): a burst is measured again on a fresh prompt and its pair is never kept; a side past
+    BURSTS_FORGIVEN bursts in the evaluation fails (an engine that bursts on purpose, every time)."""
     _fake_box(monkeypatch, busy_attempts=0, clock=[0.0])
     run, logged = ab_samples.Run(), []
     procs = {Side.BASE: CachingEngine("main"), Side.HEAD: BurstingEngine("the PR", bursts=1)}
@@ -243,7 +243,7 @@ def test_one_burst_is_measured_again_and_a_second_burst_fails_the_side(monkeypat
     out = abtest._pair(procs, 0, 0, 16, prompts, GEN, 60.0, Quiet(), False, logged.append, run)  # type: ignore[arg-type]
     assert prompts.served == 2 and run.bursts == {Side.HEAD: 1} and "burst" in logged[0]
     assert all(s.decode_tps == pytest.approx(10.0) for s in out)  # the kept pair is the honest one
-    procs[Side.HEAD].bursts = 1  # later in the same evaluation: its second burst
+    procs[Side.HEAD].bursts = 10**6  # an engine that bursts on purpose, every time, later in the evaluation
     with pytest.raises(ab_samples.SideError, match="a burst, not a decode") as info:
         abtest._pair(procs, 0, 1, 16, prompts, GEN, 60.0, Quiet(), False, logged.append, run)  # type: ignore[arg-type]
-    assert info.value.side is Side.HEAD
+    assert info.value.side is Side.HEAD and run.bursts[Side.HEAD] == ab_samples.BURSTS_FORGIVEN + 1

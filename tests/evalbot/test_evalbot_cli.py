@@ -15,6 +15,9 @@ from evalbot.rules import default_rules_dir
 def test_rules_check_default_and_malformed(tmp_path):
     r = CliRunner().invoke(main, ["rules", "check"])
     assert r.exit_code == 0 and "rules_hash" in r.output
+    # what each profile's models score, per track, as the bot reads tracks.yaml
+    assert "  decode (decode) qwen2.5-coder-1.5b: scored at 128, 512, label perf-1.5b:<tier>" in r.output
+    assert "drafts by ngram, apart from the overall tier" in r.output
     bad = tmp_path / "rules"
     shutil.copytree(default_rules_dir(), bad)
     text = (bad / "gates.yaml").read_text().replace("top1_min: 0.90", "top1_min: high")

@@ -324,3 +324,15 @@ def test_a_speculative_score_without_a_tier_leads_no_track(rules):
     b = Contender(2, "h2", MAIN, with_spec(verdict(low=1.03, tier="XS"), None, None))
     r = rank_round([a, b], MAIN, rules)
     assert dict(r.winners) == {"decode": 1} and r.decision(2).role == NEEDS_REBASE
+
+
+def test_a_speculative_tracks_winner_may_merge_on_its_own_tier(rules):
+    am_rules = replace(rules, automerge=replace(rules.automerge, enabled=True))
+    spec_only = with_spec(verdict(low=1.01, tier=None, rules_hash=rules.rules_hash), 1.30, "XL")
+    ok, why = may_automerge(spec_only, ["verified"], am_rules, True, "h", "h")
+    assert ok and "tier XL" in why
+    neither = with_spec(verdict(low=1.01, tier=None, rules_hash=rules.rules_hash), 1.30, None)
+    assert may_automerge(neither, ["verified"], am_rules, True, "h", "h") == (
+        False,
+        "no tier; auto-merge needs at least XS",
+    )
