@@ -230,8 +230,9 @@ def may_automerge(
     if missing:
         return False, f"missing required label(s): {', '.join(missing)}"
     names = [t.name for t in rules.tiers]
-    # the overall tier, or a tier another track earned (a speculative track's winner merges on its own tier)
-    tier = max((verdict.tier, *(s.tier for s in verdict.scores if s.tier)), key=rules.tier_rank)
+    # the overall tier only: a track kept apart from it (overall: false) earns a label and a round, and a
+    # maintainer merges its winner (a speculative rate is a softer clock than decode's two-part one)
+    tier = verdict.tier
     if tier not in names:
         return False, f"no tier; auto-merge needs at least {am.min_tier}"
     if names.index(tier) < names.index(am.min_tier):

@@ -239,9 +239,9 @@ def _lengths(
 
 
 def _done(run: Run, profile: Profile, half_width: float) -> bool:
-    for c in profile.contexts:
-        if not c.scored:
-            continue
+    """Every scored context's CI within the half-width; for a guard (a model scored nowhere), every guarded one's."""
+    judged = [c for c in profile.contexts if c.scored] or [c for c in profile.contexts if c.guarded]
+    for c in judged:
         est = estimates(run.samples, c.ctx)
         if est is None or est.half_width > half_width:
             return False

@@ -62,13 +62,14 @@ def drafts(ctx: RunContext) -> bool:
 
 
 def spec_rate(side: Side, t: Timed, lossless: bool = True) -> float:
-    """A speculative run's decode rate on the harness's clock. Where its tokens came in one burst (a rate no
+    """A speculative run's rate on the harness's clock, from sending the request to its last token. Where its tokens came in one burst (a rate no
     decode reaches: they were ready before the first was sent), a lossless run fails its side (SideError),
     and a PR's run that is not lossless, which fails the lossless gate anyway, is given its tokens over its
     whole answer instead (an infinite rate is no figure a report or a receipt can carry)."""
-    rate = t.decode_tps
-    if rate < ab_sampling.MAX_DECODE_TPS:
-        return rate
+    if t.decode_tps < ab_sampling.MAX_DECODE_TPS:
+        # tokens over the time from sending the request to its last token: work done before the first token
+        # (the whole answer computed up front, its lines spaced out to look like a decode) counts
+        return len(t.tokens) / t.to_last_s
     if side is Side.HEAD and not lossless and t.to_last_s > 0:
         return len(t.tokens) / t.to_last_s
     raise ab_samples.BurstError(

@@ -4,8 +4,9 @@ engine.yaml's draft arguments). Each mistake is a RulesError at its line."""
 
 from __future__ import annotations
 
-from evalbot.rules.reader import _NAME, _File, _join, _Node
+from evalbot.rules.reader import _MAX_LABEL, _NAME, _File, _join, _Node
 from evalbot.rules.schema import (
+    DECODE_TRACK,
     DRAFTERS,
     NO_TIER,
     SPEC_TRACK,
@@ -48,6 +49,9 @@ def tracks(
                 )
             drafter = f.choice(m["drafter"], f"{field}.drafter", DRAFTERS, "a drafter")
         overall = f.boolean(m["overall"], f"{field}.overall") if "overall" in m else True
+        if metric == DECODE_TRACK and not overall:
+            f.fail(m["overall"], f"{field}.overall", "a decode track always counts toward the overall tier (labels.yaml's "
+                   "tiers); only a speculative track can be kept apart")  # fmt: skip
         runs = None
         if "runs" in m:
             if metric != SPEC_TRACK:
@@ -107,6 +111,9 @@ def _models(
                 if ctx not in ctxs:
                     f.fail(item, f"{mfield}.scored[{i}]", f"expected a context of profile {profile_name!r} "
                            f"(one of: {', '.join(map(str, ctxs))}), got {ctx}")  # fmt: skip
+                if not next(c.guarded for c in profile.contexts if c.ctx == ctx):
+                    f.fail(item, f"{mfield}.scored[{i}]", f"ctx {ctx} is not guarded in profiles.yaml: a context "
+                           "that can earn a tier must also be able to fail one")  # fmt: skip
                 if ctx in scored:
                     f.fail(item, f"{mfield}.scored[{i}]", f"expected each context once, got {ctx} again")
                 scored.append(ctx)
@@ -119,6 +126,9 @@ def _models(
             prefix = f.label(m["label"], f"{mfield}.label")
             for tier in (*tier_names, NO_TIER):
                 label = f"{prefix}:{tier}"
+                if len(label) > _MAX_LABEL:
+                    f.fail(m["label"], f"{mfield}.label", f"{label!r} is longer than GitHub's {_MAX_LABEL} characters "
+                           "for a label: shorten the prefix")  # fmt: skip
                 if label in owners:
                     f.fail(m["label"], f"{mfield}.label", f"expected labels not used elsewhere; {label!r} is "
                            f"already {owners[label]}")  # fmt: skip

@@ -275,6 +275,12 @@ def _unresolved(
         and not _thin(best)
     )
     imprecise = [e for e in scored if _thin(e) or (e.mde > floor and not (earned and e.ci_low >= bar))]
+    # a guard (a model measured and guarded, scored nowhere): its decode interval across the bar, too wide to
+    # say it did not regress, leaves the verdict open as a scored context's would (noise is no licence)
+    scoring = {e.model for e in scored}
+    guards = [e for e in estimates if e.guarded and e.metric in DECODE_METRICS and e.model not in scoring
+              and (_thin(e) or (e.mde > floor and e.ci_low < bar))]  # fmt: skip
+    imprecise += [e for e in guards if e not in imprecise]
     return imprecise + [e for e in estimates if e.regression and e not in imprecise]
 
 

@@ -326,13 +326,13 @@ def test_a_speculative_score_without_a_tier_leads_no_track(rules):
     assert dict(r.winners) == {"decode": 1} and r.decision(2).role == NEEDS_REBASE
 
 
-def test_a_speculative_tracks_winner_may_merge_on_its_own_tier(rules):
+def test_a_track_kept_apart_from_the_overall_tier_never_merges_itself(rules):
+    """The shipped spec track (overall: false) earns a label and leads its round, but auto-merge reads the
+    overall tier only: its winner waits for a maintainer."""
     am_rules = replace(rules, automerge=replace(rules.automerge, enabled=True))
     spec_only = with_spec(verdict(low=1.01, tier=None, rules_hash=rules.rules_hash), 1.30, "XL")
-    ok, why = may_automerge(spec_only, ["verified"], am_rules, True, "h", "h")
+    refused = may_automerge(spec_only, ["verified"], am_rules, True, "h", "h")
+    assert refused == (False, "no tier; auto-merge needs at least XS")
+    overall = replace(spec_only, tier="XL")  # a spec track with overall: true gives the verdict its tier
+    ok, why = may_automerge(overall, ["verified"], am_rules, True, "h", "h")
     assert ok and "tier XL" in why
-    neither = with_spec(verdict(low=1.01, tier=None, rules_hash=rules.rules_hash), 1.30, None)
-    assert may_automerge(neither, ["verified"], am_rules, True, "h", "h") == (
-        False,
-        "no tier; auto-merge needs at least XS",
-    )

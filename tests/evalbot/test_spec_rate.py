@@ -18,9 +18,19 @@ def _timed(arrivals: tuple[int, ...], steps: tuple[tuple[int, ...], ...]) -> Tim
     return Timed({"op": "spec"}, 0, tokens, arrivals, steps, {"event": "done"})
 
 
-def test_a_spec_run_that_decodes_has_its_rate():
+def test_a_spec_run_that_decodes_has_its_rate_from_sending_to_its_last_token():
     t = _timed((10**6, 10**8, 2 * 10**8), ((1,), (2, 3, 4), (5, 6)))
-    assert speculative.spec_rate(Side.HEAD, t) == pytest.approx(5 / 0.199)
+    assert speculative.spec_rate(Side.HEAD, t) == pytest.approx(6 / 0.2)
+
+
+def test_a_spec_answer_computed_up_front_and_spaced_out_gains_nothing():
+    """The whole answer computed before the first token (2 s), then its lines spaced a millisecond apart so
+    that no burst shows: timed from the first token it would read 2,500 tok/s against an honest 3; from the
+    sending, it reads what its work took."""
+    honest = _timed(tuple(10**6 + i * 333 * 10**6 for i in range(6)), tuple((i,) for i in range(6)))
+    cheat = _timed(tuple(2 * 10**9 + i * 10**6 for i in range(6)), tuple((i,) for i in range(6)))
+    assert cheat.decode_tps > 300 * honest.decode_tps  # the first-to-last clock it would have fooled
+    assert speculative.spec_rate(Side.HEAD, cheat) < speculative.spec_rate(Side.HEAD, honest)
 
 
 @pytest.mark.parametrize(

@@ -94,6 +94,28 @@ def test_a_guard_model_is_measured_and_guarded_but_never_scored(rules_dir: Path)
     assert decide(both(1.1, 0.9), rules).status is Status.REJECT  # and its regression still rejects
 
 
+def test_a_guard_too_noisy_to_show_it_did_not_regress_leaves_the_verdict_open(rules_dir: Path):
+    """A PR that slows the guarded model and adds noise to it, so that its interval straddles the bar, gets no
+    PASS on the other model's gain: INCONCLUSIVE, measured again."""
+    text = (rules_dir / "tracks.yaml").read_text()
+    (rules_dir / "tracks.yaml").write_text(
+        text.replace(
+            "      qwen2.5-coder-1.5b: {scored: [128, 512], label: perf-1.5b}",
+            "      qwen2.5-coder-1.5b: guard",
+        )
+    )
+    rules = load_rules(rules_dir)
+    noisy = tuple(
+        ThroughputPairs(LARGE, c, "decode_tps", pairs(0.97, noise=0.05, seed=c)) for c in (128, 512)
+    )
+    v = decide(meas("cpu-both", tp(SMALL, 128, 1.10), tp(SMALL, 512, 1.10), *noisy), rules)
+    assert v.status is Status.INCONCLUSIVE, v.reasons
+    quiet = meas(
+        "cpu-both", tp(SMALL, 128, 1.10), tp(SMALL, 512, 1.10), tp(LARGE, 128, 1.0), tp(LARGE, 512, 1.0)
+    )
+    assert decide(quiet, rules).status is Status.PASS  # a guard shown not to regress lets the gain stand
+
+
 def test_a_profile_no_track_names_scores_as_before(rules):
     v = decide(meas("cpu", tp(SMALL, 128, 1.0), tp(SMALL, 512, 1.05)), rules)
     assert v.status is Status.PASS and v.tier == "S" and set(v.labels_add) == {"verified", "perf:S"}
@@ -186,6 +208,10 @@ def broken(rules_dir: Path, old: str, new: str) -> tuple[RulesError, int]:
         ("{scored: [128, 512], label: perf-0.5b}", "{scored: [128, 2048], label: perf-0.5b}",
          "tracks.decode.models.cpu-both.qwen2.5-coder-0.5b.scored[1]", "expected a context of profile 'cpu-both'"),
         ("  metric: decode\n", "  metric: decode\n  drafter: draft\n", "tracks.decode.drafter", "only a 'spec' track drafts"),
+        ("  metric: decode\n", "  metric: decode\n  overall: false\n", "tracks.decode.overall", "a decode track always counts"),
+        ("  metric: decode\n", "  metric: decode\n  runs: 8\n", "tracks.decode.runs", "only a 'spec' track has runs"),
+        ("label: perf-0.5b}", "label: perf-0.5b-qwen2.5-coder-instruct-q4-k-m-labels}",
+         "tracks.decode.models.cpu-both.qwen2.5-coder-0.5b.label", "longer than GitHub's 50 characters"),
     ],
 )  # fmt: skip
 def test_a_bad_track_is_refused_at_its_file_and_line(rules_dir: Path, old, new, field, words):
