@@ -79,15 +79,16 @@ def test_a_pr_that_speeds_up_one_model_and_slows_the_other_by_5_percent_is_rejec
     assert failed and {g.model for g in failed} == {LARGE}
 
 
+def with_large_as_guard(rules_dir: Path):
+    """The shipped rules with the 1.5B a guard on cpu-both: measured and guarded, never scored."""
+    path = rules_dir / "tracks.yaml"
+    scored = "      qwen2.5-coder-1.5b: {scored: [128, 512], label: perf-1.5b}"
+    path.write_text(path.read_text().replace(scored, "      qwen2.5-coder-1.5b: guard"))
+    return load_rules(rules_dir)
+
+
 def test_a_guard_model_is_measured_and_guarded_but_never_scored(rules_dir: Path):
-    text = (rules_dir / "tracks.yaml").read_text()
-    (rules_dir / "tracks.yaml").write_text(
-        text.replace(
-            "      qwen2.5-coder-1.5b: {scored: [128, 512], label: perf-1.5b}",
-            "      qwen2.5-coder-1.5b: guard",
-        )
-    )
-    rules = load_rules(rules_dir)
+    rules = with_large_as_guard(rules_dir)
     fast_guard = decide(both(1.0, 1.5), rules)  # the guard's 50% buys nothing
     assert fast_guard.status is Status.PASS and fast_guard.tier is None
     assert [s.model for s in fast_guard.scores] == [SMALL]
@@ -97,14 +98,7 @@ def test_a_guard_model_is_measured_and_guarded_but_never_scored(rules_dir: Path)
 def test_a_guard_too_noisy_to_show_it_did_not_regress_leaves_the_verdict_open(rules_dir: Path):
     """A PR that slows the guarded model and adds noise to it, so that its interval straddles the bar, gets no
     PASS on the other model's gain: INCONCLUSIVE, measured again."""
-    text = (rules_dir / "tracks.yaml").read_text()
-    (rules_dir / "tracks.yaml").write_text(
-        text.replace(
-            "      qwen2.5-coder-1.5b: {scored: [128, 512], label: perf-1.5b}",
-            "      qwen2.5-coder-1.5b: guard",
-        )
-    )
-    rules = load_rules(rules_dir)
+    rules = with_large_as_guard(rules_dir)
     noisy = tuple(
         ThroughputPairs(LARGE, c, "decode_tps", pairs(0.97, noise=0.05, seed=c)) for c in (128, 512)
     )
