@@ -108,9 +108,9 @@ test: test-clock
 	@echo "make test: setup $$(( $$(date +%s) - $$(cat .make-test-t0) )) s"; date +%s > .make-test-t1
 	$(MAKE) --no-print-directory lint
 	@t2=$$(date +%s); status=0; \
-	  $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not timing" --durations=20 || status=$$?; \
+	  $(BIN)/python -m pytest -q --tb=short -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not timing" --durations=20 || status=$$?; \
 	  t3=$$(date +%s); \
-	  if [ $$status -eq 0 ]; then $(BIN)/python -m pytest -q -p no:xdist -m timing --durations=20 || status=$$?; fi; \
+	  if [ $$status -eq 0 ]; then $(BIN)/python -m pytest -q --tb=short -p no:xdist -m timing --durations=20 || status=$$?; fi; \
 	  t4=$$(date +%s); \
 	  echo "make test: lint $$((t2 - $$(cat .make-test-t1))) s, tests on $(PYTEST_WORKERS) workers $$((t3 - t2)) s," \
 	    "timing tests alone $$((t4 - t3)) s; exit $$status after $$((t4 - $$(cat .make-test-t0))) s in all"; \

@@ -22,9 +22,9 @@ class SideError(RuntimeError):
 
 
 class BurstError(SideError):
-    """A side's tokens arrived together, at a rate no decode reaches: computed before the first was sent, or
-    read late by a stalled reader thread (every line of one read shares its time). The pair is measured
-    again (`forgive_burst`), up to BURSTS_FORGIVEN times a side in an evaluation."""
+    """A side's tokens were written together, at a rate no decode reaches: computed before the first was
+    sent (the kernel stamps each write, `stamped`, so a reader the box kept waiting makes none). The pair is
+    measured again (`forgive_burst`), up to BURSTS_FORGIVEN times a side in an evaluation."""
 
 
 @dataclass(frozen=True)
@@ -96,10 +96,12 @@ class Run:
 
 
 # Bursts a side may have in one evaluation, each measured again, before the next is its failure. A burst's
-# pair or spec run is discarded and measured again (on a fresh prompt where it is a pair). Main is trusted:
-# its bursts are the harness's (a loaded 2-core box kept the reader waiting twice in one fixture evaluation,
-# 2026-12-07), up to 3. The PR's one: an engine that bursts on purpose could choose which pair to drop (one
-# it expects to be slow, by its own prefill time), so it may drop one pair of an evaluation's 12 or more.
+# pair or spec run is discarded and measured again (on a fresh prompt where it is a pair). Until the kernel
+# stamped each write (2026-12-07), a loaded 2-core box kept the reader thread waiting and an honest fast
+# engine's answer read as one burst (twice in one fixture evaluation; the cause of two red CI runs). With
+# the stamps a burst is the engine's own; the allowance stays as a margin. Main is trusted: up to 3. The
+# PR's one: an engine that bursts on purpose could choose which pair to drop (one it expects to be slow, by
+# its own prefill time), so it may drop one pair of an evaluation's 12 or more.
 BURSTS_FORGIVEN = {Side.BASE: 3, Side.HEAD: 1}
 
 

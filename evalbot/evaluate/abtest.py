@@ -292,9 +292,9 @@ def _pair(
                 out.append(sample(side, ctx, block, i, prompt, gen, timed, base_first=base_first,
                                   went_first=side is order[0], stream=stream, prefill=pre))  # fmt: skip
         except BurstError as exc:
-            # every line of one read shares its time, so a reader thread that a loaded box kept waiting a few
-            # milliseconds reads a fast engine's whole answer as one burst: measured again once, and only a
-            # side's second burst is its own (a burst wins nothing either way: its pair is never kept)
+            # the kernel stamps each write, so a late reader no longer makes one (`stamped`); a burst is
+            # the engine's, measured again up to BURSTS_FORGIVEN times a side (it wins nothing either way:
+            # its pair is never kept)
             forgive_burst(run, exc, log, "pair")
             continue
         during = box.usage(snap, box.cpu_snapshot(), os.getpid())

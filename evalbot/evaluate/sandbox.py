@@ -286,16 +286,22 @@ def confined_argv(spec: SandboxSpec, argv: Sequence[str], *, no_sandbox: bool = 
 
 
 def spawn(
-    spec: SandboxSpec, argv: Sequence[str], *, no_sandbox: bool = False, prefix: Sequence[str] = ()
+    spec: SandboxSpec,
+    argv: Sequence[str],
+    *,
+    no_sandbox: bool = False,
+    prefix: Sequence[str] = (),
+    stdout: int = subprocess.PIPE,
 ) -> subprocess.Popen[bytes]:
-    """Start argv confined as run() does, but long-lived: stdin, stdout and stderr are pipes, and the
-    process leads its own session (kill_tree ends it and everything it started). `prefix` is a trusted
-    command that runs first, outside the sandbox, and execs the rest (the harness's cgroup entry)."""
+    """Start argv confined as run() does, but long-lived: stdin and stderr are pipes, stdout a pipe or the
+    file descriptor given, and the process leads its own session (kill_tree ends it and everything it
+    started). `prefix` is a trusted command that runs first, outside the sandbox, and execs the rest (the
+    harness's cgroup entry)."""
     full = [*prefix, *confined_argv(spec, argv, no_sandbox=no_sandbox)]
     return subprocess.Popen(
         full,
         stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
+        stdout=stdout,
         stderr=subprocess.PIPE,
         env=dict(spec.env),
         cwd=spec.workdir if no_sandbox else spec.scratch,

@@ -2,7 +2,8 @@
 reader, its protocol.
 
 Each side runs as a warm serving process (loaded and warmed once), sandboxed like every engine run. The
-trusted process timestamps each protocol line as it arrives (a reader thread, `time.monotonic_ns`), so
+kernel timestamps each write the engine makes on its stdout (a socket, `stamped`), and a line arrives when
+the write that ends it was made, however late the harness's reader thread reads it, so
 prefill is the time from sending a request to its first token and decode is first token to last
 (`timed.Timed`): nothing the engine says about time decides anything. While one side is timed, the other
 side's whole process tree is frozen (`freezing`; who runs when: `schedule`), so a side cannot slow the other
@@ -23,22 +24,23 @@ import collections
 import contextlib
 import fcntl
 import json
-import os
 import queue
 import select
+import socket
 import termios
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from evalbot.evaluate import cpumeter, device_idle, freezing, pinning, sandbox
+from evalbot.evaluate import cpumeter, device_idle, freezing, pinning, sandbox, stamped
 from evalbot.evaluate.pending import Pending
 from evalbot.evaluate.serve_error import ServeError
 from evalbot.evaluate.timed import Line, Timed
 
 PROTOCOL = "evalbot.serve/1"
 MAX_LINE_BYTES = 1 << 20
+MAX_EMPTY_WRITES = 10_000
 STDERR_TAIL_BYTES = 64 << 10
 
 
@@ -73,6 +75,7 @@ class ServedProcess:
     _written_at_freeze: int = -1  # bytes written to stdout when the freeze was confirmed; -1: not frozen
     _read_bytes: int = 0  # bytes the reader took from the stdout pipe
     _read_lock: threading.Lock = field(default_factory=threading.Lock)
+    out: stamped.Channel | None = None  # the harness's end of the engine's stdout
 
     @classmethod
     def start(
@@ -88,10 +91,19 @@ class ServedProcess:
         """Spawn the server and its reader threads (stdout lines timestamped, stderr kept as a tail); a
         process whose output passes the spec's cap is stopped at once. With a meter, the whole tree's CPU
         time is read as each line arrives (a cgroup meter is entered before the sandbox starts)."""
-        proc = sandbox.spawn(spec, argv, no_sandbox=no_sandbox, prefix=meter.wrap([]) if meter else ())
+        out, theirs = stamped.open_pair()
+        try:
+            proc = sandbox.spawn(spec, argv, no_sandbox=no_sandbox, prefix=meter.wrap([]) if meter else (),
+                                 stdout=theirs.fileno())  # fmt: skip
+        except BaseException:
+            out.close()
+            raise
+        finally:
+            theirs.close()  # the engine holds it now: its end closes when the last of its tree exits
         if meter is not None:
             meter.root_pid = proc.pid
-        sp = cls(label, proc, max_output_bytes=spec.limits.max_output_bytes, meter=meter, protocol=protocol)
+        sp = cls(label, proc, max_output_bytes=spec.limits.max_output_bytes, meter=meter, protocol=protocol,
+                 out=out)  # fmt: skip
         threading.Thread(target=sp._read_stdout, daemon=True).start()
         sp.stderr_reader = threading.Thread(target=sp._read_stderr, daemon=True)
         sp.stderr_reader.start()
@@ -100,29 +112,59 @@ class ServedProcess:
     # -------------------------------------------------------------- reading (threads)
 
     def _read_stdout(self) -> None:
-        """Read the raw pipe (no buffered reader: the bytes taken from the kernel are counted, under the
-        lock that freeze and thaw take to count what the engine has written) and split it into lines."""
-        fd = self.proc.stdout.fileno()
+        try:
+            self._read_lines()
+        finally:
+            if self.out is not None:  # read no more: a write of the engine's from now fails it
+                with self._read_lock:  # not while a freeze or a thaw asks the socket what is queued
+                    self.out.close()
+
+    def _read_lines(self) -> None:
+        """Read the engine's stdout one write at a time, each stamped by the kernel as it was written
+        (`stamped`; the bytes taken are counted under the lock that freeze and thaw take to count what the
+        engine has written), and split it into lines: a line arrives when the write that ends it did."""
+        out = self.out
+        assert out is not None
         poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        poller.register(out.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+        buf = bytearray(out.max_message + 1)
         pending = bytearray()
         consumed = 0  # bytes of the stream up to the end of the last whole line
+        empty = 0  # empty writes (an empty message each): nothing to read, counted so a flood ends
         while True:
             poller.poll()
             with self._read_lock:
                 try:
-                    chunk = os.read(fd, 1 << 16)
+                    n, at, cut = out.receive(buf)
+                except BlockingIOError:
+                    continue
                 except OSError:
-                    chunk = b""
-                self._read_bytes += len(chunk)
-            at = time.monotonic_ns()
+                    n, at, cut = 0, time.monotonic_ns(), False
+                self._read_bytes += n
+                ended = n == 0 and self._stdout_closed(poller)
             cpu = self._cpu_ns()
-            if not chunk:
+            if cut:
+                self._stop(
+                    ServeError(
+                        f"{self.label}: wrote more than {out.max_message} bytes in one write() to its stdout, "
+                        "the most one write may carry (a socket the kernel timestamps; docs/protocol.md)",
+                        stage="output",
+                    )
+                )
+                return
+            if n == 0 and not ended:
+                empty += 1
+                if empty > MAX_EMPTY_WRITES:
+                    self._stop(ServeError(f"{self.label}: made more than {MAX_EMPTY_WRITES} empty writes to "
+                                          "its stdout", stage="output"))  # fmt: skip
+                    return
+                continue
+            if n == 0:
                 if pending and not self._take_line(bytes(pending), consumed + len(pending), at, cpu):
                     return
                 self.lines.put(None)
                 return
-            pending += chunk
+            pending += buf[:n]
             while (nl := pending.find(b"\n")) >= 0:
                 raw = bytes(pending[: nl + 1])
                 del pending[: nl + 1]
@@ -170,16 +212,31 @@ class ServedProcess:
         self.lines.put(Line(at, obj, cpu))
         return True
 
+    def _stdout_closed(self, poller: select.poll) -> bool:
+        """After an empty read: whether the engine's end is closed with nothing left to read (an empty
+        message from a live engine reads the same)."""
+        if self._unread() != 0:
+            return False
+        return any(ev & (select.POLLHUP | select.POLLERR) for _, ev in poller.poll(0))
+
+    def _unread(self) -> int:
+        """Bytes queued on the engine's stdout and not yet read (every queued message: FIONREAD); -1 where it
+        cannot be asked."""
+        if self.out is None:
+            return -1
+        try:
+            unread = array.array("i", [0])
+            fcntl.ioctl(self.out.fileno(), termios.FIONREAD, unread, True)
+        except (OSError, ValueError):
+            return -1
+        return unread[0]
+
     def _written_bytes(self) -> int:
-        """Bytes the engine has written to its stdout so far: those read, and those still in the pipe
-        (FIONREAD); -1 where the pipe cannot be asked."""
+        """Bytes the engine has written to its stdout so far: those read, and those still queued; -1 where
+        the socket cannot be asked."""
         with self._read_lock:
-            try:
-                unread = array.array("i", [0])
-                fcntl.ioctl(self.proc.stdout.fileno(), termios.FIONREAD, unread, True)
-            except (OSError, ValueError):
-                return -1
-            return self._read_bytes + unread[0]
+            unread = self._unread()
+            return -1 if unread < 0 else self._read_bytes + unread
 
     def _cpu_ns(self) -> int:
         if self.meter is None:
@@ -242,10 +299,18 @@ class ServedProcess:
                 code = None
             if self.stderr_reader is not None:  # its last words: what it wrote on stderr before it ended
                 self.stderr_reader.join(timeout=2)
+            tail = self.tail()
+            too_long = "Message too long" in tail and self.out is not None
             raise ServeError(
                 f"{self.label}: the serving process ended"
-                + (f": it {describe(code)}" if code is not None else ""),
-                self.tail(),
+                + (f": it {describe(code)}" if code is not None else "")
+                + (
+                    f" (its stderr says a write failed: one write() to its stdout may carry at most "
+                    f"{self.out.max_message} bytes; docs/protocol.md)"
+                    if too_long and self.out is not None
+                    else ""
+                ),
+                tail,
                 stage="run",
             )
         if isinstance(item, ServeError):
@@ -462,6 +527,9 @@ class ServedProcess:
                 except OSError:
                     pass
             self.meter.close()
+        if self.out is not None:
+            with contextlib.suppress(OSError):
+                self.out.sock.shutdown(socket.SHUT_RDWR)  # the reader sees the end: its thread finishes
 
 
 def describe(code: int) -> str:

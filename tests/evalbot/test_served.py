@@ -6,6 +6,8 @@ ways a PR's engine could (garbage, floods, silence, bursts, busy threads)."""
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -22,6 +24,7 @@ from evalbot.evaluate import (
     schedule,
     serve_error,
     served,
+    stamped,
     timed,
 )
 from evalbot.model import Side
@@ -132,6 +135,78 @@ def test_a_misbehaving_server_is_stopped_with_the_reason(tmp_path, body, stage, 
         closed_s = time.monotonic() - t0
     assert p.proc.poll() is not None
     assert closed_s < 3, f"close() waited {closed_s:.1f} s on a server that broke the protocol"
+
+
+def test_a_late_reader_keeps_each_lines_write_time(tmp_path):
+    """The kernel stamps each write: while the harness's reader is held up (a busy GIL or core) the engine
+    writes a token every 20 ms, and once the reader runs again the lines keep their 20 ms apart, where a
+    pipe read late gave them all one time (an honest fast engine's tokens then read as a burst)."""
+    p = _fake(tmp_path, textwrap.dedent("""
+        line = json.loads(sys.stdin.readline())
+        for t in range(5):
+            send({"id": line["id"], "tok": t}); time.sleep(0.02)
+        send({"id": line["id"], "event": "done", "n": 5})
+    """) + UNTIL_SHUTDOWN)  # fmt: skip
+    try:
+        p.wait_ready(10)
+        with p._read_lock:  # the reader cannot take a byte while this is held
+            pending = p.begin({"op": "generate", "prompt_ids": [1], "max_new": 5}, 10)
+            time.sleep(0.4)  # the engine writes all five tokens and its summary meanwhile
+            assert p.lines.empty()
+        done = pending.collect()
+        assert done is not None and done.tokens == (0, 1, 2, 3, 4)
+        gaps_ms = [(b - a) / 1e6 for a, b in zip(done.arrivals_ns, done.arrivals_ns[1:])]
+        assert all(15 < g < 200 for g in gaps_ms), gaps_ms
+        assert done.arrivals_ns[0] - done.sent_ns < 300e6  # the first token's write, not the late read
+    finally:
+        p.close()
+
+
+def test_a_write_past_what_one_message_holds_fails_the_side_with_the_reason(tmp_path):
+    p = _fake(tmp_path, """
+        line = json.loads(sys.stdin.readline())
+        send({"id": line["id"], "tok": 1, "pad": "x" * (8 << 20)})
+    """)  # fmt: skip
+    try:
+        p.wait_ready(10)
+        assert p.out is not None and p.out.stamped and p.out.max_message >= 200 << 10
+        with pytest.raises(serve_error.ServeError) as info:
+            p.request({"op": "generate", "prompt_ids": [1], "max_new": 1}, 10)
+        assert "one write()" in str(info.value) and "Message too long" in info.value.tail
+    finally:
+        p.close()
+
+
+def test_empty_writes_are_nothing_and_a_flood_of_them_is_stopped(tmp_path):
+    p = _fake(tmp_path, """
+        import os
+        line = json.loads(sys.stdin.readline())
+        os.write(1, b""); os.write(1, b"")
+        send({"id": line["id"], "tok": 1}); send({"id": line["id"], "event": "done", "n": 1})
+        line = json.loads(sys.stdin.readline())
+        while True:
+            os.write(1, b"")
+    """)  # fmt: skip
+    try:
+        p.wait_ready(10)
+        done = p.request({"op": "generate", "prompt_ids": [1], "max_new": 1}, 10)
+        assert done.tokens == (1,)
+        with pytest.raises(serve_error.ServeError) as info:
+            p.request({"op": "generate", "prompt_ids": [1], "max_new": 1}, 10)
+        assert info.value.stage == "output" and "empty writes" in str(info.value)
+    finally:
+        p.close()
+
+
+def test_an_arrival_is_the_kernels_stamp_kept_between_the_previous_line_and_the_read():
+    stamp = [(socket.SOL_SOCKET, stamped.SO_TIMESTAMPNS, struct.pack("@qq", 100, 500))]
+    real = 100 * 10**9 + 500 + 7_000  # read 7 µs after the write
+    assert stamped.arrival_ns(stamp, 1_000_000, real, 0) == 1_000_000 - 7_000
+    assert stamped.arrival_ns(stamp, 1_000_000, real, 995_000) == 995_000  # never before the previous line
+    assert (
+        stamped.arrival_ns(stamp, 1_000_000, real - 9_000, 0) == 1_000_000
+    )  # a clock step: never after the read
+    assert stamped.arrival_ns([], 1_000_000, real, 0) == 1_000_000  # no stamp: the read time
 
 
 # like the real engine, the fakes below that read nothing else end on the shutdown request (close() gives
