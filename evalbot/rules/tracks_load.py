@@ -39,28 +39,22 @@ def tracks(
         optional = [k for k in ("drafter", "overall", "runs") if k in present]
         m = f.mapping(node, field, ("metric", "models", *optional))
         metric = f.choice(m["metric"], f"{field}.metric", TRACK_METRICS, "a track metric")
+        for key, why in (
+            ("drafter", "drafts"),
+            ("runs", "has runs; a decode track's pairs are the profile's"),
+        ):
+            if key in m and metric != SPEC_TRACK:
+                f.fail(
+                    m[key], f"{field}.{key}", f"only a {SPEC_TRACK!r} track {why}; this one scores {metric!r}"
+                )
         drafter = "ngram"
         if "drafter" in m:
-            if metric != SPEC_TRACK:
-                f.fail(
-                    m["drafter"],
-                    f"{field}.drafter",
-                    f"only a {SPEC_TRACK!r} track drafts; this one scores {metric!r}",
-                )
             drafter = f.choice(m["drafter"], f"{field}.drafter", DRAFTERS, "a drafter")
         overall = f.boolean(m["overall"], f"{field}.overall") if "overall" in m else True
         if metric == DECODE_TRACK and not overall:
             f.fail(m["overall"], f"{field}.overall", "a decode track always counts toward the overall tier (labels.yaml's "
                    "tiers); only a speculative track can be kept apart")  # fmt: skip
-        runs = None
-        if "runs" in m:
-            if metric != SPEC_TRACK:
-                f.fail(
-                    m["runs"],
-                    f"{field}.runs",
-                    f"only a {SPEC_TRACK!r} track has runs; a decode track's pairs are the profile's",
-                )
-            runs = f.integer(m["runs"], f"{field}.runs", minimum=2)
+        runs = f.integer(m["runs"], f"{field}.runs", minimum=2) if "runs" in m else None
         models = _models(f, m["models"], f"{field}.models", profiles, owners, tier_names)
         if not models:
             f.fail(m["models"], f"{field}.models", "expected at least one model, got none")

@@ -300,7 +300,13 @@ def test_a_contest_round_end_to_end(tmp_path, monkeypatch):
         pulls = st.pulls
 
         assert pulls[winner].merged, (winner, why(winner), log[-30:])
-        assert pulls[other].merged, (other, third.notes, gh.get_pull(other).labels, [l for l in log if f'#{other}' in l][-15:], why(other))
+        assert pulls[other].merged, (
+            other,
+            third.notes,
+            gh.get_pull(other).labels,
+            [line for line in log if f"#{other}" in line][-15:],
+            why(other),
+        )
         credits = {e.pr: e for e in store.rounds.ledger()}
         assert credits[winner].gain and credits[winner].gain > 0.18  # XL: a vectorized loop
         assert credits[other].marginal_gain is not None and credits[other].marginal_gain > 0  # over new main

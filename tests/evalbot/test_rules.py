@@ -35,12 +35,6 @@ def rules():
     return load_rules(default_rules_dir())
 
 
-@pytest.fixture
-def rules_dir(tmp_path: Path) -> Path:
-    """A private copy of the shipped rules, to break one thing at a time."""
-    return Path(shutil.copytree(default_rules_dir(), tmp_path / "rules"))
-
-
 def edit(rules_dir: Path, name: str, old: str, new: str) -> int:
     """Replace the one occurrence of old by new in a rules file; the 1-based line where new starts."""
     path = rules_dir / name

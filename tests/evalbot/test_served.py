@@ -155,7 +155,7 @@ def test_a_late_reader_keeps_each_lines_write_time(tmp_path):
             assert p.lines.empty()
         done = pending.collect()
         assert done is not None and done.tokens == (0, 1, 2, 3, 4)
-        gaps_ms = [(b - a) / 1e6 for a, b in zip(done.arrivals_ns, done.arrivals_ns[1:])]
+        gaps_ms = [(b - a) / 1e6 for a, b in zip(done.arrivals_ns, done.arrivals_ns[1:], strict=False)]
         assert all(15 < g < 200 for g in gaps_ms), gaps_ms
         assert done.arrivals_ns[0] - done.sent_ns < 300e6  # the first token's write, not the late read
     finally:

@@ -4,7 +4,6 @@ speculative track, and the rules' errors at file:line."""
 from __future__ import annotations
 
 import random
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,9 +28,13 @@ def rules():
     return load_rules(default_rules_dir())
 
 
-@pytest.fixture
-def rules_dir(tmp_path: Path) -> Path:
-    return Path(shutil.copytree(default_rules_dir(), tmp_path / "rules"))
+def add_draft_track(rules_dir: Path, model: str) -> None:
+    """A spec track that drafts with models.yaml's draft model, scoring `model` on cpu-both at 512."""
+    path = rules_dir / "tracks.yaml"
+    suffix = model.rsplit("-", 1)[-1]
+    path.write_text(path.read_text() + (
+        "\nspec-draft:\n  metric: spec\n  drafter: draft\n  models:\n"
+        f"    cpu-both:\n      {model}: {{scored: [512], label: perf-spec-{suffix}}}\n"))  # fmt: skip
 
 
 def pairs(ratio: float, n: int = 12, noise: float = 0.004, seed: int = 0) -> tuple[tuple[float, float], ...]:
@@ -191,7 +194,7 @@ def broken(rules_dir: Path, old: str, new: str) -> tuple[RulesError, int]:
         ("      qwen2.5-coder-1.5b: {scored: [128, 512], label: perf-1.5b}",
          "      qwen2.5-coder-7b: {scored: [128, 512], label: perf-7b}", "tracks.decode.models.cpu-both.qwen2.5-coder-7b",
          "expected a model of models.yaml's 'cpu-both' profile"),
-        ("    cpu:\n      qwen2.5-coder-0.5b: {scored: [128, 512], label: perf-spec}",
+        ("    cpu:\n      qwen2.5-coder-0.5b: {scored: [512], label: perf-spec}",
          "    cpu:\n      qwen2.5-coder-1.5b: guard", "tracks.spec.models.cpu.qwen2.5-coder-1.5b",
          "expected a model of models.yaml's 'cpu' profile"),
         ("    cpu-both:\n", "    cpu-triple:\n", "tracks.decode.models.cpu-triple", "expected a profile of profiles.yaml"),
@@ -217,10 +220,7 @@ def test_a_bad_track_is_refused_at_its_file_and_line(rules_dir: Path, old, new, 
 def test_drafting_with_a_model_needs_the_engine_to_say_how_it_takes_one(rules_dir: Path):
     engine = rules_dir / "engine.yaml"
     engine.write_text(engine.read_text().replace('  draft: ["--draft", "{draft}"]\n', ""))
-    path = rules_dir / "tracks.yaml"
-    path.write_text(path.read_text() + (
-        "\nspec-draft:\n  metric: spec\n  drafter: draft\n  models:\n"
-        "    cpu-both:\n      qwen2.5-coder-1.5b: {scored: [512], label: perf-spec-1.5b}\n"))  # fmt: skip
+    add_draft_track(rules_dir, LARGE)
     with pytest.raises(
         RulesError, match=r"tracks.spec-draft.drafter: drafter 'draft' needs engine.yaml's serve.draft"
     ):
@@ -268,10 +268,7 @@ def test_a_spec_track_with_a_draft_model_drafts_for_the_target_on_its_own_profil
 
 
 def test_a_draft_model_drafts_only_for_the_spec_pairs_target(rules_dir: Path):
-    path = rules_dir / "tracks.yaml"
-    path.write_text(path.read_text() + (
-        "\nspec-draft:\n  metric: spec\n  drafter: draft\n  models:\n"
-        "    cpu-both:\n      qwen2.5-coder-0.5b: {scored: [512], label: perf-spec-0.5b}\n"))  # fmt: skip
+    add_draft_track(rules_dir, SMALL)
     with pytest.raises(
         RulesError, match=r"drafts for models\.yaml's spec target 'qwen2\.5-coder-1\.5b' only"
     ):
