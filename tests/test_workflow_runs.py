@@ -375,6 +375,11 @@ def test_the_eval_workflow_runs_as_written_and_signs_what_it_decided(tmp_path, s
     shown = subprocess.run([installed / "python", "-c", "import evalbot; print(evalbot.__file__)"],
                            cwd=tmp_path, capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert "site-packages" in shown and str(workspace) not in shown, shown
+    # both sides' builds layer on this venv: the setuptools they build with is the box's, not the one
+    # Python 3.11's venv seeds (65.5, no bdist_wheel: every engine build failed through the workflow)
+    tools_at = subprocess.run([installed / "python", "-c", "import setuptools; print(setuptools.__file__)"],
+                              cwd=tmp_path, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "evalbot-venv" not in tools_at, tools_at
     verify = subprocess.run([installed / "evalbot", "receipt", "verify", str(out / "receipt.json"), "--key", str(pub)],
                             capture_output=True, text=True)  # fmt: skip
     assert verify.returncode == 0, verify.stdout + verify.stderr

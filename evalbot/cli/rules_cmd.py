@@ -34,7 +34,8 @@ def check(directory: Path | None) -> None:
                 label = f", label {e.label}:<tier>" if e.label else ""
                 drafter = f", drafts by {t.drafter}" if t.metric == "spec" else ""
                 overall = "" if t.overall else ", apart from the overall tier"
-                click.echo(f"  {t.name} ({t.metric}) {e.model}: {where}{label}{drafter}{overall}")
+                own = (", its tiers " + ", ".join(f"{n} >= {b:.1%}" for n, b in t.tiers)) if t.tiers else ""
+                click.echo(f"  {t.name} ({t.metric}) {e.model}: {where}{label}{drafter}{overall}{own}")
 
 
 @rules.command("pr-template")

@@ -556,6 +556,10 @@ class Rules:
         """(name, lowest lower-bound gain) per tier, lowest first."""
         return tuple((t.name, t.lower_bound) for t in self.tiers)
 
+    def track_bounds(self, track: Track) -> tuple[tuple[str, float], ...]:
+        """(name, lowest lower-bound gain) per tier in this track: its own, else tiers.yaml's."""
+        return track.tiers or self.tier_bounds
+
     def tier(self, name: str) -> Tier:
         """The tier of this name; KeyError otherwise."""
         for t in self.tiers:
@@ -607,6 +611,9 @@ class Track:
     overall: bool = True
     implicit: bool = False  # no tracks.yaml entry: profiles.yaml's scored contexts, for whatever was measured
     runs: int | None = None  # spec only: speculative runs per context (at least gates.spec.runs)
+    # the track's own lower bounds for tiers.yaml's tiers, lowest first (empty: tiers.yaml's): a rate that
+    # varies prompt to prompt (speculation) cannot resolve decode's 2% floor
+    tiers: tuple[tuple[str, float], ...] = ()
 
     def entries(self, profile: str) -> tuple[TrackModel, ...]:
         return tuple(m for m in self.models if m.profile == profile)

@@ -36,7 +36,7 @@ def tracks(
         if not _NAME.fullmatch(name):
             f.fail(key_node, field, f"expected a track name (letters, digits, '.', '_', '-'), got {name!r}")
         present = [k for k, _, _ in f.items(node, field)]
-        optional = [k for k in ("drafter", "overall", "runs") if k in present]
+        optional = [k for k in ("drafter", "overall", "runs", "tiers") if k in present]
         m = f.mapping(node, field, ("metric", "models", *optional))
         metric = f.choice(m["metric"], f"{field}.metric", TRACK_METRICS, "a track metric")
         for key, why in (
@@ -55,16 +55,31 @@ def tracks(
             f.fail(m["overall"], f"{field}.overall", "a decode track always counts toward the overall tier (labels.yaml's "
                    "tiers); only a speculative track can be kept apart")  # fmt: skip
         runs = f.integer(m["runs"], f"{field}.runs", minimum=2) if "runs" in m else None
+        bounds = _bounds(f, m["tiers"], f"{field}.tiers", tier_names) if "tiers" in m else ()
         models = _models(f, m["models"], f"{field}.models", profiles, owners, tier_names)
         if not models:
             f.fail(m["models"], f"{field}.models", "expected at least one model, got none")
         if metric == SPEC_TRACK:
             _check_spec(f, m["models"], field, models, spec_pair, engine, drafter)
-        out.append(Track(name, metric, tuple(models), drafter, overall, runs=runs))
+        out.append(Track(name, metric, tuple(models), drafter, overall, runs=runs, tiers=bounds))
     if not out:
         f.fail(root, "tracks", "expected at least one track, got none")
     if not any(t.overall for t in out):
         f.fail(root, "tracks", "expected a track with overall: true: the overall tier label comes from those")
+    return tuple(out)
+
+
+def _bounds(f: _File, node: _Node, field: str, tier_names: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """A track's own lower bound for each of tiers.yaml's tiers, rising strictly in tiers.yaml's order."""
+    m = f.mapping(node, field, tier_names)
+    out: list[tuple[str, float]] = []
+    for name in tier_names:
+        bound = f.number(m[name], _join(field, name), 0, 1, lo_open=True)
+        if out and bound <= out[-1][1]:
+            prev, prev_bound = out[-1]
+            f.fail(m[name], _join(field, name), f"expected a bound above {prev}'s {prev_bound:g} (tiers rise "
+                   f"strictly, in tiers.yaml's order), got {bound:g}")  # fmt: skip
+        out.append((name, bound))
     return tuple(out)
 
 

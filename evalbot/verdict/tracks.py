@@ -83,22 +83,34 @@ def track_scores(
 def _score(t: Track, entry: TrackModel, here: list[ContextEstimate], rules: Rules) -> TrackScore:
     if not here:  # not measured (speculative decoding not run): no label either way
         return TrackScore(t.name, t.metric, entry.model, None, None, None, "not measured", t.overall)
+    bounds = rules.track_bounds(t)
+    if t.tiers:  # the track's own floors: each estimate's tier from its lower bound against them
+        here = [dataclasses.replace(e, tier=_earned(e, bounds)) for e in here]
     best = max(here, key=lambda e: (rules.tier_rank(e.tier), e.ci_low))
-    tier, note = resolved_tier(best, rules)
+    tier, note = resolved_tier(best, rules, bounds)
     return TrackScore(t.name, t.metric, entry.model, tier, entry.label_for(tier), best, note, t.overall)
 
 
-def resolved_tier(e: ContextEstimate, rules: Rules) -> tuple[str | None, str]:
+def _earned(e: ContextEstimate, bounds: Sequence[tuple[str, float]]) -> str | None:
+    """The highest tier whose floor the estimate's CI lower bound reaches (as `stats.classify`)."""
+    return max(((b, n) for n, b in bounds if e.ci_low - 1.0 >= b), default=(0.0, None))[1]
+
+
+def resolved_tier(
+    e: ContextEstimate, rules: Rules, bounds: Sequence[tuple[str, float]] | None = None
+) -> tuple[str | None, str]:
     """The highest tier the estimate both earned (its CI's lower bound) and resolves (its MDE at most the
-    tier's floor), and a note where that is less than its lower bound alone would give."""
+    tier's floor: tiers.yaml's, or the track's `bounds`), and a note where that is less than its lower
+    bound alone would give."""
     if e.df is not None and e.df < MIN_DF:
         return None, f"{e.n} runs: too few to decide a tier"
+    floors = tuple(bounds) if bounds is not None else rules.tier_bounds
     earned = rules.tier_rank(e.tier)
-    for t in reversed(rules.tiers[:earned]):
-        if e.mde <= t.lower_bound:
-            return t.name, "" if t.name == e.tier else f"{e.tier} held back to {t.name}: MDE {e.mde:.1%}"
+    for name, floor in reversed(floors[:earned]):
+        if e.mde <= floor:
+            return name, "" if name == e.tier else f"{e.tier} held back to {name}: MDE {e.mde:.1%}"
     if e.tier is not None:
-        return None, f"{e.tier} held back: MDE {e.mde:.1%} above {rules.tiers[0].name}'s floor"
+        return None, f"{e.tier} held back: MDE {e.mde:.1%} above {floors[0][0]}'s floor"
     return None, ""
 
 

@@ -8,7 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from evalbot.cli import main as cli_main
 from evalbot.model import (
     AccuracyResult,
     Measurements,
@@ -174,6 +176,38 @@ def test_a_spec_track_counted_overall_can_give_the_overall_tier(rules_dir: Path)
     assert "speculative" in v.reasons[0] or "spec track" in v.reasons[0]
 
 
+def with_spec_tiers(rules_dir: Path, tiers: str = "{XS: 0.10, S: 0.15, M: 0.25, L: 0.40, XL: 0.60}") -> Path:
+    text = (rules_dir / "tracks.yaml").read_text()
+    (rules_dir / "tracks.yaml").write_text(text.replace("  runs: 16\n", f"  runs: 16\n  tiers: {tiers}\n"))
+    return rules_dir
+
+
+def test_a_track_with_its_own_tiers_earns_and_resolves_against_them(rules_dir: Path, rules):
+    own = load_rules(with_spec_tiers(rules_dir))
+    assert [t.tiers for t in own.tracks if t.name == "spec"] == [
+        (("XS", 0.10), ("S", 0.15), ("M", 0.25), ("L", 0.40), ("XL", 0.60))
+    ]
+    gained = cpu_spec(spec(1.0, 1.25, tau=(2.0, 3.0)))  # +25%, resolved to well under 1%
+    [shipped] = [s for s in decide(gained, rules).scores if s.track == "spec"]
+    v = decide(gained, own)
+    [mine] = [s for s in v.scores if s.track == "spec"]
+    assert shipped.tier == "XL" and mine.tier == "S"  # +25% is XL on decode's floors, S on the track's
+    assert "perf-spec:S" in v.labels_add and "perf-spec:XL" not in v.labels_add
+    # the decode track keeps tiers.yaml's floors
+    assert [t.tiers for t in own.tracks if t.name == "decode"] == [()]
+    shown = CliRunner().invoke(cli_main, ["rules", "check", str(rules_dir)])
+    assert shown.exit_code == 0 and "perf-spec:<tier>, drafts by ngram" in shown.output
+    assert "its tiers XS >= 10.0%, S >= 15.0%, M >= 25.0%, L >= 40.0%, XL >= 60.0%" in shown.output
+
+
+def test_a_track_floor_the_interval_does_not_resolve_holds_its_tier_back(rules_dir: Path):
+    own = load_rules(with_spec_tiers(rules_dir, "{XS: 0.03, S: 0.05, M: 0.25, L: 0.40, XL: 0.60}"))
+    wide = replace(spec(1.0, 1.0), spec_pairs=((100, 120), (100, 132), (100, 112), (100, 126)), runs=4)
+    [s] = [s for s in decide(cpu_spec(wide), own).scores if s.track == "spec"]
+    assert s.estimate is not None and s.estimate.ci_low - 1 > 0.05 and s.estimate.mde > 0.05
+    assert s.tier is None and "S held back" in s.note
+
+
 # ---------------------------------------------------------------- bad rules at file:line
 
 
@@ -207,6 +241,12 @@ def broken(rules_dir: Path, old: str, new: str) -> tuple[RulesError, int]:
         ("  metric: decode\n", "  metric: decode\n  drafter: draft\n", "tracks.decode.drafter", "only a 'spec' track drafts"),
         ("  metric: decode\n", "  metric: decode\n  overall: false\n", "tracks.decode.overall", "a decode track always counts"),
         ("  metric: decode\n", "  metric: decode\n  runs: 8\n", "tracks.decode.runs", "only a 'spec' track has runs"),
+        ("  runs: 16\n", "  runs: 16\n  tiers: {XS: 0.1, S: 0.2, M: 0.3, L: 0.4}\n", "tracks.spec.tiers.XL",
+         "missing; this mapping needs: XS, S, M, L, XL"),
+        ("  runs: 16\n", "  runs: 16\n  tiers: {XS: 0.1, S: 0.2, M: 0.15, L: 0.4, XL: 0.6}\n", "tracks.spec.tiers.M",
+         "expected a bound above S's 0.2"),
+        ("  runs: 16\n", "  runs: 16\n  tiers: {XS: 0, S: 0.2, M: 0.3, L: 0.4, XL: 0.6}\n", "tracks.spec.tiers.XS",
+         "expected a number"),
         ("label: perf-0.5b}", "label: perf-0.5b-qwen2.5-coder-instruct-q4-k-m-labels}",
          "tracks.decode.models.cpu-both.qwen2.5-coder-0.5b.label", "longer than GitHub's 50 characters"),
     ],
