@@ -6,13 +6,15 @@ The contest is this checkout (main, with BASE_PATCH where given) and one PR, mai
 patch), kept by a bare "GitHub" remote under refs/pull/1/head. The job's steps run one after the other
 through tests/test_workflow_runs.py's Runner: the inputs checked, the PR's head fetched as objects, the
 harness installed non-editable into a venv on the box's interpreter, `evalbot evaluate` from a neutral
-folder under the box lock with the checkout's rules and the runner's key. Writes OUT_DIR/result.json,
+folder under the box lock with the checkout's rules and the runner's key; the models come from the box's
+cache ($EVALBOT_CACHE, else ~/.cache/evalbot), as a self-hosted runner keeps it. Writes OUT_DIR/result.json,
 report.md, receipt.json, the steps' log (workflow.log) and the job's summary.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -70,7 +72,9 @@ def main(out: Path, profile: str, patch: Path, base_patch: Path | None) -> int:
         {"GITHUB_SERVER_URL": (tmp / "server").as_uri(), "GITHUB_REPOSITORY": "contest/engine",
          "RUNNER_NAME": "box-1", "EVALBOT_RUNNER_KEY_FILE": str(key), "EVALBOT_PYTHON": sys.executable,
          "EVALBOT_LOCK_FILE": str(tmp / "eval.lock"), "GITHUB_STEP_SUMMARY": str(summary), **OFFLINE_PIP,
-         "PYTHONPATH": str(tools)},
+         "PYTHONPATH": str(tools),
+         # the box's model cache, warm as a self-hosted runner keeps it (the runner's HOME is a fresh one)
+         "EVALBOT_CACHE": os.environ.get("EVALBOT_CACHE", str(Path.home() / ".cache" / "evalbot"))},
         {"github": {"token": "ghs_job"}, "inputs": inputs, "secrets": {}, "vars": {}},
     )  # fmt: skip
     t0 = time.monotonic()
