@@ -77,6 +77,7 @@ def main(out: Path, profile: str, patch: Path, base_patch: Path | None) -> int:
          "EVALBOT_CACHE": os.environ.get("EVALBOT_CACHE", str(Path.home() / ".cache" / "evalbot"))},
         {"github": {"token": "ghs_job"}, "inputs": inputs, "secrets": {}, "vars": {}},
     )  # fmt: skip
+    runner.step_timeout_s = 3 * 3600  # the job's own limit is the workflow's timeout-minutes
     t0 = time.monotonic()
     status = 0
     try:

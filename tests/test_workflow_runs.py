@@ -107,6 +107,9 @@ class Runner:
     ):
         self.temp = tmp / "runner-temp"
         self.temp.mkdir()
+        self.step_timeout_s = (
+            600  # a measured evaluation through a job (bench/workflow_eval_cpu.py) takes more
+        )
         self.workspace = workspace
         self.github_env = tmp / "github_env"
         self.github_env.touch()
@@ -149,7 +152,7 @@ class Runner:
         script = fill(step["run"], self.ctx)
         res = subprocess.run(
             ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
-            cwd=self.workspace, env=env, capture_output=True, text=True, timeout=600,
+            cwd=self.workspace, env=env, capture_output=True, text=True, timeout=self.step_timeout_s,
         )  # fmt: skip
         name = step.get("name") or step["run"].splitlines()[0]
         self.log.append(f"$ {name}\n{res.stdout}{res.stderr}")
