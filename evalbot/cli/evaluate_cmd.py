@@ -55,7 +55,10 @@ EXIT = {Status.PASS: 0, Status.REJECT: 1, Status.INFRA_ERROR: 3, Status.SKIPPED:
 )
 @click.option("--accuracy/--no-accuracy", default=True, help="run the llama.cpp accuracy gates")
 @click.option(
-    "--max-pairs", type=int, default=None, help="cap A/B pairs per context (default: the profile's)"
+    "--max-pairs",
+    type=int,
+    default=None,
+    help="cap A/B pairs per context, and the speculative runs a context (default: the profile's and the rules')",
 )
 @click.option(
     "--work-dir",

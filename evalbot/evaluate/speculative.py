@@ -61,6 +61,12 @@ def drafts(ctx: RunContext) -> bool:
     return any(drafter_for(ctx, ctx.req.profile.name, m.name) == "draft" for m in ctx.req.profile.models)
 
 
+def spec_run_count(asked: int, floor: int, max_pairs: int | None) -> int:
+    """Speculative runs per context: the rules' count, within a quick run's pair cap (`--max-pairs`, which
+    also bounds the spec runs: each reuses a timed pair's prompt) but never below the gates' floor."""
+    return asked if max_pairs is None else max(floor, min(asked, max_pairs))
+
+
 def spec_rate(side: Side, t: Timed, lossless: bool = True) -> float:
     """A speculative run's rate on the harness's clock, from sending the request to its last token. Where its tokens came in one burst (a rate no
     decode reaches: they were ready before the first was sent), a lossless run fails its side (SideError),
@@ -111,7 +117,9 @@ def spec_served(
         for smp in run.samples if not run.two_part else ():
             if smp.context == c.ctx and smp.block != last:
                 earlier.setdefault((smp.block, smp.pair), {})[smp.side] = smp
-        runs = rules.spec_runs(profile.name, name)
+        runs = spec_run_count(
+            rules.spec_runs(profile.name, name), rules.gates.spec.runs, ctx.req.options.max_pairs
+        )
         pairs = [v for _, v in sorted(earlier.items()) if len(v) == 2][:runs]
         while len(pairs) < runs:  # too few earlier pairs (a small --max-pairs): plain-decode new prompts here
             pairs.append(_plain_pair(ctx, procs, pool, c.ctx, gen))

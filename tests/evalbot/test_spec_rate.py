@@ -52,3 +52,12 @@ def test_a_prs_burst_that_is_not_lossless_keeps_a_finite_figure_for_the_lossless
     assert speculative.spec_rate(Side.HEAD, t, lossless=False) == pytest.approx(6 / 0.2)
     with pytest.raises(ab_samples.SideError, match="a burst"):  # main's burst is main's failure
         speculative.spec_rate(Side.BASE, t, lossless=False)
+
+
+def test_a_quick_runs_pair_cap_bounds_its_spec_runs_above_the_gates_floor():
+    """--max-pairs caps the spec runs too (each reuses a timed pair's prompt): 16 asked, 6 pairs, 6 runs; never
+    below the gates' floor of 3; without a cap, the rules' count."""
+    assert speculative.spec_run_count(16, 3, None) == 16
+    assert speculative.spec_run_count(16, 3, 6) == 6
+    assert speculative.spec_run_count(16, 3, 2) == 3
+    assert speculative.spec_run_count(3, 3, 8) == 3
