@@ -198,6 +198,30 @@ def test_empty_writes_are_nothing_and_a_flood_of_them_is_stopped(tmp_path):
         p.close()
 
 
+def test_a_file_descriptor_sent_along_a_line_never_reaches_the_harness(tmp_path):
+    """The engine's stdout is a socket, so it could pass descriptors (SCM_RIGHTS) to the harness, filling its
+    table or handing it a file: the harness's ancillary buffer holds the kernel's stamp only, and the
+    descriptors are never installed. The line itself is read as any other."""
+    before = len(os.listdir("/proc/self/fd"))
+    p = _fake(tmp_path, textwrap.dedent("""
+        import array, os, socket
+        out = socket.socket(fileno=os.dup(1))
+        line = json.loads(sys.stdin.readline())
+        fds = array.array("i", [os.open("/dev/null", os.O_RDONLY) for _ in range(50)])
+        data = (json.dumps({"id": line["id"], "tok": 1}) + "\\n").encode()
+        out.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
+        send({"id": line["id"], "event": "done", "n": 1})
+    """) + UNTIL_SHUTDOWN)  # fmt: skip
+    try:
+        p.wait_ready(10)
+        done = p.request({"op": "generate", "prompt_ids": [1], "max_new": 1}, 10)
+        assert done.tokens == (1,)
+        # the fake's own pipes (stdin, stderr) and the socket: nothing of the 50 it sent
+        assert len(os.listdir("/proc/self/fd")) <= before + 4
+    finally:
+        p.close()
+
+
 def test_an_arrival_is_the_kernels_stamp_kept_between_the_previous_line_and_the_read():
     stamp = [(socket.SOL_SOCKET, stamped.SO_TIMESTAMPNS, struct.pack("@qq", 100, 500))]
     real = 100 * 10**9 + 500 + 7_000  # read 7 µs after the write
