@@ -106,6 +106,11 @@ s = open(p).read()
 s = re.sub(r"(  gpu:\n)(    - shape: .*\n)+", lambda m: m.group(1) + f"    - shape: {sys.argv[1]}\n", s)
 s = re.sub(r"(  cpu:\n)(    - .*\n(      .*\n)*)+", lambda m: m.group(1) + f"    - shape: {sys.argv[2]}\n", s)
 open(p, "w").write(s)
+# a track that scores the cpu profile's model names the shape that stands in for it
+p = "/tmp/rules/tracks.yaml"
+s = open(p).read()
+s = re.sub(r"(\n    cpu:\n      )[^:\s]+:", lambda m: m.group(1) + f"{sys.argv[2]}:", s)
+open(p, "w").write(s)
 PY
 [ "$PROFILE" = cpu ] && python3 - "$PARALLEL" "${CPU_SLICE_S:-}" <<'PY'
 import re, sys
@@ -198,7 +203,7 @@ elif [ "$PROFILE" = cpu ] && [ "$PARALLEL" -gt 1 ]; then
     kind=${job%%:*} && slice=${job#"$kind"} && slice=${slice#:}
     rules=/tmp/rules_$i && rm -rf "$rules" && cp -r /tmp/rules "$rules"
     [ -n "$slice" ] && sed -i "/^cpu:/,\$ s/slice_s: [0-9.]*/slice_s: $slice/" "$rules/profiles.yaml"
-    [ "$pin" = yes ] && sed -i "/^cpu:/,\$ s/^    threads: 1$/    threads: 1\n    pin: true/" "$rules/profiles.yaml"
+    [ "$pin" = yes ] && ! grep -q "^    pin: true$" "$rules/profiles.yaml" && sed -i "/^cpu:/,\$ s/^    threads: 1$/    threads: 1\n    pin: true/" "$rules/profiles.yaml"
     [ "$pin" = no ] && sed -i "/^cpu:/,\$ s/^    pin: true$/    pin: false/" "$rules/profiles.yaml"
     cpus="$((CPU_BASE + 2 * i)),$((CPU_BASE + 1 + 2 * i))"
     echo "slot $i: $kind, slice_s $(sed -n '/^cpu:/,$ s/.*slice_s: \([0-9.]*\).*/\1/p' "$rules/profiles.yaml"), pin $(sed -n '/^cpu:/,$ s/^    pin: \(.*\)$/\1/p' "$rules/profiles.yaml"), vCPUs $cpus" | tee -a /tmp/slots/slots.txt
