@@ -23,7 +23,8 @@
 # A/A calibration, `gain` one `evaluate` of a genuine bit-identical decode gain of about 1.6% (a main that
 # scores GAIN_ROWS (8832) of the output matrix's rows again at every decode step, demo/cpu-redundant-logits.patch
 # with fewer rows, and a PR that takes that out again). Slots at different turn lengths then meet the same
-# host at the same time. Every slot's JSON and log go into $OUT/slots.tgz (the device returns few files).
+# host at the same time. `:rev` anywhere in a word measures the contexts in the other order (512 first). Every
+# slot's JSON and log go into $OUT/slots.tgz (the device returns few files).
 #
 # Knobs (env): SHAPE (qwen3-8b), CTXS ("4096 16384"), PAIRS_PER_BLOCK (8), MIN_BLOCKS (4), MAX_PAIRS (32),
 # RUNS (1), DECODE (128), DEVICE (cuda; cpu for a dry run of the script), STREAM (ends), SYNTH_K (16), WARM (1: untimed requests per context and side a block), BUDGET (seconds the command may take, default 540).
@@ -199,14 +200,26 @@ elif [ "$PROFILE" = cpu ] && [ "$PARALLEL" -gt 1 ]; then
   jobs=($CPU_JOBS) && [ ${#jobs[@]} -eq 0 ] && for i in $(seq 1 "$PARALLEL"); do jobs+=(aa); done
   rm -rf /tmp/slots && mkdir -p /tmp/slots  # a warm machine keeps the last call's
   for i in "${!jobs[@]}"; do
-    job=${jobs[$i]} && pin=no && [[ "$job" == *:pin ]] && pin=yes && job=${job%:pin}
+    job=${jobs[$i]} && rev=no && [[ "$job" == *:rev* ]] && rev=yes && job=${job/:rev/}
+    pin=no && [[ "$job" == *:pin ]] && pin=yes && job=${job%:pin}
     kind=${job%%:*} && slice=${job#"$kind"} && slice=${slice#:}
     rules=/tmp/rules_$i && rm -rf "$rules" && cp -r /tmp/rules "$rules"
     [ -n "$slice" ] && sed -i "/^cpu:/,\$ s/slice_s: [0-9.]*/slice_s: $slice/" "$rules/profiles.yaml"
     [ "$pin" = yes ] && ! grep -q "^    pin: true$" "$rules/profiles.yaml" && sed -i "/^cpu:/,\$ s/^    threads: 1$/    threads: 1\n    pin: true/" "$rules/profiles.yaml"
     [ "$pin" = no ] && sed -i "/^cpu:/,\$ s/^    pin: true$/    pin: false/" "$rules/profiles.yaml"
+    # :rev measures the cpu profile's contexts in the other order (512 first): is a bias the context's, or
+    # the first context's of each block (a process's early life)?
+    [ "$rev" = yes ] && python3 - "$rules/profiles.yaml" <<'PY'
+import sys
+p = sys.argv[1]
+s = open(p).read()
+i = s.index("\ncpu:\n")
+a, b = "    - {ctx: 128, guarded: true, scored: true}\n", "    - {ctx: 512, guarded: true, scored: true}\n"
+assert a + b in s[i:], "rev: the cpu profile's contexts are not 128 then 512"
+open(p, "w").write(s[:i] + s[i:].replace(a + b, b + a, 1))
+PY
     cpus="$((CPU_BASE + 2 * i)),$((CPU_BASE + 1 + 2 * i))"
-    echo "slot $i: $kind, slice_s $(sed -n '/^cpu:/,$ s/.*slice_s: \([0-9.]*\).*/\1/p' "$rules/profiles.yaml"), pin $(sed -n '/^cpu:/,$ s/^    pin: \(.*\)$/\1/p' "$rules/profiles.yaml"), vCPUs $cpus" | tee -a /tmp/slots/slots.txt
+    echo "slot $i: $kind, contexts $(grep -m2 -o 'ctx: [0-9]*' <(sed -n '/^cpu:/,$p' "$rules/profiles.yaml") | tr '\n' ' '), slice_s $(sed -n '/^cpu:/,$ s/.*slice_s: \([0-9.]*\).*/\1/p' "$rules/profiles.yaml"), pin $(sed -n '/^cpu:/,$ s/^    pin: \(.*\)$/\1/p' "$rules/profiles.yaml"), vCPUs $cpus" | tee -a /tmp/slots/slots.txt
     if [ "$kind" = gain ]; then
       (timeout "$LEFT" taskset -c "$cpus" python3 -m evalbot evaluate --repo /tmp/gainrepo --base main --head pr --profile cpu \
         --rules "$rules" --no-spec --no-accuracy $SANDBOX --out "/tmp/eval_$i" --work-dir "/tmp/work_$i" --seed "$i" \
