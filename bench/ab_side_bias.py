@@ -53,7 +53,12 @@ def summary(values: list[float]) -> dict:
     n = len(values)
     mean = statistics.fmean(values) if values else float("nan")
     sd = statistics.stdev(values) if n > 1 else float("nan")
-    return {"n": n, "mean_pct": 100 * mean, "sd_pct": 100 * sd, "se_pct": 100 * sd / math.sqrt(n) if n > 1 else None}
+    return {
+        "n": n,
+        "mean_pct": 100 * mean,
+        "sd_pct": 100 * sd,
+        "se_pct": 100 * sd / math.sqrt(n) if n > 1 else None,
+    }
 
 
 def analyse(pairs: list[dict]) -> dict:
@@ -94,7 +99,9 @@ def main(argv: list[str]) -> int:
     for ctx, r in got.items():
         runs = r["runs"]
         t = f"{runs['t']:+.1f}" if runs["t"] is not None else "n/a"
-        print(f"ctx {ctx}: {runs['n']} runs, mean of run means {runs['mean_pct']:+.2f}% (sd {runs['sd_pct']:.2f}%, t {t})")
+        print(
+            f"ctx {ctx}: {runs['n']} runs, mean of run means {runs['mean_pct']:+.2f}% (sd {runs['sd_pct']:.2f}%, t {t})"
+        )
         for name, s in r["splits"].items():
             print(f"    {name:<13} {s['n']:>4} pairs  mean {s['mean_pct']:+.2f}%  sd {s['sd_pct']:.2f}%")
     if a.json:
