@@ -576,6 +576,19 @@ def test_infra_error_says_whose_fault_and_fences_logs():
     assert "      </details> <!-- @maintainers `` ```` -->" in out
 
 
+def test_a_report_that_knows_only_the_pr_number_names_it_without_placeholders():
+    """The eval workflow's job summary is rendered by `evalbot evaluate --pr N`, which knows no title or
+    author: the header names the PR and nothing it does not know (it read "(no title) · by (unknown)")."""
+    v, m, sig = case_guarded_regression()
+    bare = replace(m, provenance=_provenance(pr=7, title="", author="", branch=""))
+    out = render.render_comment(v, bare, signature_status=sig)
+    header = next(line for line in out.splitlines() if line.startswith("**PR"))
+    assert header == "**PR #7**"
+    assert "(no title)" not in out and "(unknown)" not in out
+    full = render.render_comment(v, m, signature_status=sig)
+    assert "**PR #42**: Flash-decode: split-KV for long contexts · by alice · branch alice/split-kv" in full
+
+
 def test_skipped_shows_reason():
     v, m, _ = case_infra_error()
     m = Measurements(provenance=m.provenance, skipped_reason="PR touches rules/ (a sensitive path)")
