@@ -25,11 +25,16 @@ PAIR = re.compile(r"block (\d+) ctx (\d+) pair (\d+): main ([\d.]+) tok/s, PR ([
 
 
 def read_pairs(path: Path) -> list[dict]:
+    """Every timed pair a log file names."""
+    return read_pairs_from_text(path.read_text(errors="replace"), str(path))
+
+
+def read_pairs_from_text(text: str, name: str = "log") -> list[dict]:
     """Every timed pair a log names, with its run (a calibrate log holds several, each opened by a
     "calibration run N/M" line)."""
     out: list[dict] = []
     run = 1
-    for line in path.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         m = re.search(r"calibration run (\d+)/\d+:", line)
         if m:
             run = int(m[1])
@@ -38,7 +43,7 @@ def read_pairs(path: Path) -> list[dict]:
             block, ctx, pair = int(m[1]), int(m[2]), int(m[3])
             out.append(
                 {
-                    "run": f"{path}#{run}",
+                    "run": f"{name}#{run}",
                     "block": block,
                     "ctx": ctx,
                     "pair": pair,
