@@ -95,6 +95,26 @@ def noise_cv(pair_sets: Sequence[Sequence[tuple[float, float]]]) -> float:
     return math.sqrt(squares / dof) if dof else 0.0
 
 
+BIAS_MIN_RUNS = 3  # runs before the runs' agreement on a side bias is worth a statistic
+BIAS_T = 3.0  # |t| over the runs from which the calibration says the runs agree on a bias
+
+
+def side_bias(ratios: Sequence[float]) -> dict[str, float | int | bool] | None:
+    """Whether equal code's runs agree on a side: their mean log-ratio (head over base), its t statistic
+    over the runs, and `agreed` where |t| >= BIAS_T. Each run's CI allows for its own noise, but not for a
+    bias every run shares (a harness that treats the sides differently, or a box that does): a judge whose
+    runs all lean one way moves every PR's score by that much. Measured on an Intel guest, 12 runs at once:
+    -1.3% at one context, t -5.5 (docs/benchmarks.md, #40). None with fewer than BIAS_MIN_RUNS runs."""
+    logs = [math.log(r) for r in ratios if r > 0]
+    if len(logs) < BIAS_MIN_RUNS:
+        return None
+    mean = statistics.fmean(logs)
+    # runs that agree exactly (a fixture's, never a box's) get a finite t: the row goes into JSON and the store
+    sd = max(statistics.stdev(logs), 1e-9)
+    t = mean / (sd / math.sqrt(len(logs)))
+    return {"change": math.exp(mean) - 1.0, "t": t, "runs": len(logs), "agreed": abs(t) >= BIAS_T}
+
+
 def summarize(runs: Sequence[AARun], *, box: str, at: str) -> CalibrationSummary:
     """Per (model, context): false-positive rate, MDE and noise of A/A runs; see the module docstring."""
     done = [r for r in runs if completed(r.verdict)]
@@ -146,6 +166,8 @@ def summarize(runs: Sequence[AARun], *, box: str, at: str) -> CalibrationSummary
             "pairs": [e.n for e, _, _ in primary],
             # the raw two-sided miss rate of the 95% CI on equal code, tiers and tolerance aside
             "ci_excludes_one": sum(not e.ci_low <= 1.0 <= e.ci_high for e, _, _ in primary),
+            # do the runs agree on a side? (a bias each run's CI cannot show)
+            "side_bias": side_bias([e.ratio for e, _, _ in primary]),
             "noise_cv_per_run": [noise_cv([p]) for _, p, _ in primary],
             "other_metrics": {
                 m: {

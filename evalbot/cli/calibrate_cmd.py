@@ -134,6 +134,13 @@ def _render(summary: calibrate_mod.CalibrationSummary, box: str, profile: str, r
         else:
             click.echo(f"ctx {worst.context} cannot resolve the lowest tier ({name}, +{bound:.1%}): median MDE "
                        f"{worst.mde:.1%}; more pairs per context or a quieter box")  # fmt: skip
+    for c in summary.rows:
+        bias = c.details.get("side_bias")
+        if bias and bias["agreed"]:
+            who = "main" if bias["change"] < 0 else "the PR"
+            click.echo(f"{c.model} ctx {c.context}: the runs agree on a bias of {bias['change']:+.2%} (t "
+                       f"{bias['t']:+.1f} over {bias['runs']} runs): equal code reads {who} faster on this box, "
+                       "and every PR's score moves with it")  # fmt: skip
     for failure in summary.failures:
         click.echo(f"no verdict: {failure}", err=True)
     if summary.rows:

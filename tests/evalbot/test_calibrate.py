@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from evalbot import calibrate, stats
+from evalbot.cli import calibrate_cmd
 from evalbot.codec import to_dict
 from evalbot.evaluate import runner
 from evalbot.judge import Judgement
@@ -128,6 +129,26 @@ def test_summary_counts_tiers_and_regressions_per_context_and_leaves_infra_error
         assert c.details["ratios"] == pytest.approx([stats.estimate(p).ratio for p in decode])
         assert set(c.details["other_metrics"]) == {"prefill_tps"}
     assert c128.details["ci_excludes_one"] >= 1  # the +6% run
+
+
+def test_runs_that_all_lean_one_way_are_called_a_side_bias_each_runs_ci_could_not_show(rules, capsys):
+    """Each A/A run's CI covers 1.0 (no false verdict), but every run reads the PR about 1.3% slow at one
+    context: the summary says the runs agree on a bias there, and not at the other (the device's Intel
+    guest, 2026-12-07: -1.3%, t -5.5 over 12 runs at ctx 128, nothing at 512)."""
+    rng = random.Random(11)
+    runs = [aa_run(rules, i, {128: 0.987 * math.exp(rng.gauss(0, 0.004)), 512: math.exp(rng.gauss(0, 0.004))})
+            for i in range(1, 9)]  # fmt: skip
+    by_ctx = {c.context: c for c in calibrate.summarize(runs, box="b", at=AT).rows}
+    lean, level = by_ctx[128].details["side_bias"], by_ctx[512].details["side_bias"]
+    assert lean["agreed"] and lean["t"] < -3 and lean["runs"] == 8
+    assert lean["change"] == pytest.approx(-0.013, abs=0.004)
+    assert not level["agreed"] and abs(level["change"]) < 0.005
+    assert calibrate.side_bias([0.99, 1.01]) is None  # too few runs to say
+    assert calibrate.side_bias([1.0, 1.0, 1.0]) == {"change": 0.0, "t": 0.0, "runs": 3, "agreed": False}
+    summary = calibrate.summarize(runs, box="b", at=AT)
+    calibrate_cmd._render(summary, "b", "cpu", "main", Path("state.db"), lowest_tier=None)
+    said = [line for line in capsys.readouterr().out.splitlines() if "agree on a bias" in line]
+    assert len(said) == 1 and "ctx 128" in said[0] and "reads main faster" in said[0], said
 
 
 def test_no_completed_run_gives_no_rows(rules):
