@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evalbot import judge
+from evalbot import judge, stats
 from evalbot.evaluate import checkout, prompts, runner
 from evalbot.model import (
     DECODE_METRICS,
@@ -96,15 +96,18 @@ def noise_cv(pair_sets: Sequence[Sequence[tuple[float, float]]]) -> float:
 
 
 BIAS_MIN_RUNS = 3  # runs before the runs' agreement on a side bias is worth a statistic
-BIAS_T = 3.0  # |t| over the runs from which the calibration says the runs agree on a bias
+# two-sided level at which the runs are said to agree on a side: a calibration is read once per context, and
+# a false alarm costs a maintainer a box (at |t| >= 3 alone, 3 runs of equal code would raise it 1 time in 10)
+BIAS_ALPHA = 0.01
 
 
 def side_bias(ratios: Sequence[float]) -> dict[str, float | int | bool] | None:
     """Whether equal code's runs agree on a side: their mean log-ratio (head over base), its t statistic
-    over the runs, and `agreed` where |t| >= BIAS_T. Each run's CI allows for its own noise, but not for a
-    bias every run shares (a harness that treats the sides differently, or a box that does): a judge whose
-    runs all lean one way moves every PR's score by that much. Measured on an Intel guest, 12 runs at once:
-    -1.3% at one context, t -5.5 (docs/benchmarks.md, #40). None with fewer than BIAS_MIN_RUNS runs."""
+    over the runs, the t it must reach (BIAS_ALPHA, two-sided, runs - 1 degrees of freedom) and `agreed`.
+    Each run's CI allows for its own noise, but not for a bias every run shares (a harness that treats the
+    sides differently, or a box that does): a judge whose runs all lean one way moves every PR's score by
+    that much. Measured on an Intel guest, 12 runs at once: -1.3% at one context, t -5.5
+    (docs/benchmarks.md, #40). None with fewer than BIAS_MIN_RUNS runs."""
     logs = [math.log(r) for r in ratios if r > 0]
     if len(logs) < BIAS_MIN_RUNS:
         return None
@@ -112,7 +115,14 @@ def side_bias(ratios: Sequence[float]) -> dict[str, float | int | bool] | None:
     # runs that agree exactly (a fixture's, never a box's) get a finite t: the row goes into JSON and the store
     sd = max(statistics.stdev(logs), 1e-9)
     t = mean / (sd / math.sqrt(len(logs)))
-    return {"change": math.exp(mean) - 1.0, "t": t, "runs": len(logs), "agreed": abs(t) >= BIAS_T}
+    needed = stats.t_quantile(1.0 - BIAS_ALPHA / 2, len(logs) - 1)
+    return {
+        "change": math.exp(mean) - 1.0,
+        "t": t,
+        "t_needed": needed,
+        "runs": len(logs),
+        "agreed": abs(t) >= needed,
+    }
 
 
 def summarize(runs: Sequence[AARun], *, box: str, at: str) -> CalibrationSummary:

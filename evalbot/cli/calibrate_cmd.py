@@ -139,8 +139,8 @@ def _render(summary: calibrate_mod.CalibrationSummary, box: str, profile: str, r
         if bias and bias["agreed"]:
             who = "main" if bias["change"] < 0 else "the PR"
             click.echo(f"{c.model} ctx {c.context}: the runs agree on a bias of {bias['change']:+.2%} (t "
-                       f"{bias['t']:+.1f} over {bias['runs']} runs): equal code reads {who} faster on this box, "
-                       "and every PR's score moves with it")  # fmt: skip
+                       f"{bias['t']:+.1f} over {bias['runs']} runs, past {bias['t_needed']:.1f}): equal code "
+                       f"reads {who} faster on this box, and every PR's score moves with it")  # fmt: skip
     for failure in summary.failures:
         click.echo(f"no verdict: {failure}", err=True)
     if summary.rows:
