@@ -585,6 +585,12 @@ def test_a_report_that_knows_only_the_pr_number_names_it_without_placeholders():
     header = next(line for line in out.splitlines() if line.startswith("**PR"))
     assert header == "**PR #7**"
     assert "(no title)" not in out and "(unknown)" not in out
+    # a local run (make demo: no PR at all) names nothing in its place; the next line names both commits
+    local = render.render_comment(
+        v, replace(m, provenance=_provenance(pr=None, title="", author="", branch="")), signature_status=sig
+    )
+    assert not any(line.startswith("**PR") for line in local.splitlines())
+    assert "main `" in local and "vs PR `" in local
     full = render.render_comment(v, m, signature_status=sig)
     assert "**PR #42**: Flash-decode: split-KV for long contexts · by alice · branch alice/split-kv" in full
 
