@@ -21,6 +21,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from evalbot import calibrate
+
 PAIR = re.compile(r"block (\d+) ctx (\d+) pair (\d+): main ([\d.]+) tok/s, PR ([\d.]+) tok/s")
 
 
@@ -82,11 +84,17 @@ def analyse(pairs: list[dict]) -> dict:
         for p in at:
             per_run[p["run"]].append(p["log_ratio"])
         means = [statistics.fmean(v) for v in per_run.values()]
-        runs = summary(means)
-        t = runs["mean_pct"] / runs["se_pct"] if runs["se_pct"] else None
+        # the runs' agreement judged as `evalbot calibrate` judges it (None with too few runs)
+        bias = calibrate.side_bias([math.exp(m) for m in means])
         out[str(ctx)] = {
             "splits": {k: summary(v) for k, v in splits.items()},
-            "runs": {**runs, "t": t, "means_pct": [round(100 * m, 3) for m in means]},
+            "runs": {
+                **summary(means),
+                "t": bias["t"] if bias else None,
+                "t_needed": bias["t_needed"] if bias else None,
+                "agreed": bias["agreed"] if bias else None,
+                "means_pct": [round(100 * m, 3) for m in means],
+            },
         }
     return out
 
@@ -103,7 +111,12 @@ def main(argv: list[str]) -> int:
     got = analyse(pairs)
     for ctx, r in got.items():
         runs = r["runs"]
-        t = f"{runs['t']:+.1f}" if runs["t"] is not None else "n/a"
+        t = (
+            "n/a"
+            if runs["t"] is None
+            else f"{runs['t']:+.1f}, needs {runs['t_needed']:.1f}: "
+            + ("a bias" if runs["agreed"] else "no bias")
+        )
         print(
             f"ctx {ctx}: {runs['n']} runs, mean of run means {runs['mean_pct']:+.2f}% (sd {runs['sd_pct']:.2f}%, t {t})"
         )
