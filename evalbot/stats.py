@@ -299,6 +299,40 @@ def estimate_blocked(
     return _t_estimate(means, len(pairs), confidence)
 
 
+def estimate_clustered(
+    pairs: Sequence[tuple[float, float]], clusters: Sequence[int], confidence: float = 0.95
+) -> PairedEstimate:
+    """The paired estimate of units that are independent draws (each its own prompt) but measured in
+    clusters that may share an offset (the speculative runs, spread over the A/B's blocks: each block a
+    pair of processes). The mean log-ratio over all units, its standard error widened by Kish's design
+    effect 1 + (m - 1) * rho, rho the clusters' intraclass correlation (one-way ANOVA, 0 at the least) and m
+    the units' size-weighted cluster size; degrees of freedom the effective number of units less one, never
+    below the clusters' less one. Where the clusters explain nothing, it is `estimate`; where they explain
+    everything, about the t-interval over the cluster means."""
+    if len(clusters) != len(pairs):
+        raise StatsError(f"{len(pairs)} pairs but {len(clusters)} cluster labels")
+    _check_confidence(confidence)
+    d = _log_ratios(pairs)
+    groups: dict[int, list[float]] = {}
+    for c, x in zip(clusters, d, strict=True):
+        groups.setdefault(c, []).append(x)
+    n, k = len(d), len(groups)
+    if n < 2:
+        raise StatsError(f"need at least 2 pairs to estimate the noise, got {n}")
+    if k < 2 or k == n:
+        return estimate(pairs, confidence)
+    mean, sd = _mean_sd(d)
+    sizes = [len(v) for v in groups.values()]
+    msb = math.fsum(len(v) * (math.fsum(v) / len(v) - mean) ** 2 for v in groups.values()) / (k - 1)
+    msw = math.fsum((x - math.fsum(v) / len(v)) ** 2 for v in groups.values() for x in v) / (n - k)
+    m0 = (n - math.fsum(m * m for m in sizes) / n) / (k - 1)
+    between = max(msb - msw, 0.0) / m0
+    rho = between / (between + msw) if between + msw > 0 else 0.0
+    deff = 1.0 + (math.fsum(m * m for m in sizes) / n - 1.0) * rho
+    df = max(k - 1, int(n / deff) - 1)
+    return _from_se(mean, sd * math.sqrt(deff / n), df, sd, n, confidence)
+
+
 def _from_se(mean: float, se: float, df: int, sd: float, n_pairs: int, confidence: float) -> PairedEstimate:
     """A PairedEstimate from a log-ratio estimate, its standard error and degrees of freedom."""
     hw = t_quantile(0.5 + confidence / 2.0, df) * se

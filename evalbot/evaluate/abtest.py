@@ -84,11 +84,13 @@ def measure(
     progress: Progress | None = None,
     decided: Decided | None = None,
     settled: Callable[[dict[Side, ServedProcess]], None] | None = None,
+    between: Callable[[int, dict[Side, ServedProcess], Run], None] | None = None,
 ) -> tuple[Run, dict[Side, ServedProcess]]:
     """Run pairs of blocks (the crossover: each load order once) until every scored context's CI is narrow
     enough or `decided` says no further pair could change the verdict, or the pair cap, or the time budget.
     `settled` is called in every block once both processes are ready and warmed, frozen, before the first
-    timed request. The last block's processes are returned still running (frozen), for the audit and the
+    timed request; `between` (the spec runs) at the end of every block, with its processes, its time kept
+    out of the A/B's budget. The last block's processes are returned still running (frozen), for the audit and the
     spec runs: the caller closes them."""
     m = profile.measurement
     quiet = quiet or profile.quiet
@@ -103,6 +105,7 @@ def measure(
             f"both engines pinned to CPU {pinning.format_cpu_list(pin)} once ready, the others left to the harness"
         )
     start = time.monotonic()
+    aside = 0.0  # seconds spent in `between`
     while True:
         block = run.blocks
         before, waited = box.wait_until_quiet(quiet, with_gpu=gpu, log=log)
@@ -187,6 +190,10 @@ def measure(
                                 "eta_s": max(m.time_budget_s - (time.monotonic() - start), 0.0),
                             }
                         )
+            if between is not None:
+                t0 = time.monotonic()
+                between(block, procs, run)
+                aside += time.monotonic() - t0
         except BaseException:
             close(procs)
             raise
@@ -199,7 +206,7 @@ def measure(
                         f"ctx {c.ctx} {metric}: {est.ratio:.4f}x [{est.ci_low:.4f}, {est.ci_high:.4f}] over "
                         f"{run.blocks} blocks, MDE {est.mde:.2%}"
                     )
-        elapsed = time.monotonic() - start
+        elapsed = time.monotonic() - start - aside
         why = None
         whole = run.blocks % 2 == 0  # decide only on whole crossovers
         if run.blocks >= max_blocks:

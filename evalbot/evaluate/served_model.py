@@ -26,6 +26,7 @@ from evalbot.evaluate import (
     served,
 )
 from evalbot.evaluate.ab_block import Launch
+from evalbot.evaluate.ab_design import design
 from evalbot.evaluate.ab_samples import Prompts, Run, Sample, SideError, throughput
 from evalbot.evaluate.ab_sampling import REQUEST_CPU_SLACK
 from evalbot.evaluate.context import (
@@ -39,7 +40,7 @@ from evalbot.evaluate.context import (
 from evalbot.evaluate.freezing import FREEZER
 from evalbot.evaluate.reference import accuracy_served, audit_answers
 from evalbot.evaluate.schedule import run_alone
-from evalbot.evaluate.speculative import spec_here, spec_served
+from evalbot.evaluate.speculative import SpecRuns, spec_here
 from evalbot.model import AccuracyResult, DecodeAudit, Failure, Side, SpecResult, ThroughputPairs
 from evalbot.rules import Profile
 
@@ -179,6 +180,10 @@ def measure_model(
 
     source = tokenized if registry else None
     pool = Prompts(source or (lambda c, i: abtest.random_prompts(procs[Side.BASE].vocab, seed)(c, i)))
+    spec_runs = None
+    if ctx.req.options.spec and spec_here(ctx):
+        _, _, min_blocks = design(m.pairs_per_block, m.min_blocks, ctx.req.options.max_pairs or m.max_pairs)
+        spec_runs = SpecRuns(ctx, profile, name, block, pool, min_blocks)
     try:
         cpumeter.sweep_stale()
         run, procs = abtest.measure(
@@ -194,6 +199,7 @@ def measure_model(
                 throughput(samples, profile, name), ctx.ws.rules
             ),
             settled=lambda ready: keep_compiles(ctx, ready),
+            between=spec_runs.in_block if spec_runs is not None else None,
         )
         ctx.box_samples.extend(run.box_samples)
         gate = ctx.ws.rules.gates.decode_audit
@@ -202,8 +208,8 @@ def measure_model(
         audits = audit.judge(name, judge_name, chosen, answers, gate.near_tie)
         spec: list[SpecResult] = []
         tau_notes: list[str] = []
-        if ctx.req.options.spec and spec_here(ctx):
-            spec, tau_notes = spec_served(ctx, profile, name, procs, run, block, pool)
+        if spec_runs is not None:
+            spec, tau_notes = spec_runs.finish(procs, run)
         accuracy = accuracy_served(ctx, name, procs, reference) if reference is not None else None
         return ModelResult(
             throughput(run.samples, profile, name),

@@ -6,6 +6,7 @@ nothing: one that moved beyond the run-to-run noise is shown as a note.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import partial
 
 from evalbot.evaluate import ab_samples, ab_sampling, abtest, schedule, serve_error, served
@@ -86,110 +87,195 @@ def spec_rate(side: Side, t: Timed, lossless: bool = True) -> float:
     )
 
 
-def spec_served(
-    ctx: RunContext,
-    profile: Profile,
-    name: str,
-    procs: dict[Side, served.ServedProcess],
-    run: ab_samples.Run,
-    block: int,
-    pool: ab_samples.Prompts,
-) -> tuple[list[SpecResult], list[str]]:
-    """Speculative decoding on the harness's clock at every scored context. Each run takes a prompt an
-    earlier block timed (so these processes never saw it, and nothing can be replayed from a cache),
-    and decodes it speculatively on both sides: lossless means the very tokens that side's plain decode
-    produced; plain speed comes from those timed requests. Where the requests were timed in two parts,
-    each run's plain decode is one request of a fresh prompt instead, laid out as the spec run is.
-    Also the notes on tau (diagnostics)."""
-    last = run.blocks - 1
-    out, notes = [], []
-    rules = ctx.ws.rules
-    drafter = drafter_for(ctx, profile.name, name)
-    for c in profile.contexts:
-        if c.ctx not in rules.spec_contexts(profile, name):
-            continue
-        # as many tokens as the timed requests asked for here: their tokens are the lossless reference
-        gen = run.gen.get(c.ctx, profile.measurement.decode_tokens)
-        earlier: dict[tuple[int, int], dict[Side, ab_samples.Sample]] = {}
-        # a two-part request's tokens follow a continuation token decoded on its own after the prefill; a
-        # spec run prefills prompt and token in one batch, whose rounding may flip a near-tie (seen in
-        # make demo: an honest head "not lossless" at token 19), so two-part runs are not its reference
-        for smp in run.samples if not run.two_part else ():
-            if smp.context == c.ctx and smp.block != last:
-                earlier.setdefault((smp.block, smp.pair), {})[smp.side] = smp
-        runs = spec_run_count(
-            rules.spec_runs(profile.name, name), rules.gates.spec.runs, ctx.req.options.max_pairs
-        )
-        pairs = [v for _, v in sorted(earlier.items()) if len(v) == 2][:runs]
-        while len(pairs) < runs:  # too few earlier pairs (a small --max-pairs): plain-decode new prompts here
-            pairs.append(_plain_pair(ctx, procs, pool, c.ctx, gen))
-        sp: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
-        taus: dict[Side, list[float]] = {Side.BASE: [], Side.HEAD: []}
-        steps: dict[Side, list[int]] = {Side.BASE: [], Side.HEAD: []}
-        lossless, first_div = 0, None
-        for r, pair in enumerate(pairs):
+def hosts(min_blocks: int) -> int:
+    """How many blocks the spec runs are spread over: blocks 1 to min_blocks - 1 (block 0 has no earlier
+    block whose prompts its processes never saw), each a fresh pair of processes, so no process's offset is
+    shared by all the runs; at least one."""
+    return max(min_blocks - 1, 1)
+
+
+def due_by(block: int, runs: int, host_blocks: int) -> int:
+    """Spec runs due by the end of `block` (0-based): none in block 0, then the runs in even shares over
+    blocks 1..host_blocks, all of them by the last."""
+    return round(runs * min(max(block, 0), host_blocks) / host_blocks)
+
+
+def earlier_pairs(
+    samples: list[ab_samples.Sample], c: int, block: int, used: set[tuple[int, int]]
+) -> list[tuple[tuple[int, int], dict[Side, ab_samples.Sample]]]:
+    """The timed pairs at context c of blocks before `block` (processes since closed, so the block's own
+    never saw their prompts) that no spec run used yet, both sides', oldest first."""
+    earlier: dict[tuple[int, int], dict[Side, ab_samples.Sample]] = {}
+    for smp in samples:
+        if smp.context == c and smp.block < block and (smp.block, smp.pair) not in used:
+            earlier.setdefault((smp.block, smp.pair), {})[smp.side] = smp
+    return [(key, pair) for key, pair in sorted(earlier.items()) if len(pair) == 2]
+
+
+@dataclass
+class _Tally:
+    """One context's speculative runs so far."""
+
+    sp: dict[Side, list[float]] = field(default_factory=lambda: {Side.BASE: [], Side.HEAD: []})
+    taus: dict[Side, list[float]] = field(default_factory=lambda: {Side.BASE: [], Side.HEAD: []})
+    steps: dict[Side, list[int]] = field(default_factory=lambda: {Side.BASE: [], Side.HEAD: []})
+    ar: list[tuple[float, float]] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    lossless: int = 0
+    first_div: int | None = None
+    used: set[tuple[int, int]] = field(default_factory=set)  # (block, pair) of the timed pairs used
+    refs: list[tuple[int, dict[Side, ab_samples.Sample]]] = field(default_factory=list)  # (block, plain pair)
+
+
+class SpecRuns:
+    """Speculative decoding on the harness's clock at every context the spec runs measure, spread over the
+    A/B's blocks (`in_block`, called at the end of each block with its processes) and finished on the last
+    block's (`finish`). Each run decodes, on both sides, a prompt that the processes running it never saw:
+    one an earlier block timed, or where requests are timed in two parts (whose prefill rounding may flip a
+    near-tie against a one-batch spec prefill), one an earlier block plain-decoded in one request as the
+    reference. Lossless means the very tokens that side's plain decode produced; plain speed comes from those
+    requests. Spread over blocks, the runs share no one process pair's offset (all on the last block's, the
+    offset of one pair of processes went into every run alike)."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        profile: Profile,
+        name: str,
+        block: int,
+        pool: ab_samples.Prompts,
+        min_blocks: int,
+    ):
+        rules = ctx.ws.rules
+        self.ctx, self.profile, self.name, self.block, self.pool = ctx, profile, name, block, pool
+        self.drafter = drafter_for(ctx, profile.name, name)
+        self.contexts = [c.ctx for c in profile.contexts if c.ctx in rules.spec_contexts(profile, name)]
+        self.runs = spec_run_count(rules.spec_runs(profile.name, name), rules.gates.spec.runs,
+                                   ctx.req.options.max_pairs)  # fmt: skip
+        self.hosts = hosts(min_blocks)
+        self.tally = {c: _Tally() for c in self.contexts}
+
+    def in_block(self, block: int, procs: dict[Side, served.ServedProcess], run: ab_samples.Run) -> None:
+        """This block's share of the runs, then (two-part requests) the plain references of the next
+        block's share, taken here so that the next block's processes never saw those prompts."""
+        for c in self.contexts:
+            t = self.tally[c]
+            self._runs(c, block, procs, run, due_by(block, self.runs, self.hosts) - len(t.blocks))
+            if run.two_part and block < self.hosts:
+                gen = run.gen.get(c, self.profile.measurement.decode_tokens)
+                for _ in range(
+                    due_by(block + 1, self.runs, self.hosts) - due_by(block, self.runs, self.hosts)
+                ):
+                    t.refs.append((block, _plain_pair(self.ctx, procs, self.pool, c, gen)))
+
+    def finish(
+        self, procs: dict[Side, served.ServedProcess], run: ab_samples.Run
+    ) -> tuple[list[SpecResult], list[str]]:
+        """The runs still due, on the last block's processes (an A/B that ended before the hosting blocks),
+        and the results with the notes on tau (diagnostics)."""
+        out, notes = [], []
+        last = max(run.blocks - 1, 0)
+        for c in self.contexts:
+            t = self.tally[c]
+            self._runs(c, last, procs, run, self.runs - len(t.blocks))
+            if not t.blocks:
+                continue
+            result = self._result(c, t)
+            out.append(result)
+            note = tau_note(result)
+            if note:
+                notes.append(note)
+            self.ctx.log(
+                f"speculative, ctx {c}: lossless {t.lossless}/{len(t.blocks)} over blocks "
+                f"{sorted(set(b + 1 for b in t.blocks))}, tau {result.base_tau:.2f} -> {result.head_tau:.2f}"
+            )
+        return out, notes
+
+    def _references(
+        self, c: int, block: int, procs: dict[Side, served.ServedProcess], run: ab_samples.Run, n: int
+    ) -> list[dict[Side, ab_samples.Sample]]:
+        """n plain pairs of prompts that an earlier block decoded; where too few (a small --max-pairs, or an
+        A/B of one block), fresh prompts plain-decoded here."""
+        t = self.tally[c]
+        got: list[dict[Side, ab_samples.Sample]] = []
+        if run.two_part:
+            while t.refs and t.refs[0][0] < block and len(got) < n:
+                got.append(t.refs.pop(0)[1])
+        else:
+            for key, pair in earlier_pairs(run.samples, c, block, t.used)[:n]:
+                t.used.add(key)
+                got.append(pair)
+        gen = run.gen.get(c, self.profile.measurement.decode_tokens)
+        while len(got) < n:
+            got.append(_plain_pair(self.ctx, procs, self.pool, c, gen))
+        return got
+
+    def _runs(
+        self, c: int, block: int, procs: dict[Side, served.ServedProcess], run: ab_samples.Run, n: int
+    ) -> None:
+        if n <= 0:
+            return
+        t = self.tally[c]
+        gen = run.gen.get(c, self.profile.measurement.decode_tokens)
+        for pair in self._references(c, block, procs, run, n):
+            r = len(t.blocks)
             order = (Side.BASE, Side.HEAD) if r % 2 == 0 else (Side.HEAD, Side.BASE)
             req = {
                 "op": "spec",
                 "prompt_ids": list(pair[Side.BASE].prompt),  # both sides' plain decode had this prompt
                 "max_new": gen,
-                "block": block,
-                **({"drafter": "draft"} if drafter == "draft" else {"drafter": "ngram", "ngram": 3}),
+                "block": self.block,
+                **({"drafter": "draft"} if self.drafter == "draft" else {"drafter": "ngram", "ngram": 3}),
             }
             while (
                 True
             ):  # both sides answer as an A/B pair does: in turns of slice_s where the profile has them
-                answers = dict(zip(order, abtest.answer_pair(procs, order, req, ctx.run_timeout_s,
-                                                             profile.measurement.slice_s), strict=True))  # fmt: skip
+                answers = dict(zip(order, abtest.answer_pair(procs, order, req, self.ctx.run_timeout_s,
+                                                             self.profile.measurement.slice_s), strict=True))  # fmt: skip
                 same = {
-                    s: s is Side.BASE or list(t.tokens) == list(pair[s].tokens) for s, t in answers.items()
+                    s: s is Side.BASE or list(a.tokens) == list(pair[s].tokens) for s, a in answers.items()
                 }
                 try:
-                    rates = {s: spec_rate(s, t, same[s]) for s, t in answers.items()}
+                    rates = {s: spec_rate(s, a, same[s]) for s, a in answers.items()}
                 except ab_samples.BurstError as exc:  # a stalled reader, once a side (as the A/B pairs)
-                    ab_samples.forgive_burst(run, exc, ctx.log, "speculative run")
+                    ab_samples.forgive_burst(run, exc, self.ctx.log, "speculative run")
                     continue
                 break
-            for side, t in answers.items():
-                sp[side].append(rates[side])
-                taus[side].append((len(t.tokens) - 1) / max(len(t.steps) - 1, 1))
-                steps[side] += [len(step) for step in t.steps[1:]]
-            t, ar = answers[Side.HEAD], pair[Side.HEAD]
+            for side, a in answers.items():
+                t.sp[side].append(rates[side])
+                t.taus[side].append((len(a.tokens) - 1) / max(len(a.steps) - 1, 1))
+                t.steps[side] += [len(step) for step in a.steps[1:]]
+            t.ar.append((pair[Side.BASE].decode_tps, pair[Side.HEAD].decode_tps))
+            t.blocks.append(block)
+            a, ar = answers[Side.HEAD], pair[Side.HEAD]
             if same[Side.HEAD]:
-                lossless += 1
+                t.lossless += 1
             else:
-                at = next((i for i, (x, y) in enumerate(zip(ar.tokens, t.tokens, strict=False)) if x != y),
-                          min(len(ar.tokens), len(t.tokens)))  # fmt: skip
-                first_div = at if first_div is None else min(first_div, at)
-        if not pairs:
-            continue
+                at = next((i for i, (x, y) in enumerate(zip(ar.tokens, a.tokens, strict=False)) if x != y),
+                          min(len(ar.tokens), len(a.tokens)))  # fmt: skip
+                t.first_div = at if t.first_div is None else min(t.first_div, at)
+
+    def _result(self, c: int, t: _Tally) -> SpecResult:
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-        result = SpecResult(
-            target=name,
-            drafter="draft " + rules.spec_pair.draft.name if drafter == "draft" else "ngram-3",
-            block_size=block,
-            runs=len(pairs),
-            lossless_runs=lossless,
-            first_divergence=first_div,
-            base_tau=mean(taus[Side.BASE]),
-            head_tau=mean(taus[Side.HEAD]),
-            ar_pairs=tuple((pr[Side.BASE].decode_tps, pr[Side.HEAD].decode_tps) for pr in pairs),
-            spec_pairs=tuple(zip(sp[Side.BASE], sp[Side.HEAD], strict=True)),
-            context=c.ctx,
-            base_tau_runs=tuple(taus[Side.BASE]),
-            head_tau_runs=tuple(taus[Side.HEAD]),
-            base_tau_steps=tuple(steps[Side.BASE]),
-            head_tau_steps=tuple(steps[Side.HEAD]),
+        rules = self.ctx.ws.rules
+        return SpecResult(
+            target=self.name,
+            drafter="draft " + rules.spec_pair.draft.name if self.drafter == "draft" else "ngram-3",
+            block_size=self.block,
+            runs=len(t.blocks),
+            lossless_runs=t.lossless,
+            first_divergence=t.first_div,
+            base_tau=mean(t.taus[Side.BASE]),
+            head_tau=mean(t.taus[Side.HEAD]),
+            ar_pairs=tuple(t.ar),
+            spec_pairs=tuple(zip(t.sp[Side.BASE], t.sp[Side.HEAD], strict=True)),
+            context=c,
+            base_tau_runs=tuple(t.taus[Side.BASE]),
+            head_tau_runs=tuple(t.taus[Side.HEAD]),
+            base_tau_steps=tuple(t.steps[Side.BASE]),
+            head_tau_steps=tuple(t.steps[Side.HEAD]),
+            spec_blocks=tuple(t.blocks),
         )
-        out.append(result)
-        note = tau_note(result)
-        if note:
-            notes.append(note)
-        ctx.log(
-            f"speculative, ctx {c.ctx}: lossless {lossless}/{len(pairs)}, tau {result.base_tau:.2f} -> "
-            f"{result.head_tau:.2f}"
-        )
-    return out, notes
 
 
 def tau_note(s: SpecResult) -> str | None:

@@ -172,6 +172,8 @@ class SpecResult:
     # every verify step's committed tokens over all runs (the streamed lines after the first): tau's spread
     base_tau_steps: tuple[int, ...] = ()
     head_tau_steps: tuple[int, ...] = ()
+    # per run: the A/B block (0-based) whose pair of serving processes ran it (empty: not recorded)
+    spec_blocks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

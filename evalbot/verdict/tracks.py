@@ -47,7 +47,9 @@ def spec_estimates(spec: Iterable[SpecResult], rules: Rules) -> tuple[ContextEst
         if len(s.spec_pairs) < 2 or s.context is None:
             continue
         try:
-            est = stats.estimate_design(s.spec_pairs)
+            # each run its own prompt; runs in one block share its processes' offset (`estimate_clustered`)
+            est = (stats.estimate_clustered(s.spec_pairs, s.spec_blocks) if len(s.spec_blocks) == len(s.spec_pairs)
+                   else stats.estimate(s.spec_pairs))  # fmt: skip
             cls = stats.classify(est, rules.tier_bounds, rules.gates.no_regression.min_ratio)
         except stats.StatsError:
             continue

@@ -372,6 +372,9 @@ def test_a_genuine_speedup_passes_with_the_tier_its_lower_bound_earns(lab: Lab):
     # the same outputs, so the same verify steps: tau's ratio is 1 and its upper bound at least that
     assert gates["spec lossless"]["passed"] and gates["spec tau"]["passed"]
     assert gates["spec tau"]["value"] >= 1.0 - 1e-9
+    # the spec runs spread over blocks 1-3 (min_blocks 4), one a block: three pairs of processes, not one
+    spec = run.measurements["spec"]
+    assert spec and all(sorted(s["spec_blocks"]) == [1, 2, 3] for s in spec), [s["spec_blocks"] for s in spec]
     assert run.measurements["provenance"]["model_sha256s"] == {fb.MODEL_NAME: lab.sha256}
     assert f"perf:{tier}" in run.report or tier in run.report
 

@@ -452,6 +452,7 @@ def case_pass_spec_tier():
             head_tau_runs=(2.85,) * 6,
             base_tau_steps=(2,) * 60,
             head_tau_steps=(3,) * 60,
+            spec_blocks=(1, 1, 2, 2, 3, 3),  # spread over the A/B's blocks 1-3
         )
         for ctx in (128, 512)
     )
