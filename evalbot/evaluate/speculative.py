@@ -156,17 +156,22 @@ class SpecRuns:
         self.tally = {c: _Tally() for c in self.contexts}
 
     def in_block(self, block: int, procs: dict[Side, served.ServedProcess], run: ab_samples.Run) -> None:
-        """This block's share of the runs, then (two-part requests) the plain references of the next
-        block's share, taken here so that the next block's processes never saw those prompts."""
+        """This block's share of the runs, then the plain references the next block's share will lack (all
+        of them with two-part requests; with one-part, those the timed pairs so far do not cover), decoded
+        here so that the next block's processes never saw those prompts."""
         for c in self.contexts:
             t = self.tally[c]
             self._runs(c, block, procs, run, due_by(block, self.runs, self.hosts) - len(t.blocks))
-            if run.two_part and block < self.hosts:
-                gen = run.gen.get(c, self.profile.measurement.decode_tokens)
-                for _ in range(
-                    due_by(block + 1, self.runs, self.hosts) - due_by(block, self.runs, self.hosts)
-                ):
-                    t.refs.append((block, _plain_pair(self.ctx, procs, self.pool, c, gen)))
+            if block >= self.hosts:
+                continue
+            need = (
+                due_by(block + 1, self.runs, self.hosts) - due_by(block, self.runs, self.hosts) - len(t.refs)
+            )
+            if not run.two_part:
+                need -= len(earlier_pairs(run.samples, c, block + 1, t.used))
+            gen = run.gen.get(c, self.profile.measurement.decode_tokens)
+            for _ in range(max(need, 0)):
+                t.refs.append((block, _plain_pair(self.ctx, procs, self.pool, c, gen)))
 
     def finish(
         self, procs: dict[Side, served.ServedProcess], run: ab_samples.Run
@@ -194,18 +199,22 @@ class SpecRuns:
     def _references(
         self, c: int, block: int, procs: dict[Side, served.ServedProcess], run: ab_samples.Run, n: int
     ) -> list[dict[Side, ab_samples.Sample]]:
-        """n plain pairs of prompts that an earlier block decoded; where too few (a small --max-pairs, or an
-        A/B of one block), fresh prompts plain-decoded here."""
+        """n plain pairs of prompts that an earlier block decoded: its timed pairs (one-part requests), then
+        the references decoded ahead. Where too few (an A/B that ended before its hosting blocks), fresh
+        prompts plain-decoded here, said in the log: these processes then saw the prompt they run."""
         t = self.tally[c]
         got: list[dict[Side, ab_samples.Sample]] = []
-        if run.two_part:
-            while t.refs and t.refs[0][0] < block and len(got) < n:
-                got.append(t.refs.pop(0)[1])
-        else:
+        if not run.two_part:
             for key, pair in earlier_pairs(run.samples, c, block, t.used)[:n]:
                 t.used.add(key)
                 got.append(pair)
+        while t.refs and t.refs[0][0] < block and len(got) < n:
+            got.append(t.refs.pop(0)[1])
         gen = run.gen.get(c, self.profile.measurement.decode_tokens)
+        if len(got) < n:
+            self.ctx.log(
+                f"speculative, ctx {c}: {n - len(got)} run(s) plain-decoded by the processes that run them"
+            )
         while len(got) < n:
             got.append(_plain_pair(self.ctx, procs, self.pool, c, gen))
         return got

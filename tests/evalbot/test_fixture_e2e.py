@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import select
 import socket
@@ -411,6 +412,22 @@ def test_a_speculative_speedup_that_skips_verification_is_rejected_on_losslessne
     assert spec["lossless_runs"] == 0 and spec["first_divergence"] is not None
     assert spec["head_tau"] > spec["base_tau"]  # it "accepts" more: exactly what must not be rewarded
     assert "spec-fail" in run.verdict["labels_add"]
+
+
+def test_a_spec_answer_replayed_from_a_plain_decode_of_the_same_prompt_gains_nothing(lab: Lab):
+    """An engine that remembers every plain answer and, asked to decode the same prompt speculatively, sends
+    it again in verify-sized lines (lossless, no burst): each spec run takes a prompt that an earlier block's
+    processes decoded, so the processes running it have nothing to replay and the PR's spec rate and tau are
+    its honest ones. (The fixture answers in one part; `test_spec_spread.py` checks the two-part path.)"""
+    run = evaluate(lab, "spec-replay", "--no-accuracy")
+    assert run.verdict["status"] in ("PASS", "INCONCLUSIVE"), run.why  # plain decode is main's
+    assert run.measurements["spec"]
+    for s in run.measurements["spec"]:
+        assert s["lossless_runs"] == s["runs"] >= 3
+        assert s["head_tau"] == pytest.approx(s["base_tau"])  # a replay's lines would carry 6 tokens a step
+        ratio = math.exp(sum(math.log(h / b) for b, h in s["spec_pairs"]) / len(s["spec_pairs"]))
+        assert ratio < 1.5, (s["context"], ratio, s["spec_pairs"])
+        assert 0 not in s["spec_blocks"] and len(set(s["spec_blocks"])) == 3
 
 
 @pytest.mark.parametrize(

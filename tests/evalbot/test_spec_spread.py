@@ -6,12 +6,15 @@ is not a gain)."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
 from evalbot import stats
 from evalbot.evaluate import ab_samples, speculative
+from evalbot.evaluate.timed import Timed
 from evalbot.model import Side
+from evalbot.rules import default_rules_dir, load_rules
 
 
 @pytest.mark.parametrize(("runs", "min_blocks"), [(16, 6), (3, 4), (6, 6), (16, 4), (3, 2), (5, 1)])
@@ -85,3 +88,64 @@ def test_one_block_or_one_run_a_block_is_the_plain_estimate():
         assert stats.estimate_clustered(pairs, blocks) == stats.estimate(pairs)
     with pytest.raises(stats.StatsError, match="cluster labels"):
         stats.estimate_clustered(pairs, [1, 2])
+
+
+# ------------------------------------------------------------ the runs of one evaluation, on stand-in processes
+
+
+class _Proc:
+    """A stand-in serving process: the prompts it was sent."""
+
+    def __init__(self, block: int, side: Side):
+        self.block, self.side, self.seen = block, side, set()
+
+
+def _answer(tokens: tuple[int, ...]) -> Timed:
+    return Timed({"op": "spec"}, 0, tokens, tuple((i + 1) * 10**7 for i in range(len(tokens))),
+                 tuple((t,) for t in tokens), {"event": "done"})  # fmt: skip
+
+
+@pytest.mark.parametrize("two_part", [True, False])
+def test_every_spec_run_is_on_a_prompt_the_processes_running_it_never_saw(monkeypatch, two_part: bool):
+    """The cpu profile's spec track (16 runs at ctx 512) through an A/B of 6 blocks, each a fresh pair of
+    stand-in processes: with two-part requests the plain references are decoded a block ahead, in other
+    processes; with one-part, the earlier blocks' timed pairs are. An engine that remembers its plain answers
+    (the replay of `test_fixture_e2e.py`) would find none to replay."""
+    rules = load_rules(default_rules_dir())
+    profile = rules.model_profile(rules.profile("cpu"), "qwen2.5-coder-0.5b")
+    ctx = SimpleNamespace(ws=SimpleNamespace(rules=rules), run_timeout_s=60.0, log=lambda _: None,
+                          req=SimpleNamespace(options=SimpleNamespace(max_pairs=None, spec_drafter="ngram")))  # fmt: skip
+    tokens = (5, 6, 7, 8)
+    serial = iter(range(10**6))
+    ran: list[tuple[int, tuple[int, ...]]] = []
+
+    def plain_pair(_ctx, procs, _pool, c, _gen):
+        prompt = (next(serial),) * 3
+        for p in procs.values():
+            p.seen.add(prompt)
+        return {s: ab_samples.Sample(s, c, -1, 0, prompt, tokens, 1.0, 1.0, {}) for s in procs}
+
+    def answer_pair(procs, order, req, _timeout, _slice):
+        prompt = tuple(req["prompt_ids"])
+        assert all(prompt not in procs[s].seen for s in order), "a spec run on a prompt its processes saw"
+        ran.append((procs[order[0]].block, prompt))
+        return [_answer(tokens) for _ in order]
+
+    monkeypatch.setattr(speculative, "_plain_pair", plain_pair)
+    monkeypatch.setattr(speculative.abtest, "answer_pair", answer_pair)
+    runs = speculative.SpecRuns(ctx, profile, "qwen2.5-coder-0.5b", 7, ab_samples.Prompts(lambda c, i: []), 6)
+    run = ab_samples.Run(two_part=two_part, gen={128: 4, 512: 4})
+    for block in range(6):
+        procs = {s: _Proc(block, s) for s in (Side.BASE, Side.HEAD)}
+        for c in (128, 512):  # the block's timed pairs, on fresh prompts
+            for i in range(2):
+                prompt = (next(serial),) * 3
+                for s, p in procs.items():
+                    p.seen.add(prompt)
+                    run.samples.append(ab_samples.Sample(s, c, block, i, prompt, tokens, 1.0, 1.0, {}))
+        runs.in_block(block, procs, run)
+        run.blocks += 1
+    results, _ = runs.finish(procs, run)
+    assert [r.context for r in results] == [512] and results[0].runs == 16 == len(ran)
+    assert sorted(set(results[0].spec_blocks)) == [1, 2, 3, 4, 5] == sorted({b for b, _ in ran})
+    assert len({p for _, p in ran}) == 16 and results[0].lossless_runs == 16
