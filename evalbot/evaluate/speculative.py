@@ -68,23 +68,39 @@ def spec_run_count(asked: int, floor: int, max_pairs: int | None) -> int:
     return asked if max_pairs is None else max(floor, min(asked, max_pairs))
 
 
-def spec_rate(side: Side, t: Timed, lossless: bool = True) -> float:
-    """A speculative run's rate on the harness's clock, from sending the request to its last token. Where its tokens came in one burst (a rate no
-    decode reaches: they were ready before the first was sent), a lossless run fails its side (SideError),
-    and a PR's run that is not lossless, which fails the lossless gate anyway, is given its tokens over its
-    whole answer instead (an infinite rate is no figure a report or a receipt can carry)."""
-    if t.decode_tps < ab_sampling.MAX_DECODE_TPS:
-        # tokens over the time from sending the request to its last token: work done before the first token
-        # (the whole answer computed up front, its lines spaced out to look like a decode) counts
-        return len(t.tokens) / t.to_last_s
-    if side is Side.HEAD and not lossless and t.to_last_s > 0:
-        return len(t.tokens) / t.to_last_s
+def spec_rate(side: Side, t: Timed, lossless: bool = True, prefill_s: float = 0.0) -> float:
+    """A speculative run's rate on the harness's clock: its tokens over the time from sending the request to
+    its last token, less `prefill_s` (main's prefill at the context: `spec_prefill_s`, the same for both
+    sides of a run). Work done before the first token (the whole answer computed up front, its lines spaced
+    out to look like a decode) counts; only a fixed time that both sides are spared does not, so the figure
+    is the decode's and not the prompt's (at ctx 512 and 24 tokens on the CPU, prefill was over half of
+    a run). Where its tokens came in one burst (a rate no decode reaches: they were ready before the first
+    was sent), a lossless run fails its side (SideError), and a PR's run that is not lossless, which fails
+    the lossless gate anyway, keeps its figure (an infinite rate is no figure a report or a receipt can
+    carry)."""
+    if t.decode_tps < ab_sampling.MAX_DECODE_TPS or (side is Side.HEAD and not lossless and t.to_last_s > 0):
+        return len(t.tokens) / (t.to_last_s - min(prefill_s, SPARED * t.to_last_s))
     raise ab_samples.BurstError(
         side,
         "serve",
         f"a speculative run's {len(t.tokens)} tokens arrived in {len(t.steps)} line(s) within "
         f"{t.decode_s * 1e6:.0f} µs: a burst, not a decode",
     )
+
+
+# at most this share of a run's time is spared as prefill (a run faster than main's prefill keeps a figure)
+SPARED = 0.8
+
+
+def spec_prefill_s(samples: list[ab_samples.Sample], c: int) -> float:
+    """Main's median prefill time at context c over the A/B's timed requests (0 where none): the time both
+    sides of a spec run at c are spared. Main is trusted, and the PR cannot move it."""
+    xs = sorted(
+        s.context / s.prefill_tps
+        for s in samples
+        if s.side is Side.BASE and s.context == c and s.prefill_tps > 0
+    )
+    return xs[len(xs) // 2] if xs else 0.0
 
 
 def hosts(min_blocks: int) -> int:
@@ -226,6 +242,7 @@ class SpecRuns:
             return
         t = self.tally[c]
         gen = run.gen.get(c, self.profile.measurement.decode_tokens)
+        prefill = spec_prefill_s(run.samples, c)
         for pair in self._references(c, block, procs, run, n):
             r = len(t.blocks)
             order = (Side.BASE, Side.HEAD) if r % 2 == 0 else (Side.HEAD, Side.BASE)
@@ -245,7 +262,8 @@ class SpecRuns:
                     s: s is Side.BASE or list(a.tokens) == list(pair[s].tokens) for s, a in answers.items()
                 }
                 try:
-                    rates = {s: spec_rate(s, a, same[s]) for s, a in answers.items()}
+                    spared = min(prefill, SPARED * min(a.to_last_s for a in answers.values()))
+                    rates = {s: spec_rate(s, a, same[s], spared) for s, a in answers.items()}
                 except ab_samples.BurstError as exc:  # a stalled reader, once a side (as the A/B pairs)
                     ab_samples.forgive_burst(run, exc, self.ctx.log, "speculative run")
                     continue

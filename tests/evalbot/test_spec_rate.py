@@ -61,3 +61,33 @@ def test_a_quick_runs_pair_cap_bounds_its_spec_runs_above_the_gates_floor():
     assert speculative.spec_run_count(16, 3, 6) == 6
     assert speculative.spec_run_count(16, 3, 2) == 3
     assert speculative.spec_run_count(3, 3, 8) == 3
+
+
+def test_main_s_prefill_is_spared_on_both_sides_and_an_answer_computed_up_front_still_gains_nothing():
+    """The rate is the decode's: both sides are spared main's prefill time at the context (1 s here), so a
+    decode twice as fast reads twice the rate instead of a prefill-diluted 1.5x; and an answer computed
+    before its first token, then spaced out, still reads what its work took."""
+    slow = _timed(tuple(10**9 + i * 400 * 10**6 for i in range(6)), tuple((i,) for i in range(6)))  # 2 s decode
+    fast = _timed(tuple(10**9 + i * 200 * 10**6 for i in range(6)), tuple((i,) for i in range(6)))  # 1 s
+    assert speculative.spec_rate(Side.HEAD, fast, prefill_s=1.0) / speculative.spec_rate(
+        Side.BASE, slow, prefill_s=1.0
+    ) == pytest.approx(2.0)
+    assert speculative.spec_rate(Side.HEAD, fast) / speculative.spec_rate(Side.BASE, slow) == pytest.approx(1.5)
+    cheat = _timed(tuple(3 * 10**9 + i * 10**6 for i in range(6)), tuple((i,) for i in range(6)))  # 2 s up front
+    assert speculative.spec_rate(Side.HEAD, cheat, prefill_s=1.0) <= speculative.spec_rate(
+        Side.BASE, slow, prefill_s=1.0
+    )
+    # never more than SPARED of a run's time: a figure stays finite and positive
+    assert speculative.spec_rate(Side.HEAD, fast, prefill_s=99.0) == pytest.approx(
+        6 / ((1 - speculative.SPARED) * fast.to_last_s)
+    )
+
+
+def test_the_prefill_spared_is_mains_median_at_the_context_and_the_pr_cannot_move_it():
+    def smp(side: Side, ctx: int, prefill_tps: float) -> ab_samples.Sample:
+        return ab_samples.Sample(side, ctx, 0, 0, (1,) * ctx, (1, 2), prefill_tps, 10.0, {})
+
+    samples = [smp(Side.BASE, 512, r) for r in (100.0, 128.0, 256.0)] + [smp(Side.BASE, 128, 64.0)]
+    assert speculative.spec_prefill_s(samples, 512) == pytest.approx(4.0)  # 512 / 128
+    assert speculative.spec_prefill_s([*samples, *(smp(Side.HEAD, 512, 0.5) for _ in range(9))], 512) == 4.0
+    assert speculative.spec_prefill_s(samples, 4096) == 0.0
