@@ -67,13 +67,19 @@ def test_main_s_prefill_is_spared_on_both_sides_and_an_answer_computed_up_front_
     """The rate is the decode's: both sides are spared main's prefill time at the context (1 s here), so a
     decode twice as fast reads twice the rate instead of a prefill-diluted 1.5x; and an answer computed
     before its first token, then spaced out, still reads what its work took."""
-    slow = _timed(tuple(10**9 + i * 400 * 10**6 for i in range(6)), tuple((i,) for i in range(6)))  # 2 s decode
+    slow = _timed(
+        tuple(10**9 + i * 400 * 10**6 for i in range(6)), tuple((i,) for i in range(6))
+    )  # 2 s decode
     fast = _timed(tuple(10**9 + i * 200 * 10**6 for i in range(6)), tuple((i,) for i in range(6)))  # 1 s
     assert speculative.spec_rate(Side.HEAD, fast, prefill_s=1.0) / speculative.spec_rate(
         Side.BASE, slow, prefill_s=1.0
     ) == pytest.approx(2.0)
-    assert speculative.spec_rate(Side.HEAD, fast) / speculative.spec_rate(Side.BASE, slow) == pytest.approx(1.5)
-    cheat = _timed(tuple(3 * 10**9 + i * 10**6 for i in range(6)), tuple((i,) for i in range(6)))  # 2 s up front
+    assert speculative.spec_rate(Side.HEAD, fast) / speculative.spec_rate(Side.BASE, slow) == pytest.approx(
+        1.5
+    )
+    cheat = _timed(
+        tuple(3 * 10**9 + i * 10**6 for i in range(6)), tuple((i,) for i in range(6))
+    )  # 2 s up front
     assert speculative.spec_rate(Side.HEAD, cheat, prefill_s=1.0) <= speculative.spec_rate(
         Side.BASE, slow, prefill_s=1.0
     )
