@@ -438,6 +438,24 @@ def latest_calibrations(calibrations: Iterable[Calibration]) -> list[Calibration
     return [newest[k] for k in sorted(newest)]
 
 
+def side_bias_note(details: object) -> str:
+    """A calibration's side bias for the noise page (`calibrate.side_bias`, in its stored details): the side
+    equal code reads faster and by how much where its runs agree on one, "none" where they do not, "—" where
+    it was not computed (fewer than 3 runs, or a row from before it) or the stored figures are not numbers."""
+    bias = details.get("side_bias") if isinstance(details, dict) else None
+    if not isinstance(bias, dict):
+        return "—"
+    change, t, runs = bias.get("change"), bias.get("t"), bias.get("runs")
+    if not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v) for v in (change, t, runs)
+    ):
+        return "—"
+    if bias.get("agreed") is not True:
+        return "none"
+    who = "main" if change < 0 else "PR"
+    return f"{who} {abs(change):.2%} faster (t {t:+.1f}, {int(runs)} runs)"
+
+
 # ---------------------------------------------------------------- the ledgers
 
 

@@ -37,6 +37,7 @@ from evalbot.dashboard.data import (
     noise,
     outcome,
     pr_summaries,
+    side_bias_note,
     track_tally,
     verdict_history,
 )
@@ -255,6 +256,7 @@ def build_site(
     w.page("noise.html", "noise.html.j2", {
         **common, "page": "noise", "count": len(calibrations),
         "plots": noise_plots, "latest": latest_rows[:per_page], "latest_hidden": max(len(latest_rows) - per_page, 0),
+        "biases": [side_bias_note(c.details) for c in latest_rows[:per_page]],
     })  # fmt: skip
 
     _remove_stale(out, w.written)

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from evalbot import dashboard, ledgers
 from evalbot.cli import dashboard_cmd
 from evalbot.cli import main as cli_main
+from evalbot.dashboard import data
 from evalbot.model import ContextEstimate, Measurements, Provenance, Status, Verdict
 from evalbot.store import Calibration, EvalKey, Store, iso
 
@@ -154,7 +155,11 @@ def calibrations(days: int = 30, boxes: int = 3) -> list[Calibration]:
                 cv = rng.uniform(0.004, 0.009) * (3 if noisy else 1)
                 fpr = rng.uniform(0.0, 0.08) * (2 if noisy else 1)
                 at = iso(START + timedelta(days=d, hours=b))
-                out.append(Calibration(at, f"h200-{b}", "cuda", MODELS[0], ctx, 20, fpr, cv * 2.8, cv, {}))
+                # the noisy box's runs agree on a side (calibrate.side_bias), the others' do not
+                bias = {"change": -0.0127 if noisy else 0.0005, "t": -5.5 if noisy else 0.4, "t_needed": 2.9,
+                        "runs": 20, "agreed": noisy}  # fmt: skip
+                out.append(Calibration(at, f"h200-{b}", "cuda", MODELS[0], ctx, 20, fpr, cv * 2.8, cv,
+                                       {"side_bias": bias}))  # fmt: skip
     return out
 
 
@@ -344,6 +349,7 @@ def test_small_site_links_resolve_and_numbers_show(small_site: Path) -> None:
     assert len(list((small_site / "plots").glob("frontier-*.svg"))) == len(MODELS)
     noise = (small_site / "noise.html").read_text()
     assert "plots/noise-0-cuda.svg" in noise and "h200-2" in noise
+    assert "main 1.27% faster (t -5.5, 20 runs)" in noise and "<td>none</td>" in noise  # the side bias column
     pr = (small_site / "pr-5.html").read_text()
     assert '<svg class="forest"' in pr and "Verdict history" in pr
 
@@ -540,3 +546,12 @@ def test_browser_loads_the_main_pages_of_the_large_site(browser, large_site) -> 
         visit = _visit(browser, site / name, shot, full_page=False)
         assert visit.errors == [] and visit.broken_images == [], (name, visit.errors, visit.broken_images)
         assert time.perf_counter() - t0 < 10
+
+
+def test_a_calibrations_side_bias_reads_as_the_side_equal_code_favours_or_none():
+    agreed = {"side_bias": {"change": 0.0079, "t": 7.9, "t_needed": 4.6, "runs": 5, "agreed": True}}
+    assert data.side_bias_note(agreed) == "PR 0.79% faster (t +7.9, 5 runs)"
+    assert data.side_bias_note({"side_bias": {**agreed["side_bias"], "agreed": False}}) == "none"
+    for details in ({}, {"side_bias": None}, None, "x", {"side_bias": {"change": "1", "t": 2, "runs": 3}},
+                    {"side_bias": {"change": float("nan"), "t": 2.0, "runs": 3, "agreed": True}}):  # fmt: skip
+        assert data.side_bias_note(details) == "—"
