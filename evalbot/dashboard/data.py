@@ -445,15 +445,21 @@ def side_bias_note(details: object) -> str:
     bias = details.get("side_bias") if isinstance(details, dict) else None
     if not isinstance(bias, dict):
         return "—"
-    change, t, runs = bias.get("change"), bias.get("t"), bias.get("runs")
-    if not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v) for v in (change, t, runs)
-    ):
+    figures = [_number(bias.get(k)) for k in ("change", "t", "runs")]
+    if any(v is None for v in figures):
         return "—"
+    change, t, runs = (float(v or 0.0) for v in figures)
     if bias.get("agreed") is not True:
         return "none"
     who = "main" if change < 0 else "PR"
     return f"{who} {abs(change):.2%} faster (t {t:+.1f}, {int(runs)} runs)"
+
+
+def _number(value: object) -> float | None:
+    """A stored figure as a finite float, or None (a string, a bool, NaN, missing)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+        return None
+    return float(value)
 
 
 # ---------------------------------------------------------------- the ledgers
