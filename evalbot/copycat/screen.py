@@ -98,11 +98,13 @@ class CopycatScreen:
         else:  # a tiny PR's literal overlap: the lines say it; a 0% fingerprint score would only confuse
             head = f"{finding.literal_overlap:.0%} of this PR's added code lines appear verbatim in #{finding.original}."
         lines = (head, *finding.reasons)
+        # a flag on this head: an earlier head's clearance (copycat-cleared) no longer describes the PR
+        flagged = tuple(sorted({*owned, lab.copycat_cleared}))
         if finding.band is Band.COPYCAT:
             self._strike(pr, f"{_STRIKE} {finding.score:.0%} of #{finding.original}", finding.strike)
             return Decision(
                 (lab.copycat,),
-                owned,
+                flagged,
                 False,
                 Notice("screen", lab.copycat, lines),
                 close=lab.copycat if finding.close else None,
@@ -113,7 +115,7 @@ class CopycatScreen:
             self._strike(pr, f"{_WARN} {finding.score:.0%} of #{finding.original}", True)
         return Decision(
             (lab.copycat_warn,),
-            owned,
+            flagged,
             False,
             Notice("screen", lab.copycat_warn, lines),
             flag=lab.copycat_warn,

@@ -118,7 +118,8 @@ def test_clearing_a_copycat_flag_swaps_it_for_copycat_cleared_and_the_screen_lea
     from evalbot.rules import LabelFamily, default_rules_dir, load_rules
 
     rules = load_rules(default_rules_dir())
-    # no producer of a poll owns it, so no poll takes it off; and it blocks no merge
+    # no label family owns it, so no poll takes it off (the screen does only when it flags a later head,
+    # test_screen.py); and it blocks no merge
     owned = set().union(*(rules.owned(f) for f in LabelFamily if f is not LabelFamily.CLEARED))
     assert "copycat-cleared" not in owned and "copycat-cleared" not in rules.automerge.blocking_labels
     pull.labels[:] = ["flagged:gaming"]  # a gaming flag cleared is no copycat clearance

@@ -79,3 +79,14 @@ def test_copies_are_closed_with_strikes_until_the_author_is_blocked(tmp_path):
         )
         cleared = screen(again)
         assert cleared is not None and cleared.evaluate  # a maintainer's clear of this head exempts it
+        # ... and it keeps its copycat-cleared label (the screen's labels are the copycat flags alone)
+        assert "copycat-cleared" not in cleared.owned
+        # another author's PR, cleared at its first head; a later push that still copies is flagged again,
+        # and the clearance of the earlier head comes off: a PR never shows copycat-cleared beside copycat
+        first_head = pr(8, "zed", "2026-11-10T10:00:00Z", added("engine/zed.py", disguise(original, "q")))
+        store.moderation.add_clear(8, "maint", "checked by hand", head_sha=first_head.head_sha)
+        assert screen(first_head).evaluate
+        pushed = PullRequest(**{**first_head.__dict__, "head_sha": "e" * 40})
+        flagged = screen(pushed)
+        assert flagged is not None and not flagged.evaluate and flagged.labels == ("copycat",)
+        assert "copycat-cleared" in flagged.owned and "copycat-cleared" not in flagged.labels
