@@ -306,9 +306,9 @@ def estimate_clustered(
     clusters that may share an offset (the speculative runs, spread over the A/B's blocks: each block a
     pair of processes). The mean log-ratio over all units, its standard error widened by Kish's design
     effect 1 + (m - 1) * rho, rho the clusters' intraclass correlation (one-way ANOVA, 0 at the least) and m
-    the units' size-weighted cluster size; degrees of freedom the effective number of units less one, never
-    below the clusters' less one. Where the clusters explain nothing, it is `estimate`; where they explain
-    everything, about the t-interval over the cluster means."""
+    the units' size-weighted cluster size; degrees of freedom the clusters' less one where rho > 0, else the
+    units' less one. Where the clusters explain nothing, it is `estimate`; where they explain some, about
+    the t-interval over the cluster means (whose variance the widened one then estimates)."""
     if len(clusters) != len(pairs):
         raise StatsError(f"{len(pairs)} pairs but {len(clusters)} cluster labels")
     _check_confidence(confidence)
@@ -329,7 +329,9 @@ def estimate_clustered(
     between = max(msb - msw, 0.0) / m0
     rho = between / (between + msw) if between + msw > 0 else 0.0
     deff = 1.0 + (math.fsum(m * m for m in sizes) / n - 1.0) * rho
-    df = max(k - 1, int(n / deff) - 1)
+    # where the blocks explain some of the spread, the interval has the blocks' degrees of freedom (the
+    # variance of the mean is then about the block means' own); where they explain none, the runs'
+    df = k - 1 if rho > 0 else n - 1
     return _from_se(mean, sd * math.sqrt(deff / n), df, sd, n, confidence)
 
 

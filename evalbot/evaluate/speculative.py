@@ -70,16 +70,17 @@ def spec_run_count(asked: int, floor: int, max_pairs: int | None) -> int:
 
 def spec_rate(side: Side, t: Timed, lossless: bool = True, prefill_s: float = 0.0) -> float:
     """A speculative run's rate on the harness's clock: its tokens over the time from sending the request to
-    its last token, less `prefill_s` (main's prefill at the context: `spec_prefill_s`, the same for both
-    sides of a run). Work done before the first token (the whole answer computed up front, its lines spaced
-    out to look like a decode) counts; only a fixed time that both sides are spared does not, so the figure
-    is the decode's and not the prompt's (at ctx 512 and 24 tokens on the CPU, prefill was over half of
-    a run). Where its tokens came in one burst (a rate no decode reaches: they were ready before the first
-    was sent), a lossless run fails its side (SideError), and a PR's run that is not lossless, which fails
-    the lossless gate anyway, keeps its figure (an infinite rate is no figure a report or a receipt can
-    carry)."""
+    its last token, less the time to its own first token up to `prefill_s` (main's median prefill at the
+    context, `spec_prefill_s`). So the figure is the decode's and not the prompt's (at ctx 512 and 24
+    tokens on the CPU, prefill was over half of a run), a faster prefill earns no speculative gain (it is
+    spared only as far as it took), and work done before the first token beyond main's prefill (the whole
+    answer computed up front, its lines spaced out to look like a decode) counts. Where its tokens came in
+    one burst (a rate no decode reaches: they were ready before the first was sent), a lossless run fails
+    its side (SideError), and a PR's run that is not lossless, which fails the lossless gate anyway, keeps
+    its figure (an infinite rate is no figure a report or a receipt can carry)."""
     if t.decode_tps < ab_sampling.MAX_DECODE_TPS or (side is Side.HEAD and not lossless and t.to_last_s > 0):
-        return len(t.tokens) / (t.to_last_s - min(prefill_s, SPARED * t.to_last_s))
+        spared = min(t.prefill_s, prefill_s, SPARED * t.to_last_s)
+        return len(t.tokens) / (t.to_last_s - max(spared, 0.0))
     raise ab_samples.BurstError(
         side,
         "serve",
@@ -88,13 +89,13 @@ def spec_rate(side: Side, t: Timed, lossless: bool = True, prefill_s: float = 0.
     )
 
 
-# at most this share of a run's time is spared as prefill (a run faster than main's prefill keeps a figure)
+# at most this share of a run's time is spared as prefill (a figure stays finite where a run is one burst)
 SPARED = 0.8
 
 
 def spec_prefill_s(samples: list[ab_samples.Sample], c: int) -> float:
-    """Main's median prefill time at context c over the A/B's timed requests (0 where none): the time both
-    sides of a spec run at c are spared. Main is trusted, and the PR cannot move it."""
+    """Main's median prefill time at context c over the A/B's timed requests (0 where none): the most of a
+    spec run's time to its first token that is spared. Main is trusted, and the PR cannot move it."""
     xs = sorted(
         s.context / s.prefill_tps
         for s in samples
@@ -110,10 +111,25 @@ def hosts(min_blocks: int) -> int:
     return max(min_blocks - 1, 1)
 
 
+def shares(runs: int, host_blocks: int) -> list[int]:
+    """Spec runs per block, blocks 0..host_blocks: none in block 0; then half the runs to the odd blocks (the
+    PR's process loaded first) and half to the even ones (main's), each half in even shares over its
+    blocks, so neither load order carries more runs (the process loaded second decoded about 1% faster on a
+    2-core VM: `stats.crossover`). With one host block, all there."""
+    out = [0] * (host_blocks + 1)
+    odd = list(range(1, host_blocks + 1, 2))
+    even = list(range(2, host_blocks + 1, 2))
+    halves = [(odd, runs)] if not even else [(odd, (runs + 1) // 2), (even, runs // 2)]
+    for blocks, total in halves:
+        for i, b in enumerate(blocks):
+            out[b] = total // len(blocks) + (1 if i < total % len(blocks) else 0)
+    return out
+
+
 def due_by(block: int, runs: int, host_blocks: int) -> int:
-    """Spec runs due by the end of `block` (0-based): none in block 0, then the runs in even shares over
-    blocks 1..host_blocks, all of them by the last."""
-    return round(runs * min(max(block, 0), host_blocks) / host_blocks)
+    """Spec runs due by the end of `block` (0-based): the `shares` of blocks 0..block, all of them by the
+    last host block."""
+    return sum(shares(runs, host_blocks)[: max(block, -1) + 1])
 
 
 def earlier_pairs(
@@ -243,7 +259,9 @@ class SpecRuns:
         t = self.tally[c]
         gen = run.gen.get(c, self.profile.measurement.decode_tokens)
         prefill = spec_prefill_s(run.samples, c)
-        for pair in self._references(c, block, procs, run, n):
+        queue = self._references(c, block, procs, run, n)
+        while queue:
+            pair = queue.pop(0)
             r = len(t.blocks)
             order = (Side.BASE, Side.HEAD) if r % 2 == 0 else (Side.HEAD, Side.BASE)
             req = {
@@ -253,21 +271,17 @@ class SpecRuns:
                 "block": self.block,
                 **({"drafter": "draft"} if self.drafter == "draft" else {"drafter": "ngram", "ngram": 3}),
             }
-            while (
-                True
-            ):  # both sides answer as an A/B pair does: in turns of slice_s where the profile has them
-                answers = dict(zip(order, abtest.answer_pair(procs, order, req, self.ctx.run_timeout_s,
-                                                             self.profile.measurement.slice_s), strict=True))  # fmt: skip
-                same = {
-                    s: s is Side.BASE or list(a.tokens) == list(pair[s].tokens) for s, a in answers.items()
-                }
-                try:
-                    spared = min(prefill, SPARED * min(a.to_last_s for a in answers.values()))
-                    rates = {s: spec_rate(s, a, same[s], spared) for s, a in answers.items()}
-                except ab_samples.BurstError as exc:  # a stalled reader, once a side (as the A/B pairs)
-                    ab_samples.forgive_burst(run, exc, self.ctx.log, "speculative run")
-                    continue
-                break
+            # both sides answer as an A/B pair does: in turns of slice_s where the profile has them
+            answers = dict(zip(order, abtest.answer_pair(procs, order, req, self.ctx.run_timeout_s,
+                                                         self.profile.measurement.slice_s), strict=True))  # fmt: skip
+            same = {s: s is Side.BASE or list(a.tokens) == list(pair[s].tokens) for s, a in answers.items()}
+            try:
+                rates = {s: spec_rate(s, a, same[s], prefill) for s, a in answers.items()}
+            except ab_samples.BurstError as exc:  # once a side (as the A/B pairs), and measured again on
+                # another prompt: these processes have now seen this one, and could replay it
+                ab_samples.forgive_burst(run, exc, self.ctx.log, "speculative run")
+                queue += self._references(c, block, procs, run, 1)
+                continue
             for side, a in answers.items():
                 t.sp[side].append(rates[side])
                 t.taus[side].append((len(a.tokens) - 1) / max(len(a.steps) - 1, 1))

@@ -64,16 +64,17 @@ def test_a_quick_runs_pair_cap_bounds_its_spec_runs_above_the_gates_floor():
 
 
 def test_main_s_prefill_is_spared_on_both_sides_and_an_answer_computed_up_front_still_gains_nothing():
-    """The rate is the decode's: both sides are spared main's prefill time at the context (1 s here), so a
-    decode twice as fast reads twice the rate instead of a prefill-diluted 1.5x; and an answer computed
-    before its first token, then spaced out, still reads what its work took."""
+    """The rate is the decode's: each side's time to its first token is spared up to main's prefill at the
+    context (1 s here), so a decode twice as fast reads twice the rate instead of a prefill-diluted 1.5x;
+    and an answer computed before its first token, then spaced out, still reads what its work took."""
     slow = _timed(
         tuple(10**9 + i * 400 * 10**6 for i in range(6)), tuple((i,) for i in range(6))
     )  # 2 s decode
     fast = _timed(tuple(10**9 + i * 200 * 10**6 for i in range(6)), tuple((i,) for i in range(6)))  # 1 s
-    assert speculative.spec_rate(Side.HEAD, fast, prefill_s=1.0) / speculative.spec_rate(
+    ratio = speculative.spec_rate(Side.HEAD, fast, prefill_s=1.0) / speculative.spec_rate(
         Side.BASE, slow, prefill_s=1.0
-    ) == pytest.approx(2.0)
+    )
+    assert ratio == pytest.approx(2.0)
     assert speculative.spec_rate(Side.HEAD, fast) / speculative.spec_rate(Side.BASE, slow) == pytest.approx(
         1.5
     )
@@ -83,9 +84,23 @@ def test_main_s_prefill_is_spared_on_both_sides_and_an_answer_computed_up_front_
     assert speculative.spec_rate(Side.HEAD, cheat, prefill_s=1.0) <= speculative.spec_rate(
         Side.BASE, slow, prefill_s=1.0
     )
-    # never more than SPARED of a run's time: a figure stays finite and positive
-    assert speculative.spec_rate(Side.HEAD, fast, prefill_s=99.0) == pytest.approx(
-        6 / ((1 - speculative.SPARED) * fast.to_last_s)
+
+
+def test_a_faster_prefill_is_no_speculative_gain():
+    """Main's prefill takes 1 s, the PR's 0.5 s, their decodes the same 2 s: the PR is spared only its own
+    0.5 s, so both read the same rate (sparing main's 1 s on both sides read the PR 33% faster: its
+    prefill's lead counted as decode). Work moved before the first token, up to main's prefill, gains
+    nothing either: it is spared only where the PR's prefill was faster than main's, and then as decode
+    time it did not save."""
+    main = _timed(tuple(10**9 + i * 400 * 10**6 for i in range(6)), tuple((i,) for i in range(6)))
+    pr = _timed(tuple(5 * 10**8 + i * 400 * 10**6 for i in range(6)), tuple((i,) for i in range(6)))
+    assert speculative.spec_rate(Side.HEAD, pr, prefill_s=1.0) == pytest.approx(
+        speculative.spec_rate(Side.BASE, main, prefill_s=1.0)
+    )
+    # never more than SPARED of a run's own time: a figure stays finite where a run is one line
+    one_line = _timed((10**9,), ((1, 2, 3, 4, 5, 6),))
+    assert speculative.spec_rate(Side.HEAD, one_line, lossless=False, prefill_s=99.0) == pytest.approx(
+        6 / ((1 - speculative.SPARED) * one_line.to_last_s)
     )
 
 
