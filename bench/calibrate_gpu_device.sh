@@ -23,7 +23,9 @@
 # A/A calibration, `gain` one `evaluate` of a genuine bit-identical decode gain of about 1.6% (a main that
 # scores GAIN_ROWS (8832) of the output matrix's rows again at every decode step, demo/cpu-redundant-logits.patch
 # with fewer rows, and a PR that takes that out again). Slots at different turn lengths then meet the same
-# host at the same time. `:rev` anywhere in a word measures the contexts in the other order (512 first). Every
+# host at the same time. `:rev` anywhere in a word measures the contexts in the other order (512 first). `:old`
+# anywhere in an `aa` word runs that slot's harness from .whl/old/evalbot instead of this tree's, a control for a
+# harness change in the same call (made here by `git archive REV evalbot | tar -x -C .whl/old`). Every
 # slot's JSON and log go into $OUT/slots.tgz (the device returns few files).
 #
 # Knobs (env): SHAPE (qwen3-8b), CTXS ("4096 16384"), PAIRS_PER_BLOCK (8), MIN_BLOCKS (4), MAX_PAIRS (32),
@@ -52,6 +54,7 @@ CPU_JOBS=${CPU_JOBS:-}
 GAIN_ROWS=${GAIN_ROWS:-8832}
 [ -n "$CPU_JOBS" ] && PARALLEL=$(wc -w <<< "$CPU_JOBS")
 T0=$(date +%s)
+ROOT=$PWD
 
 # into the interpreter's own environment: the builds' venvs see it through --system-site-packages (a
 # PYTHONPATH would not reach them: builds pin their environment)
@@ -201,6 +204,8 @@ elif [ "$PROFILE" = cpu ] && [ "$PARALLEL" -gt 1 ]; then
   rm -rf /tmp/slots && mkdir -p /tmp/slots  # a warm machine keeps the last call's
   for i in "${!jobs[@]}"; do
     job=${jobs[$i]} && rev=no && [[ "$job" == *:rev* ]] && rev=yes && job=${job/:rev/}
+    harness=(env) && [[ "$job" == *:old* ]] && harness=(env -C "$ROOT/.whl/old") && job=${job/:old/}
+    [ "${harness[1]:-}" = -C ] && [ ! -f "$ROOT/.whl/old/evalbot/__main__.py" ] && { echo "slot $i: :old needs .whl/old/evalbot"; exit 2; }
     pin=no && [[ "$job" == *:pin ]] && pin=yes && job=${job%:pin}
     kind=${job%%:*} && slice=${job#"$kind"} && slice=${slice#:}
     rules=/tmp/rules_$i && rm -rf "$rules" && cp -r /tmp/rules "$rules"
@@ -219,13 +224,13 @@ assert a + b in s[i:], "rev: the cpu profile's contexts are not 128 then 512"
 open(p, "w").write(s[:i] + s[i:].replace(a + b, b + a, 1))
 PY
     cpus="$((CPU_BASE + 2 * i)),$((CPU_BASE + 1 + 2 * i))"
-    echo "slot $i: $kind, contexts $(grep -m2 -o 'ctx: [0-9]*' <(sed -n '/^cpu:/,$p' "$rules/profiles.yaml") | tr '\n' ' '), slice_s $(sed -n '/^cpu:/,$ s/.*slice_s: \([0-9.]*\).*/\1/p' "$rules/profiles.yaml"), pin $(sed -n '/^cpu:/,$ s/^    pin: \(.*\)$/\1/p' "$rules/profiles.yaml"), vCPUs $cpus" | tee -a /tmp/slots/slots.txt
+    echo "slot $i: $kind, harness ${harness[*]:1}, contexts $(grep -m2 -o 'ctx: [0-9]*' <(sed -n '/^cpu:/,$p' "$rules/profiles.yaml") | tr '\n' ' '), slice_s $(sed -n '/^cpu:/,$ s/.*slice_s: \([0-9.]*\).*/\1/p' "$rules/profiles.yaml"), pin $(sed -n '/^cpu:/,$ s/^    pin: \(.*\)$/\1/p' "$rules/profiles.yaml"), vCPUs $cpus" | tee -a /tmp/slots/slots.txt
     if [ "$kind" = gain ]; then
       (timeout "$LEFT" taskset -c "$cpus" python3 -m evalbot evaluate --repo /tmp/gainrepo --base main --head pr --profile cpu \
         --rules "$rules" --no-spec --no-accuracy $SANDBOX --out "/tmp/eval_$i" --work-dir "/tmp/work_$i" --seed "$i" \
         > "/tmp/slots/gain_$i.log" 2>&1; echo "gain $i exit $?"; cp "/tmp/eval_$i/result.json" "/tmp/slots/gain_$i.json" 2>/dev/null) &
     else
-      (timeout "$LEFT" taskset -c "$cpus" python3 -m evalbot calibrate --repo . --rev HEAD --runs "$RUNS" \
+      (timeout "$LEFT" taskset -c "$cpus" "${harness[@]}" python3 -m evalbot calibrate --repo "$ROOT" --rev HEAD --runs "$RUNS" \
         --profile cpu --rules "$rules" --no-spec --no-accuracy $SANDBOX --state "/tmp/state_$i.db" --work-dir "/tmp/work_$i" \
         --box h200 --json > "/tmp/slots/calib_$i.json" 2> "/tmp/slots/calib_$i.log"; echo "calibrate $i exit $?") &
     fi

@@ -83,6 +83,8 @@ def fresh_scratch(ctx: RunContext, label: str) -> Path:
 
 
 SIDE_LABEL = {Side.BASE: "main", Side.HEAD: "the PR"}
+# where a serving engine's side folder is mounted in its sandbox, for either side (`sandbox_spec`)
+SIDE_MOUNT = Path("/evalbot/side")
 
 
 # --- the sandbox ------------------------------------------------------------------------------------
@@ -111,29 +113,40 @@ def sandbox_spec(
     `serve_dirs`) the process may write all of it, and its compile caches (TorchInductor, Triton, torch's
     extension builds) live in side_root/caches: one path for every process of the side, which the runner
     fills with a copy of the side's first compile (`compile_cache`). The path must stay the same: an
-    extension build copied to another folder is built again (its ninja commands name the folder)."""
+    extension build copied to another folder is built again (its ninja commands name the folder).
+
+    Sandboxed, a side's root is mounted at SIDE_MOUNT, the same path for both sides: main's engine and the
+    PR's see the same working folder, HOME, TMPDIR and cache paths, byte for byte, so that nothing in the
+    two processes' environments differs but their code (and neither learns where the harness keeps its
+    work)."""
     scratch.mkdir(parents=True, exist_ok=True)
     if side_root is not None and not scratch.is_relative_to(side_root):
         raise ValueError(f"{scratch} is not inside the side's root {side_root}")
     caches = scratch if side_root is None else side_root / "caches"
     caches.mkdir(exist_ok=True)
+    at = SIDE_MOUNT if side_root is not None and not ctx.req.options.no_sandbox else None
+    writable = side_root or scratch
+
+    def inside(p: Path) -> str:
+        return str(p if at is None else at / p.relative_to(writable))
+
     env = sandbox.scrub_env(os.environ)
     cores = str(ctx.engine_threads or usable_cores())
     env.update(
         {
-            "HOME": str(scratch),
-            "TMPDIR": str(scratch),
-            "XDG_CACHE_HOME": str(caches / ".cache"),
+            "HOME": inside(scratch),
+            "TMPDIR": inside(scratch),
+            "XDG_CACHE_HOME": inside(caches / ".cache"),
             "OMP_NUM_THREADS": cores,
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONHASHSEED": "0",
-            "TRITON_CACHE_DIR": str(caches / ".triton"),
-            "TORCHINDUCTOR_CACHE_DIR": str(caches / ".inductor"),
+            "TRITON_CACHE_DIR": inside(caches / ".triton"),
+            "TORCHINDUCTOR_CACHE_DIR": inside(caches / ".inductor"),
         }
     )
     return sandbox.SandboxSpec(
         ro_binds=tuple(dict.fromkeys([*ctx.ro_binds, venv, *extra_binds])),
-        scratch=side_root or scratch,
+        scratch=writable,
         workdir=scratch,
         env=env,
         limits=sandbox.Limits(
@@ -143,6 +156,7 @@ def sandbox_spec(
             timeout_s=timeout_s,
         ),
         devices=sandbox.gpu_devices() if ctx.profile_device == "cuda" else (),
+        scratch_at=at,
     )
 
 

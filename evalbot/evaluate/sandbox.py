@@ -102,7 +102,11 @@ class Limits:
 
 @dataclass(frozen=True)
 class SandboxSpec:
-    """What a sandboxed process sees: read-only binds, one writable scratch dir, its env and limits."""
+    """What a sandboxed process sees: read-only binds, one writable scratch dir, its env and limits.
+
+    `workdir` is a host path (inside scratch or a read-only bind). `scratch_at`, where given, is the path
+    the scratch has inside the sandbox (the engine's env then names that path: `inside`); by default the
+    scratch keeps its host path. Unsandboxed, a process sees host paths whatever scratch_at says."""
 
     ro_binds: tuple[Path, ...]
     scratch: Path
@@ -111,6 +115,7 @@ class SandboxSpec:
     limits: Limits = field(default_factory=Limits)
     network: bool = False
     devices: tuple[str, ...] = ()
+    scratch_at: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ro_binds", tuple(Path(p) for p in self.ro_binds))
@@ -118,6 +123,9 @@ class SandboxSpec:
         object.__setattr__(self, "workdir", Path(self.workdir))
         object.__setattr__(self, "devices", tuple(str(d) for d in self.devices))
         object.__setattr__(self, "env", dict(self.env))
+        if self.scratch_at is not None:
+            object.__setattr__(self, "scratch_at", Path(self.scratch_at))
+            self._check_mount_point(self.scratch_at)
         for p in (*self.ro_binds, self.scratch, self.workdir):
             if not p.is_absolute():
                 raise ValueError(f"sandbox paths must be absolute: {p}")
@@ -133,6 +141,28 @@ class SandboxSpec:
             raise ValueError(
                 f"refusing to pass secret-looking variables into the sandbox: {', '.join(leaked)}"
             )
+
+    def _check_mount_point(self, at: Path) -> None:
+        if not at.is_absolute() or ".." in at.parts or len(at.parts) < 2:
+            raise ValueError(
+                f"the scratch's path inside the sandbox must be an absolute folder below /: {at}"
+            )
+        for p in (
+            *self.ro_binds,
+            *(Path(d) for d in self.devices),
+            Path("/tmp"),
+            Path("/proc"),
+            Path("/dev"),
+        ):
+            if at.is_relative_to(p) or p.is_relative_to(at):
+                raise ValueError(f"the scratch's path inside the sandbox, {at}, overlaps the mount {p}")
+
+    def inside(self, path: Path) -> Path:
+        """A host path as the sandboxed process sees it: under scratch_at where it lies in the scratch."""
+        path = Path(path)
+        if self.scratch_at is None or not path.is_relative_to(self.scratch):
+            return path
+        return self.scratch_at / path.relative_to(self.scratch)
 
 
 @dataclass(frozen=True)
@@ -195,11 +225,12 @@ def bwrap_argv(
     # Parents before children: a bind under /tmp (pytest's tmp_path) or inside another bind must be
     # mounted after the mount that would otherwise hide it.
     mounts = [(p, ["--ro-bind", str(p), str(p)]) for p in spec.ro_binds]
-    mounts.append((spec.scratch, ["--bind", str(spec.scratch), str(spec.scratch)]))
+    at = spec.scratch_at or spec.scratch
+    mounts.append((at, ["--bind", str(spec.scratch), str(at)]))
     mounts += [(Path(d), ["--dev-bind", d, d]) for d in spec.devices]
     for _, args in sorted(mounts, key=lambda m: len(m[0].parts)):
         out += args
-    out += ["--remount-ro", "/", "--chdir", str(spec.workdir), "--clearenv"]
+    out += ["--remount-ro", "/", "--chdir", str(spec.inside(spec.workdir)), "--clearenv"]
     for k, v in sorted(spec.env.items()):
         out += ["--setenv", k, v]
     # prlimit runs inside, after bwrap has made the namespaces: the limits then bind only the

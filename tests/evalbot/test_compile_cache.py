@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pytest
 
-from evalbot.evaluate import ab_block, ab_samples, abtest, box, compile_cache
+from evalbot.evaluate import ab_block, ab_samples, abtest, box, compile_cache, sandbox
 from evalbot.evaluate.compile_cache import remove, restore, snapshot
-from evalbot.evaluate.context import RunContext, Workspace, fresh_scratch, sandbox_spec
+from evalbot.evaluate.context import SIDE_MOUNT, RunContext, Workspace, fresh_scratch, sandbox_spec
 from evalbot.evaluate.served_model import keep_compiles, serve_dirs
 from evalbot.evaluate.timed import Timed
-from evalbot.model import EvalRequest, Side
+from evalbot.model import EvalRequest, RunOptions, Side
 from evalbot.rules import default_rules_dir, load_rules
 from evalbot.rules.schema import Context, Measurement, Profile, Quiet
 
@@ -41,8 +41,17 @@ RULES = load_rules(default_rules_dir())
 NOBODY = 65534
 
 
-def _ctx(tmp_path: Path, scratch: Path | None = None, logged: list[str] | None = None) -> RunContext:
-    req = EvalRequest("a" * 40, "b" * 40, "b" * 40, RULES.rules_hash, RULES.profile("gpu"))
+def _ctx(
+    tmp_path: Path, scratch: Path | None = None, logged: list[str] | None = None, no_sandbox: bool = False
+) -> RunContext:
+    req = EvalRequest(
+        "a" * 40,
+        "b" * 40,
+        "b" * 40,
+        RULES.rules_hash,
+        RULES.profile("gpu"),
+        options=RunOptions(no_sandbox=no_sandbox),
+    )
     ws = Workspace(tmp_path, tmp_path, RULES)
     return RunContext(req, ws, (logged if logged is not None else []).append, scratch or tmp_path / "run")
 
@@ -129,15 +138,33 @@ def test_every_process_of_a_side_sees_the_same_paths_and_the_sides_are_apart(tmp
         root = ctx.scratch / "serve" / side.value
         assert first.scratch == second.scratch == root  # the writable bind: the side folder
         assert first.workdir == second.workdir == root / "work"
+        assert first.scratch_at == second.scratch_at == SIDE_MOUNT  # mounted where either side's is
         for k in CACHE_VARS:  # one path for every process of a side: no rebuild of extension builds
             assert first.env[k] == second.env[k]
-            assert Path(first.env[k]).is_relative_to(root / "caches")
-        assert first.env["HOME"] == second.env["HOME"] == str(root / "work")
+            assert Path(first.env[k]).is_relative_to(SIDE_MOUNT / "caches")
+        assert first.env["HOME"] == second.env["HOME"] == str(SIDE_MOUNT / "work")
+        assert "--chdir" in (argv := sandbox.bwrap_argv(first, ["true"]))
+        assert argv[argv.index("--chdir") + 1] == str(SIDE_MOUNT / "work")
+        assert ["--bind", str(root), str(SIDE_MOUNT)] == argv[
+            argv.index(str(root)) - 1 : argv.index(str(root)) + 2
+        ]
     base, head = specs[Side.BASE][0], specs[Side.HEAD][0]
+    # the host folders are apart; what the engines see is the same, byte for byte
     assert not base.scratch.is_relative_to(head.scratch) and not head.scratch.is_relative_to(base.scratch)
-    for k in (*CACHE_VARS, "HOME", "TMPDIR"):
-        assert not Path(head.env[k]).is_relative_to(base.scratch)
-        assert not Path(base.env[k]).is_relative_to(head.scratch)
+    assert base.env == head.env
+    assert sandbox.bwrap_argv(base, ["x"]) == [
+        a.replace(str(head.scratch), str(base.scratch)) for a in sandbox.bwrap_argv(head, ["x"])
+    ]
+
+
+def test_unsandboxed_the_sides_keep_their_own_host_paths(tmp_path):
+    ctx = _ctx(tmp_path, no_sandbox=True)
+    for side in (Side.BASE, Side.HEAD):
+        scratch, root = serve_dirs(ctx, side)
+        spec = sandbox_spec(ctx, tmp_path, scratch, [], 60, side_root=root)
+        assert spec.scratch_at is None and spec.env["HOME"] == str(root / "work")
+        for k in CACHE_VARS:
+            assert Path(spec.env[k]).is_relative_to(root / "caches")
 
 
 def test_nothing_a_process_wrote_anywhere_in_its_side_folder_reaches_the_next_one(tmp_path):

@@ -291,3 +291,37 @@ def test_site_directories_on_the_path_are_readable_but_not_a_checkout(tmp_path, 
     binds = sandbox.system_ro_binds()
     assert layered.resolve() in binds
     assert not any(checkout.resolve().is_relative_to(b) for b in binds if b != Path("/"))
+
+
+def test_scratch_at_must_be_a_folder_apart_from_every_other_mount(scratch):
+    spec = make_spec(scratch)
+    for bad in ("/", "relative/side", "/usr/side", "/tmp/side", "/proc/x", "/a/../usr"):
+        with pytest.raises(ValueError, match="inside the sandbox"):
+            SandboxSpec(spec.ro_binds, scratch, scratch, spec.env, scratch_at=Path(bad))
+    with pytest.raises(ValueError, match="overlaps the mount /usr"):  # a mount point above a read-only bind
+        SandboxSpec(spec.ro_binds, scratch, scratch, spec.env, scratch_at=Path("/usr"))
+
+
+def test_inside_maps_only_paths_in_the_scratch(scratch, tmp_path):
+    spec = SandboxSpec((), scratch, scratch, {}, scratch_at=Path("/evalbot/side"))
+    assert spec.inside(scratch / "work" / "f") == Path("/evalbot/side/work/f")
+    assert spec.inside(scratch) == Path("/evalbot/side")
+    assert spec.inside(tmp_path / "other") == tmp_path / "other"
+    assert SandboxSpec((), scratch, scratch, {}).inside(scratch / "a") == scratch / "a"
+
+
+@needs_bwrap
+def test_a_scratch_mounted_elsewhere_is_the_process_s_cwd_and_its_host_path_is_not_there(scratch):
+    (scratch / "work").mkdir()
+    at = Path("/evalbot/side")
+    base = make_spec(scratch)
+    env = {**base.env, "HOME": str(at / "work")}
+    spec = SandboxSpec(base.ro_binds, scratch, scratch / "work", env, base.limits, scratch_at=at)
+    code = (
+        f"import os, pathlib; print(os.getcwd(), os.environ['HOME'], os.path.exists({str(scratch)!r}));"
+        " pathlib.Path('made').write_text('x')"
+    )
+    res = sandbox.run(spec, [*PY, code])
+    assert res.ok, res.stderr
+    assert res.stdout.split() == ["/evalbot/side/work", "/evalbot/side/work", "False"]
+    assert (scratch / "work" / "made").read_text() == "x"  # written through the mount, kept on the host
