@@ -40,6 +40,15 @@ def choose(
     return out
 
 
+def widen(samples: Sequence[Sample], chosen: Sequence[Sample], contexts: Iterable[int]) -> list[Sample]:
+    """Every timed request at these contexts that `chosen` left out (both sides of each pair, in order): an
+    audit whose tokens could not tell is made of all of them."""
+    done = {(s.context, s.block, s.pair, s.side) for s in chosen}
+    wanted = set(contexts)
+    rest = [s for s in samples if s.context in wanted and (s.context, s.block, s.pair, s.side) not in done]
+    return sorted(rest, key=lambda s: (s.context, s.block, s.pair, s.side.value))
+
+
 def key(s: Sample) -> str:
     """The name of one audited request: side, context, block and pair."""
     return f"{s.side.value}-ctx{s.context}-b{s.block + 1}-p{s.pair + 1}"

@@ -132,6 +132,25 @@ def _launcher(
     return launch
 
 
+def _audit(
+    ctx: RunContext, run: Run, procs: dict[Side, served.ServedProcess], registry: bool, name: str
+) -> list[DecodeAudit]:
+    """The decode audit: the rules' share of the timed requests, chosen after the runs; where the head's
+    tokens cannot tell a pass from a fail (`verdict.audits_open`), every timed request at that context."""
+    gate = ctx.ws.rules.gates.decode_audit
+    chosen = audit.choose(run.samples, share=gate.share, minimum=gate.min_requests)
+    answers, judge_name = audit_answers(ctx, chosen, procs, registry, name)
+    audits = audit.judge(name, judge_name, chosen, answers, gate.near_tie)
+    more = audit.widen(run.samples, chosen, verdict.audits_open(audits, ctx.ws.rules))
+    if more:
+        where = ", ".join(str(c) for c in sorted({s.context for s in more}))
+        ctx.log(f"{name}: the audit cannot tell yet at ctx {where}: {len(more)} more timed requests audited")
+        extra, _ = audit_answers(ctx, more, procs, registry, name)
+        chosen = [*chosen, *more]
+        audits = audit.judge(name, judge_name, chosen, {**answers, **extra}, gate.near_tie)
+    return audits
+
+
 def measure_model(
     ctx: RunContext,
     profile: Profile,
@@ -202,10 +221,7 @@ def measure_model(
             between=spec_runs.in_block if spec_runs is not None else None,
         )
         ctx.box_samples.extend(run.box_samples)
-        gate = ctx.ws.rules.gates.decode_audit
-        chosen = audit.choose(run.samples, share=gate.share, minimum=gate.min_requests)
-        answers, judge_name = audit_answers(ctx, chosen, procs, registry, name)
-        audits = audit.judge(name, judge_name, chosen, answers, gate.near_tie)
+        audits = _audit(ctx, run, procs, registry, name)
         spec: list[SpecResult] = []
         tau_notes: list[str] = []
         if spec_runs is not None:

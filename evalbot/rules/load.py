@@ -188,11 +188,10 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
         )
     audit = DecodeAuditGate()
     if "decode_audit" in m:
-        da = f.mapping(
-            m["decode_audit"],
-            "gates.decode_audit",
-            ("top1_min", "near_tie", "share", "min_requests", "self_top1_min", "self_drop_max"),
-        )
+        audit_keys = ["top1_min", "near_tie", "share", "min_requests", "self_top1_min", "self_drop_max"]
+        given = {key for key, _, _ in f.items(m["decode_audit"], "gates.decode_audit")}
+        audit_keys += [k for k in ("confidence",) if k in given]  # optional: the dataclass's default
+        da = f.mapping(m["decode_audit"], "gates.decode_audit", audit_keys)
         audit = DecodeAuditGate(
             top1_min=f.fraction(da["top1_min"], "gates.decode_audit.top1_min"),
             near_tie=f.number(da["near_tie"], "gates.decode_audit.near_tie", 0, None),
@@ -200,6 +199,9 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
             min_requests=f.integer(da["min_requests"], "gates.decode_audit.min_requests"),
             self_top1_min=f.fraction(da["self_top1_min"], "gates.decode_audit.self_top1_min"),
             self_drop_max=f.fraction(da["self_drop_max"], "gates.decode_audit.self_drop_max"),
+            confidence=f.number(da["confidence"], "gates.decode_audit.confidence", 0.5, 1, hi_open=True)
+            if "confidence" in da
+            else DecodeAuditGate.confidence,
         )
     nr = f.mapping(m["no_regression"], "gates.no_regression", ("min_ratio",))
     acc = f.mapping(m["accuracy"], "gates.accuracy", ("top1_min", "mean_kl_max"))

@@ -121,6 +121,9 @@ class DecodeAuditGate:
     # fall at most self_drop_max below main's, and main below self_top1_min means the harness is off.
     self_top1_min: float = 0.80
     self_drop_max: float = 0.05
+    # The head fails on its share only where the interval of this confidence lies wholly below the bar (its
+    # share's, and its drop's below main's); an audit that cannot tell is widened to every timed request.
+    confidence: float = 0.95
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from evalbot.verdict.comment import STATUS_STATE, measured_claim_gap, verdict_decision
 from evalbot.verdict.decide import INFRA_STAGES, decide, no_pair_could_change, score_clocks
+from evalbot.verdict.gates import audits_open
 
 __all__ = [
     "INFRA_STAGES",
     "STATUS_STATE",
+    "audits_open",
     "decide",
     "measured_claim_gap",
     "no_pair_could_change",

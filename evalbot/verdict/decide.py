@@ -35,7 +35,7 @@ from evalbot.model import (
 )
 from evalbot.rules import Rules
 from evalbot.verdict import tracks
-from evalbot.verdict.gates import accuracy_gates, audit_bar, audit_gates, audit_passes, spec_gates
+from evalbot.verdict.gates import accuracy_gates, audit_gates, audit_passes, spec_gates
 
 # head-side failures that are the environment's fault, not the contributor's
 INFRA_STAGES = frozenset({"toolchain", "gpu", "box", "sandbox", "harness", "network", "disk"})
@@ -91,9 +91,7 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
     scores = tracks.track_scores(estimates, tracks.spec_estimates(m.spec, rules), rules, profile)
 
     audits = tuple(m.audits)
-    main_audit = [
-        a for a in audits if a.side is Side.BASE and not audit_passes(a, audit_bar(a, audits, rules))
-    ]
+    main_audit = [a for a in audits if a.side is Side.BASE and not audit_passes(a, audits, rules)]
     if main_audit:  # main's own decode disagrees with the reference: the reference or the harness is off
         return _verdict(
             rules,

@@ -25,26 +25,94 @@ def audit_bar(a: DecodeAudit, audits: Sequence[DecodeAudit], rules: Rules) -> fl
     g = rules.gates.decode_audit
     if a.side is Side.BASE:
         return min(g.top1_min, g.self_top1_min)
-    own = [b.share for b in audits if b.side is Side.BASE and (b.model, b.context) == (a.model, a.context)]
-    return min(g.top1_min, own[0] - g.self_drop_max) if own else g.top1_min
+    own = _main_audit(a, audits)
+    return min(g.top1_min, own.share - g.self_drop_max) if own else g.top1_min
 
 
-def audit_passes(a: DecodeAudit, bar: float) -> bool:
-    return a.share >= bar and a.violations == 0
+def _main_audit(a: DecodeAudit, audits: Sequence[DecodeAudit]) -> DecodeAudit | None:
+    return next(
+        (b for b in audits if b.side is Side.BASE and (b.model, b.context) == (a.model, a.context)), None
+    )
+
+
+def wilson(k: int, n: int, z: float) -> tuple[float, float]:
+    """Wilson's score interval of a share k/n at normal quantile z; (0, 1) for no tokens."""
+    if n <= 0:
+        return 0.0, 1.0
+    p, zz = k / n, z * z / n
+    centre = (p + zz / 2) / (1 + zz)
+    half = z * math.sqrt(p * (1 - p) / n + zz / (4 * n)) / (1 + zz)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def share_difference(k1: int, n1: int, k2: int, n2: int, z: float) -> tuple[float, float]:
+    """Newcombe's hybrid score interval of k1/n1 - k2/n2 (his method 10, from the two Wilson intervals): it
+    keeps its coverage near a share of 1, where the normal one does not (main agrees on nearly every token)."""
+    p1, p2 = k1 / max(n1, 1), k2 / max(n2, 1)
+    l1, u1 = wilson(k1, n1, z)
+    l2, u2 = wilson(k2, n2, z)
+    d = p1 - p2
+    return d - math.hypot(p1 - l1, u2 - p2), d + math.hypot(u1 - p1, p2 - l2)
+
+
+PASS, FAIL, OPEN = "pass", "fail", "open"
+
+
+def audit_call(a: DecodeAudit, audits: Sequence[DecodeAudit], rules: Rules) -> str:
+    """Whether an audit passes (PASS), fails (FAIL), or its tokens cannot tell (OPEN, which passes once
+    every timed request has been audited: `served_model` widens an open audit first).
+
+    A disagreement beyond a near-tie fails at once. Main (trusted) is held to its bar by its share. The
+    head fails on its share only where the rules' confidence interval lies wholly below both bars: the
+    absolute top1_min, and main's own share less self_drop_max (the interval of the head's share less
+    main's, from both audits' tokens). A few requests' tokens tell little: 127 of 136 tokens (every other
+    one a near-tie) against main's 135 of 136 is a drop of 5.9 points by the counts, and anything from 1
+    to 10 by the interval; `make demo`'s int8 PR was rejected on such counts (2026-12-07)."""
+    g = rules.gates.decode_audit
+    if a.violations:
+        return FAIL
+    if a.side is Side.BASE:
+        return PASS if a.share >= audit_bar(a, audits, rules) else FAIL
+    z = statistics.NormalDist().inv_cdf(0.5 + g.confidence / 2)
+    lo, hi = wilson(a.agreeing, a.tokens, z)
+    if lo >= g.top1_min:
+        return PASS
+    own = _main_audit(a, audits)
+    if own is None:
+        return FAIL if hi < g.top1_min else OPEN
+    dlo, dhi = share_difference(a.agreeing, a.tokens, own.agreeing, own.tokens, z)
+    if dlo >= -g.self_drop_max:
+        return PASS
+    return FAIL if hi < g.top1_min and dhi < -g.self_drop_max else OPEN
+
+
+def audits_open(audits: Sequence[DecodeAudit], rules: Rules) -> set[int]:
+    """The contexts where the head's audit cannot tell yet (OPEN): widen them to every timed request."""
+    return {a.context for a in audits if a.side is Side.HEAD and audit_call(a, audits, rules) == OPEN}
+
+
+def audit_passes(a: DecodeAudit, audits: Sequence[DecodeAudit], rules: Rules) -> bool:
+    return audit_call(a, audits, rules) != FAIL
 
 
 def audit_gates(audits: Sequence[DecodeAudit], rules: Rules) -> list[Gate]:
     g = rules.gates.decode_audit
+    z = statistics.NormalDist().inv_cdf(0.5 + g.confidence / 2)
     out = []
     for a in audits:
         if a.side is not Side.HEAD:
             continue
         bar = audit_bar(a, audits, rules)
         worst = a.worst[0] if a.worst else None
+        lo, hi = wilson(a.agreeing, a.tokens, z)
         detail = (
             f"{a.agreeing} of {a.tokens} generated tokens in {a.requests} requests are {a.reference}'s top-1"
-            f", {a.near_ties} near-ties"
+            f" ({g.confidence:.0%} interval {lo:.3f}-{hi:.3f}), {a.near_ties} near-ties"
         )
+        own = _main_audit(a, audits)
+        if own is not None and own.tokens:
+            dlo, dhi = share_difference(a.agreeing, a.tokens, own.agreeing, own.tokens, z)
+            detail += f"; main's {own.agreeing} of {own.tokens}: a change of {dlo:+.3f} to {dhi:+.3f}"
         if worst:
             detail += (
                 f"; {a.violations} not near-ties, the worst at {worst['request']} position {worst['position']}"
@@ -55,8 +123,9 @@ def audit_gates(audits: Sequence[DecodeAudit], rules: Rules) -> list[Gate]:
             Gate(
                 "decode agreement",
                 a.share,
-                f">= {bar:.2f} top-1{against}, the rest near-ties",
-                audit_passes(a, bar),
+                f">= {bar:.2f} top-1{against} unless its {g.confidence:.0%} interval reaches it, the rest"
+                " near-ties",
+                audit_passes(a, audits, rules),
                 detail,
                 a.context,
                 a.model,

@@ -465,6 +465,14 @@ MALFORMED = [
         "expected the placeholder {ctx}",
         id="engine-bench-ctx",
     ),
+    pytest.param(
+        "gates.yaml",
+        "  confidence: 0.95",
+        "  confidence: 95",
+        "gates.decode_audit.confidence",
+        "expected a number in [0.5, 1)",
+        id="audit-confidence",
+    ),
 ]
 
 
@@ -488,6 +496,13 @@ def test_malformed_value_names_file_line_and_field(rules_dir, request, name, old
     assert (err.line, err.field) == (line, field)
     assert message in err.message
     assert str(err).startswith(f"{rules_dir / name}:{line}: {field}: ")
+
+
+def test_the_audits_confidence_is_optional_and_defaults(rules_dir):
+    edit(rules_dir, "gates.yaml", "  confidence: 0.95\n", "")
+    assert load_rules(rules_dir).gates.decode_audit.confidence == 0.95
+    edit(rules_dir, "gates.yaml", "  self_drop_max: 0.05", "  self_drop_max: 0.05\n  confidence: 0.99")
+    assert load_rules(rules_dir).gates.decode_audit.confidence == 0.99
 
 
 def test_dispatch_run_settings_are_optional_and_default(rules_dir):

@@ -19,7 +19,16 @@ from evalbot.model import (
 )
 from evalbot.rules import LabelFamily, default_rules_dir, load_rules
 from evalbot.verdict.decide import decide
-from evalbot.verdict.gates import tau_ratio_upper
+from evalbot.verdict.gates import (
+    FAIL,
+    OPEN,
+    PASS,
+    audit_bar,
+    audit_call,
+    share_difference,
+    tau_ratio_upper,
+    wilson,
+)
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +275,7 @@ def test_where_main_is_the_reference_its_own_share_sets_the_bar(rules):
     gate = next(x for x in ok.gates if x.name == "decode agreement")
     assert ok.status == Status.PASS and gate.passed and "main's own share" in gate.bar
     # a head that skips work: far below main's own share, even with every disagreement a near-tie
-    drop = int(256 * (236 / 256 - g.self_drop_max)) - 2
+    drop = 190  # 74% against main's 92%: the interval of the change is about -25 to -11 points
     lazy = decide(
         Measurements(
             PROV, throughput=(tp(4096, 1.30),), audits=(main, _self_audit(Side.HEAD, drop, 256 - drop))
@@ -291,8 +300,8 @@ def test_where_main_is_the_reference_its_own_share_sets_the_bar(rules):
         rules,
     )
     assert v.status == Status.INFRA_ERROR and "main fails the decode audit too" in v.reasons[0]
-    # against llama.cpp with main at 100%, the absolute bar stays: 236/256 is too few
-    llama = (_audit(Side.BASE, 512), _audit(Side.HEAD, 512, tokens=256, agree=236, ties=20))
+    # against llama.cpp with main at 100%, the absolute bar stays: 215/256 is too few
+    llama = (_audit(Side.BASE, 512), _audit(Side.HEAD, 512, tokens=256, agree=215, ties=41))
     assert (
         decide(
             Measurements(PROV, throughput=(tp(512, 1.05),), accuracy=(GOOD_ACC,), audits=llama), rules
@@ -376,8 +385,9 @@ def test_against_llama_cpp_main_below_the_bar_on_near_ties_sets_it_for_the_head(
     assert same.status is not Status.INFRA_ERROR
     gate = next(x for x in same.gates if x.name == "decode agreement")
     assert gate.passed and "main's own share" in gate.bar
-    # a head far below main's share fails, even with every disagreement a near-tie
-    drop = int(384 * (364 / 384 - g.self_drop_max)) - 2
+    # a head far below main's share fails, even with every disagreement a near-tie (the interval of its
+    # change against main's: about -19 to -9 points, wholly past the allowed drop)
+    drop = int(384 * (364 / 384 - 2.8 * g.self_drop_max))
     lazy = decide(
         Measurements(
             PROV,
@@ -404,3 +414,75 @@ def test_the_accuracy_gate_names_the_reference_it_was_held_to():
     theirs = AccuracyResult("m", 128, 0.99, 0.01, 1.0, reference="float64 reference")
     (gate,) = [g for g in accuracy_gates([theirs], rules) if "top-1" in g.name]
     assert gate.bar.endswith("vs float64 reference") and "llama" not in gate.bar
+
+
+def test_wilson_and_newcombe_match_the_published_figures():
+    # Newcombe (1998), Statistics in Medicine 17:873, table II: 56/70 against 48/80, method 10
+    lo, hi = share_difference(56, 70, 48, 80, 1.959964)
+    assert (round(lo, 4), round(hi, 4)) == (0.0524, 0.3339)
+    lo, hi = wilson(81, 263, 1.959964)  # Wilson (1927) as in Newcombe's table I: 0.2553 to 0.3662
+    assert (round(lo, 4), round(hi, 4)) == (0.2553, 0.3662)
+    assert wilson(0, 0, 1.96) == (0.0, 1.0) and wilson(10, 10, 1.96)[1] == 1.0
+
+
+def test_a_few_requests_that_cannot_tell_do_not_reject_and_enough_tokens_do(rules):
+    """`make demo`'s int8 PR, 2026-12-07: 127 of 136 tokens against main's 135 of 136, every other one a
+    near-tie, a drop of 5.9 points by the counts over a bar of 5. Its four requests cannot tell: the gate
+    is open and passes. A larger drop over 10x the tokens (every timed request audited) is told."""
+    g = rules.gates.decode_audit
+    main, head = _audit(Side.BASE, 128, 136, 135, 1), _audit(Side.HEAD, 128, 136, 127, 9)
+    assert audit_bar(head, (main, head), rules) == pytest.approx(135 / 136 - g.self_drop_max)
+    assert head.share < audit_bar(head, (main, head), rules)  # below the bar by the counts
+    assert audit_call(head, (main, head), rules) == OPEN
+    v = decide(
+        Measurements(PROV, throughput=(tp(128, 1.05),), accuracy=(GOOD_ACC,), audits=(main, head)), rules
+    )
+    gate = next(x for x in v.gates if x.name == "decode agreement")
+    assert v.status == Status.PASS and gate.passed and "interval" in gate.bar and "a change of" in gate.detail
+    # ten times the tokens at the same shares: a drop of 5.9 points where 5 are allowed is still too close
+    # to call; a drop of 9.6 points is not
+    main10 = _audit(Side.BASE, 128, 1360, 1350, 10)
+    assert audit_call(_audit(Side.HEAD, 128, 1360, 1270, 90), (main10,), rules) == OPEN
+    head10 = _audit(Side.HEAD, 128, 1360, 1220, 140)
+    assert audit_call(head10, (main10, head10), rules) == FAIL
+    v = decide(
+        Measurements(PROV, throughput=(tp(128, 1.05),), accuracy=(GOOD_ACC,), audits=(main10, head10)), rules
+    )
+    assert v.status == Status.REJECT
+    # a head as good as main passes outright; one confidently above the absolute bar too
+    assert audit_call(_audit(Side.HEAD, 128, 136, 134, 2), (main, head), rules) == PASS
+    assert audit_call(_audit(Side.HEAD, 128, 2000, 1990, 10), (), rules) == PASS
+
+
+def test_a_lazy_decode_that_flips_only_near_ties_cannot_hide_in_the_interval(rules):
+    """What a contributor might try: skip work so that only close calls flip (every disagreement a
+    near-tie), at a rate the interval of a few requests would excuse. Widened to every timed request (a
+    real evaluation's 16-24 a context, ~35 tokens each), a tenth of the tokens flipped fails."""
+    main, lazy = _audit(Side.BASE, 512, 700, 693, 7), _audit(Side.HEAD, 512, 700, 630, 70)
+    assert audit_call(lazy, (main, lazy), rules) == FAIL
+    few_main, few_lazy = _audit(Side.BASE, 512, 136, 135, 1), _audit(Side.HEAD, 512, 136, 122, 14)
+    assert audit_call(few_lazy, (few_main, few_lazy), rules) == OPEN  # so the audit is widened first
+
+
+def test_an_open_audit_is_widened_to_every_timed_request_at_its_context_only():
+    from evalbot.evaluate import audit
+    from evalbot.evaluate.ab_samples import Sample
+
+    def s(side, ctx, block, pair):
+        return Sample(side, ctx, block, pair, (1, 2), (3, 4), 1.0, 1.0, {})
+
+    samples = [
+        s(side, c, b, p)
+        for c in (128, 512)
+        for b in range(2)
+        for p in range(3)
+        for side in (Side.BASE, Side.HEAD)
+    ]
+    chosen = audit.choose(samples, rng_seed=7, share=0.25, minimum=4)
+    more = audit.widen(samples, chosen, {512})
+    assert {x.context for x in more} == {512}
+    assert len(more) + sum(x.context == 512 for x in chosen) == 12  # 6 pairs, both sides: all of them
+    assert not {(x.block, x.pair, x.side) for x in more} & {
+        (x.block, x.pair, x.side) for x in chosen if x.context == 512
+    }
+    assert audit.widen(samples, chosen, set()) == []
