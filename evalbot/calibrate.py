@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evalbot import judge, stats
+from evalbot import judge, stats, verdict
 from evalbot.evaluate import checkout, prompts, runner
 from evalbot.model import (
     DECODE_METRICS,
@@ -38,7 +38,7 @@ from evalbot.model import (
     Status,
     Verdict,
 )
-from evalbot.rules import Profile
+from evalbot.rules import Profile, Rules
 from evalbot.store import Calibration
 
 PRIMARY_METRIC = "decode_tps"  # the metric tiers are scored on; the row's MDE and noise are its
@@ -57,6 +57,29 @@ _Entry = tuple[ContextEstimate, tuple[tuple[float, float], ...], AARun]
 
 
 @dataclass(frozen=True)
+class SpecRow:
+    """The speculative track's rate on equal code at one (target, context): each completed run's estimate
+    (runs with fewer than two spec runs there have none), the tiers it would have earned, and how many of
+    the PR's spec runs were lossless."""
+
+    model: str
+    context: int
+    ratios: tuple[float, ...]
+    ci: tuple[tuple[float, float], ...]
+    mdes: tuple[float, ...]
+    tiers_awarded: int
+    lossless: tuple[tuple[int, int], ...]  # per run: (lossless spec runs, spec runs)
+
+    @property
+    def runs(self) -> int:
+        return len(self.ratios)
+
+    @property
+    def mde_median(self) -> float:
+        return statistics.median(self.mdes)
+
+
+@dataclass(frozen=True)
 class CalibrationSummary:
     """Everything a calibration found: one row per (model, context), and the runs that measured nothing."""
 
@@ -65,6 +88,7 @@ class CalibrationSummary:
     completed: int  # those that reached a PASS or REJECT verdict
     verdict_false_positives: int  # completed runs whose verdict was not a PASS without a tier
     failures: tuple[str, ...]  # why each of the other runs measured nothing
+    spec: tuple[SpecRow, ...] = ()  # the speculative track's rate, where the runs measured it
 
     @property
     def verdict_false_positive_rate(self) -> float | None:
@@ -125,8 +149,31 @@ def side_bias(ratios: Sequence[float]) -> dict[str, float | int | bool] | None:
     }
 
 
-def summarize(runs: Sequence[AARun], *, box: str, at: str) -> CalibrationSummary:
-    """Per (model, context): false-positive rate, MDE and noise of A/A runs; see the module docstring."""
+def spec_rows(done: Sequence[AARun], rules: Rules) -> tuple[SpecRow, ...]:
+    """The speculative rate of each completed run, per (target, context), as the verdict scores it
+    (`verdict.spec_estimates`): the spec track's own false positives and MDE on this box."""
+    found: dict[tuple[str, int], list[tuple[ContextEstimate, tuple[int, int]]]] = {}
+    for r in done:
+        lossless = {(s.target, s.context): (s.lossless_runs, s.runs) for s in r.measurements.spec}
+        for e in verdict.spec_estimates(r.measurements.spec, rules):
+            found.setdefault((e.model, e.context), []).append((e, lossless.get((e.model, e.context), (0, 0))))
+    return tuple(
+        SpecRow(
+            model,
+            context,
+            tuple(e.ratio for e, _ in entries),
+            tuple((e.ci_low, e.ci_high) for e, _ in entries),
+            tuple(e.mde for e, _ in entries),
+            sum(e.tier is not None for e, _ in entries),
+            tuple(lossless for _, lossless in entries),
+        )
+        for (model, context), entries in sorted(found.items())
+    )
+
+
+def summarize(runs: Sequence[AARun], *, box: str, at: str, rules: Rules | None = None) -> CalibrationSummary:
+    """Per (model, context): false-positive rate, MDE and noise of A/A runs; see the module docstring. With
+    the rules, the speculative track's rate too (`spec_rows`)."""
     done = [r for r in runs if completed(r.verdict)]
     failures = tuple(
         f"run {i}: {r.verdict.status.value}: {'; '.join(r.verdict.reasons)[:300]}"
@@ -207,7 +254,8 @@ def summarize(runs: Sequence[AARun], *, box: str, at: str) -> CalibrationSummary
                 details=details,
             )
         )
-    return CalibrationSummary(tuple(rows), len(runs), len(done), false_verdicts, failures)
+    spec = spec_rows(done, rules) if rules is not None else ()
+    return CalibrationSummary(tuple(rows), len(runs), len(done), false_verdicts, failures, spec)
 
 
 Judge = Callable[[EvalRequest, runner.Workspace, runner.Log, Any], judge.Judgement]

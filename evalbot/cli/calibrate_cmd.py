@@ -92,7 +92,7 @@ def calibrate(repo: Path, rev: str, runs: int, rules_dir: Path | None, profile: 
         aa = calibrate_mod.run(ws, rev, measured_on, options, runs, _log)
     except checkout.BuildError as exc:
         raise click.ClickException(str(exc)) from exc
-    summary = calibrate_mod.summarize(aa, box=box, at=iso())
+    summary = calibrate_mod.summarize(aa, box=box, at=iso(), rules=rules)
     if summary.rows:
         state.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -106,6 +106,7 @@ def calibrate(repo: Path, rev: str, runs: int, rules_dir: Path | None, profile: 
             "box": box, "profile": profile, "rev": rev, "runs": summary.runs, "completed": summary.completed,
             "verdict_false_positive_rate": summary.verdict_false_positive_rate, "failures": list(summary.failures),
             "rows": [to_dict(r) for r in summary.rows], "state": str(state),
+            "spec": [{**to_dict(r), "runs": r.runs, "mde_median": r.mde_median} for r in summary.spec],
         }))  # fmt: skip
     else:
         _render(summary, box, profile, rev, state, lowest_tier=rules.tiers[0] if rules.tiers else None)
@@ -134,6 +135,11 @@ def _render(summary: calibrate_mod.CalibrationSummary, box: str, profile: str, r
         else:
             click.echo(f"ctx {worst.context} cannot resolve the lowest tier ({name}, +{bound:.1%}): median MDE "
                        f"{worst.mde:.1%}; more pairs per context or a quieter box")  # fmt: skip
+    for sp in summary.spec:
+        lossless = sum(k for k, _ in sp.lossless), sum(n for _, n in sp.lossless)
+        click.echo(f"speculative rate, {sp.model} ctx {sp.context}: {sp.runs} runs, {sp.tiers_awarded} with a tier, "
+                   f"MDE median {sp.mde_median:.2%} (max {max(sp.mdes):.2%}), ratios "
+                   f"{', '.join(f'{r:.4f}x' for r in sp.ratios)}; {lossless[0]}/{lossless[1]} spec runs lossless")  # fmt: skip
     for c in summary.rows:
         bias = c.details.get("side_bias")
         if bias and bias["agreed"]:

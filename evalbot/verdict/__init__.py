@@ -13,6 +13,7 @@ from __future__ import annotations
 from evalbot.verdict.comment import STATUS_STATE, measured_claim_gap, verdict_decision
 from evalbot.verdict.decide import INFRA_STAGES, decide, no_pair_could_change, score_clocks
 from evalbot.verdict.gates import audits_open
+from evalbot.verdict.tracks import spec_estimates
 
 __all__ = [
     "INFRA_STAGES",
@@ -22,5 +23,6 @@ __all__ = [
     "measured_claim_gap",
     "no_pair_could_change",
     "score_clocks",
+    "spec_estimates",
     "verdict_decision",
 ]

@@ -3,6 +3,7 @@ the store round trip, and `evalbot calibrate` end to end on the fixture engine."
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from evalbot import calibrate, stats
+from evalbot import verdict as verdict_mod
 from evalbot.cli import calibrate_cmd
 from evalbot.codec import to_dict
 from evalbot.evaluate import runner
@@ -27,6 +29,7 @@ from evalbot.model import (
     Provenance,
     RunOptions,
     Side,
+    SpecResult,
     Status,
     ThroughputPairs,
 )
@@ -153,6 +156,36 @@ def test_runs_that_all_lean_one_way_are_called_a_side_bias_each_runs_ci_could_no
     calibrate_cmd._render(summary, "b", "cpu", "main", Path("state.db"), lowest_tier=None)
     said = [line for line in capsys.readouterr().out.splitlines() if "agree on a bias" in line]
     assert len(said) == 1 and "ctx 128" in said[0] and "reads main faster" in said[0], said
+
+
+def test_the_speculative_rate_of_each_run_is_reported_beside_the_decode_rows(rules, capsys):
+    """`evalbot calibrate` with spec runs: the spec track's estimate per run (its own MDE on equal code, a
+    tier it would have earned), as the verdict scores it, and how many of the PR's spec runs were lossless."""
+    rng = random.Random(3)
+    runs = []
+    for i in range(1, 4):
+        r = aa_run(rules, i, {128: 1.0, 512: 1.0})
+        spec_pairs = tuple(
+            (b := 9 * (1 + rng.gauss(0, 0.05)), b * (1 + rng.gauss(0, 0.05))) for _ in range(16)
+        )
+        sr = SpecResult("qwen2.5-coder-0.5b", "ngram", 4, 16, 16, None, 2.0, 2.0, spec_pairs=spec_pairs,
+                        context=128, spec_blocks=tuple(1 + k % 5 for k in range(16)))  # fmt: skip
+        m = dataclasses.replace(r.measurements, spec=(sr,))
+        runs.append(calibrate.AARun(m, decide(m, rules)))
+    summary = calibrate.summarize(runs, box="b", at=AT, rules=rules)
+    assert len(summary.spec) == 1
+    row = summary.spec[0]
+    assert (row.model, row.context, row.runs, row.lossless) == ("qwen2.5-coder-0.5b", 128, 3, ((16, 16),) * 3)
+    want = [verdict_mod.spec_estimates(r.measurements.spec, rules)[0] for r in runs]
+    assert row.ratios == pytest.approx([e.ratio for e in want]) and row.mdes == pytest.approx(
+        [e.mde for e in want]
+    )
+    assert row.tiers_awarded == sum(e.tier is not None for e in want)
+    assert 0.02 < row.mde_median < 0.2  # 16 runs of 5% noise a side
+    assert calibrate.summarize(runs, box="b", at=AT).spec == ()  # without the rules: the decode rows alone
+    calibrate_cmd._render(summary, "b", "cpu", "main", Path("state.db"), lowest_tier=None)
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("speculative rate")]
+    assert len(said) == 1 and "3 runs" in said[0] and "48/48 spec runs lossless" in said[0], said
 
 
 def test_no_completed_run_gives_no_rows(rules):

@@ -173,3 +173,45 @@ def test_equal_code_reads_a_gain_about_as_often_as_the_interval_says_whatever_th
         assert clustered / 2000 <= most, (block_sd, clustered / 2000)
         if block_sd == 0.03:
             assert independent / 2000 > 0.07  # what treating the runs as independent gave
+
+
+def test_a_burst_is_measured_again_on_another_prompt_never_the_same_one(monkeypatch):
+    """A side whose spec answer came in one burst is forgiven once (as an A/B pair's) and its run measured
+    again: on a prompt neither process has seen, since these processes have now answered that one and
+    could replay it. The count of runs stays the rules'."""
+    rules = load_rules(default_rules_dir())
+    profile = rules.model_profile(rules.profile("cpu"), "qwen2.5-coder-0.5b")
+    logged: list[str] = []
+    ctx = SimpleNamespace(ws=SimpleNamespace(rules=rules), run_timeout_s=60.0, log=logged.append,
+                          req=SimpleNamespace(options=SimpleNamespace(max_pairs=None, spec_drafter="ngram")))  # fmt: skip
+    tokens = (5, 6, 7, 8)
+    serial = iter(range(10**6))
+    asked: list[tuple[int, ...]] = []
+
+    def plain_pair(_ctx, procs, _pool, c, _gen):
+        prompt = (next(serial),) * 3
+        return {s: ab_samples.Sample(s, c, -1, 0, prompt, tokens, 1.0, 1.0, {}) for s in procs}
+
+    def answer_pair(procs, order, req, _timeout, _slice):
+        asked.append(tuple(req["prompt_ids"]))
+        answers = [_answer(tokens) for _ in order]
+        if len(asked) == 1:  # the PR's first answer: every token on one line at once
+            i = order.index(Side.HEAD)
+            answers[i] = Timed(
+                {"op": "spec"}, 0, tokens, (10**7,) * len(tokens), (tokens,), {"event": "done"}
+            )
+        return answers
+
+    monkeypatch.setattr(speculative, "_plain_pair", plain_pair)
+    monkeypatch.setattr(speculative.abtest, "answer_pair", answer_pair)
+    runs = speculative.SpecRuns(ctx, profile, "qwen2.5-coder-0.5b", 7, ab_samples.Prompts(lambda c, i: []), 6)
+    run = ab_samples.Run(two_part=True, gen={128: 4, 512: 4})
+    for block in range(6):
+        procs = {s: _Proc(block, s) for s in (Side.BASE, Side.HEAD)}
+        runs.in_block(block, procs, run)
+        run.blocks += 1
+    results, _ = runs.finish(procs, run)
+    assert results[0].runs == 16 and len(asked) == 17  # one measured again
+    assert asked[1] != asked[0] and asked.count(asked[0]) == 1  # on another prompt, the burst's never again
+    assert run.bursts == {Side.HEAD: 1}
+    assert any("speculative run measured again" in line and "burst" in line for line in logged), logged
