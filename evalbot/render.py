@@ -277,6 +277,11 @@ def _context(verdict: Verdict, measurements: Measurements, signature_status: str
         "accuracy": accuracy,
         "spec": spec,
         "audits": measurements.audits,
+        # (model, context) whose decode agreement failed: the audit table marks the PR's row there (a rare
+        # flip past a near-tie within the rules' max_gap is listed, not failed)
+        "audit_failed": {
+            (g.model, g.context) for g in gates if g.name == "decode agreement" and not g.passed
+        },
         "failures": measurements.failures[:_MAX_FAILURES],
         "failures_omitted": max(len(measurements.failures) - _MAX_FAILURES, 0),
         "log_lines": _LOG_LINES,

@@ -93,6 +93,7 @@ class Run:
     # block; otherwise decode_tokens everywhere)
     gen: dict[int, int] = field(default_factory=dict)
     bursts: dict[Side, int] = field(default_factory=dict)  # per side: pairs measured again after a burst
+    min_blocks: int = 0  # the design's (`ab_design.design`, set by `abtest.measure`): the spec runs' hosts
 
 
 # Bursts a side may have in one evaluation, each measured again, before the next is its failure. A burst's

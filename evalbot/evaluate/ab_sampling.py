@@ -24,16 +24,28 @@ def request_overuse(s: Sample, threads: int | None) -> str | None:
         return None
     prefill_s = s.context / s.prefill_tps if s.prefill_tps > 0 else 0.0
     for phase, cpu, wall in (("prefill", s.prefill_cpu_s, prefill_s), ("decode", s.decode_cpu_s, s.decode_s)):
-        if cpu is None or wall <= 0:
-            continue
-        allowed = threads * REQUEST_CPU_SLACK * wall + REQUEST_CPU_GRACE_S
-        if cpu > allowed:
-            return (
-                f"its {phase} at ctx {s.context} took {cpu:.3f} CPU-seconds in {wall:.3f} s "
-                f"({cpu / wall:.2f} cores), where the profile gives each engine {threads} "
-                f"thread{'s' if threads != 1 else ''} (allowed: {allowed:.3f} CPU-seconds)"
-            )
+        why = _overuse(f"its {phase} at ctx {s.context}", cpu, wall, threads)
+        if why:
+            return why
     return None
+
+
+def answer_overuse(t: Timed, threads: int | None, what: str) -> str | None:
+    """As `request_overuse`, for a whole answer from its sending to the freeze that followed it (a
+    speculative run: its drafting, verifying and whatever it did after its last token)."""
+    return None if threads is None else _overuse(what, t.answer_cpu_s, t.answer_s, threads)
+
+
+def _overuse(what: str, cpu: float | None, wall: float, threads: int) -> str | None:
+    if cpu is None or wall <= 0:
+        return None
+    allowed = threads * REQUEST_CPU_SLACK * wall + REQUEST_CPU_GRACE_S
+    if cpu <= allowed:
+        return None
+    return (
+        f"{what} took {cpu:.3f} CPU-seconds in {wall:.3f} s ({cpu / wall:.2f} cores), where the profile gives "
+        f"each engine {threads} thread{'s' if threads != 1 else ''} (allowed: {allowed:.3f} CPU-seconds)"
+    )
 
 
 MAX_DECODE_TPS = 1e5  # faster than any engine: tokens that arrive this fast came in a burst

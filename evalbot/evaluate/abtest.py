@@ -98,7 +98,7 @@ def measure(
     per_block, max_blocks, min_blocks = design(m.pairs_per_block, m.min_blocks, cap)
     gpu = profile.device == "cuda"
     contexts = [c.ctx for c in profile.contexts]
-    run = Run()
+    run = Run(min_blocks=min_blocks)
     pin = pinning.engine_cpus(pinning.usable_cpus(), m.threads) if m.pin and m.threads else frozenset()
     if pin:
         log(

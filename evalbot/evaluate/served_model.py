@@ -26,7 +26,6 @@ from evalbot.evaluate import (
     served,
 )
 from evalbot.evaluate.ab_block import Launch
-from evalbot.evaluate.ab_design import design
 from evalbot.evaluate.ab_samples import Prompts, Run, Sample, SideError, throughput
 from evalbot.evaluate.ab_sampling import REQUEST_CPU_SLACK
 from evalbot.evaluate.context import (
@@ -201,8 +200,7 @@ def measure_model(
     pool = Prompts(source or (lambda c, i: abtest.random_prompts(procs[Side.BASE].vocab, seed)(c, i)))
     spec_runs = None
     if ctx.req.options.spec and spec_here(ctx):
-        _, _, min_blocks = design(m.pairs_per_block, m.min_blocks, ctx.req.options.max_pairs or m.max_pairs)
-        spec_runs = SpecRuns(ctx, profile, name, block, pool, min_blocks)
+        spec_runs = SpecRuns(ctx, profile, name, block, pool)
     try:
         cpumeter.sweep_stale()
         run, procs = abtest.measure(

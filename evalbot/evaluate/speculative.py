@@ -176,7 +176,6 @@ class SpecRuns:
         name: str,
         block: int,
         pool: ab_samples.Prompts,
-        min_blocks: int,
     ):
         rules = ctx.ws.rules
         self.ctx, self.profile, self.name, self.block, self.pool = ctx, profile, name, block, pool
@@ -184,26 +183,24 @@ class SpecRuns:
         self.contexts = [c.ctx for c in profile.contexts if c.ctx in rules.spec_contexts(profile, name)]
         self.runs = spec_run_count(rules.spec_runs(profile.name, name), rules.gates.spec.runs,
                                    ctx.req.options.max_pairs)  # fmt: skip
-        self.hosts = hosts(min_blocks)
         self.tally = {c: _Tally() for c in self.contexts}
 
     def in_block(self, block: int, procs: dict[Side, served.ServedProcess], run: ab_samples.Run) -> None:
         """This block's share of the runs, then the plain references the next block's share will lack (all
         of them with two-part requests; with one-part, those the timed pairs so far do not cover), decoded
         here so that the next block's processes never saw those prompts."""
+        n = hosts(run.min_blocks)  # the A/B's design (`abtest.measure` sets it)
         for c in self.contexts:
             t = self.tally[c]
-            self._runs(c, block, procs, run, due_by(block, self.runs, self.hosts) - len(t.blocks))
-            if block >= self.hosts:
+            self._runs(c, block, procs, run, due_by(block, self.runs, n) - len(t.blocks))
+            if block >= n:
                 continue
-            need = (
-                due_by(block + 1, self.runs, self.hosts) - due_by(block, self.runs, self.hosts) - len(t.refs)
-            )
+            need = due_by(block + 1, self.runs, n) - due_by(block, self.runs, n) - len(t.refs)
             if not run.two_part:
                 need -= len(earlier_pairs(run.samples, c, block + 1, t.used))
             gen = run.gen.get(c, self.profile.measurement.decode_tokens)
             for _ in range(max(need, 0)):
-                t.refs.append((block, _plain_pair(self.ctx, procs, self.pool, c, gen)))
+                t.refs.append((block, self._plain(procs, run, c, gen)))
 
     def finish(
         self, procs: dict[Side, served.ServedProcess], run: ab_samples.Run
@@ -228,6 +225,17 @@ class SpecRuns:
             )
         return out, notes
 
+    def _plain(
+        self, procs: dict[Side, served.ServedProcess], run: ab_samples.Run, c: int, gen: int
+    ) -> dict[Side, ab_samples.Sample]:
+        """A plain pair for a spec run's reference, a burst forgiven as an A/B pair's is: measured again on
+        another fresh prompt (its figure is the AR speed the gate compares)."""
+        while True:
+            try:
+                return _plain_pair(self.ctx, procs, self.pool, c, gen)
+            except ab_samples.BurstError as exc:
+                ab_samples.forgive_burst(run, exc, self.ctx.log, "a speculative run's plain reference")
+
     def _references(
         self, c: int, block: int, procs: dict[Side, served.ServedProcess], run: ab_samples.Run, n: int
     ) -> list[dict[Side, ab_samples.Sample]]:
@@ -248,7 +256,7 @@ class SpecRuns:
                 f"speculative, ctx {c}: {n - len(got)} run(s) plain-decoded by the processes that run them"
             )
         while len(got) < n:
-            got.append(_plain_pair(self.ctx, procs, self.pool, c, gen))
+            got.append(self._plain(procs, run, c, gen))
         return got
 
     def _runs(
@@ -274,6 +282,15 @@ class SpecRuns:
             # both sides answer as an A/B pair does: in turns of slice_s where the profile has them
             answers = dict(zip(order, abtest.answer_pair(procs, order, req, self.ctx.run_timeout_s,
                                                          self.profile.measurement.slice_s), strict=True))  # fmt: skip
+            for side, a in answers.items():  # held to the profile's cores, as a timed request is
+                why_cpu = ab_sampling.answer_overuse(
+                    a, self.profile.measurement.threads, f"a speculative run at ctx {c}"
+                )
+                if why_cpu:
+                    who = "main's" if side is Side.BASE else "the PR's"
+                    raise ab_samples.SideError(
+                        side, "cpu", f"{who} serving engine used more cores than it may: {why_cpu}"
+                    )
             same = {s: s is Side.BASE or list(a.tokens) == list(pair[s].tokens) for s, a in answers.items()}
             try:
                 rates = {s: spec_rate(s, a, same[s], prefill) for s, a in answers.items()}

@@ -190,11 +190,14 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
     if "decode_audit" in m:
         audit_keys = ["top1_min", "near_tie", "share", "min_requests", "self_top1_min", "self_drop_max"]
         given = {key for key, _, _ in f.items(m["decode_audit"], "gates.decode_audit")}
-        audit_keys += [k for k in ("confidence",) if k in given]  # optional: the dataclass's default
+        audit_keys += [
+            k for k in ("confidence", "max_gap") if k in given
+        ]  # optional: the dataclass's default
         da = f.mapping(m["decode_audit"], "gates.decode_audit", audit_keys)
+        near_tie = f.number(da["near_tie"], "gates.decode_audit.near_tie", 0, None)
         audit = DecodeAuditGate(
             top1_min=f.fraction(da["top1_min"], "gates.decode_audit.top1_min"),
-            near_tie=f.number(da["near_tie"], "gates.decode_audit.near_tie", 0, None),
+            near_tie=near_tie,
             share=f.ratio(da["share"], "gates.decode_audit.share"),
             min_requests=f.integer(da["min_requests"], "gates.decode_audit.min_requests"),
             self_top1_min=f.fraction(da["self_top1_min"], "gates.decode_audit.self_top1_min"),
@@ -202,6 +205,10 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
             confidence=f.number(da["confidence"], "gates.decode_audit.confidence", 0.5, 1, hi_open=True)
             if "confidence" in da
             else DecodeAuditGate.confidence,
+            # at least near_tie: a gap past max_gap fails at once, one up to it is a rare flip
+            max_gap=f.number(da["max_gap"], "gates.decode_audit.max_gap", near_tie, None)
+            if "max_gap" in da
+            else None,
         )
     nr = f.mapping(m["no_regression"], "gates.no_regression", ("min_ratio",))
     acc = f.mapping(m["accuracy"], "gates.accuracy", ("top1_min", "mean_kl_max"))

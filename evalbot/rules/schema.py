@@ -124,6 +124,10 @@ class DecodeAuditGate:
     # The head fails on its share only where the interval of this confidence lies wholly below the bar (its
     # share's, and its drop's below main's); an audit that cannot tell is widened to every timed request.
     confidence: float = 0.95
+    # A disagreement past near_tie but at most max_gap below the reference's top-1 (a lossy decode's rare
+    # flip: the int8 demo's 1.07) fails only where the head has them confidently more often than main; one
+    # past max_gap fails at once. None: every disagreement past near_tie fails at once.
+    max_gap: float | None = None
 
 
 @dataclass(frozen=True)

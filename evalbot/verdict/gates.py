@@ -62,27 +62,39 @@ def audit_call(a: DecodeAudit, audits: Sequence[DecodeAudit], rules: Rules) -> s
     """Whether an audit passes (PASS), fails (FAIL), or its tokens cannot tell (OPEN, which passes once
     every timed request has been audited: `served_model` widens an open audit first).
 
-    A disagreement beyond a near-tie fails at once. Main (trusted) is held to its bar by its share. The
+    A disagreement beyond a near-tie fails at once, unless the rules set max_gap: then only one past it
+    does, and the head's tokens past a near-tie (up to max_gap) fail where they are confidently more
+    frequent than main's (the interval of the two shares' difference, as below); while the tokens cannot
+    tell, the audit is OPEN (widened). Main (trusted) is held to its bar by its share. The
     head fails on its share only where the rules' confidence interval lies wholly below both bars: the
     absolute top1_min, and main's own share less self_drop_max (the interval of the head's share less
     main's, from both audits' tokens). A few requests' tokens tell little: 127 of 136 tokens (every other
     one a near-tie) against main's 135 of 136 is a drop of 5.9 points by the counts, and anything from 1
     to 10 by the interval; `make demo`'s int8 PR was rejected on such counts (2026-12-07)."""
     g = rules.gates.decode_audit
-    if a.violations:
+    if a.violations and (g.max_gap is None or not a.worst or a.worst[0]["margin"] > g.max_gap):
         return FAIL
     if a.side is Side.BASE:
         return PASS if a.share >= audit_bar(a, audits, rules) else FAIL
     z = statistics.NormalDist().inv_cdf(0.5 + g.confidence / 2)
+    own = _main_audit(a, audits)
+    flips = OPEN if a.violations else PASS  # past near_tie, none past max_gap: as rare as main's?
+    if a.violations:
+        if own is None:
+            return FAIL
+        _, dhi = share_difference(
+            a.tokens - a.violations, a.tokens, own.tokens - own.violations, own.tokens, z
+        )
+        if dhi < 0:  # the head's tokens are confidently more often past a near-tie than main's
+            return FAIL
     lo, hi = wilson(a.agreeing, a.tokens, z)
     if lo >= g.top1_min:
-        return PASS
-    own = _main_audit(a, audits)
+        return flips
     if own is None:
         return FAIL if hi < g.top1_min else OPEN
     dlo, dhi = share_difference(a.agreeing, a.tokens, own.agreeing, own.tokens, z)
     if dlo >= -g.self_drop_max:
-        return PASS
+        return flips
     return FAIL if hi < g.top1_min and dhi < -g.self_drop_max else OPEN
 
 
@@ -124,7 +136,10 @@ def audit_gates(audits: Sequence[DecodeAudit], rules: Rules) -> list[Gate]:
                 "decode agreement",
                 a.share,
                 f">= {bar:.2f} top-1{against} unless its {g.confidence:.0%} interval reaches it, the rest"
-                " near-ties",
+                " near-ties"
+                + (
+                    f" (or, no more often than main's, within {g.max_gap:g})" if g.max_gap is not None else ""
+                ),
                 audit_passes(a, audits, rules),
                 detail,
                 a.context,

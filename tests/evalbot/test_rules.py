@@ -473,6 +473,14 @@ MALFORMED = [
         "expected a number in [0.5, 1)",
         id="audit-confidence",
     ),
+    pytest.param(
+        "gates.yaml",
+        "  max_gap: 3.0",
+        "  max_gap: 0.5",
+        "gates.decode_audit.max_gap",
+        "expected a number >= 1, got 0.5",
+        id="audit-max-gap-below-near-tie",
+    ),
 ]
 
 

@@ -486,3 +486,44 @@ def test_an_open_audit_is_widened_to_every_timed_request_at_its_context_only():
         (x.block, x.pair, x.side) for x in chosen if x.context == 512
     }
     assert audit.widen(samples, chosen, set()) == []
+
+
+def test_a_rare_flip_a_little_past_a_near_tie_is_weighed_and_one_far_past_it_fails(rules):
+    """`make demo`'s int8 PR (2026-12-07): 133 of 140 tokens at ctx 512 agreed with llama.cpp, 6 near-ties
+    and one flip 1.07 below the top-1, against main's 139 of 140 and none. A lossy decode flips a rare
+    token a little past a near-tie; one past max_gap (no decode of the accepted quality emits it greedily)
+    still fails at once, as does a head that flips past a near-tie confidently more often than main."""
+    g = rules.gates.decode_audit
+    assert g.near_tie < 1.07 < g.max_gap
+    flip = ({"request": "head-ctx512-b4-p1", "position": 2, "token": 5, "reference": 9, "margin": 1.07},)
+    main = _audit(Side.BASE, 512, 140, 139, 1)
+    head = _audit(Side.HEAD, 512, 140, 133, 6, violations=1, worst=flip)
+    assert audit_call(head, (main, head), rules) == OPEN  # widened first; passes if it stays so
+    v = decide(
+        Measurements(PROV, throughput=(tp(512, 1.05),), accuracy=(GOOD_ACC,), audits=(main, head)), rules
+    )
+    assert (
+        v.status == Status.PASS and "within 3" in next(x for x in v.gates if x.name == "decode agreement").bar
+    )
+    far = ({**flip[0], "margin": g.max_gap + 0.01},)
+    assert audit_call(_audit(Side.HEAD, 512, 140, 133, 6, violations=1, worst=far), (main,), rules) == FAIL
+    unnamed = _audit(Side.HEAD, 512, 140, 133, 6, violations=1)  # a count with no gap to weigh: fails
+    assert audit_call(unnamed, (main,), rules) == FAIL
+    many = _audit(Side.HEAD, 512, 140, 126, 2, violations=12, worst=flip)  # 12 mild flips against none
+    assert audit_call(many, (main,), rules) == FAIL
+    assert audit_call(head, (), rules) == FAIL  # with no main audit to weigh it against: as before
+    # main's own mild flip against llama.cpp is no infra error; one far past max_gap is
+    assert audit_call(_audit(Side.BASE, 512, 140, 138, 1, violations=1, worst=flip), (), rules) == PASS
+    assert audit_call(_audit(Side.BASE, 512, 140, 138, 1, violations=1, worst=far), (), rules) == FAIL
+
+
+def test_without_max_gap_every_flip_past_a_near_tie_fails_as_before(rules_dir):
+    from evalbot.rules import load_rules as load
+
+    path = rules_dir / "gates.yaml"
+    path.write_text("".join(line for line in path.read_text().splitlines(True) if "max_gap:" not in line))
+    rules = load(rules_dir)
+    assert rules.gates.decode_audit.max_gap is None
+    flip = ({"request": "head-ctx512-b4-p1", "position": 2, "token": 5, "reference": 9, "margin": 1.07},)
+    main = _audit(Side.BASE, 512, 140, 139, 1)
+    assert audit_call(_audit(Side.HEAD, 512, 140, 133, 6, violations=1, worst=flip), (main,), rules) == FAIL
