@@ -282,6 +282,16 @@ class SpecRuns:
             # both sides answer as an A/B pair does: in turns of slice_s where the profile has them
             answers = dict(zip(order, abtest.answer_pair(procs, order, req, self.ctx.run_timeout_s,
                                                          self.profile.measurement.slice_s), strict=True))  # fmt: skip
+            for side, a in answers.items():
+                # one line per verify step (docs/protocol.md), and a step commits at most `block` tokens (block
+                # - 1 drafted and one of its own): more in a line is steps grouped, which would read as a
+                # higher tau than the engine's drafts earned. Grouping within the bound is not seen: tau's
+                # gate is a guard, the spec rate is clocked by the harness either way.
+                wide = max((len(step) for step in a.steps), default=0)
+                if wide > self.block:
+                    who = "main's" if side is Side.BASE else "the PR's"
+                    raise ab_samples.SideError(side, "protocol", f"{who} speculative run streamed {wide} tokens "
+                                               f"in one line, where a verify step commits at most {self.block}")  # fmt: skip
             for side, a in answers.items():  # held to the profile's cores, as a timed request is
                 why_cpu = ab_sampling.answer_overuse(
                     a, self.profile.measurement.threads, f"a speculative run at ctx {c}"

@@ -289,3 +289,37 @@ def test_a_burst_in_a_plain_reference_is_forgiven_and_decoded_again_on_a_fresh_p
     assert results[0].runs == 16 and run.bursts == {Side.HEAD: 1}
     assert plain[1] not in spec_prompts  # the burst's prompt is never a spec run's
     assert any("plain reference measured again" in line for line in logged), logged
+
+
+def test_a_line_of_more_tokens_than_a_verify_step_commits_is_a_protocol_error(monkeypatch):
+    """Two verify steps streamed as one line read as twice the tau: a line past the block's tokens cannot be
+    one step, and fails its side."""
+    rules = load_rules(default_rules_dir())
+    profile = rules.model_profile(rules.profile("cpu"), "qwen2.5-coder-0.5b")
+    ctx = SimpleNamespace(ws=SimpleNamespace(rules=rules), run_timeout_s=60.0, log=lambda _: None,
+                          req=SimpleNamespace(options=SimpleNamespace(max_pairs=None, spec_drafter="ngram")))  # fmt: skip
+    tokens = tuple(range(20, 30))
+    serial = iter(range(10**6))
+
+    def plain_pair(_ctx, procs, _pool, c, _gen):
+        prompt = (next(serial),) * 3
+        return {s: ab_samples.Sample(s, c, -1, 0, prompt, tokens, 1.0, 1.0, {}) for s in procs}
+
+    def answer_pair(procs, order, req, _timeout, _slice):
+        block = req["block"]
+        grouped = (tokens[:1], tokens[1 : 2 + block])  # the first token, then block + 1 in one line
+        lines = Timed(
+            {"op": "spec"}, 0, tokens, (10**7, 2 * 10**7, 3 * 10**7), (*grouped, tokens[2 + block :]), {}
+        )
+        return [lines if s is Side.HEAD else _answer(tokens) for s in order]
+
+    monkeypatch.setattr(speculative, "_plain_pair", plain_pair)
+    monkeypatch.setattr(speculative.abtest, "answer_pair", answer_pair)
+    runs = speculative.SpecRuns(ctx, profile, "qwen2.5-coder-0.5b", 7, ab_samples.Prompts(lambda c, i: []))
+    run = ab_samples.Run(two_part=True, gen={128: 10, 512: 10}, min_blocks=6)
+    with pytest.raises(
+        ab_samples.SideError, match="8 tokens in one line, where a verify step commits at most 7"
+    ):
+        for block in range(6):
+            runs.in_block(block, {s: _Proc(block, s) for s in (Side.BASE, Side.HEAD)}, run)
+            run.blocks += 1
