@@ -43,8 +43,8 @@ INFRA_STAGES = frozenset({"toolchain", "gpu", "box", "sandbox", "harness", "netw
 # when its t statistic clears the interval's quantile and an MDE's worth more (about 2.3 standard errors
 # past the floor's quantile): with 1 degree of freedom (2 blocks' means) the t tails are Cauchy's and that
 # happens in about 1.2% of A/A runs (CI read +11.1% [+7.8%, +14.4%] on equal code, 2026-12-06); with 2,
-# 0.5%; with 4 (the shipped profiles' least), 0.14%.
-MIN_DF = 2
+# 0.5%; with 4 (the shipped profiles' least), 0.14%. (`tracks.MIN_DF`, which the spec gates read too.)
+MIN_DF = tracks.MIN_DF
 
 
 def decide(m: Measurements, rules: Rules) -> Verdict:

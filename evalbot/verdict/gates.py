@@ -10,8 +10,9 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 from evalbot import stats
-from evalbot.model import AccuracyResult, DecodeAudit, Gate, GateKind, Side, SpecResult
+from evalbot.model import AccuracyResult, ContextEstimate, DecodeAudit, Gate, GateKind, Side, SpecResult
 from evalbot.rules import Rules
+from evalbot.verdict.tracks import MIN_DF, spec_estimates
 
 
 def audit_bar(a: DecodeAudit, audits: Sequence[DecodeAudit], rules: Rules) -> float:
@@ -197,8 +198,21 @@ def tau_ratio_upper(base_steps: Sequence[int], head_steps: Sequence[int]) -> flo
     return (mh / mb) * math.exp(1.96 * math.sqrt((sh / mh) ** 2 + (sb / mb) ** 2))
 
 
+def spec_slowdown_proven(e: ContextEstimate, rules: Rules) -> bool:
+    """The speculative rate's interval wholly below the regression bar, and at least an MDE below 1: the
+    mirror of a decode regression's rule (`decide._proven_regression`). A slowdown its runs cannot resolve
+    (the spec rate's MDE was 8-20% on the real 0.5B) decides nothing: equal code reads a CI below the bar
+    in 2.5% of runs."""
+    bar = rules.gates.no_regression.min_ratio
+    return e.ci_high < bar and e.ci_high * (1.0 + e.mde) <= 1.0 and (e.df is None or e.df >= MIN_DF)
+
+
 def spec_gates(results: Iterable[SpecResult], rules: Rules) -> list[Gate]:
     g = rules.gates.spec
+    results = list(results)
+    rates: dict[tuple[str, int | None], ContextEstimate] = {
+        (e.model, e.context): e for e in spec_estimates(results, rules)
+    }
     out = []
     for s in results:
         detail = "" if s.first_divergence is None else f"first divergence at token {s.first_divergence}"
@@ -236,6 +250,22 @@ def spec_gates(results: Iterable[SpecResult], rules: Rules) -> list[Gate]:
                     f"CI upper bound >= {g.ar_speed_min_ratio:.2f}x main",
                     est.ci_high >= g.ar_speed_min_ratio,
                     f"AR {est.ratio:.3f}x",
+                    s.context,
+                    s.target,
+                    GateKind.SPEC,
+                )
+            )
+        # speculative decoding made slower (at equal tau and AR speed, too) is a regression
+        rate = rates.get((s.target, s.context))
+        if rate is not None:
+            least = rules.gates.no_regression.min_ratio
+            out.append(
+                Gate(
+                    "spec speed",
+                    rate.ci_high,
+                    f"no resolved slowdown: CI upper bound >= {least:.2f}x main or within an MDE of 1",
+                    not spec_slowdown_proven(rate, rules),
+                    f"spec {rate.ratio:.3f}x [{rate.ci_low:.3f}, {rate.ci_high:.3f}], MDE {rate.mde:.1%}",
                     s.context,
                     s.target,
                     GateKind.SPEC,

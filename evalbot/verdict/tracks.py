@@ -18,7 +18,7 @@ from evalbot.model import DECODE_METRICS, ContextEstimate, SpecResult, TrackScor
 from evalbot.rules import DECODE_TRACK, SPEC_TRACK, Rules, Track, TrackModel
 
 SPEC_METRIC = "spec_tps"
-MIN_DF = 2  # as verdict.decide's: fewer degrees of freedom decide nothing
+MIN_DF = 2  # fewer degrees of freedom decide nothing (why: verdict.decide, above its MIN_DF)
 
 
 def decode_scored(

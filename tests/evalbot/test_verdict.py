@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from evalbot import verdict as verdict_mod
 from evalbot.model import (
     AccuracyResult,
     DecodeAudit,
@@ -26,6 +27,7 @@ from evalbot.verdict.gates import (
     audit_bar,
     audit_call,
     share_difference,
+    spec_slowdown_proven,
     tau_ratio_upper,
     wilson,
 )
@@ -365,7 +367,10 @@ def test_spec_gates_carry_their_context_and_the_report_shows_each_row_its_own(ru
     assert ("spec lossless", 512, False) in spec and ("spec lossless", 128, True) in spec
     assert v.status is Status.REJECT and any("spec lossless at ctx 512 failed" in r for r in v.reasons)
     rows = render._context(v, m, "unsigned")["spec"]
-    assert [[g.context for g in row["gates"]] for row in rows] == [[128, 128, 128], [512, 512, 512]]
+    assert [[g.context for g in row["gates"]] for row in rows] == [
+        [128] * 4,
+        [512] * 4,
+    ]  # lossless, tau, AR, speed
 
 
 def test_against_llama_cpp_main_below_the_bar_on_near_ties_sets_it_for_the_head(rules):
@@ -527,3 +532,30 @@ def test_without_max_gap_every_flip_past_a_near_tie_fails_as_before(rules_dir):
     flip = ({"request": "head-ctx512-b4-p1", "position": 2, "token": 5, "reference": 9, "margin": 1.07},)
     main = _audit(Side.BASE, 512, 140, 139, 1)
     assert audit_call(_audit(Side.HEAD, 512, 140, 133, 6, violations=1, worst=flip), (main,), rules) == FAIL
+
+
+def test_speculative_decoding_made_slower_at_equal_tau_and_ar_speed_is_a_regression(rules):
+    """A PR that keeps the drafts and the plain decode as they were but verifies them slower (a draft
+    block run token by token, say): the spec track reads 0.70x. Before, only tau, the AR speed and
+    losslessness were gated, so nothing caught it."""
+    base_steps = _steps({1: 32, 2: 9, 3: 4, 4: 2, 6: 1})
+
+    def spec(ratio: float, noise: float, n: int = 16) -> SpecResult:
+        return SpecResult("qwen2.5-coder-0.5b", "ngram-3", 7, n, n, None, 1.54, 1.54, pairs(1.0),
+                          pairs(ratio, n=n, noise=noise, seed=5), context=512,
+                          base_tau_steps=base_steps, head_tau_steps=base_steps)  # fmt: skip
+
+    slow = decide(meas(tp(512, 1.0), accuracy=(GOOD_ACC,), spec=(spec(0.70, 0.05),)), rules)
+    gate = next(g for g in slow.gates if g.name == "spec speed")
+    assert slow.status == Status.REJECT and not gate.passed and "spec-fail" in slow.labels_add
+    assert [g.name for g in slow.gates if not g.passed] == ["spec speed"] and gate.detail.startswith(
+        "spec 0.6"
+    )
+    # equal code, and a dip the runs cannot resolve: the gate passes (noise is no regression)
+    for ratio, noise in ((1.0, 0.15), (0.93, 0.15)):
+        v = decide(meas(tp(512, 1.0), accuracy=(GOOD_ACC,), spec=(spec(ratio, noise, 8),)), rules)
+        g = next(g for g in v.gates if g.name == "spec speed")
+        assert g.passed and v.status == Status.PASS, (ratio, g)
+    # the rule: the bound below the bar by an MDE, as a decode regression's
+    est = verdict_mod.spec_estimates((spec(0.90, 0.15, 8),), rules)[0]
+    assert spec_slowdown_proven(est, rules) == (est.ci_high < 0.98 and est.ci_high * (1 + est.mde) <= 1.0)
