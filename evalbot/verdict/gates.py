@@ -242,14 +242,17 @@ def spec_gates(results: Iterable[SpecResult], rules: Rules) -> list[Gate]:
             Gate("spec tau", value, bar, value >= g.tau_min_ratio, detail, s.context, s.target, GateKind.SPEC)
         )
         if len(s.ar_pairs) >= 2:
+            # called as a decode regression is: the bound below the bar, by an MDE (a noisy box's AR pairs
+            # read a bare bound below 0.98 on equal code now and then)
             est = stats.estimate(s.ar_pairs)
+            slower = est.ci_high < g.ar_speed_min_ratio and est.ci_high * (1.0 + est.mde) <= 1.0
             out.append(
                 Gate(
                     "spec AR speed",
                     est.ci_high,
-                    f"CI upper bound >= {g.ar_speed_min_ratio:.2f}x main",
-                    est.ci_high >= g.ar_speed_min_ratio,
-                    f"AR {est.ratio:.3f}x",
+                    f"CI upper bound >= {g.ar_speed_min_ratio:.2f}x main or within an MDE of 1",
+                    not slower,
+                    f"AR {est.ratio:.3f}x, MDE {est.mde:.1%}",
                     s.context,
                     s.target,
                     GateKind.SPEC,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
+from evalbot import stats
 from evalbot import verdict as verdict_mod
 from evalbot.model import (
     AccuracyResult,
@@ -27,6 +29,7 @@ from evalbot.verdict.gates import (
     audit_bar,
     audit_call,
     share_difference,
+    spec_gates,
     spec_slowdown_proven,
     tau_ratio_upper,
     wilson,
@@ -559,3 +562,22 @@ def test_speculative_decoding_made_slower_at_equal_tau_and_ar_speed_is_a_regress
     # the rule: the bound below the bar by an MDE, as a decode regression's
     est = verdict_mod.spec_estimates((spec(0.90, 0.15, 8),), rules)[0]
     assert spec_slowdown_proven(est, rules) == (est.ci_high < 0.98 and est.ci_high * (1 + est.mde) <= 1.0)
+
+
+def test_the_spec_ar_gate_calls_a_slowdown_as_a_decode_regression_is_called(rules):
+    """Equal code on a noisy box: the AR pairs' bound below 0.98 by chance, but not by an MDE (the rule a
+    decode regression is called by), is no REJECT; a slowdown they resolve is."""
+    base_steps = _steps({1: 32, 2: 9, 3: 4, 4: 2, 6: 1})
+
+    def spec(ar: tuple[tuple[float, float], ...]) -> SpecResult:
+        return SpecResult("qwen2.5-coder-0.5b", "ngram-3", 7, 6, 6, None, 1.54, 1.54, ar, pairs(1.0, n=6),
+                          context=512, base_tau_steps=base_steps, head_tau_steps=base_steps)  # fmt: skip
+
+    # six pairs at 6% spread whose mean reads 0.93x: bound 0.978, MDE 7%
+    noisy = tuple((100.0, 100.0 * math.exp(-0.072 + 0.06 * z)) for z in (-1.3, -0.5, 0.0, 0.4, 0.9, 0.5))
+    e = stats.estimate(noisy)
+    assert e.ci_high < 0.98 and e.ci_high * (1 + e.mde) > 1.0
+    gate = next(g for g in spec_gates([spec(noisy)], rules) if g.name == "spec AR speed")
+    assert gate.passed and gate.value < 0.98
+    slow = next(g for g in spec_gates([spec(pairs(0.95, n=12))], rules) if g.name == "spec AR speed")
+    assert not slow.passed
