@@ -176,22 +176,43 @@ def test_equal_code_reads_a_gain_about_as_often_as_the_interval_says_whatever_th
             assert independent / 2000 > 0.07  # what treating the runs as independent gave
 
 
+class _Stage:
+    """The cpu profile's spec runs over an A/B of 6 blocks of stand-in processes: plain references decoded on
+    fresh prompts (`plain`, or a test's own), spec answers from `answer` (a test's stand-in for
+    `abtest.answer_pair`)."""
+
+    def __init__(self, monkeypatch, answer, tokens=(5, 6, 7, 8), plain=None):
+        rules = load_rules(default_rules_dir())
+        self.profile = rules.model_profile(rules.profile("cpu"), "qwen2.5-coder-0.5b")
+        self.logged: list[str] = []
+        self.ctx = SimpleNamespace(ws=SimpleNamespace(rules=rules), run_timeout_s=60.0, log=self.logged.append,
+                                   req=SimpleNamespace(options=SimpleNamespace(max_pairs=None, spec_drafter="ngram")))  # fmt: skip
+        self.tokens, self.serial = tokens, iter(range(10**6))
+        monkeypatch.setattr(speculative, "_plain_pair", plain or self.plain)
+        monkeypatch.setattr(speculative.abtest, "answer_pair", answer)
+
+    def plain(self, _ctx, procs, _pool, c, _gen):
+        prompt = (next(self.serial),) * 3
+        return {s: ab_samples.Sample(s, c, -1, 0, prompt, self.tokens, 1.0, 1.0, {}) for s in procs}
+
+    def drive(self) -> tuple[list, ab_samples.Run]:
+        runs = speculative.SpecRuns(self.ctx, self.profile, "qwen2.5-coder-0.5b", 7,
+                                    ab_samples.Prompts(lambda c, i: []))  # fmt: skip
+        gen = len(self.tokens)
+        run = ab_samples.Run(two_part=True, gen={128: gen, 512: gen}, min_blocks=6)
+        for block in range(6):
+            procs = {s: _Proc(block, s) for s in (Side.BASE, Side.HEAD)}
+            runs.in_block(block, procs, run)
+            run.blocks += 1
+        return runs.finish(procs, run)[0], run
+
+
 def test_a_burst_is_measured_again_on_another_prompt_never_the_same_one(monkeypatch):
     """A side whose spec answer came in one burst is forgiven once (as an A/B pair's) and its run measured
     again: on a prompt neither process has seen, since these processes have now answered that one and
     could replay it. The count of runs stays the rules'."""
-    rules = load_rules(default_rules_dir())
-    profile = rules.model_profile(rules.profile("cpu"), "qwen2.5-coder-0.5b")
-    logged: list[str] = []
-    ctx = SimpleNamespace(ws=SimpleNamespace(rules=rules), run_timeout_s=60.0, log=logged.append,
-                          req=SimpleNamespace(options=SimpleNamespace(max_pairs=None, spec_drafter="ngram")))  # fmt: skip
-    tokens = (5, 6, 7, 8)
-    serial = iter(range(10**6))
     asked: list[tuple[int, ...]] = []
-
-    def plain_pair(_ctx, procs, _pool, c, _gen):
-        prompt = (next(serial),) * 3
-        return {s: ab_samples.Sample(s, c, -1, 0, prompt, tokens, 1.0, 1.0, {}) for s in procs}
+    tokens = (5, 6, 7, 8)
 
     def answer_pair(procs, order, req, _timeout, _slice):
         asked.append(tuple(req["prompt_ids"]))
@@ -203,107 +224,62 @@ def test_a_burst_is_measured_again_on_another_prompt_never_the_same_one(monkeypa
             )
         return answers
 
-    monkeypatch.setattr(speculative, "_plain_pair", plain_pair)
-    monkeypatch.setattr(speculative.abtest, "answer_pair", answer_pair)
-    runs = speculative.SpecRuns(ctx, profile, "qwen2.5-coder-0.5b", 7, ab_samples.Prompts(lambda c, i: []))
-    run = ab_samples.Run(two_part=True, gen={128: 4, 512: 4}, min_blocks=6)
-    for block in range(6):
-        procs = {s: _Proc(block, s) for s in (Side.BASE, Side.HEAD)}
-        runs.in_block(block, procs, run)
-        run.blocks += 1
-    results, _ = runs.finish(procs, run)
+    stage = _Stage(monkeypatch, answer_pair, tokens)
+    results, run = stage.drive()
     assert results[0].runs == 16 and len(asked) == 17  # one measured again
     assert asked[1] != asked[0] and asked.count(asked[0]) == 1  # on another prompt, the burst's never again
     assert run.bursts == {Side.HEAD: 1}
-    assert any("speculative run measured again" in line and "burst" in line for line in logged), logged
+    assert any("speculative run measured again" in line and "burst" in line for line in stage.logged)
 
 
 def test_a_speculative_run_is_held_to_the_profiles_cores_as_a_timed_request_is(monkeypatch):
     """A PR that drafts on a second core during spec runs (the A/B pairs would catch it, the spec runs did
     not): its run's CPU time over its wall time is past the profile's one thread, and it fails its side."""
-    rules = load_rules(default_rules_dir())
-    profile = rules.model_profile(rules.profile("cpu"), "qwen2.5-coder-0.5b")
-    assert profile.measurement.threads == 1
-    ctx = SimpleNamespace(ws=SimpleNamespace(rules=rules), run_timeout_s=60.0, log=lambda _: None,
-                          req=SimpleNamespace(options=SimpleNamespace(max_pairs=None, spec_drafter="ngram")))  # fmt: skip
     tokens = (5, 6, 7, 8)
-    serial = iter(range(10**6))
 
-    def plain_pair(_ctx, procs, _pool, c, _gen):
-        prompt = (next(serial),) * 3
-        return {s: ab_samples.Sample(s, c, -1, 0, prompt, tokens, 1.0, 1.0, {}) for s in procs}
-
-    def metered(tokens, cores):  # 40 ms of wall from sending to the summary, at `cores` CPU-seconds a second
+    def metered(cores):  # 40 ms of wall from sending to the summary, at `cores` CPU-seconds a second
         t = _answer(tokens)
         return replace(t, done_ns=t.arrivals_ns[-1], cpu_sent_ns=0, cpu_done_ns=int(cores * t.arrivals_ns[-1]),
                        cpu_arrivals_ns=tuple(int(cores * a) for a in t.arrivals_ns))  # fmt: skip
 
     def answer_pair(procs, order, req, _timeout, _slice):
-        return [metered(tokens, 1.9 if s is Side.HEAD else 1.0) for s in order]
+        return [metered(1.9 if s is Side.HEAD else 1.0) for s in order]
 
-    monkeypatch.setattr(speculative, "_plain_pair", plain_pair)
-    monkeypatch.setattr(speculative.abtest, "answer_pair", answer_pair)
-    runs = speculative.SpecRuns(ctx, profile, "qwen2.5-coder-0.5b", 7, ab_samples.Prompts(lambda c, i: []))
-    run = ab_samples.Run(two_part=True, gen={128: 4, 512: 4}, min_blocks=6)
+    stage = _Stage(monkeypatch, answer_pair, tokens)
+    assert stage.profile.measurement.threads == 1
     with pytest.raises(ab_samples.SideError, match="the PR's serving engine used more cores") as err:
-        for block in range(6):
-            runs.in_block(block, {s: _Proc(block, s) for s in (Side.BASE, Side.HEAD)}, run)
-            run.blocks += 1
+        stage.drive()
     assert err.value.side is Side.HEAD and err.value.stage == "cpu" and "1.90 cores" in str(err.value)
 
 
 def test_a_burst_in_a_plain_reference_is_forgiven_and_decoded_again_on_a_fresh_prompt(monkeypatch):
     """The plain decode a spec run is checked against (and whose rate the AR gate compares) came in one
     burst: forgiven once a side, as a timed pair's burst is, and decoded again on another prompt."""
-    rules = load_rules(default_rules_dir())
-    profile = rules.model_profile(rules.profile("cpu"), "qwen2.5-coder-0.5b")
-    logged: list[str] = []
-    ctx = SimpleNamespace(ws=SimpleNamespace(rules=rules), run_timeout_s=60.0, log=logged.append,
-                          req=SimpleNamespace(options=SimpleNamespace(max_pairs=None, spec_drafter="ngram")))  # fmt: skip
-    tokens = (5, 6, 7, 8)
-    serial = iter(range(10**6))
     plain: list[tuple[int, ...]] = []
-
-    def plain_pair(_ctx, procs, _pool, c, _gen):
-        prompt = (next(serial),) * 3
-        plain.append(prompt)
-        if len(plain) == 2:
-            raise ab_samples.BurstError(Side.HEAD, "serve", "4 tokens in 1 line(s) within 3 µs: a burst")
-        return {s: ab_samples.Sample(s, c, -1, 0, prompt, tokens, 1.0, 1.0, {}) for s in procs}
-
     spec_prompts: list[tuple[int, ...]] = []
 
     def answer_pair(procs, order, req, _timeout, _slice):
         spec_prompts.append(tuple(req["prompt_ids"]))
-        return [_answer(tokens) for _ in order]
+        return [_answer(stage.tokens) for _ in order]
 
-    monkeypatch.setattr(speculative, "_plain_pair", plain_pair)
-    monkeypatch.setattr(speculative.abtest, "answer_pair", answer_pair)
-    runs = speculative.SpecRuns(ctx, profile, "qwen2.5-coder-0.5b", 7, ab_samples.Prompts(lambda c, i: []))
-    run = ab_samples.Run(two_part=True, gen={128: 4, 512: 4}, min_blocks=6)
-    for block in range(6):
-        procs = {s: _Proc(block, s) for s in (Side.BASE, Side.HEAD)}
-        runs.in_block(block, procs, run)
-        run.blocks += 1
-    results, _ = runs.finish(procs, run)
+    def plain_pair(_ctx, procs, _pool, c, _gen):
+        got = stage.plain(_ctx, procs, _pool, c, _gen)
+        plain.append(got[Side.BASE].prompt)
+        if len(plain) == 2:
+            raise ab_samples.BurstError(Side.HEAD, "serve", "4 tokens in 1 line(s) within 3 µs: a burst")
+        return got
+
+    stage = _Stage(monkeypatch, answer_pair, plain=plain_pair)
+    results, run = stage.drive()
     assert results[0].runs == 16 and run.bursts == {Side.HEAD: 1}
     assert plain[1] not in spec_prompts  # the burst's prompt is never a spec run's
-    assert any("plain reference measured again" in line for line in logged), logged
+    assert any("plain reference measured again" in line for line in stage.logged), stage.logged
 
 
 def test_a_line_of_more_tokens_than_a_verify_step_commits_is_a_protocol_error(monkeypatch):
     """Two verify steps streamed as one line read as twice the tau: a line past the block's tokens cannot be
     one step, and fails its side."""
-    rules = load_rules(default_rules_dir())
-    profile = rules.model_profile(rules.profile("cpu"), "qwen2.5-coder-0.5b")
-    ctx = SimpleNamespace(ws=SimpleNamespace(rules=rules), run_timeout_s=60.0, log=lambda _: None,
-                          req=SimpleNamespace(options=SimpleNamespace(max_pairs=None, spec_drafter="ngram")))  # fmt: skip
     tokens = tuple(range(20, 30))
-    serial = iter(range(10**6))
-
-    def plain_pair(_ctx, procs, _pool, c, _gen):
-        prompt = (next(serial),) * 3
-        return {s: ab_samples.Sample(s, c, -1, 0, prompt, tokens, 1.0, 1.0, {}) for s in procs}
 
     def answer_pair(procs, order, req, _timeout, _slice):
         block = req["block"]
@@ -313,13 +289,7 @@ def test_a_line_of_more_tokens_than_a_verify_step_commits_is_a_protocol_error(mo
         )
         return [lines if s is Side.HEAD else _answer(tokens) for s in order]
 
-    monkeypatch.setattr(speculative, "_plain_pair", plain_pair)
-    monkeypatch.setattr(speculative.abtest, "answer_pair", answer_pair)
-    runs = speculative.SpecRuns(ctx, profile, "qwen2.5-coder-0.5b", 7, ab_samples.Prompts(lambda c, i: []))
-    run = ab_samples.Run(two_part=True, gen={128: 10, 512: 10}, min_blocks=6)
     with pytest.raises(
         ab_samples.SideError, match="8 tokens in one line, where a verify step commits at most 7"
     ):
-        for block in range(6):
-            runs.in_block(block, {s: _Proc(block, s) for s in (Side.BASE, Side.HEAD)}, run)
-            run.blocks += 1
+        _Stage(monkeypatch, answer_pair, tokens).drive()
