@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import stat
 import sys
 from functools import partial
 from pathlib import Path
@@ -163,9 +165,12 @@ def accuracy_served(
                     f"{ctx.serve_scratch[side]} (it holds: {found})",
                 )
             )
-        # the sidecar is the harness's own: the ids the reference scored, never what the engine says
-        Path(f"{made}.json").write_text(json.dumps({"token_ids": ids}))
-        outs[side] = made
+        # compared from the harness's own folder: a copy of the scores (read without following a link, a
+        # regular file only) and the sidecar beside it, the ids the reference scored, never what the engine
+        # says. Written in the engine's folder, the sidecar followed a link the engine had left there: a
+        # PR's `head-score.npy.json -> ../../base/work/base-score.npy` overwrote main's scores.
+        outs[side] = _kept_scores(made, ctx.scratch / "accuracy" / name_npy, side)
+        Path(f"{outs[side]}.json").write_text(json.dumps({"token_ids": ids}))
     base_stats = _compare(ctx, ref, outs[Side.BASE], Side.BASE)
     head_stats = _compare(ctx, ref, outs[Side.HEAD], Side.HEAD)
     return AccuracyResult(
@@ -190,6 +195,27 @@ def _finite(value: Any) -> float | None:
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
         else None
     )
+
+
+MAX_SCORES_BYTES = 2 << 30  # a [positions, vocab] float32 array of the shipped models is about 80 MB
+
+
+def _kept_scores(made: Path, dest: Path, side: Side) -> Path:
+    """A copy of an engine's score file in a folder of the harness's: opened without following a link, a
+    regular file of at most MAX_SCORES_BYTES, streamed. Anything else is the side's failure."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(made, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise SideFailed(Failure(side, "accuracy", f"cannot read {made.name}: {exc.strerror}")) from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SCORES_BYTES:
+        os.close(fd)
+        why = f"{made.name} is not a regular file of at most {MAX_SCORES_BYTES} bytes"
+        raise SideFailed(Failure(side, "accuracy", why))
+    with os.fdopen(fd, "rb") as src, open(dest, "wb") as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+    return dest
 
 
 def _compare(ctx: RunContext, ref: Path, test: Path, side: Side) -> dict[str, Any]:
