@@ -99,6 +99,10 @@ def judge(
             for pos, (tok, ref, top2) in enumerate(zip(s.tokens, argmax, margin, strict=True)):
                 tokens += 1
                 gap = top2 if gaps is None else max(gaps[pos], top2)
+                if not math.isfinite(
+                    gap
+                ):  # NaN (max keeps it) or a broken score: as far past a tie as can be
+                    gap = math.inf
                 if tok == ref:
                     agree += 1
                 elif gap < near_tie:

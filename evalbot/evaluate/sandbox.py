@@ -147,13 +147,8 @@ class SandboxSpec:
             raise ValueError(
                 f"the scratch's path inside the sandbox must be an absolute folder below /: {at}"
             )
-        for p in (
-            *self.ro_binds,
-            *(Path(d) for d in self.devices),
-            Path("/tmp"),
-            Path("/proc"),
-            Path("/dev"),
-        ):
+        mounts = (*self.ro_binds, *(Path(d) for d in self.devices), Path("/tmp"), Path("/proc"), Path("/dev"))
+        for p in (Path(os.path.normpath(m)) for m in mounts):  # a bind named through `..` is where it lands
             if at.is_relative_to(p) or p.is_relative_to(at):
                 raise ValueError(f"the scratch's path inside the sandbox, {at}, overlaps the mount {p}")
 

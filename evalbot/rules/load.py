@@ -190,9 +190,8 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
     if "decode_audit" in m:
         audit_keys = ["top1_min", "near_tie", "share", "min_requests", "self_top1_min", "self_drop_max"]
         given = {key for key, _, _ in f.items(m["decode_audit"], "gates.decode_audit")}
-        audit_keys += [
-            k for k in ("confidence", "max_gap") if k in given
-        ]  # optional: the dataclass's default
+        optional_audit = ("confidence", "max_gap", "flip_rate_max")  # absent: the dataclass's defaults
+        audit_keys += [k for k in optional_audit if k in given]
         da = f.mapping(m["decode_audit"], "gates.decode_audit", audit_keys)
         near_tie = f.number(da["near_tie"], "gates.decode_audit.near_tie", 0, None)
         audit = DecodeAuditGate(
@@ -202,13 +201,18 @@ def _gates(f: _File, root: yaml.Node) -> Gates:
             min_requests=f.integer(da["min_requests"], "gates.decode_audit.min_requests"),
             self_top1_min=f.fraction(da["self_top1_min"], "gates.decode_audit.self_top1_min"),
             self_drop_max=f.fraction(da["self_drop_max"], "gates.decode_audit.self_drop_max"),
-            confidence=f.number(da["confidence"], "gates.decode_audit.confidence", 0.5, 1, hi_open=True)
+            # a higher confidence widens the interval, and a share fails only where the interval is below the
+            # bar: past 0.99 it would only let more through
+            confidence=f.number(da["confidence"], "gates.decode_audit.confidence", 0.5, 0.99)
             if "confidence" in da
             else DecodeAuditGate.confidence,
             # at least near_tie: a gap past max_gap fails at once, one up to it is a rare flip
             max_gap=f.number(da["max_gap"], "gates.decode_audit.max_gap", near_tie, None)
             if "max_gap" in da
             else None,
+            flip_rate_max=f.number(da["flip_rate_max"], "gates.decode_audit.flip_rate_max", 0, 0.05)
+            if "flip_rate_max" in da
+            else DecodeAuditGate.flip_rate_max,
         )
     nr = f.mapping(m["no_regression"], "gates.no_regression", ("min_ratio",))
     acc = f.mapping(m["accuracy"], "gates.accuracy", ("top1_min", "mean_kl_max"))

@@ -128,6 +128,9 @@ class DecodeAuditGate:
     # flip: the int8 demo's 1.07) fails only where the head has them confidently more often than main; one
     # past max_gap fails at once. None: every disagreement past near_tie fails at once.
     max_gap: float | None = None
+    # how much more often than main, as a share of the tokens, the head may flip past a near-tie (up to
+    # max_gap) before its interval fails it: int8 weights flipped 1 token in 344 (0.3%)
+    flip_rate_max: float = 0.0
 
 
 @dataclass(frozen=True)

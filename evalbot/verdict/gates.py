@@ -73,7 +73,9 @@ def audit_call(a: DecodeAudit, audits: Sequence[DecodeAudit], rules: Rules) -> s
     one a near-tie) against main's 135 of 136 is a drop of 5.9 points by the counts, and anything from 1
     to 10 by the interval; `make demo`'s int8 PR was rejected on such counts (2026-12-07)."""
     g = rules.gates.decode_audit
-    if a.violations and (g.max_gap is None or not a.worst or a.worst[0]["margin"] > g.max_gap):
+    if a.tokens <= 0 or not 0 <= a.agreeing + a.near_ties + a.violations <= a.tokens:
+        return FAIL  # no tokens, or counts that do not add up: nothing to pass on
+    if a.violations and (g.max_gap is None or not _within(a.worst, g.max_gap)):
         return FAIL
     if a.side is Side.BASE:
         return PASS if a.share >= audit_bar(a, audits, rules) else FAIL
@@ -86,7 +88,7 @@ def audit_call(a: DecodeAudit, audits: Sequence[DecodeAudit], rules: Rules) -> s
         _, dhi = share_difference(
             a.tokens - a.violations, a.tokens, own.tokens - own.violations, own.tokens, z
         )
-        if dhi < 0:  # the head's tokens are confidently more often past a near-tie than main's
+        if dhi < -g.flip_rate_max:  # confidently more often past a near-tie than main's, by more than allowed
             return FAIL
     lo, hi = wilson(a.agreeing, a.tokens, z)
     if lo >= g.top1_min:
@@ -97,6 +99,15 @@ def audit_call(a: DecodeAudit, audits: Sequence[DecodeAudit], rules: Rules) -> s
     if dlo >= -g.self_drop_max:
         return flips
     return FAIL if hi < g.top1_min and dhi < -g.self_drop_max else OPEN
+
+
+def _within(worst: Sequence[dict[str, object]], max_gap: float) -> bool:
+    """Every listed flip's gap a finite number at most max_gap (none listed: nothing to weigh, so no)."""
+    gaps = [w.get("margin") for w in worst]
+    return bool(gaps) and all(
+        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x <= max_gap
+        for x in gaps
+    )
 
 
 def audits_open(audits: Sequence[DecodeAudit], rules: Rules) -> set[int]:

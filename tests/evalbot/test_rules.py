@@ -470,7 +470,7 @@ MALFORMED = [
         "  confidence: 0.95",
         "  confidence: 95",
         "gates.decode_audit.confidence",
-        "expected a number in [0.5, 1)",
+        "expected a number in [0.5, 0.99], got 95",
         id="audit-confidence",
     ),
     pytest.param(
@@ -507,7 +507,7 @@ def test_malformed_value_names_file_line_and_field(rules_dir, request, name, old
 
 
 def test_the_audits_confidence_is_optional_and_defaults(rules_dir):
-    edit(rules_dir, "gates.yaml", "  confidence: 0.95\n", "")
+    edit(rules_dir, "gates.yaml", "  confidence: 0.95      # at most 0.99: a wider interval only lets more through\n", "")
     assert load_rules(rules_dir).gates.decode_audit.confidence == 0.95
     edit(rules_dir, "gates.yaml", "  self_drop_max: 0.05", "  self_drop_max: 0.05\n  confidence: 0.99")
     assert load_rules(rules_dir).gates.decode_audit.confidence == 0.99

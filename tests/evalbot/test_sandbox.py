@@ -300,6 +300,12 @@ def test_scratch_at_must_be_a_folder_apart_from_every_other_mount(scratch):
             SandboxSpec(spec.ro_binds, scratch, scratch, spec.env, scratch_at=Path(bad))
     with pytest.raises(ValueError, match="overlaps the mount /usr"):  # a mount point above a read-only bind
         SandboxSpec(spec.ro_binds, scratch, scratch, spec.env, scratch_at=Path("/usr"))
+    with pytest.raises(
+        ValueError, match="overlaps the mount /evalbot/side"
+    ):  # a bind that lands on it via ..
+        SandboxSpec(
+            (Path("/opt/../evalbot/side"),), scratch, scratch, spec.env, scratch_at=Path("/evalbot/side")
+        )
 
 
 def test_inside_maps_only_paths_in_the_scratch(scratch, tmp_path):

@@ -581,3 +581,50 @@ def test_the_spec_ar_gate_calls_a_slowdown_as_a_decode_regression_is_called(rule
     assert gate.passed and gate.value < 0.98
     slow = next(g for g in spec_gates([spec(pairs(0.95, n=12))], rules) if g.name == "spec AR speed")
     assert not slow.passed
+
+
+def test_the_audits_edges_found_by_review_fail_closed(rules):
+    """NaN or unsorted gaps, counts that do not add up, no tokens: none passes. And the int8 rate of flips
+    (1 in 344) over a GPU profile's 4,096 audited tokens is allowed, where four flips against none failed."""
+    main = _audit(Side.BASE, 512, 140, 139, 1)
+    mild = {"request": "head-ctx512-b1-p1", "position": 2, "token": 5, "reference": 9, "margin": 1.07}
+    far = {**mild, "margin": 10.0}
+    for worst in (
+        (far, mild),
+        (mild, far),
+        ({**mild, "margin": float("nan")},),
+        ({**mild, "margin": "1.5"},),
+    ):
+        assert (
+            audit_call(
+                _audit(Side.HEAD, 512, 140, 133, 5, violations=len(worst), worst=worst), (main,), rules
+            )
+            == FAIL
+        )
+    assert audit_call(_audit(Side.HEAD, 512, 0, 0, 0), (main,), rules) == FAIL
+    assert (
+        audit_call(_audit(Side.HEAD, 512, 140, 150, 0), (main,), rules) == FAIL
+    )  # more agreeing than tokens
+    assert (
+        audit_call(
+            _audit(Side.BASE, 512, 140, 138, 1, violations=1, worst=({**mild, "margin": float("nan")},)),
+            (),
+            rules,
+        )
+        == FAIL
+    )
+    big_main = _audit(Side.BASE, 4096, 4096, 4060, 36)
+    int8 = _audit(Side.HEAD, 4096, 4096, 4020, 64, violations=12, worst=(mild,) * 10)
+    assert audit_call(int8, (big_main,), rules) != FAIL
+    lazy = _audit(Side.HEAD, 4096, 4096, 3900, 76, violations=120, worst=(mild,) * 10)  # 2.9% flips
+    assert audit_call(lazy, (big_main,), rules) == FAIL
+
+
+def test_a_nan_gap_from_the_reference_is_a_violation_past_any_max_gap():
+    from evalbot.evaluate import audit
+    from evalbot.evaluate.ab_samples import Sample
+
+    s = Sample(Side.HEAD, 128, 0, 0, (1, 2), (7, 8), 1.0, 1.0, {})
+    answers = {audit.key(s): {"argmax": [7, 9], "margin": [0.2, float("nan")], "gap": [0.0, float("nan")]}}
+    [a] = audit.judge("m", "main", [s], answers, near_tie=1.0)
+    assert a.violations == 1 and a.worst[0]["margin"] == float("inf")
