@@ -35,7 +35,7 @@ from evalbot.model import (
 )
 from evalbot.rules import Rules
 from evalbot.verdict import tracks
-from evalbot.verdict.gates import accuracy_gates, audit_gates, audit_passes, spec_gates
+from evalbot.verdict.gates import accuracy_gates, audit_gates, audit_passes, spec_gates, spec_unresolved
 
 # head-side failures that are the environment's fault, not the contributor's
 INFRA_STAGES = frozenset({"toolchain", "gpu", "box", "sandbox", "harness", "network", "disk"})
@@ -119,7 +119,7 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
     ):
         return _reject(rules, gates, failed, estimates, best, mde, scores)
     floor = rules.tiers[0]
-    unresolved = _unresolved(estimates, scored, best, rules)
+    unresolved = _unresolved(estimates, scored, best, rules) + spec_unresolved(m.spec, rules)
     if unresolved:
         reasons = tuple(
             f"inconclusive: at ctx {e.context} {e.metric} reads {e.ratio:.3f}x [{e.ci_low:.3f}, {e.ci_high:.3f}] "

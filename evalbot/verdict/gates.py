@@ -218,6 +218,36 @@ def spec_slowdown_proven(e: ContextEstimate, rules: Rules) -> bool:
     return e.ci_high < bar and e.ci_high * (1.0 + e.mde) <= 1.0 and (e.df is None or e.df >= MIN_DF)
 
 
+def _ar_slowdown_proven(est: stats.PairedEstimate, bar: float) -> bool:
+    return est.ci_high < bar and est.ci_high * (1.0 + est.mde) <= 1.0
+
+
+def spec_unresolved(results: Iterable[SpecResult], rules: Rules) -> list[ContextEstimate]:
+    """The speculative rates and the spec runs' AR speeds whose interval lies below the regression bar but
+    not by an MDE: a slowdown too imprecise to call, which `decide` measures again (INCONCLUSIVE), as it does
+    a decode context's. Passing it instead let a PR hide a slower verify behind noise of its own making (a
+    0.673x spec rate at an MDE of 34% collected a decode tier; found by review, 2026-12-07)."""
+    results = list(results)
+    least = rules.gates.no_regression.min_ratio
+    out = [
+        e for e in spec_estimates(results, rules) if e.ci_high < least and not spec_slowdown_proven(e, rules)
+    ]
+    bar = rules.gates.spec.ar_speed_min_ratio
+    for s in results:
+        if len(s.ar_pairs) < 2 or s.context is None:
+            continue
+        est = stats.estimate(s.ar_pairs)
+        if est.ci_high < bar and not _ar_slowdown_proven(est, bar):
+            out.append(ContextEstimate(
+                model=s.target, context=s.context, metric="spec_ar_tps", n=est.n,
+                base_median=statistics.median(b for b, _ in s.ar_pairs),
+                head_median=statistics.median(h for _, h in s.ar_pairs), ratio=est.ratio, ci_low=est.ci_low,
+                ci_high=est.ci_high, mde=est.mde, tier=None, regression=True, guarded=True, scored=False,
+                df=est.df,
+            ))  # fmt: skip
+    return out
+
+
 def spec_gates(results: Iterable[SpecResult], rules: Rules) -> list[Gate]:
     g = rules.gates.spec
     results = list(results)
@@ -256,7 +286,7 @@ def spec_gates(results: Iterable[SpecResult], rules: Rules) -> list[Gate]:
             # called as a decode regression is: the bound below the bar, by an MDE (a noisy box's AR pairs
             # read a bare bound below 0.98 on equal code now and then)
             est = stats.estimate(s.ar_pairs)
-            slower = est.ci_high < g.ar_speed_min_ratio and est.ci_high * (1.0 + est.mde) <= 1.0
+            slower = _ar_slowdown_proven(est, g.ar_speed_min_ratio)
             out.append(
                 Gate(
                     "spec AR speed",

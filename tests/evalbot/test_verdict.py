@@ -31,6 +31,7 @@ from evalbot.verdict.gates import (
     share_difference,
     spec_gates,
     spec_slowdown_proven,
+    spec_unresolved,
     tau_ratio_upper,
     wilson,
 )
@@ -628,3 +629,23 @@ def test_a_nan_gap_from_the_reference_is_a_violation_past_any_max_gap():
     answers = {audit.key(s): {"argmax": [7, 9], "margin": [0.2, float("nan")], "gap": [0.0, float("nan")]}}
     [a] = audit.judge("m", "main", [s], answers, near_tie=1.0)
     assert a.violations == 1 and a.worst[0]["margin"] == float("inf")
+
+
+def test_a_spec_slowdown_hidden_in_noise_of_the_prs_own_making_is_measured_again(rules):
+    """Review's attack (2026-12-07): a PR sleeps at random in its spec op only, so a 0.67x speculative rate
+    comes with an MDE of 34%. Not resolved, so not a REJECT; but not a PASS with a decode tier either: it
+    is measured again, as a decode context's unresolved slowdown is. The same for the spec runs' AR pairs."""
+    base_steps = _steps({1: 32, 2: 9, 3: 4, 4: 2, 6: 1})
+    zs = (-1.3, -0.5, 0.0, 0.4, 0.9, 0.5)
+    noisy = tuple((100.0, 100.0 * math.exp(-0.072 + 0.06 * z)) for z in zs)  # bound 0.978, MDE 7%
+    hidden = tuple((100.0, 100.0 * math.exp(-0.4 + 0.45 * z)) for z in zs * 2)  # 0.67x, bound 0.833, MDE 35%
+
+    def spec(ar, rate) -> SpecResult:
+        return SpecResult("qwen2.5-coder-0.5b", "ngram-3", 7, len(rate), len(rate), None, 1.54, 1.54, ar, rate,
+                          context=512, base_tau_steps=base_steps, head_tau_steps=base_steps)  # fmt: skip
+
+    for ar, rate in ((pairs(1.0, n=12), hidden), (noisy, pairs(1.0, n=6))):
+        v = decide(meas(tp(512, 1.05), accuracy=(GOOD_ACC,), spec=(spec(ar, rate),)), rules)
+        assert v.status is Status.INCONCLUSIVE and v.tier is None, v.reasons
+        assert any("too imprecise to call a regression" in r for r in v.reasons), v.reasons
+    assert spec_unresolved([spec(pairs(1.0, n=12), pairs(1.0, n=12))], rules) == []
