@@ -507,7 +507,12 @@ def test_malformed_value_names_file_line_and_field(rules_dir, request, name, old
 
 
 def test_the_audits_confidence_is_optional_and_defaults(rules_dir):
-    edit(rules_dir, "gates.yaml", "  confidence: 0.95      # at most 0.99: a wider interval only lets more through\n", "")
+    edit(
+        rules_dir,
+        "gates.yaml",
+        "  confidence: 0.95      # at most 0.99: a wider interval only lets more through\n",
+        "",
+    )
     assert load_rules(rules_dir).gates.decode_audit.confidence == 0.95
     edit(rules_dir, "gates.yaml", "  self_drop_max: 0.05", "  self_drop_max: 0.05\n  confidence: 0.99")
     assert load_rules(rules_dir).gates.decode_audit.confidence == 0.99
