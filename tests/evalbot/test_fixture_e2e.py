@@ -414,6 +414,7 @@ def test_a_speculative_speedup_that_skips_verification_is_rejected_on_losslessne
     assert "spec-fail" in run.verdict["labels_add"]
 
 
+@pytest.mark.timing  # asserts on spec rates of runs a few ms long: alone, as every timed test runs
 def test_a_spec_answer_replayed_from_a_plain_decode_of_the_same_prompt_gains_nothing(lab: Lab):
     """An engine that remembers every plain answer and, asked to decode the same prompt speculatively, sends
     it again in verify-sized lines (lossless, no burst): each spec run takes a prompt that an earlier block's
