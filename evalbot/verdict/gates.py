@@ -59,6 +59,11 @@ def share_difference(k1: int, n1: int, k2: int, n2: int, z: float) -> tuple[floa
 PASS, FAIL, OPEN = "pass", "fail", "open"
 
 
+def _quantile(confidence: float) -> float:
+    """The normal quantile of a two-sided interval of this confidence (1.96 at 0.95)."""
+    return statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
 def audit_call(a: DecodeAudit, audits: Sequence[DecodeAudit], rules: Rules) -> str:
     """Whether an audit passes (PASS), fails (FAIL), or its tokens cannot tell (OPEN, which passes once
     every timed request has been audited: `served_model` widens an open audit first).
@@ -79,7 +84,7 @@ def audit_call(a: DecodeAudit, audits: Sequence[DecodeAudit], rules: Rules) -> s
         return FAIL
     if a.side is Side.BASE:
         return PASS if a.share >= audit_bar(a, audits, rules) else FAIL
-    z = statistics.NormalDist().inv_cdf(0.5 + g.confidence / 2)
+    z = _quantile(g.confidence)
     own = _main_audit(a, audits)
     flips = OPEN if a.violations else PASS  # past near_tie, none past max_gap: as rare as main's?
     if a.violations:
@@ -121,7 +126,7 @@ def audit_passes(a: DecodeAudit, audits: Sequence[DecodeAudit], rules: Rules) ->
 
 def audit_gates(audits: Sequence[DecodeAudit], rules: Rules) -> list[Gate]:
     g = rules.gates.decode_audit
-    z = statistics.NormalDist().inv_cdf(0.5 + g.confidence / 2)
+    z = _quantile(g.confidence)
     out = []
     for a in audits:
         if a.side is not Side.HEAD:
@@ -150,7 +155,9 @@ def audit_gates(audits: Sequence[DecodeAudit], rules: Rules) -> list[Gate]:
                 f">= {bar:.2f} top-1{against} unless its {g.confidence:.0%} interval reaches it, the rest"
                 " near-ties"
                 + (
-                    f" (or, no more often than main's, within {g.max_gap:g})" if g.max_gap is not None else ""
+                    f" (or within {g.max_gap:g}, at most {g.flip_rate_max:.0%} of the tokens more often than main's)"
+                    if g.max_gap is not None
+                    else ""
                 ),
                 audit_passes(a, audits, rules),
                 detail,
