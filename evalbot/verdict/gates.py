@@ -221,12 +221,17 @@ def spec_slowdown_proven(e: ContextEstimate, rules: Rules) -> bool:
     mirror of a decode regression's rule (`decide._proven_regression`). A slowdown its runs cannot resolve
     (the spec rate's MDE was 8-20% on the real 0.5B) decides nothing: equal code reads a CI below the bar
     in 2.5% of runs."""
-    bar = rules.gates.no_regression.min_ratio
-    return e.ci_high < bar and e.ci_high * (1.0 + e.mde) <= 1.0 and (e.df is None or e.df >= MIN_DF)
+    return _resolved_below(e.ci_high, e.mde, e.df, rules.gates.no_regression.min_ratio)
+
+
+def _resolved_below(ci_high: float, mde: float, df: int | None, bar: float) -> bool:
+    """A slowdown an interval resolves: its upper bound below the bar, at least an MDE below 1, from at least
+    MIN_DF degrees of freedom (the spec rate and the spec runs' AR speed alike)."""
+    return ci_high < bar and ci_high * (1.0 + mde) <= 1.0 and (df is None or df >= MIN_DF)
 
 
 def _ar_slowdown_proven(est: stats.PairedEstimate, bar: float) -> bool:
-    return est.ci_high < bar and est.ci_high * (1.0 + est.mde) <= 1.0
+    return _resolved_below(est.ci_high, est.mde, est.df, bar)
 
 
 def spec_unresolved(results: Iterable[SpecResult], rules: Rules) -> list[ContextEstimate]:

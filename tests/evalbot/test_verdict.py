@@ -649,3 +649,13 @@ def test_a_spec_slowdown_hidden_in_noise_of_the_prs_own_making_is_measured_again
         assert v.status is Status.INCONCLUSIVE and v.tier is None, v.reasons
         assert any("too imprecise to call a regression" in r for r in v.reasons), v.reasons
     assert spec_unresolved([spec(pairs(1.0, n=12), pairs(1.0, n=12))], rules) == []
+
+
+def test_two_ar_pairs_decide_no_slowdown_they_are_measured_again(rules):
+    """The spec AR gate reads degrees of freedom as every regression call does: two pairs (one degree of
+    freedom) call nothing, even at 0.5x; the slowdown is left to be measured again."""
+    s = SpecResult("qwen2.5-coder-0.5b", "ngram-3", 7, 3, 3, None, 1.54, 1.54, pairs(0.5, n=2), pairs(1.0, n=6),
+                   context=512)  # fmt: skip
+    ar = next(g for g in spec_gates([s], rules) if g.name == "spec AR speed")
+    assert ar.passed and ar.value < 0.98
+    assert [e.metric for e in spec_unresolved([s], rules)] == ["spec_ar_tps"]
