@@ -25,7 +25,8 @@
 # with fewer rows, and a PR that takes that out again). Slots at different turn lengths then meet the same
 # host at the same time. `:rev` anywhere in a word measures the contexts in the other order (512 first). `:old`
 # anywhere in an `aa` word runs that slot's harness from .whl/old/evalbot instead of this tree's, a control for a
-# harness change in the same call (made here by `git archive REV evalbot | tar -x -C .whl/old`). Every
+# harness change in the same call (made here by `git archive REV evalbot | tar -x -C .whl/old` and
+# `git show REV:rules/gates.yaml > .whl/old/rules/gates.yaml`, the gates that harness reads). Every
 # slot's JSON and log go into $OUT/slots.tgz (the device returns few files).
 #
 # Knobs (env): SHAPE (qwen3-8b), CTXS ("4096 16384"), PAIRS_PER_BLOCK (8), MIN_BLOCKS (4), MAX_PAIRS (32),
@@ -209,6 +210,8 @@ elif [ "$PROFILE" = cpu ] && [ "$PARALLEL" -gt 1 ]; then
     pin=no && [[ "$job" == *:pin ]] && pin=yes && job=${job%:pin}
     kind=${job%%:*} && slice=${job#"$kind"} && slice=${slice#:}
     rules=/tmp/rules_$i && rm -rf "$rules" && cp -r /tmp/rules "$rules"
+    # an :old harness reads the gates of its own time (a newer gates.yaml has keys it refuses)
+    [ "${harness[1]:-}" = -C ] && cp "$ROOT/.whl/old/rules/gates.yaml" "$rules/gates.yaml"
     [ -n "$slice" ] && sed -i "/^cpu:/,\$ s/slice_s: [0-9.]*/slice_s: $slice/" "$rules/profiles.yaml"
     [ "$pin" = yes ] && ! grep -q "^    pin: true$" "$rules/profiles.yaml" && sed -i "/^cpu:/,\$ s/^    threads: 1$/    threads: 1\n    pin: true/" "$rules/profiles.yaml"
     [ "$pin" = no ] && sed -i "/^cpu:/,\$ s/^    pin: true$/    pin: false/" "$rules/profiles.yaml"
