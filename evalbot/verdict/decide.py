@@ -7,7 +7,7 @@ decoding, the decode audit) is a REJECT; main failing the decode audit too is IN
 an MDE above its floor at any scored context, the outcome is INCONCLUSIVE (infra-class, measured
 again), never a "PASS, no tier". What a wide interval still proves stands: a guarded CI wholly below the
 regression bar, at least an MDE below 1, is a REJECT, and a tier earned by the CI's lower bound at a context precise enough for that
-tier (its MDE at most the tier's floor) is a PASS where every imprecise context's CI lies wholly above the
+tier (`tracks.resolves`: its MDE at most the tier's floor, or its lower bound an MDE past it) is a PASS where every imprecise context's CI lies wholly above the
 bar (more pairs could only raise the tier). Tiers come from the lower bound of the gain's
 95% CI at the strongest scored context; a regression needs the CI's upper bound below the tolerance at
 a guarded context. The correctness gates themselves are built in `gates`.
@@ -258,9 +258,10 @@ def _unresolved(
 ) -> list[ContextEstimate]:
     """The contexts whose imprecision could change the verdict. An MDE above the smallest tier's floor at a
     scored context leaves "no tier" and "no regression" unproven there, and so does a regression read too
-    imprecisely to stand. A tier stands where the context that earned it resolves that tier (its MDE at most
-    the tier's floor: a 4x speedup read at a 61% MDE earns a +50% tier, and equal code cannot, since its
-    CI's lower bound would have to clear the floor by about 2 standard errors more than an MDE's worth).
+    imprecisely to stand. A tier stands where the context that earned it resolves that tier
+    (`tracks.resolves`: its MDE at most the tier's floor, or its CI's lower bound an MDE past the floor: a
+    4x speedup read at a 61% MDE earns XL, and equal code cannot, since its CI's lower bound would have to
+    clear the floor by about 2 standard errors more than an MDE's worth).
     Then a scored context whose CI lies wholly above the regression bar is resolved however wide: more
     pairs there could only raise the tier. An interval of fewer than MIN_DF degrees of freedom decides
     nothing (a tier, none, or a regression)."""
@@ -269,7 +270,7 @@ def _unresolved(
     earned = (
         best is not None
         and best.tier is not None
-        and best.mde <= rules.tier(best.tier).lower_bound
+        and tracks.resolves(best, rules.tier(best.tier).lower_bound)
         and not _thin(best)
     )
     imprecise = [e for e in scored if _thin(e) or (e.mde > floor and not (earned and e.ci_low >= bar))]

@@ -4,8 +4,9 @@ The decode track decides which (model, context) estimates are scored: a model is
 contexts, and every measured model stays guarded wherever its profile guards (a regression on a model the
 PR does not target still rejects it). A speculative track scores the speculative rate that the spec runs
 measured on the harness's clock; its gates (lossless, tau against main, plain decode as a floor) are the
-spec gates, a REJECT when they fail. A tier stands only where the interval resolves it (its MDE at most the
-tier's floor, enough degrees of freedom); otherwise the score names the tier it cannot yet give.
+spec gates, a REJECT when they fail. A tier stands only where the interval resolves it (`resolves`: its MDE at
+most the tier's floor, or its lower bound an MDE past it; enough degrees of freedom); otherwise the score
+names the tier it cannot yet give.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def _earned(e: ContextEstimate, bounds: Sequence[tuple[str, float]]) -> str | No
 def resolved_tier(
     e: ContextEstimate, rules: Rules, bounds: Sequence[tuple[str, float]] | None = None
 ) -> tuple[str | None, str]:
-    """The highest tier the estimate both earned (its CI's lower bound) and resolves (its MDE at most the
+    """The highest tier the estimate both earned (its CI's lower bound) and resolves (`resolves`, against the
     tier's floor: tiers.yaml's, or the track's `bounds`), and a note where that is less than its lower
     bound alone would give."""
     if e.df is not None and e.df < MIN_DF:
@@ -109,11 +110,24 @@ def resolved_tier(
     floors = tuple(bounds) if bounds is not None else rules.tier_bounds
     earned = rules.tier_rank(e.tier)
     for name, floor in reversed(floors[:earned]):
-        if e.mde <= floor:
+        if resolves(e, floor):
             return name, "" if name == e.tier else f"{e.tier} held back to {name}: MDE {e.mde:.1%}"
     if e.tier is not None:
-        return None, f"{e.tier} held back: MDE {e.mde:.1%} above {floors[0][0]}'s floor"
+        return None, (
+            f"{e.tier} held back: MDE {e.mde:.1%}, above {floors[0][0]}'s floor, and the CI's lower bound not "
+            f"an MDE past any floor it reached"
+        )
     return None, ""
+
+
+def resolves(e: ContextEstimate, floor: float) -> bool:
+    """Whether an estimate whose CI's lower bound reached a tier's floor resolves that tier: its MDE at most
+    the floor, or its lower bound past the floor by an MDE's worth ((1 + floor) * (1 + MDE)), the mirror of a
+    proven regression's rule (`decide._proven_regression`). Either way equal code, or a true gain below the
+    floor, reads that high only where its t statistic clears the interval's quantile and an MDE's worth
+    more: as rarely as `decide.MIN_DF`'s note says. The second arm decides a gain far larger than its noise
+    (+114% [+71%, +168%] at an MDE of 37%: the lower bound alone proves XL), where the first held it back."""
+    return e.mde <= floor or e.ci_low >= (1.0 + floor) * (1.0 + e.mde)
 
 
 def overall(scores: Iterable[TrackScore], rules: Rules) -> TrackScore | None:
@@ -128,4 +142,12 @@ def _median(xs: list[float]) -> float:
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
-__all__ = ["SPEC_METRIC", "decode_scored", "overall", "resolved_tier", "spec_estimates", "track_scores"]
+__all__ = [
+    "SPEC_METRIC",
+    "decode_scored",
+    "overall",
+    "resolved_tier",
+    "resolves",
+    "spec_estimates",
+    "track_scores",
+]
