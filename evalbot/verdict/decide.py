@@ -174,6 +174,15 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
         )
     else:
         reason = "no scored context"
+    # a track that counts apart (tracks.yaml `overall: false`) earned a tier of its own: said beside the overall
+    # tier, so that "no tier" does not read as nothing earned
+    apart = [s for s in scores if not s.overall and s.tier is not None and s.estimate is not None]
+    if apart and spec_top is None:
+        reason += "; counted apart: " + ", ".join(
+            f"{s.tier} in the {s.track} track ({s.model}, {s.estimate.ratio - 1:+.1%} at ctx {s.estimate.context})"
+            for s in apart
+            if s.estimate is not None
+        )
     return _verdict(
         rules,
         Status.PASS,

@@ -145,6 +145,8 @@ def test_a_better_drafter_earns_a_speculative_tier_and_no_decode_tier(rules):
     [s] = [s for s in v.scores if s.track == "spec"]
     assert s.tier == "XL" and "perf-spec:XL" in v.labels_add and "perf-spec:none" not in v.labels_add
     assert not any(label.startswith("perf:") for label in v.labels_add)
+    # the headline's "no tier" is the overall one; the tier the spec track earned apart is said beside it
+    assert v.reasons[0].startswith("no tier") and "counted apart: XL in the spec track" in v.reasons[0]
 
 
 def test_raising_tau_by_breaking_losslessness_is_rejected(rules):
