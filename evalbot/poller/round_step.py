@@ -65,6 +65,7 @@ class RoundStep:
                     round_note=d.comment or "",
                     stopped=p.stopped.get(pr.number, ""),
                     automerge_env=self.bot.settings.automerge_env,
+                    earlier=self.bot.store.queue.evaluations(pr=d.pr),
                 )
                 if decision is not None:
                     self.bot._apply(pr, decision)

@@ -6,6 +6,8 @@ The prose is the templates' (`comment.md.j2` and `_standing.md.j2`); this module
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from evalbot import receipts, render, rounds
 from evalbot.model import DECODE_METRICS, Decision, PullRequest, Status, Verdict
 from evalbot.policy import ClaimGap, TemplateFacts, claim_gap
@@ -17,12 +19,14 @@ STATUS_STATE = {Status.PASS: "success", Status.REJECT: "failure", Status.INFRA_E
 
 
 def verdict_decision(pr: PullRequest, rec: EvaluationRecord, rules: Rules, claim: TemplateFacts, *, cleared: bool,
-                     round_note: str = "", stopped: str = "", automerge_env: bool | None = None) -> Decision | None:  # fmt: skip
+                     round_note: str = "", stopped: str = "", automerge_env: bool | None = None,
+                     earlier: Iterable[EvaluationRecord] = ()) -> Decision | None:  # fmt: skip
     """The Decision that publishes `rec`'s verdict on `pr`; None for a record without one.
 
     `cleared`: a maintainer's `evalbot clear` of this head, which lifts the claim-gap label; `round_note`:
     the PR's place in its round; `stopped`: why intake does not measure it again; `automerge_env`: the
-    operator's flag (None: not known here), which with the rules says whether a PASS can merge itself."""
+    operator's flag (None: not known here), which with the rules says whether a PASS can merge itself;
+    `earlier`: the PR's other judged evaluations, whose verdicts' labels (`stale_labels`) come off too."""
     v, m = rec.verdict, rec.measurements
     if v is None or m is None:
         return None
@@ -37,8 +41,21 @@ def verdict_decision(pr: PullRequest, rec: EvaluationRecord, rules: Rules, claim
     claim_label = (rules.labels.claim_gap,) if gap is not None and gap.flagged and not cleared else ()
     state = STATUS_STATE.get(v.status)
     status = (state, f"{v.status.value}{' ' + v.tier if v.tier else ''}") if state else None
-    owned = rules.owned(LabelFamily.VERDICT) | rules.owned(LabelFamily.CLAIM)
+    owned = rules.owned(LabelFamily.VERDICT) | rules.owned(LabelFamily.CLAIM) | stale_labels(earlier, rules)
     return Decision((*v.labels_add, *claim_label), tuple(sorted(owned)), comment=body, status=status)
+
+
+def stale_labels(earlier: Iterable[EvaluationRecord], rules: Rules) -> frozenset[str]:
+    """The labels earlier verdicts of a PR added that no longer belong to a family the bot decides: a label
+    renamed in the rules (`perf-small:XS` once tracks.yaml calls the model's label `perf-0.5b`), or a track
+    or tier taken out. The rules' families know only today's names, so without these an old verdict's label
+    would stay on the PR for good, and read as today's. A label the rules now give another family (a
+    maintainer's hold, a screen's flag) is left to that family."""
+    others = frozenset().union(
+        *(rules.owned(f) for f in LabelFamily if f not in (LabelFamily.VERDICT, LabelFamily.CLAIM))
+    )
+    added = {label for r in earlier if r.verdict is not None for label in r.verdict.labels_add}
+    return frozenset(added - others)
 
 
 def _merge_note(v: Verdict, rules: Rules, automerge_env: bool | None) -> str:
