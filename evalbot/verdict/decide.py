@@ -176,12 +176,13 @@ def decide(m: Measurements, rules: Rules) -> Verdict:
         reason = "no scored context"
     # a track that counts apart (tracks.yaml `overall: false`) earned a tier of its own: said beside the overall
     # tier, so that "no tier" does not read as nothing earned
-    apart = [s for s in scores if not s.overall and s.tier is not None and s.estimate is not None]
+    apart = [
+        (s, s.estimate) for s in scores if not s.overall and s.tier is not None and s.estimate is not None
+    ]
     if apart and spec_top is None:
         reason += "; counted apart: " + ", ".join(
-            f"{s.tier} in the {s.track} track ({s.model}, {s.estimate.ratio - 1:+.1%} at ctx {s.estimate.context})"
-            for s in apart
-            if s.estimate is not None
+            f"{s.tier} in the {s.track} track ({s.model}, {e.ratio - 1:+.1%} at ctx {e.context})"
+            for s, e in apart
         )
     return _verdict(
         rules,
